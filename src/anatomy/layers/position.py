@@ -1,0 +1,92 @@
+"""Positional information: sinusoidal and learned tables (added to the embeddings), rotary
+embeddings (RoPE, rotating Q and K), and ALiBi (a per-head linear bias on the attention scores)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from anatomy.config import ModelConfig
+
+
+def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
+    """[n_positions, dim]: sin in the first half, cos in the second, frequency 1/10000^(2i/dim).
+
+    The frequencies are those of Vaswani et al.; the halves are concatenated rather than
+    interleaved (as in tensor2tensor and Marian), which is the same table up to a fixed
+    permutation of the dimensions.
+    """
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # [T, 1]
+    inv_freq = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # [D/2]
+    angles = pos * inv_freq  # [T, D/2]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1).float()  # [T, D]
+
+
+class SinusoidalPositions(nn.Module):
+    """A fixed table, looked up by position id; not a parameter and not saved."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.register_buffer("table", sinusoidal_table(config.max_seq_len, config.d_model), persistent=False)
+
+    def forward(self, position_ids: Tensor) -> Tensor:
+        return self.table[position_ids]  # [B, S] -> [B, S, D]
+
+
+class LearnedPositions(nn.Module):
+    """A trained table of max_seq_len vectors (BERT, GPT-2)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(config.max_seq_len, config.d_model))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, position_ids: Tensor) -> Tensor:
+        return self.weight[position_ids]  # [B, S] -> [B, S, D]
+
+
+class Rotary(nn.Module):
+    """RoPE in the half-split layout of HF transformers: dimension i pairs with i + d_h/2."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        d_h = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d_h, 2, dtype=torch.int64).float() / d_h))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [d_h/2]
+
+    def forward(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        angles = position_ids[..., None].float() * self.inv_freq  # [B, S, d_h/2]
+        angles = torch.cat([angles, angles], dim=-1)  # [B, S, d_h]
+        return angles.cos(), angles.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x [B, H, S, d_h] by the angles cos/sin [B, S, d_h]."""
+    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)  # [B, 1, S, d_h]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """Press et al. 2021: a geometric series 2^(-8/n), 2^(-16/n), ... per head; for a head count
+    that is not a power of two, the slopes of the next lower power plus every other one above."""
+    def series(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    low = 2 ** math.floor(math.log2(n_heads))
+    slopes = series(low)
+    if low < n_heads:
+        slopes += series(2 * low)[0::2][: n_heads - low]
+    return torch.tensor(slopes)
+
+
+def alibi_bias(slopes: Tensor, q_pos: Tensor, k_pos: Tensor, *, causal: bool) -> Tensor:
+    """[1, H, S_q, S_k] additive bias: -slope * distance (|distance| when not causal)."""
+    distance = (q_pos[:, None] - k_pos[None, :]).float()  # [S_q, S_k]
+    if not causal:
+        distance = distance.abs()
+    return -slopes[None, :, None, None] * distance  # [1, H, S_q, S_k]

@@ -1,0 +1,45 @@
+"""The four architectures, built from one config and one set of parts."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from anatomy.config import ModelConfig
+from anatomy.models.decoder import DecoderLM
+from anatomy.models.encoder import Encoder, MaskedLM
+from anatomy.models.init import init_weights
+from anatomy.models.seq2seq import EncoderDecoder
+
+HEADS = ("auto", "base", "mlm")
+
+
+def build_model(config: ModelConfig, *, head: str = "auto", device: str | torch.device | None = None,
+                dtype: torch.dtype | None = None, init: bool = True) -> nn.Module:
+    """The model class the config's architecture calls for; `head="mlm"` gives an encoder its MLM head.
+
+    On the meta device nothing is allocated or initialised: building any preset is instant.
+    """
+    if head not in HEADS:
+        raise ValueError(f"head={head!r} is not one of {HEADS}")
+    device = torch.device(device) if device is not None else None
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        model = _model_class(config, head)(config)
+    if dtype is not None:
+        model = model.to(dtype)
+    if init and (device is None or device.type != "meta"):
+        init_weights(model, config)
+    return model
+
+
+def _model_class(config: ModelConfig, head: str) -> type[nn.Module]:
+    if config.is_decoder:
+        return DecoderLM
+    if config.is_seq2seq:
+        return EncoderDecoder
+    return MaskedLM if head == "mlm" else Encoder
+
+
+__all__ = ["build_model", "DecoderLM", "Encoder", "MaskedLM", "EncoderDecoder", "init_weights"]

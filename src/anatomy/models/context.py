@@ -1,0 +1,52 @@
+"""What every block of a stack shares for one forward pass: RoPE angles, the boolean attention
+mask and the ALiBi bias, built once from the positions and slots of queries and keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from anatomy.config import ModelConfig
+from anatomy.layers import Rotary, alibi_bias, alibi_slopes
+
+
+class PositionContext(nn.Module):
+    """Holds the position machinery of a stack (RoPE inverse frequencies, ALiBi slopes)."""
+
+    def __init__(self, config: ModelConfig, *, causal: bool) -> None:
+        super().__init__()
+        self.causal = causal
+        self.rotary = Rotary(config) if config.position == "rope" else None
+        if config.position == "alibi":
+            self.register_buffer("slopes", alibi_slopes(config.n_heads), persistent=False)
+        else:
+            self.slopes = None
+
+    def forward(
+        self,
+        position_ids: Tensor,
+        *,
+        q_slots: Tensor,
+        k_slots: Tensor,
+        key_valid: Tensor | None = None,
+        explicit: bool = False,
+    ) -> dict[str, Any]:
+        """position_ids [B, S]; q_slots [S] and k_slots [S_k] index the sequence (or the KV cache);
+        key_valid [B, S_k] marks real (non-padding) keys. `explicit` forces a mask (cache in use).
+
+        Returns the keyword arguments of Block.forward: rope, mask [B|1, 1, S, S_k], bias.
+        """
+        rope = self.rotary(position_ids) if self.rotary is not None else None
+        bias = alibi_bias(self.slopes, q_slots, k_slots, causal=self.causal) if self.slopes is not None else None
+        mask = None
+        if key_valid is not None or (explicit and self.causal):
+            mask = torch.ones(1, 1, len(q_slots), len(k_slots), dtype=torch.bool, device=k_slots.device)
+            if self.causal:
+                mask = mask & (k_slots[None, :] <= q_slots[:, None])
+            if key_valid is not None:
+                mask = mask & key_valid.bool()[:, None, None, :]
+            if self.causal:  # a left-padding query sees only padding: let it see itself, keep it finite
+                mask = mask | (k_slots[None, :] == q_slots[:, None])
+        return {"rope": rope, "mask": mask, "bias": bias}

@@ -1,0 +1,42 @@
+"""Weight initialisation per family, so that a freshly built model trains.
+
+- decoder (GPT-2): N(0, 0.02) everywhere, residual output projections N(0, 0.02/sqrt(2L));
+- encoder (BERT): N(0, 0.02), biases zero;
+- encoder-decoder (Vaswani et al.): Xavier uniform for matrices, embeddings N(0, D^-1/2).
+Norm weights start at one and biases at zero in every family.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch import nn
+
+from anatomy.config import ModelConfig
+
+
+def init_weights(model: nn.Module, config: ModelConfig) -> None:
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            _init_linear(name, module, config)
+        elif isinstance(module, nn.Embedding):
+            std = config.d_model ** -0.5 if config.is_seq2seq else 0.02
+            nn.init.normal_(module.weight, std=std)
+        elif hasattr(module, "weight") and name.split(".")[-1].endswith("norm"):
+            nn.init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+    for name, param in model.named_parameters():
+        if name.endswith("positions.weight"):
+            nn.init.normal_(param, std=0.02)
+
+
+def _init_linear(name: str, module: nn.Linear, config: ModelConfig) -> None:
+    if config.is_seq2seq:
+        nn.init.xavier_uniform_(module.weight)
+    else:
+        residual = config.is_decoder and (name.endswith("attn.out") or name.endswith("ffn.down"))
+        std = 0.02 / math.sqrt(2 * config.n_layers) if residual else 0.02
+        nn.init.normal_(module.weight, std=std)
+    if module.bias is not None:
+        nn.init.zeros_(module.bias)

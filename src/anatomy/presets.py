@@ -1,0 +1,77 @@
+"""Named configurations. A preset is only a set of ModelConfig field values."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from anatomy.config import ModelConfig
+from anatomy.errors import ConfigError
+
+# Vaswani et al. 2017, "Attention Is All You Need": Post-LN, ReLU, sinusoidal, shared embeddings.
+_TRANSFORMER = dict(
+    architecture="encoder-decoder", vocab_size=37000, n_layers=6, n_decoder_layers=6,
+    norm="layernorm", norm_eps=1e-6, norm_position="post", final_norm=False, ffn="mlp",
+    activation="relu", position="sinusoidal", max_seq_len=1024, qkv_bias=True, attn_out_bias=True,
+    ffn_bias=True, tie_embeddings=True, embedding_scale=True, dropout=0.1,
+    pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=0,
+)
+
+# Devlin et al. 2018: Post-LN, GELU, learned positions, segment embeddings, embedding LayerNorm.
+_BERT = dict(
+    architecture="encoder", vocab_size=30522, norm="layernorm", norm_eps=1e-12, norm_position="post",
+    final_norm=False, embedding_norm=True, ffn="mlp", activation="gelu", position="learned",
+    max_seq_len=512, qkv_bias=True, attn_out_bias=True, ffn_bias=True, tie_embeddings=True,
+    type_vocab_size=2, pooler=True, dropout=0.1, pad_token_id=0,
+)
+
+# Radford et al. 2019: Pre-LN, GELU (tanh), learned positions, biases everywhere, tied head.
+_GPT2 = dict(
+    architecture="decoder", vocab_size=50257, norm="layernorm", norm_eps=1e-5, norm_position="pre",
+    ffn="mlp", activation="gelu_tanh", position="learned", max_seq_len=1024, qkv_bias=True,
+    attn_out_bias=True, ffn_bias=True, tie_embeddings=True, bos_token_id=50256, eos_token_id=50256,
+)
+
+# Touvron et al. 2023: Pre-RMSNorm, SwiGLU, RoPE, no biases, untied head.
+_LLAMA = dict(
+    architecture="decoder", vocab_size=32000, norm="rmsnorm", norm_eps=1e-6, norm_position="pre",
+    ffn="glu", activation="silu", position="rope", max_seq_len=2048, rope_theta=10000.0,
+    tie_embeddings=False, bos_token_id=1, eos_token_id=2,
+)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "transformer-base": {**_TRANSFORMER, "d_model": 512, "n_heads": 8, "d_ff": 2048},
+    "transformer-big": {**_TRANSFORMER, "d_model": 1024, "n_heads": 16, "d_ff": 4096, "dropout": 0.3},
+    "bert-base": {**_BERT, "d_model": 768, "n_layers": 12, "n_heads": 12, "d_ff": 3072},
+    "bert-large": {**_BERT, "d_model": 1024, "n_layers": 24, "n_heads": 16, "d_ff": 4096},
+    "gpt2": {**_GPT2, "d_model": 768, "n_layers": 12, "n_heads": 12, "d_ff": 3072},
+    "gpt2-medium": {**_GPT2, "d_model": 1024, "n_layers": 24, "n_heads": 16, "d_ff": 4096},
+    "gpt2-large": {**_GPT2, "d_model": 1280, "n_layers": 36, "n_heads": 20, "d_ff": 5120},
+    "gpt2-xl": {**_GPT2, "d_model": 1600, "n_layers": 48, "n_heads": 25, "d_ff": 6400},
+    "llama-7b": {**_LLAMA, "d_model": 4096, "n_layers": 32, "n_heads": 32, "d_ff": 11008},
+    "llama-13b": {**_LLAMA, "d_model": 5120, "n_layers": 40, "n_heads": 40, "d_ff": 13824},
+    "llama-70b": {**_LLAMA, "d_model": 8192, "n_layers": 80, "n_heads": 64, "n_kv_heads": 8,
+                  "d_ff": 28672, "norm_eps": 1e-5, "max_seq_len": 4096},
+    "llama-2-7b": {**_LLAMA, "d_model": 4096, "n_layers": 32, "n_heads": 32, "d_ff": 11008,
+                   "norm_eps": 1e-5, "max_seq_len": 4096},
+    "llama-3-8b": {**_LLAMA, "vocab_size": 128256, "d_model": 4096, "n_layers": 32, "n_heads": 32,
+                   "n_kv_heads": 8, "d_ff": 14336, "norm_eps": 1e-5, "max_seq_len": 8192,
+                   "rope_theta": 500000.0, "bos_token_id": 128000, "eos_token_id": 128001},
+    "smollm2-135m": {**_LLAMA, "vocab_size": 49152, "d_model": 576, "n_layers": 30, "n_heads": 9,
+                     "n_kv_heads": 3, "d_ff": 1536, "norm_eps": 1e-5, "max_seq_len": 8192,
+                     "rope_theta": 100000.0, "tie_embeddings": True, "bos_token_id": 1,
+                     "eos_token_id": 2},
+}
+
+
+def preset_names() -> list[str]:
+    return sorted(PRESETS)
+
+
+def get_preset(name: str, **overrides: Any) -> ModelConfig:
+    """The ModelConfig of a named preset, with optional field overrides."""
+    if name not in PRESETS:
+        close = difflib.get_close_matches(name, PRESETS, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(f"unknown preset {name!r}{hint} (presets: {', '.join(preset_names())})")
+    return ModelConfig(**{**PRESETS[name], **overrides})
