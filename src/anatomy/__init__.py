@@ -1,5 +1,17 @@
 """anatomy: the Transformer family, runnable on real checkpoints, with every shape, parameter,
-FLOP and byte visible."""
+FLOP and byte visible.
+
+    anatomy.load(name_or_path)            a model (HF directory, .gguf file or installed name)
+    anatomy.save(model, path)             HF layout directory, or .gguf
+    anatomy.load_tokenizer(name_or_path)
+    anatomy.generate(model, prompt, ...)  / anatomy.stream(...)
+    anatomy.embed(texts, model=...)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from anatomy.config import ModelConfig
 from anatomy.errors import AnatomyError, CheckpointError, ConfigError, InputError
@@ -8,7 +20,24 @@ from anatomy.presets import get_preset, preset_names
 
 __version__ = "0.1.0"
 
+# The heavier entry points are imported on first use, so `import anatomy` stays fast.
+_LAZY = {
+    "load": "anatomy.checkpoints.loader",
+    "save": "anatomy.checkpoints.loader",
+    "load_tokenizer": "anatomy.tokenizer",
+    "generate": "anatomy.inference.generate",
+    "stream": "anatomy.inference.generate",
+    "embed": "anatomy.inference.embed",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'anatomy' has no attribute {name!r}")
+
+
 __all__ = [
     "ModelConfig", "AnatomyError", "CheckpointError", "ConfigError", "InputError", "build_model",
-    "get_preset", "preset_names",
+    "get_preset", "preset_names", *_LAZY,
 ]

@@ -12,14 +12,14 @@ from anatomy.config import ModelConfig
 
 
 def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
-    """[n_positions, dim]: sin in the first half, cos in the second, frequency 1/10000^(2i/dim).
+    """[n_positions, dim] on the CPU: sin in the first half, cos in the second, frequency 1/10000^(2i/dim).
 
     The frequencies are those of Vaswani et al.; the halves are concatenated rather than
     interleaved (as in tensor2tensor and Marian), which is the same table up to a fixed
     permutation of the dimensions.
     """
-    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # [T, 1]
-    inv_freq = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # [D/2]
+    pos = torch.arange(n_positions, dtype=torch.float64, device="cpu")[:, None]  # [T, 1]
+    inv_freq = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim)  # [D/2]
     angles = pos * inv_freq  # [T, D/2]
     return torch.cat([angles.sin(), angles.cos()], dim=-1).float()  # [T, D]
 
@@ -29,7 +29,13 @@ class SinusoidalPositions(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.register_buffer("table", sinusoidal_table(config.max_seq_len, config.d_model), persistent=False)
+        self.n_positions, self.dim = config.max_seq_len, config.d_model
+        self.register_buffer("table", torch.empty(0), persistent=False)
+        self.init_buffers()
+
+    def init_buffers(self) -> None:
+        """(Re)compute the table on the CPU: also after a build on the meta device."""
+        self.table = sinusoidal_table(self.n_positions, self.dim)
 
     def forward(self, position_ids: Tensor) -> Tensor:
         return self.table[position_ids]  # [B, S] -> [B, S, D]
@@ -52,9 +58,14 @@ class Rotary(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        d_h = config.head_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d_h, 2, dtype=torch.int64).float() / d_h))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [d_h/2]
+        self.head_dim, self.theta = config.head_dim, config.rope_theta
+        self.register_buffer("inv_freq", torch.empty(0), persistent=False)
+        self.init_buffers()
+
+    def init_buffers(self) -> None:
+        """(Re)compute the inverse frequencies [d_h/2] on the CPU: also after a build on meta."""
+        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device="cpu").float() / self.head_dim
+        self.inv_freq = 1.0 / (self.theta ** exponents)
 
     def forward(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
         angles = position_ids[..., None].float() * self.inv_freq  # [B, S, d_h/2]
@@ -81,7 +92,7 @@ def alibi_slopes(n_heads: int) -> Tensor:
     slopes = series(low)
     if low < n_heads:
         slopes += series(2 * low)[0::2][: n_heads - low]
-    return torch.tensor(slopes)
+    return torch.tensor(slopes, device="cpu")
 
 
 def alibi_bias(slopes: Tensor, q_pos: Tensor, k_pos: Tensor, *, causal: bool) -> Tensor:

@@ -27,6 +27,8 @@ def build_model(config: ModelConfig, *, head: str = "auto", device: str | torch.
     device = torch.device(device) if device is not None else None
     with torch.device(device) if device is not None else contextlib.nullcontext():
         model = _model_class(config, head)(config)
+    if device is not None and device.type != "meta":
+        model = model.to(device)  # computed buffers (RoPE, sinusoids) are made on the CPU
     if dtype is not None:
         model = model.to(dtype)
     if init and (device is None or device.type != "meta"):

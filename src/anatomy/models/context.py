@@ -18,11 +18,15 @@ class PositionContext(nn.Module):
     def __init__(self, config: ModelConfig, *, causal: bool) -> None:
         super().__init__()
         self.causal = causal
+        self.n_heads, self.alibi = config.n_heads, config.position == "alibi"
         self.rotary = Rotary(config) if config.position == "rope" else None
-        if config.position == "alibi":
-            self.register_buffer("slopes", alibi_slopes(config.n_heads), persistent=False)
-        else:
-            self.slopes = None
+        self.register_buffer("slopes", None, persistent=False)
+        self.init_buffers()
+
+    def init_buffers(self) -> None:
+        """(Re)compute the ALiBi slopes [H] on the CPU: also after a build on the meta device."""
+        if self.alibi:
+            self.slopes = alibi_slopes(self.n_heads)
 
     def forward(
         self,

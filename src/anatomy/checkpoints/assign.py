@@ -1,0 +1,89 @@
+"""Put named tensors into a model built on the meta device, checking names and shapes first.
+
+Every loader (HF safetensors, GGUF, training checkpoints) ends here: it maps file names to the
+model's parameter names, then calls assign_tensors. Nothing is copied: the model's parameters
+become the given tensors (mmapped or freshly dequantized).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from anatomy.errors import CheckpointError
+
+
+def expected_shapes(model: nn.Module) -> dict[str, torch.Size]:
+    """The model's own parameter and persistent-buffer names and shapes (tied weights once)."""
+    return {name: t.shape for name, t in model.state_dict(keep_vars=True).items() if not _is_alias(model, name)}
+
+
+def assign_tensors(model: nn.Module, tensors: dict[str, Tensor], *, source: str | Path,
+                   dtype: torch.dtype | None = None) -> nn.Module:
+    """Assign `tensors` (model names) to `model`; raise CheckpointError listing what is missing,
+    unexpected, or of the wrong shape. Tied weights are given once, under the name that owns them."""
+    expected = expected_shapes(model)
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing tensors {missing}")
+        if unexpected:
+            parts.append(f"unexpected tensors {unexpected}")
+        raise CheckpointError(f"{source}: {'; '.join(parts)}")
+    for name, t in tensors.items():
+        if t.shape != expected[name]:
+            raise CheckpointError(
+                f"{source}: tensor {name!r} has shape {list(t.shape)}, the model expects {list(expected[name])}")
+    if dtype is not None:
+        tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
+    model.load_state_dict(tensors, strict=False, assign=True)
+    _retie(model)
+    _materialize_buffers(model)
+    return model.eval()
+
+
+def _is_alias(model: nn.Module, name: str) -> bool:
+    """Is this state-dict entry a tied copy of another (the LM head tied to the embedding)?"""
+    return name in tied_names(model)
+
+
+def tied_names(model: nn.Module) -> set[str]:
+    """Names whose parameter object also appears earlier under another name."""
+    seen: dict[int, str] = {}
+    aliases = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            aliases.add(name)
+        else:
+            seen[id(p)] = name
+    return aliases
+
+
+def _retie(model: nn.Module) -> None:
+    """load_state_dict(assign=True) replaces parameters, which breaks weight tying: tie again."""
+    config = getattr(model, "config", None)
+    if config is None or not config.tie_embeddings:
+        return
+    for head in ("lm_head", "decoder"):
+        module = getattr(model, head, None)
+        if isinstance(module, nn.Linear):
+            module.weight = input_embedding(model).weight
+
+
+def input_embedding(model: nn.Module) -> nn.Embedding:
+    """The token embedding of any of the model classes."""
+    if isinstance(getattr(model, "shared", None), nn.Embedding):
+        return model.shared
+    return getattr(model, "encoder", model).embed.tokens
+
+
+def _materialize_buffers(model: nn.Module) -> None:
+    """Non-persistent buffers (RoPE frequencies, sinusoid tables, ALiBi slopes) are computed, not
+    loaded: a model built on the meta device gets them computed now, on the CPU."""
+    for module in model.modules():
+        if hasattr(module, "init_buffers"):
+            module.init_buffers()
