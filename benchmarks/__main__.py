@@ -1,0 +1,31 @@
+"""`python -m benchmarks [NAME ...]`: run every benchmarks/bench_*.py (or the named ones) in turn.
+
+Each module provides main() -> None and prints its own table."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+import time
+
+import benchmarks
+
+
+def main(argv: list[str]) -> int:
+    names = sorted(m.name for m in pkgutil.iter_modules(benchmarks.__path__) if m.name.startswith("bench_"))
+    wanted = [n if n.startswith("bench_") else f"bench_{n}" for n in argv] or names
+    unknown = sorted(set(wanted) - set(names))
+    if unknown:
+        print(f"unknown benchmark(s) {unknown}; available: {names}", file=sys.stderr)
+        return 2
+    for name in wanted:
+        print(f"\n## {name}\n", flush=True)
+        start = time.perf_counter()
+        importlib.import_module(f"benchmarks.{name}").main()
+        print(f"\n({name} took {time.perf_counter() - start:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
