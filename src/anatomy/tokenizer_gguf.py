@@ -1,0 +1,155 @@
+"""A HF `tokenizers` tokenizer rebuilt from GGUF metadata (llama.cpp's `tokenizer.ggml.*` keys).
+
+Supported: `tokenizer.ggml.model = "gpt2"`, byte-level BPE (GPT-2, LLaMA-3, SmolLM, StarCoder...).
+The GGUF stores the vocabulary (`tokens`, in byte-level form), the `merges` ("left right"), one
+type per token (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte), and the name
+of the pre-tokenizer in `tokenizer.ggml.pre`: how text is cut into pieces before BPE runs inside
+each piece. Control tokens become special tokens, user-defined ones added tokens; both are
+matched in raw text before pre-tokenization, as llama.cpp and HF do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from anatomy.errors import CheckpointError
+
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+# The pre-tokenizers, as the regular expressions llama.cpp applies one after the other: each splits
+# every piece left by the previous one into its matches and the text between them.
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# LLaMA-3: case-insensitive contractions, letters with one leading non-letter, digits in groups of
+# at most three, punctuation runs with their newlines, newline runs, other whitespace
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# llama.cpp's fallback when a file names no pre-tokenizer: punctuation runs first, then GPT-2's split
+_DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    """How text is cut before BPE: `patterns` in order; with `ignore_merges` a piece that is a
+    whole vocabulary entry is taken as is (LLaMA-3's tokenizer does this)."""
+
+    patterns: tuple[str, ...]
+    ignore_merges: bool = False
+
+    def build(self) -> pre_tokenizers.PreTokenizer:
+        splits = [pre_tokenizers.Split(Regex(p), behavior="isolated") for p in self.patterns]
+        return pre_tokenizers.Sequence([*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+
+# tokenizer.ggml.pre -> pre-tokenizer (names as llama.cpp writes them)
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+    "default": PreTokenizer(_DEFAULT),
+    "gpt-2": PreTokenizer((_GPT2,)),
+    "gpt2": PreTokenizer((_GPT2,)),
+    "smollm": PreTokenizer((r"\p{N}", _GPT2)),  # every digit on its own, then GPT-2's split
+    "starcoder": PreTokenizer((r"\p{N}", _GPT2)),
+    "llama-bpe": PreTokenizer((_LLAMA3,), ignore_merges=True),
+    "llama3": PreTokenizer((_LLAMA3,), ignore_merges=True),
+    "llama-v3": PreTokenizer((_LLAMA3,), ignore_merges=True),
+}
+
+
+def tokenizer_from_gguf(meta: Mapping[str, Any], *, source: str) -> Tokenizer:
+    """The tokenizer described by a GGUF file's metadata; CheckpointError names the bad key."""
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise CheckpointError(f"{source}: tokenizer.ggml.model={kind!r} is not supported "
+                              f"(supported: 'gpt2', byte-level BPE)")
+    tokens = _string_list(meta, "tokenizer.ggml.tokens", source=source)
+    merges = [_merge(m, i, source=source) for i, m in enumerate(_string_list(meta, "tokenizer.ggml.merges",
+                                                                              source=source))]
+    types = _token_types(meta, len(tokens), source=source)
+    pre = _pre_tokenizer(meta, source=source)
+    vocab = {token: i for i, token in enumerate(tokens)}
+    tokenizer = Tokenizer(models.BPE(vocab, merges, ignore_merges=pre.ignore_merges))
+    tokenizer.pre_tokenizer = pre.build()
+    tokenizer.decoder = decoders.ByteLevel()
+    _add_typed_tokens(tokenizer, tokens, types)
+    _add_bos_eos(tokenizer, meta, tokens, source=source)
+    return tokenizer
+
+
+def special_token_ids(meta: Mapping[str, Any], n_tokens: int, *, source: str) -> dict[str, int]:
+    """{"bos": id, "eos": ..., "unk": ..., "pad": ...} for the ids the metadata names."""
+    ids = {}
+    for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id"),
+                      ("pad", "padding_token_id")):
+        value = meta.get(f"tokenizer.ggml.{key}")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n_tokens:
+            raise CheckpointError(f"{source}: tokenizer.ggml.{key}={value!r} is not a token id "
+                                  f"in [0, {n_tokens})")
+        ids[role] = value
+    return ids
+
+
+def _string_list(meta: Mapping[str, Any], key: str, *, source: str) -> list[str]:
+    value = meta.get(key)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value):
+        raise CheckpointError(f"{source}: {key} must be an array of strings, got {type(value).__name__}")
+    if key.endswith("tokens") and not value:
+        raise CheckpointError(f"{source}: {key} is empty")
+    return list(value)
+
+
+def _merge(text: str, index: int, *, source: str) -> tuple[str, str]:
+    parts = text.split(" ")
+    if len(parts) != 2 or not all(parts):
+        raise CheckpointError(f"{source}: tokenizer.ggml.merges[{index}]={text!r} is not 'left right'")
+    return parts[0], parts[1]
+
+
+def _token_types(meta: Mapping[str, Any], n_tokens: int, *, source: str) -> list[int]:
+    types = meta.get("tokenizer.ggml.token_type")
+    if types is None:
+        return [NORMAL] * n_tokens
+    is_array = hasattr(types, "__len__") and not isinstance(types, (str, bytes))
+    if not is_array or len(types) != n_tokens:
+        size = len(types) if is_array else type(types).__name__
+        raise CheckpointError(f"{source}: tokenizer.ggml.token_type has {size} entries, "
+                              f"tokenizer.ggml.tokens has {n_tokens}")
+    return [int(t) for t in types]
+
+
+def _pre_tokenizer(meta: Mapping[str, Any], *, source: str) -> PreTokenizer:
+    name = meta.get("tokenizer.ggml.pre", "default")
+    if name not in PRE_TOKENIZERS:
+        raise CheckpointError(f"{source}: tokenizer.ggml.pre={name!r} is not supported "
+                              f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
+    return PRE_TOKENIZERS[name]
+
+
+def _add_typed_tokens(tokenizer: Tokenizer, tokens: list[str], types: list[int]) -> None:
+    """Control tokens -> special tokens (skipped by decode(skip_special_tokens=True));
+    user-defined tokens -> added tokens. Both are matched whole in raw text."""
+    def added(i: int, special: bool) -> AddedToken:
+        return AddedToken(tokens[i], special=special, normalized=False)
+
+    tokenizer.add_special_tokens([added(i, True) for i, t in enumerate(types) if t == CONTROL])
+    tokenizer.add_tokens([added(i, False) for i, t in enumerate(types) if t == USER_DEFINED])
+
+
+def _add_bos_eos(tokenizer: Tokenizer, meta: Mapping[str, Any], tokens: list[str], *, source: str) -> None:
+    """`tokenizer.ggml.add_bos_token` / `add_eos_token`: put BOS / EOS around every encoded text."""
+    ids = special_token_ids(meta, len(tokens), source=source)
+    around = {"bos": meta.get("tokenizer.ggml.add_bos_token") is True,
+              "eos": meta.get("tokenizer.ggml.add_eos_token") is True}
+    for role, wanted in around.items():
+        if wanted and role not in ids:
+            raise CheckpointError(f"{source}: tokenizer.ggml.add_{role}_token is set "
+                                  f"but tokenizer.ggml.{role}_token_id is missing")
+    chosen = {role: (tokens[ids[role]], ids[role]) for role, wanted in around.items() if wanted}
+    if not chosen:
+        return
+    single = [chosen["bos"][0]] if "bos" in chosen else []
+    single += ["$A"] + ([chosen["eos"][0]] if "eos" in chosen else [])
+    tokenizer.post_processor = processors.TemplateProcessing(single=single, special_tokens=list(chosen.values()))
