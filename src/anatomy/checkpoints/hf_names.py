@@ -1,0 +1,202 @@
+"""Explicit name maps between HF transformers' tensors and anatomy's, per HF family.
+
+A Link joins one of our modules (or one tensor) to the HF module(s) it is made of:
+
+    blocks.3.attn.qkv   <- model.layers.3.self_attn.{q,k,v}_proj    rows [H*d_h | H_kv*d_h | H_kv*d_h]
+    blocks.3.ffn.gate_up <- model.layers.3.mlp.{gate,up}_proj        rows [F | F]
+    blocks.3.attn.qkv   <- transformer.h.3.attn.c_attn              GPT-2 Conv1D: stored [in, out]
+    lm_head.bias        <- final_logits_bias                        Marian: stored [1, V]
+
+`tensor_links(model, family)` expands the links over the tensors the model actually has (a bias
+only where the config has one, the LM head only when untied) and gives each HF tensor's shape.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from anatomy.checkpoints.assign import expected_shapes
+from anatomy.config import ModelConfig
+from anatomy.hf_config import hf_family
+from anatomy.models import DecoderLM, Encoder, EncoderDecoder, MaskedLM
+
+FAMILIES = ("llama", "gpt2", "bert", "bert-mlm", "marian")
+ARCHITECTURE_OF = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel", "bert": "BertModel",
+                   "bert-mlm": "BertForMaskedLM", "marian": "MarianMTModel"}
+# HF checkpoints of the same family are saved with or without the base model's prefix.
+OPTIONAL_PREFIX = {"gpt2": "transformer.", "bert": "bert.", "bert-mlm": "bert."}
+
+
+@dataclass(frozen=True)
+class Link:
+    ours: str  # a module path (its .weight/.bias follow) or, with exact=True, one tensor name
+    hf: tuple[str, ...]  # HF module paths (or tensor names), concatenated along rows to give ours
+    sizes: tuple[int, ...] = ()  # rows of each HF part, when several are fused into one of ours
+    transpose: bool = False  # HF stores the weight [in, out] (GPT-2 Conv1D)
+    exact: bool = False
+    leading_one: bool = False  # HF stores the tensor with an extra leading dimension of 1
+
+
+@dataclass(frozen=True)
+class TensorLink:
+    ours: str
+    hf: tuple[str, ...]
+    hf_shapes: tuple[torch.Size, ...]
+    part_shapes: tuple[torch.Size, ...]  # each HF part in our layout, before concatenation
+    transpose: bool
+
+
+def family_of(model: nn.Module) -> str:
+    """The HF family a model is read from and written as, by its class and config fields."""
+    if isinstance(model, MaskedLM):
+        return "bert-mlm"
+    if isinstance(model, Encoder):
+        return "bert"
+    if isinstance(model, EncoderDecoder):
+        return "marian"
+    if isinstance(model, DecoderLM):
+        return hf_family(model.config)
+    raise TypeError(f"no HF layout for {type(model).__name__}")
+
+
+def tensor_links(model: nn.Module, family: str) -> list[TensorLink]:
+    """One TensorLink per tensor the model expects; every expected tensor is covered."""
+    links = _LINKS[family](model.config)
+    by_module = {link.ours: link for link in links if not link.exact}
+    by_tensor = {link.ours: link for link in links if link.exact}
+    out = []
+    for name, shape in expected_shapes(model).items():
+        module, _, suffix = name.rpartition(".")
+        link = by_tensor.get(name) or by_module.get(module)
+        if link is None:
+            raise KeyError(f"the {family} name map has no entry for {name!r}")
+        hf = link.hf if link.exact else tuple(f"{h}.{suffix}" for h in link.hf)
+        out.append(_expand(name, shape, hf, link))
+    return out
+
+
+def ignorable(family: str, config: ModelConfig) -> re.Pattern[str]:
+    """HF tensors a checkpoint may hold that anatomy recomputes or ties (not errors when present)."""
+    patterns = {
+        "llama": [r"(model\.)?layers\.\d+\.self_attn\.rotary_emb\.inv_freq"],
+        "gpt2": [r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias"],
+        "bert": [r"(bert\.)?embeddings\.position_ids"],
+        "bert-mlm": [r"(bert\.)?embeddings\.position_ids", r"cls\.predictions\.decoder\.bias"],
+        "marian": [r"model\.(encoder|decoder)\.embed_positions\.weight",
+                   r"model\.(encoder|decoder)\.embed_tokens\.weight"],
+    }[family]
+    if config.tie_embeddings:
+        patterns.append(r"lm_head\.weight|cls\.predictions\.decoder\.weight")
+    return re.compile("|".join(f"(?:{p})" for p in patterns))
+
+
+def _expand(name: str, shape: torch.Size, hf: tuple[str, ...], link: Link) -> TensorLink:
+    if not shape:
+        part_shapes = (shape,)
+    else:
+        part_shapes = tuple(torch.Size((rows, *shape[1:])) for rows in link.sizes or (shape[0],))
+    transpose = link.transpose and len(shape) == 2
+    hf_shapes = tuple(torch.Size(reversed(s)) if transpose else s for s in part_shapes)
+    if link.leading_one:
+        hf_shapes = tuple(torch.Size((1, *s)) for s in hf_shapes)
+    return TensorLink(name, hf, hf_shapes, part_shapes, transpose)
+
+
+def _llama(c: ModelConfig) -> list[Link]:
+    links = [Link("embed.tokens", ("model.embed_tokens",)), Link("final_norm", ("model.norm",)),
+             Link("lm_head", ("lm_head",))]
+    for i in range(c.n_layers):
+        o, h = f"blocks.{i}.", f"model.layers.{i}."
+        links += [
+            Link(o + "attn_norm", (h + "input_layernorm",)),
+            Link(o + "attn.qkv", tuple(h + f"self_attn.{x}_proj" for x in "qkv"), sizes=(c.q_dim, c.kv_dim, c.kv_dim)),
+            Link(o + "attn.out", (h + "self_attn.o_proj",)),
+            Link(o + "ffn_norm", (h + "post_attention_layernorm",)),
+            Link(o + "ffn.gate_up", (h + "mlp.gate_proj", h + "mlp.up_proj"), sizes=(c.d_ff, c.d_ff)),
+            Link(o + "ffn.down", (h + "mlp.down_proj",)),
+        ]
+    return links
+
+
+def _gpt2(c: ModelConfig) -> list[Link]:
+    t = "transformer."
+    links = [Link("embed.tokens", (t + "wte",)), Link("embed.positions", (t + "wpe",)),
+             Link("final_norm", (t + "ln_f",)), Link("lm_head", ("lm_head",))]
+    for i in range(c.n_layers):
+        o, h = f"blocks.{i}.", f"{t}h.{i}."
+        links += [
+            Link(o + "attn_norm", (h + "ln_1",)),
+            Link(o + "attn.qkv", (h + "attn.c_attn",), transpose=True),
+            Link(o + "attn.out", (h + "attn.c_proj",), transpose=True),
+            Link(o + "ffn_norm", (h + "ln_2",)),
+            Link(o + "ffn.up", (h + "mlp.c_fc",), transpose=True),
+            Link(o + "ffn.down", (h + "mlp.c_proj",), transpose=True),
+        ]
+    return links
+
+
+def _bert_encoder(c: ModelConfig, o: str, h: str) -> list[Link]:
+    """BERT's encoder with our names under prefix o and HF's under prefix h."""
+    e = h + "embeddings."
+    links = [Link(o + "embed.tokens", (e + "word_embeddings",)), Link(o + "embed.positions", (e + "position_embeddings",)),
+             Link(o + "embed.token_types", (e + "token_type_embeddings",)), Link(o + "embed.norm", (e + "LayerNorm",)),
+             Link(o + "pooler", (h + "pooler.dense",))]
+    for i in range(c.n_layers):
+        b, l = f"{o}blocks.{i}.", f"{h}encoder.layer.{i}."
+        links += [
+            Link(b + "attn.qkv", tuple(l + f"attention.self.{x}" for x in ("query", "key", "value")),
+                 sizes=(c.q_dim, c.kv_dim, c.kv_dim)),
+            Link(b + "attn.out", (l + "attention.output.dense",)),
+            Link(b + "attn_norm", (l + "attention.output.LayerNorm",)),
+            Link(b + "ffn.up", (l + "intermediate.dense",)),
+            Link(b + "ffn.down", (l + "output.dense",)),
+            Link(b + "ffn_norm", (l + "output.LayerNorm",)),
+        ]
+    return links
+
+
+def _bert(c: ModelConfig) -> list[Link]:
+    return _bert_encoder(c, "", "")
+
+
+def _bert_mlm(c: ModelConfig) -> list[Link]:
+    p = "cls.predictions."
+    return _bert_encoder(c, "encoder.", "bert.") + [
+        Link("transform", (p + "transform.dense",)), Link("transform_norm", (p + "transform.LayerNorm",)),
+        Link("decoder.weight", (p + "decoder.weight",), exact=True), Link("decoder.bias", (p + "bias",), exact=True),
+    ]
+
+
+def _marian_block(c: ModelConfig, o: str, h: str, *, cross: bool) -> list[Link]:
+    links = [
+        Link(o + "attn.qkv", tuple(h + f"self_attn.{x}_proj" for x in "qkv"), sizes=(c.q_dim, c.kv_dim, c.kv_dim)),
+        Link(o + "attn.out", (h + "self_attn.out_proj",)),
+        Link(o + "attn_norm", (h + "self_attn_layer_norm",)),
+        Link(o + "ffn.up", (h + "fc1",)), Link(o + "ffn.down", (h + "fc2",)),
+        Link(o + "ffn_norm", (h + "final_layer_norm",)),
+    ]
+    if cross:
+        links += [
+            Link(o + "cross_attn.q", (h + "encoder_attn.q_proj",)),
+            Link(o + "cross_attn.kv", (h + "encoder_attn.k_proj", h + "encoder_attn.v_proj"), sizes=(c.kv_dim, c.kv_dim)),
+            Link(o + "cross_attn.out", (h + "encoder_attn.out_proj",)),
+            Link(o + "cross_norm", (h + "encoder_attn_layer_norm",)),
+        ]
+    return links
+
+
+def _marian(c: ModelConfig) -> list[Link]:
+    links = [Link("shared", ("model.shared",)), Link("lm_head.weight", ("lm_head.weight",), exact=True),
+             Link("lm_head.bias", ("final_logits_bias",), exact=True, leading_one=True)]
+    for i in range(c.n_layers):
+        links += _marian_block(c, f"encoder_blocks.{i}.", f"model.encoder.layers.{i}.", cross=False)
+    for i in range(c.n_decoder_layers):
+        links += _marian_block(c, f"decoder_blocks.{i}.", f"model.decoder.layers.{i}.", cross=True)
+    return links
+
+
+_LINKS = {"llama": _llama, "gpt2": _gpt2, "bert": _bert, "bert-mlm": _bert_mlm, "marian": _marian}

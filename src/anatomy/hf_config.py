@@ -1,0 +1,279 @@
+"""Hugging Face config.json <-> ModelConfig for the four HF families anatomy reads and writes.
+
+    llama   LlamaForCausalLM                  Pre-RMSNorm, SwiGLU, RoPE, GQA
+    gpt2    GPT2LMHeadModel                   Pre-LN, GELU (tanh), learned positions, Conv1D layout
+    bert    BertModel / BertForMaskedLM       Post-LN, GELU, learned + segment positions, embedding LN
+    marian  MarianMTModel                     Post-LN encoder-decoder, sinusoidal (sin | cos halves),
+                                              shared embeddings, final_logits_bias, no final norm
+
+Reading fills fields a config.json leaves out with the HF class's own defaults; a feature anatomy
+does not implement (RoPE scaling, relative positions, ...) is a ConfigError, never silently dropped.
+Writing picks the HF class from the fields and refuses a config that class cannot express.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from anatomy.config import ModelConfig
+from anatomy.errors import ConfigError
+
+SUPPORTED = ("llama", "gpt2", "bert", "marian")
+
+# HF activation names -> ours. gelu_new and gelu_pytorch_tanh are the same tanh approximation.
+_ACTIVATIONS_IN = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                   "relu": "relu", "silu": "silu", "swish": "silu"}
+_ACTIVATIONS_OUT = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel", "marian": "MarianMTModel"}
+MARIAN_NORM_EPS = 1e-5  # HF Marian uses nn.LayerNorm's default and has no config field for it
+
+
+# -- reading ---------------------------------------------------------------------------------------
+def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
+    """The ModelConfig of an HF config.json dict of model_type llama, gpt2, bert or marian."""
+    if not isinstance(hf, dict):
+        raise ConfigError(f"an HF config must be a JSON object, got {type(hf).__name__}")
+    model_type = hf.get("model_type")
+    reader = _READERS.get(model_type)
+    if reader is None:
+        raise ConfigError(f"model_type={model_type!r} is not supported (supported: {', '.join(SUPPORTED)})")
+    return reader(hf)
+
+
+def _from_llama(hf: dict[str, Any]) -> ModelConfig:
+    _require(hf, "llama", ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                           "intermediate_size"))
+    bias = bool(hf.get("attention_bias", False))
+    return ModelConfig(
+        architecture="decoder", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
+        n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
+        n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"], head_dim=hf.get("head_dim"),
+        d_ff=hf["intermediate_size"], norm="rmsnorm", norm_eps=hf.get("rms_norm_eps", 1e-6), norm_position="pre",
+        ffn="glu", activation=_activation(hf, "hidden_act", "silu"), position="rope",
+        max_seq_len=hf.get("max_position_embeddings", 2048), rope_theta=_rope_theta(hf),
+        qkv_bias=bias, attn_out_bias=bias, ffn_bias=bool(hf.get("mlp_bias", False)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)), dropout=hf.get("attention_dropout", 0.0),
+        **_token_ids(hf, ("pad_token_id", "bos_token_id", "eos_token_id")),
+    )
+
+
+def _from_gpt2(hf: dict[str, Any]) -> ModelConfig:
+    _require(hf, "gpt2", ("vocab_size", "n_embd", "n_layer", "n_head"))
+    _refuse(hf, "gpt2", {"scale_attn_by_inverse_layer_idx": True, "scale_attn_weights": False,
+                         "add_cross_attention": True})
+    return ModelConfig(
+        architecture="decoder", vocab_size=hf["vocab_size"], d_model=hf["n_embd"], n_layers=hf["n_layer"],
+        n_heads=hf["n_head"], d_ff=hf.get("n_inner") or 4 * hf["n_embd"], norm="layernorm",
+        norm_eps=hf.get("layer_norm_epsilon", 1e-5), norm_position="pre", ffn="mlp",
+        activation=_activation(hf, "activation_function", "gelu_new"), position="learned",
+        max_seq_len=hf.get("n_positions", 1024), qkv_bias=True, attn_out_bias=True, ffn_bias=True,
+        tie_embeddings=bool(hf.get("tie_word_embeddings", True)), dropout=hf.get("resid_pdrop", 0.1),
+        **_token_ids(hf, ("pad_token_id", "bos_token_id", "eos_token_id")),
+    )
+
+
+def _from_bert(hf: dict[str, Any]) -> ModelConfig:
+    _require(hf, "bert", ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                          "intermediate_size"))
+    _refuse(hf, "bert", {"is_decoder": True, "add_cross_attention": True})
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise ConfigError(f"bert position_embedding_type={hf['position_embedding_type']!r} is not supported "
+                          "(only 'absolute')")
+    architectures = hf.get("architectures") or ["BertModel"]
+    return ModelConfig(
+        architecture="encoder", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
+        n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"], d_ff=hf["intermediate_size"],
+        norm="layernorm", norm_eps=hf.get("layer_norm_eps", 1e-12), norm_position="post", final_norm=False,
+        embedding_norm=True, ffn="mlp", activation=_activation(hf, "hidden_act", "gelu"), position="learned",
+        max_seq_len=hf.get("max_position_embeddings", 512), qkv_bias=True, attn_out_bias=True, ffn_bias=True,
+        tie_embeddings=bool(hf.get("tie_word_embeddings", True)), type_vocab_size=hf.get("type_vocab_size", 2),
+        pooler="BertForMaskedLM" not in architectures, dropout=hf.get("hidden_dropout_prob", 0.1),
+        **_token_ids(hf, ("pad_token_id", "bos_token_id", "eos_token_id")),
+    )
+
+
+def _from_marian(hf: dict[str, Any]) -> ModelConfig:
+    _require(hf, "marian", ("vocab_size", "d_model", "encoder_layers", "decoder_layers",
+                            "encoder_attention_heads", "encoder_ffn_dim", "pad_token_id"))
+    _same(hf, "encoder_attention_heads", "decoder_attention_heads")
+    _same(hf, "encoder_ffn_dim", "decoder_ffn_dim")
+    _same(hf, "vocab_size", "decoder_vocab_size")
+    _refuse(hf, "marian", {"share_encoder_decoder_embeddings": False})
+    ids = _token_ids(hf, ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"))
+    if ids["decoder_start_token_id"] is None:
+        ids["decoder_start_token_id"] = ids["pad_token_id"]
+    return ModelConfig(
+        architecture="encoder-decoder", vocab_size=hf["vocab_size"], d_model=hf["d_model"],
+        n_layers=hf["encoder_layers"], n_decoder_layers=hf["decoder_layers"], n_heads=hf["encoder_attention_heads"],
+        d_ff=hf["encoder_ffn_dim"], norm="layernorm", norm_eps=hf.get("layer_norm_eps", MARIAN_NORM_EPS),
+        norm_position="post", final_norm=False, ffn="mlp", activation=_activation(hf, "activation_function", "gelu"),
+        position="sinusoidal", max_seq_len=hf.get("max_position_embeddings", 1024), qkv_bias=True,
+        attn_out_bias=True, ffn_bias=True, tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+        embedding_scale=bool(hf.get("scale_embedding", False)), lm_head_bias=True, dropout=hf.get("dropout", 0.1),
+        **ids,
+    )
+
+
+_READERS: dict[str, Callable[[dict[str, Any]], ModelConfig]] = {
+    "llama": _from_llama, "gpt2": _from_gpt2, "bert": _from_bert, "marian": _from_marian,
+}
+
+
+def _require(hf: dict[str, Any], model_type: str, names: tuple[str, ...]) -> None:
+    missing = [name for name in names if hf.get(name) is None]
+    if missing:
+        raise ConfigError(f"{model_type} config lacks required field(s) {', '.join(missing)}")
+
+
+def _refuse(hf: dict[str, Any], model_type: str, unsupported: dict[str, Any]) -> None:
+    """Raise for a field set to a value whose behaviour anatomy does not implement."""
+    for name, value in unsupported.items():
+        if name in hf and hf[name] == value:
+            raise ConfigError(f"{model_type} {name}={value!r} is not supported")
+
+
+def _same(hf: dict[str, Any], name: str, other: str) -> None:
+    """anatomy's encoder and decoder stacks share sizes: a field and its twin must agree."""
+    if hf.get(other) is not None and hf[other] != hf[name]:
+        raise ConfigError(f"marian {other}={hf[other]} differs from {name}={hf[name]} (anatomy needs them equal)")
+
+
+def _activation(hf: dict[str, Any], name: str, default: str) -> str:
+    value = hf.get(name, default)
+    if value not in _ACTIVATIONS_IN:
+        raise ConfigError(f"{name}={value!r} is not supported (supported: {', '.join(_ACTIVATIONS_IN)})")
+    return _ACTIVATIONS_IN[value]
+
+
+def _rope_theta(hf: dict[str, Any]) -> float:
+    """rope_parameters (transformers 5) or rope_theta + rope_scaling (4.x); only plain RoPE is implemented."""
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise ConfigError(f"llama RoPE scaling rope_type={rope_type!r} is not supported (only 'default')")
+    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def _token_ids(hf: dict[str, Any], names: tuple[str, ...]) -> dict[str, int | None]:
+    """Special token ids; a list (several eos ids) gives its first; an id outside the vocabulary,
+    which HF tolerates with a warning, becomes None."""
+    ids = {}
+    for name in names:
+        value = hf.get(name)
+        if isinstance(value, list):
+            value = value[0] if value else None
+        valid = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < hf["vocab_size"]
+        ids[name] = value if valid else None
+    return ids
+
+
+# -- writing ---------------------------------------------------------------------------------------
+def hf_family(config: ModelConfig) -> str:
+    """The HF model_type a config is written as: decided by fields, never by a name."""
+    if config.is_seq2seq:
+        return "marian"
+    if config.is_encoder:
+        return "bert"
+    llama_like = config.position == "rope" or config.norm == "rmsnorm" or config.ffn == "glu"
+    return "llama" if llama_like else "gpt2"
+
+
+def hf_architecture(config: ModelConfig) -> str:
+    family = hf_family(config)
+    if family == "bert":
+        return "BertModel" if config.pooler else "BertForMaskedLM"
+    return ARCHITECTURES[family]
+
+
+def config_to_hf(config: ModelConfig) -> dict[str, Any]:
+    """An HF config.json dict from which HF transformers builds the same model (with `architectures`)."""
+    family = hf_family(config)
+    _check_representable(config, family)
+    hf = {"model_type": family, "architectures": [hf_architecture(config)], **_WRITERS[family](config)}
+    hf.update({name: getattr(config, name) for name in ("pad_token_id", "bos_token_id", "eos_token_id")})
+    hf["tie_word_embeddings"] = config.tie_embeddings
+    return hf
+
+
+def _to_llama(c: ModelConfig) -> dict[str, Any]:
+    return {
+        "vocab_size": c.vocab_size, "hidden_size": c.d_model, "intermediate_size": c.d_ff,
+        "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads,
+        "head_dim": c.head_dim, "hidden_act": _ACTIVATIONS_OUT[c.activation], "max_position_embeddings": c.max_seq_len,
+        "rms_norm_eps": c.norm_eps, "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+        "rope_theta": c.rope_theta, "attention_bias": c.qkv_bias, "mlp_bias": c.ffn_bias,
+        "attention_dropout": c.dropout,
+    }
+
+
+def _to_gpt2(c: ModelConfig) -> dict[str, Any]:
+    return {
+        "vocab_size": c.vocab_size, "n_embd": c.d_model, "n_layer": c.n_layers, "n_head": c.n_heads,
+        "n_inner": c.d_ff, "activation_function": _ACTIVATIONS_OUT[c.activation], "n_positions": c.max_seq_len,
+        "layer_norm_epsilon": c.norm_eps, "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout,
+    }
+
+
+def _to_bert(c: ModelConfig) -> dict[str, Any]:
+    return {
+        "vocab_size": c.vocab_size, "hidden_size": c.d_model, "num_hidden_layers": c.n_layers,
+        "num_attention_heads": c.n_heads, "intermediate_size": c.d_ff, "hidden_act": _ACTIVATIONS_OUT[c.activation],
+        "max_position_embeddings": c.max_seq_len, "type_vocab_size": c.type_vocab_size, "layer_norm_eps": c.norm_eps,
+        "position_embedding_type": "absolute", "hidden_dropout_prob": c.dropout,
+        "attention_probs_dropout_prob": c.dropout,
+    }
+
+
+def _to_marian(c: ModelConfig) -> dict[str, Any]:
+    hf = {
+        "vocab_size": c.vocab_size, "decoder_vocab_size": c.vocab_size, "d_model": c.d_model,
+        "encoder_layers": c.n_layers, "decoder_layers": c.n_decoder_layers, "encoder_attention_heads": c.n_heads,
+        "decoder_attention_heads": c.n_heads, "encoder_ffn_dim": c.d_ff, "decoder_ffn_dim": c.d_ff,
+        "activation_function": _ACTIVATIONS_OUT[c.activation], "max_position_embeddings": c.max_seq_len,
+        "scale_embedding": c.embedding_scale, "share_encoder_decoder_embeddings": True, "dropout": c.dropout,
+        "attention_dropout": 0.0, "activation_dropout": 0.0, "is_encoder_decoder": True,
+        "decoder_start_token_id": c.decoder_start_token_id,
+    }
+    if not math.isclose(c.norm_eps, MARIAN_NORM_EPS):
+        hf["layer_norm_eps"] = c.norm_eps  # read back by anatomy; HF Marian always uses 1e-5
+    return hf
+
+
+_WRITERS: dict[str, Callable[[ModelConfig], dict[str, Any]]] = {
+    "llama": _to_llama, "gpt2": _to_gpt2, "bert": _to_bert, "marian": _to_marian,
+}
+
+_COMMON_POST_LN = dict(norm="layernorm", norm_bias=True, norm_position="post", final_norm=False, ffn="mlp",
+                       qkv_bias=True, attn_out_bias=True, ffn_bias=True)
+# Field values each HF class hard-codes: a config with another value has no HF equivalent.
+_FIXED: dict[str, dict[str, Any]] = {
+    "llama": dict(norm="rmsnorm", norm_position="pre", final_norm=True, embedding_norm=False, ffn="glu",
+                  position="rope", lm_head_bias=False, embedding_scale=False, type_vocab_size=0),
+    "gpt2": dict(norm="layernorm", norm_bias=True, norm_position="pre", final_norm=True, embedding_norm=False,
+                 ffn="mlp", position="learned", qkv_bias=True, attn_out_bias=True, ffn_bias=True,
+                 lm_head_bias=False, embedding_scale=False, type_vocab_size=0),
+    "bert": dict(_COMMON_POST_LN, embedding_norm=True, position="learned", lm_head_bias=False,
+                 embedding_scale=False),
+    "marian": dict(_COMMON_POST_LN, embedding_norm=False, position="sinusoidal", type_vocab_size=0),
+}
+
+
+def _check_representable(c: ModelConfig, family: str) -> None:
+    problems = [f"{name}={getattr(c, name)!r} (needs {value!r})"
+                for name, value in _FIXED[family].items() if getattr(c, name) != value]
+    if family != "llama":
+        if c.n_kv_heads != c.n_heads:
+            problems.append(f"n_kv_heads={c.n_kv_heads} (needs n_heads={c.n_heads})")
+        if c.head_dim * c.n_heads != c.d_model:
+            problems.append(f"head_dim={c.head_dim} (needs d_model / n_heads)")
+    if family == "llama" and c.qkv_bias != c.attn_out_bias:
+        problems.append(f"qkv_bias={c.qkv_bias} with attn_out_bias={c.attn_out_bias} (HF has one attention_bias)")
+    if family == "bert" and c.type_vocab_size < 1:
+        problems.append("type_vocab_size=0 (BERT always has segment embeddings)")
+    if family == "marian" and c.pad_token_id is None:
+        problems.append("pad_token_id=None (Marian needs a padding token)")
+    if problems:
+        arch = hf_architecture(c)
+        raise ConfigError(f"HF {arch} cannot express this config: {'; '.join(problems)}")
