@@ -1,0 +1,178 @@
+"""Analytic matmul FLOPs of a forward pass, and their reconciliation with FlopCounterMode.
+
+A matmul [m, k] @ [k, n] costs 2*m*k*n FLOPs (one multiply and one add per term); that is the
+convention of FlopCounterMode and of the 6N rule. Per layer, for B sequences of S queries against
+S_k keys (S_k = S in prefill and training, S_k = T when decoding one token against T positions):
+
+    Q/K/V projection   2*B*S*D*(H + 2*H_kv)*d_h     (= 6*B*S*D^2 for MHA with d_h = D/H)
+    scores  Q K^T      2*B*H*S*S_k*d_h
+    values  A V        2*B*H*S*S_k*d_h
+    output projection  2*B*S*H*d_h*D                 (= 2*B*S*D^2)
+    FFN                2*B*S*D*F*2 (MLP) or 2*B*S*D*F*3 (GLU: 16*D^2 per token at F = 8D/3)
+
+so MHA attention is 8*B*S*D^2 + 4*B*S^2*D in prefill. A causal mask leaves S*(S+1)/2 of the S^2
+query-key pairs: dense kernels (and FlopCounterMode) compute all S^2, a kernel that skips masked
+tiles computes about half; both figures are given. Elementwise work (norms, softmax, activations,
+RoPE, residual adds) is O(B*S*D) and not counted, as in FlopCounterMode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from anatomy.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Flops:
+    """Matmul FLOPs by part; `total` sums them. `tokens` is the number of positions processed."""
+
+    parts: dict[str, int]
+    tokens: int
+    per_layer: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def projections(self) -> int:
+        return sum(v for k, v in self.parts.items() if k.endswith("projections"))
+
+    @property
+    def attention_matmuls(self) -> int:
+        return sum(v for k, v in self.parts.items() if k.endswith("attention_matmuls"))
+
+    @property
+    def per_token(self) -> float:
+        return self.total / self.tokens
+
+
+def attended_pairs(q_len: int, kv_len: int, *, causal: bool) -> int:
+    """Query-key pairs one head computes: all q_len*kv_len, or under a causal mask only the keys
+    at or before each query (queries are the last q_len of kv_len positions)."""
+    if not causal:
+        return q_len * kv_len
+    return q_len * kv_len - q_len * (q_len - 1) // 2
+
+
+def layer_flops(config: ModelConfig, *, batch: int, q_len: int, kv_len: int, causal_halving: bool = False,
+                causal: bool = True, cross_len: int = 0, cross_kv: bool = True) -> dict[str, int]:
+    """One block's matmul FLOPs. cross_len > 0 adds cross-attention against cross_len memory
+    positions; cross_kv=False when its K/V were computed once beforehand (decoding)."""
+    B, D, F = batch, config.d_model, config.d_ff
+    H, q_dim, kv_dim, d_h = config.n_heads, config.q_dim, config.kv_dim, config.head_dim
+    pairs = attended_pairs(q_len, kv_len, causal=causal and causal_halving)
+    ffn_mats = 3 if config.ffn == "glu" else 2
+    parts = {
+        "qkv_projection": 2 * B * q_len * D * (q_dim + 2 * kv_dim),
+        "attention_scores": 2 * B * H * pairs * d_h,
+        "attention_values": 2 * B * H * pairs * d_h,
+        "output_projection": 2 * B * q_len * q_dim * D,
+        "ffn": 2 * B * q_len * D * F * ffn_mats,
+    }
+    if cross_len:
+        parts["cross_projections"] = 2 * B * q_len * D * q_dim * 2 + (2 * B * cross_len * D * 2 * kv_dim
+                                                                      if cross_kv else 0)
+        parts["cross_attention_matmuls"] = 2 * 2 * B * H * q_len * cross_len * d_h
+    return parts
+
+
+def _group(layer: dict[str, int], layers: int) -> dict[str, int]:
+    grouped = {
+        "projections": layer["qkv_projection"] + layer["output_projection"],
+        "attention_matmuls": layer["attention_scores"] + layer["attention_values"],
+        "ffn": layer["ffn"],
+    }
+    for key in ("cross_projections", "cross_attention_matmuls"):
+        if key in layer:
+            grouped[key] = layer[key]
+    return {k: v * layers for k, v in grouped.items()}
+
+
+def _add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
+
+
+def forward_flops(config: ModelConfig, *, batch: int, seq: int, head: str = "auto", last_only: bool = False,
+                  causal_halving: bool = False) -> Flops:
+    """One forward pass over [B, S] with no cache: training (LM head at all S positions) or, with
+    last_only, the prefill of generation (LM head at the last position). A seq2seq model reads
+    S source and S target tokens."""
+    B, S, D, V = batch, seq, config.d_model, config.vocab_size
+    head_rows = B * (1 if last_only else S)
+    if config.is_encoder:
+        layer = layer_flops(config, batch=B, q_len=S, kv_len=S, causal=False)
+        parts = _group(layer, config.n_layers)
+        if head == "mlm":
+            parts["mlm_head"] = 2 * B * S * D * D + 2 * B * S * D * V
+        return Flops(parts, B * S, layer)
+    if config.is_seq2seq:
+        enc = layer_flops(config, batch=B, q_len=S, kv_len=S, causal=False)
+        dec = layer_flops(config, batch=B, q_len=S, kv_len=S, causal_halving=causal_halving, cross_len=S)
+        parts = _add(_group(enc, config.n_layers), _group(dec, config.n_decoder_layers))
+        parts["lm_head"] = 2 * head_rows * D * V
+        return Flops(parts, B * S, dec)
+    layer = layer_flops(config, batch=B, q_len=S, kv_len=S, causal_halving=causal_halving)
+    parts = _group(layer, config.n_layers)
+    parts["lm_head"] = 2 * head_rows * D * V
+    return Flops(parts, B * S, layer)
+
+
+def decode_flops(config: ModelConfig, *, batch: int, context: int, source_len: int = 0) -> Flops:
+    """One decode step: B new tokens, each attending to `context` positions (itself included);
+    a seq2seq decoder also attends to source_len encoder positions whose K/V were cached."""
+    layer = layer_flops(config, batch=batch, q_len=1, kv_len=context, cross_len=source_len if config.is_seq2seq
+                        else 0, cross_kv=False)
+    layers = config.n_decoder_layers if config.is_seq2seq else config.n_layers
+    parts = _group(layer, layers)
+    parts["lm_head"] = 2 * batch * config.d_model * config.vocab_size
+    return Flops(parts, batch, layer)
+
+
+def training_flops_per_token(config: ModelConfig, *, seq: int) -> dict[str, float]:
+    """Training costs about 3x the forward (backward: one matmul for the input gradient and one
+    for the weight gradient per forward matmul). 6N is that rule with every parameter taken as a
+    matmul weight; 3 x forward counts the matmuls the model really does, attention included
+    (dense S^2 as kernels compute it: the PaLM-style 6N + 12*L*H*d_h*S for a decoder)."""
+    from anatomy.analysis.params import parameter_ledger
+
+    fwd = forward_flops(config, batch=1, seq=seq)
+    return {"six_n": 6.0 * parameter_ledger(config).total, "three_forward": 3.0 * fwd.per_token,
+            "attention_term": 3.0 * (fwd.attention_matmuls + fwd.parts.get("cross_attention_matmuls", 0)) / seq}
+
+
+@dataclass(frozen=True)
+class TrainingTime:
+    total_flops: float
+    effective_flops_per_gpu: float  # peak * MFU
+    gpu_seconds: float
+    gpus: int
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpu_seconds / 3600
+
+    @property
+    def gpu_days(self) -> float:
+        return self.gpu_seconds / 86400
+
+    @property
+    def wall_days(self) -> float:
+        return self.gpu_days / self.gpus
+
+
+def training_time(*, total_flops: float, peak_flops: float, mfu: float, gpus: int) -> TrainingTime:
+    """Seconds on one GPU = FLOPs / (peak * MFU); wall-clock divides by the number of GPUs."""
+    effective = peak_flops * mfu
+    return TrainingTime(total_flops, effective, total_flops / effective, gpus)
+
+
+def count_flops(run: Callable[[], Any]) -> int:
+    """What torch.utils.flop_counter.FlopCounterMode counts while `run()` executes."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        run()
+    return counter.get_total_flops()

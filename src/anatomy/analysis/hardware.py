@@ -1,0 +1,126 @@
+"""Accelerators for the roofline: peak dense FLOP/s per compute dtype and memory bandwidth.
+
+Built-in entries quote the vendor datasheets. NVIDIA's headline tensor-core figures assume 2:4
+structured sparsity; the figures here are the dense ones (half the sparse headline), which is
+what a transformer's dense matmuls can reach. `local` measures this machine on the spot (an fp32
+matmul and a memory read); a JSON file supplies the figures of any other device.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from anatomy.errors import InputError
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    peak_flops: dict[str, float]  # dense FLOP/s by compute dtype: fp32, bf16, fp16
+    bandwidth: float  # memory bytes/s
+    memory_bytes: float | None = None
+    source: str = ""
+    notes: str = field(default="")
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak for the compute dtype (bf16 and fp16 share the tensor-core rate)."""
+        for key in (dtype, "bf16" if dtype == "fp16" else "fp16", "any"):
+            if key in self.peak_flops:
+                return self.peak_flops[key]
+        raise InputError(f"hardware {self.name!r} has no peak FLOP/s for {dtype} (has {sorted(self.peak_flops)})")
+
+
+_SXM_SPARSITY = "dense figures: the datasheet's tensor-core headline (1,979 TFLOP/s bf16) assumes 2:4 sparsity"
+BUILTIN = {
+    "a100-80gb": Hardware(
+        "a100-80gb", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}, 2039e9, 80e9,
+        source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB): BF16 312 TFLOPS dense (624 with sparsity), "
+               "FP32 19.5 TFLOPS, HBM2e 2,039 GB/s",
+        notes="dense figures: 624 TFLOP/s bf16 is the 2:4-sparsity headline"),
+    "h100-sxm": Hardware(
+        "h100-sxm", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}, 3.35e12, 80e9,
+        source="NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 1,979 TFLOPS with sparsity = 989 dense, "
+               "FP32 67 TFLOPS, HBM3 3.35 TB/s",
+        notes=_SXM_SPARSITY),
+    "h200": Hardware(
+        "h200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}, 4.8e12, 141e9,
+        source="NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOPS with sparsity = 989 dense, "
+               "FP32 67 TFLOPS, HBM3e 4.8 TB/s, 141 GB",
+        notes=_SXM_SPARSITY),
+}
+
+
+def hardware_names() -> list[str]:
+    return [*BUILTIN, "local", "FILE.json"]
+
+
+def get_hardware(name: str) -> Hardware:
+    """A built-in entry, `local` (measured now), or a JSON file path."""
+    if name in BUILTIN:
+        return BUILTIN[name]
+    if name == "local":
+        return measure_local()
+    if name.endswith(".json") or Path(name).is_file():
+        return load_hardware_json(Path(name))
+    close = difflib.get_close_matches(name, [*BUILTIN, "local"], n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise InputError(f"unknown hardware {name!r}{hint} (choose from {', '.join(hardware_names())})")
+
+
+def load_hardware_json(path: Path) -> Hardware:
+    """{"name": ..., "peak_flops": number or {"bf16": ..., "fp32": ...}, "bandwidth": bytes/s,
+    "memory_bytes": optional}; peak figures are dense FLOP/s."""
+    if not path.is_file():
+        raise InputError(f"hardware file {path} does not exist")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"hardware file {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"hardware file {path} must hold a JSON object")
+    peak = data.get("peak_flops")
+    if isinstance(peak, (int, float)) and not isinstance(peak, bool):
+        peak = {"any": peak}
+    if not isinstance(peak, dict) or not peak:
+        raise InputError(f"hardware file {path} has no peak figures: field 'peak_flops' (dense FLOP/s, a number "
+                         "or {\"bf16\": ..., \"fp32\": ...}) is required")
+    peaks = {str(k): _positive(v, path, f"peak_flops.{k}") for k, v in peak.items()}
+    bandwidth = _positive(data.get("bandwidth"), path, "bandwidth")
+    memory = data.get("memory_bytes")
+    return Hardware(str(data.get("name", path.stem)), peaks, bandwidth,
+                    _positive(memory, path, "memory_bytes") if memory is not None else None, source=str(path))
+
+
+def _positive(value: object, path: Path, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise InputError(f"hardware file {path}: field {name!r} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def measure_local(*, matmul_n: int = 1024, read_mib: int = 256, repeats: int = 3) -> Hardware:
+    """This machine, measured now: best of `repeats` fp32 matmuls [n, n] @ [n, n] (2n^3 FLOPs) and
+    best of `repeats` sums over a read_mib MiB fp32 tensor (bytes read / seconds)."""
+    a = torch.randn(matmul_n, matmul_n)
+    b = torch.randn(matmul_n, matmul_n)
+    flops = 2 * matmul_n ** 3 / _best_seconds(lambda: a @ b, repeats)
+    x = torch.ones(read_mib * 2 ** 20 // 4)
+    bandwidth = x.nbytes / _best_seconds(lambda: x.sum(), repeats)
+    return Hardware("local", {"fp32": flops, "any": flops}, bandwidth, source=(
+        f"measured now: fp32 matmul {matmul_n}^3 and a sum over {read_mib} MiB, best of {repeats}"),
+        notes="fp32 only: this measurement stands in for every compute dtype")
+
+
+def _best_seconds(fn, repeats: int) -> float:
+    fn()  # warm up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best

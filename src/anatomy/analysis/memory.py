@@ -1,0 +1,174 @@
+"""Memory: weights by dtype, the KV cache, training activations and the attention score matrix.
+
+Weights and the KV cache follow from the ledger and the config. Training activations are
+measured, not modelled: the model runs forward on the meta device under
+`torch.autograd.graph.saved_tensors_hooks`, and every tensor autograd keeps for the backward pass
+is recorded once per storage (views of one buffer count once; parameters are not activations).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from anatomy.config import ModelConfig
+from anatomy.errors import InputError
+
+DTYPE_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "int4": 4}
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+ADAM_MIXED_PRECISION_BYTES = 16  # bf16 weights + bf16 grads + fp32 master copy + fp32 Adam m and v
+
+
+def check_dtype(name: str, *, option: str = "--dtype") -> str:
+    if name not in DTYPE_BITS:
+        raise InputError(f"{option} {name!r} is not one of {', '.join(DTYPE_BITS)}")
+    return name
+
+
+def compute_dtype(weight_dtype: str) -> str:
+    """Activations and matmuls run in fp32 for fp32 weights, in the float type itself for bf16/fp16,
+    and in bf16 for int8/int4 weights (weight-only quantization dequantizes before the matmul)."""
+    return weight_dtype if weight_dtype in TORCH_DTYPES else "bf16"
+
+
+def weights_bytes(n_params: int, dtype: str) -> int:
+    """Bytes of n_params at `dtype`; int8/int4 without the per-group scales real formats add
+    (GGUF Q4_1, for one, stores 5 bits per weight)."""
+    return n_params * DTYPE_BITS[check_dtype(dtype)] // 8
+
+
+def self_attention_layers(config: ModelConfig) -> int:
+    """Layers that keep a KV cache: every decoder layer; none in an encoder-only model."""
+    if config.is_encoder:
+        return 0
+    return config.n_decoder_layers if config.is_seq2seq else config.n_layers
+
+
+def kv_bytes_per_token(config: ModelConfig, kv_dtype: str) -> int:
+    """2 (K and V) * L * H_kv * d_h values per token: GQA stores H_kv heads, and d_h is the
+    config's head_dim, which need not be D/H."""
+    bits = DTYPE_BITS[check_dtype(kv_dtype, option="--kv-dtype")]
+    return 2 * self_attention_layers(config) * config.n_kv_heads * config.head_dim * bits // 8
+
+
+def kv_cache_bytes(config: ModelConfig, *, batch: int, tokens: int, kv_dtype: str) -> int:
+    return batch * tokens * kv_bytes_per_token(config, kv_dtype)
+
+
+def naive_scores_bytes(config: ModelConfig, *, batch: int, seq: int, dtype: str) -> int:
+    """The [B, H, S, S] score matrix an unfused attention writes out, for one layer."""
+    return batch * config.n_heads * seq * seq * DTYPE_BITS[dtype] // 8
+
+
+def fused_attention_bytes(config: ModelConfig, *, batch: int, seq: int) -> int:
+    """What a fused (flash) attention keeps instead, for one layer: the row log-sum-exp [B, H, S]
+    in fp32, so the backward pass can recompute the scores tile by tile."""
+    return batch * config.n_heads * seq * 4
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Saved-for-backward bytes of one training forward (with its loss): the whole model, one
+    block, and with every block checkpointed (each block keeps only its input; one block's
+    activations are live again while it is recomputed)."""
+
+    total: int
+    per_block: int
+    block_input: int
+    blocks: int
+
+    @property
+    def rest(self) -> int:
+        return self.total - self.per_block * self.blocks
+
+    @property
+    def checkpointed(self) -> int:
+        return self.rest + self.blocks * self.block_input + self.per_block
+
+
+def training_activations(config: ModelConfig, *, batch: int, seq: int, dtype: str = "bf16",
+                         backend: str = "sdpa") -> Activations:
+    """Measure the activations a training step saves, running the real model on the meta device.
+    backend "eager" materialises the score matrix; "sdpa" is the fused attention."""
+    from anatomy.models import build_model
+
+    model = build_model(config, device="meta", dtype=TORCH_DTYPES[dtype]).to("meta").train()
+    for module in model.modules():
+        if hasattr(module, "backend"):
+            module.backend = backend
+    blocks = _blocks(model)
+    recorder = _SavedTensors({id(p) for p in model.parameters()}, blocks)
+    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t), _FusedAttention(recorder):
+        _training_forward(model, config, ids)
+    block_input = batch * seq * config.d_model * DTYPE_BITS[dtype] // 8
+    first = recorder.by_block.get(0, 0)
+    return Activations(total=recorder.total, per_block=first, block_input=block_input, blocks=len(blocks))
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    from anatomy.layers import Block
+
+    return [m for m in model.modules() if isinstance(m, Block)]
+
+
+def _training_forward(model: torch.nn.Module, config: ModelConfig, ids: torch.Tensor) -> None:
+    if config.is_seq2seq:
+        logits = model(ids, ids)
+    else:
+        logits = model(ids)
+    if logits.shape[-1] == config.vocab_size:  # an LM head: the loss keeps its log-softmax too
+        F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
+
+
+class _SavedTensors:
+    """saved_tensors_hooks pack function: bytes of each distinct non-parameter storage, by block."""
+
+    def __init__(self, param_ids: set[int], blocks: list[torch.nn.Module]) -> None:
+        self.param_ids, self.seen, self.keep = param_ids, set(), []
+        self.total, self.by_block, self.current, self.suppress = 0, {}, None, False
+        for i, block in enumerate(blocks):
+            block.register_forward_pre_hook(lambda *_, i=i: setattr(self, "current", i))
+            block.register_forward_hook(lambda *_: setattr(self, "current", None))
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        if self.suppress or id(t) in self.param_ids or (t._base is not None and id(t._base) in self.param_ids):
+            return t
+        storage = t.untyped_storage()
+        if storage._cdata not in self.seen:
+            self.seen.add(storage._cdata)
+            self.keep.append(storage)  # keep it alive so its address is not reused
+            self.add(storage.nbytes())
+        return t
+
+    def add(self, nbytes: int) -> None:
+        self.total += nbytes
+        if self.current is not None:
+            self.by_block[self.current] = self.by_block.get(self.current, 0) + nbytes
+
+
+class _FusedAttention(TorchFunctionMode):
+    """On the meta device sdpa falls back to its math path, which saves fp32 score matrices no
+    fused kernel keeps. Record instead what a fused (flash) kernel saves for its backward: q, k, v,
+    the output and the row log-sum-exp [B, H, S] in fp32."""
+
+    def __init__(self, recorder: _SavedTensors) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        self.recorder.suppress = True
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.recorder.suppress = False
+        for t in (*args[:3], out):
+            self.recorder.pack(t)
+        self.recorder.add(out.shape[0] * out.shape[1] * out.shape[2] * 4)  # log-sum-exp [B, H(_kv), S] fp32
+        return out

@@ -1,0 +1,229 @@
+"""The parameter ledger: every component of a model with its formula and exact count.
+
+The counts are derived from the config by formula (they are tested against the parameters of
+the model built on the meta device and against HF transformers). Beside the exact total stands
+the usual 12*L*D^2 estimate (4D^2 attention + 8D^2 FFN per layer), and the difference between
+the two is split into its causes: embeddings, an untied head, norms, biases, attention that is
+not 4D^2 (GQA, head_dim != D/H), an FFN that is not 8D^2 (d_ff != 4D for an MLP, != 8D/3 for a
+GLU), cross-attention and task heads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from anatomy.config import ModelConfig
+
+# kinds of component, in the order the difference from 12*L*D^2 is explained
+KINDS = ("embedding", "attention", "cross_attention", "ffn", "norm", "head")
+
+
+@dataclass(frozen=True)
+class Component:
+    """One line of the ledger. `weights`/`biases` are per copy; `copies` is L for per-layer parts.
+
+    `lookup` marks tables read by index only (an untied token embedding, position and segment
+    tables): a forward pass reads a few rows of them, not the whole matrix.
+    `stack` says which part of the model holds it: embed, encoder, decoder or head.
+    """
+
+    name: str
+    formula: str
+    kind: str
+    weights: int
+    biases: int = 0
+    copies: int = 1
+    stack: str = "embed"
+    lookup: bool = False
+    layer: bool = False  # a part of every block of its stack
+    nominal: int = 0  # this part's share of the 12*D^2 per layer estimate (3D^2 QKV, D^2 out, 8D^2 FFN)
+
+    @property
+    def per_copy(self) -> int:
+        return self.weights + self.biases
+
+    @property
+    def total(self) -> int:
+        return self.per_copy * self.copies
+
+
+@dataclass(frozen=True)
+class Ledger:
+    config: ModelConfig
+    components: tuple[Component, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(c.total for c in self.components)
+
+    def per_layer(self, stack: str | None = None) -> int:
+        """Parameters of one block of `stack` (default: the main stack, encoder for seq2seq)."""
+        stack = stack or ("decoder" if self.config.is_decoder else "encoder")
+        return sum(c.per_copy for c in self.components if c.layer and c.stack == stack)
+
+    @property
+    def approx_12ld2(self) -> int:
+        """12 * L * D^2 over every block (encoder and decoder layers of a seq2seq model)."""
+        c = self.config
+        return 12 * (c.n_layers + c.n_decoder_layers) * c.d_model ** 2
+
+    def explain_difference(self) -> dict[str, int]:
+        """exact - 12*L*D^2, split by cause; the values sum to the difference exactly."""
+        parts = {kind: 0 for kind in ("embedding", "head", "norm", "bias", "attention_not_4D2", "ffn_not_8D2",
+                                      "cross_attention")}
+        for comp in self.components:
+            if comp.kind in ("attention", "cross_attention", "ffn"):
+                parts["bias"] += comp.biases * comp.copies
+            else:
+                parts[comp.kind] += comp.biases * comp.copies
+            if comp.kind == "attention":
+                parts["attention_not_4D2"] += (comp.weights - comp.nominal) * comp.copies
+            elif comp.kind == "ffn":
+                parts["ffn_not_8D2"] += (comp.weights - comp.nominal) * comp.copies
+            elif comp.kind == "cross_attention":
+                parts["cross_attention"] += comp.weights * comp.copies
+            else:
+                parts[comp.kind] += comp.weights * comp.copies
+        return parts
+
+    def by_kind(self) -> dict[str, int]:
+        totals = {kind: 0 for kind in KINDS}
+        for comp in self.components:
+            totals[comp.kind] += comp.total
+        return totals
+
+    def lookup_params(self) -> int:
+        return sum(c.total for c in self.components if c.lookup)
+
+    def stack_params(self, stack: str) -> int:
+        return sum(c.total for c in self.components if c.stack == stack)
+
+
+def parameter_ledger(config: ModelConfig, *, head: str = "auto") -> Ledger:
+    """The ledger of the model `build_model(config, head=head)` builds."""
+    parts: list[Component] = []
+    if config.is_seq2seq:
+        parts += _embeddings(config, copies_of_tables=2)
+        parts += _block(config, stack="encoder", layers=config.n_layers, causal=False)
+        parts += _block(config, stack="decoder", layers=config.n_decoder_layers, causal=True)
+        parts += _final_norms(config, ("encoder", "decoder"))
+        parts += _lm_head(config)
+    elif config.is_decoder:
+        parts += _embeddings(config)
+        parts += _block(config, stack="decoder", layers=config.n_layers, causal=True)
+        parts += _final_norms(config, ("decoder",))
+        parts += _lm_head(config)
+    else:
+        parts += _embeddings(config)
+        parts += _block(config, stack="encoder", layers=config.n_layers, causal=False)
+        parts += _final_norms(config, ("encoder",))
+        parts += _mlm_head(config) if head == "mlm" else _pooler(config)
+    return Ledger(config, tuple(p for p in parts if p.total or p.kind == "head"))
+
+
+def _norm(config: ModelConfig, name: str, *, copies: int = 1, stack: str, dim: int | None = None) -> Component:
+    D = dim or config.d_model
+    if config.norm == "rmsnorm":
+        return Component(name, "D (RMSNorm weight)", "norm", D, copies=copies, stack=stack)
+    bias = D if config.norm_bias else 0
+    return Component(name, "2D (LayerNorm weight + bias)" if bias else "D (LayerNorm weight)", "norm", D, bias,
+                     copies=copies, stack=stack)
+
+
+def _embeddings(config: ModelConfig, *, copies_of_tables: int = 1) -> list[Component]:
+    """Token table (shared by both stacks of a seq2seq model), position and segment tables, norm.
+
+    A seq2seq model's source and target embeddings share the token table but each has its own
+    learned position table and embedding norm."""
+    V, D = config.vocab_size, config.d_model
+    untied = not config.tie_embeddings
+    parts = [Component("token embedding", "V*D", "embedding", V * D, lookup=untied)]
+    if config.position == "learned":
+        parts.append(Component("position embedding", "max_seq_len*D", "embedding", config.max_seq_len * D,
+                               copies=copies_of_tables, lookup=True))
+    if config.type_vocab_size:
+        parts.append(Component("segment embedding", "type_vocab_size*D", "embedding", config.type_vocab_size * D,
+                               lookup=True))
+    if config.embedding_norm:
+        parts.append(_norm(config, "embedding norm", copies=copies_of_tables, stack="embed"))
+    return parts
+
+
+def _attention(config: ModelConfig, *, stack: str, layers: int) -> list[Component]:
+    D, q, kv = config.d_model, config.q_dim, config.kv_dim
+    qkv_bias = (q + 2 * kv) if config.qkv_bias else 0
+    out_bias = D if config.attn_out_bias else 0
+    gqa = "" if config.n_kv_heads == config.n_heads else " (GQA: H_kv < H)"
+    return [
+        Component("attention Q/K/V", f"D*(H + 2*H_kv)*d_h{gqa}" + (" + biases" if qkv_bias else ""), "attention",
+                  D * (q + 2 * kv), qkv_bias, copies=layers, stack=stack, nominal=3 * D * D),
+        Component("attention output", "H*d_h*D" + (" + D" if out_bias else ""), "attention", q * D, out_bias,
+                  copies=layers, stack=stack, nominal=D * D),
+    ]
+
+
+def _cross_attention(config: ModelConfig, *, layers: int) -> list[Component]:
+    D, q, kv = config.d_model, config.q_dim, config.kv_dim
+    q_bias, kv_bias = (q, 2 * kv) if config.qkv_bias else (0, 0)
+    out_bias = D if config.attn_out_bias else 0
+    return [
+        _norm(config, "cross-attention norm", copies=layers, stack="decoder"),
+        Component("cross-attention Q", "D*H*d_h", "cross_attention", D * q, q_bias, copies=layers, stack="decoder"),
+        Component("cross-attention K/V", "D*2*H_kv*d_h", "cross_attention", D * 2 * kv, kv_bias, copies=layers,
+                  stack="decoder"),
+        Component("cross-attention output", "H*d_h*D", "cross_attention", q * D, out_bias, copies=layers,
+                  stack="decoder"),
+    ]
+
+
+def _ffn(config: ModelConfig, *, stack: str, layers: int) -> Component:
+    D, F = config.d_model, config.d_ff
+    if config.ffn == "glu":
+        bias = 2 * F + D if config.ffn_bias else 0
+        return Component(f"FFN gate/up/down ({config.activation} GLU)", "3*D*F" + (" + 2F + D" if bias else ""),
+                         "ffn", 3 * D * F, bias, copies=layers, stack=stack, nominal=8 * D * D)
+    bias = F + D if config.ffn_bias else 0
+    return Component(f"FFN up/down ({config.activation} MLP)", "2*D*F" + (" + F + D" if bias else ""), "ffn",
+                     2 * D * F, bias, copies=layers, stack=stack, nominal=8 * D * D)
+
+
+def _block(config: ModelConfig, *, stack: str, layers: int, causal: bool) -> list[Component]:
+    parts = [_norm(config, "attention norm", copies=layers, stack=stack)]
+    parts += _attention(config, stack=stack, layers=layers)
+    if config.is_seq2seq and causal:
+        parts += _cross_attention(config, layers=layers)
+    parts += [_norm(config, "FFN norm", copies=layers, stack=stack), _ffn(config, stack=stack, layers=layers)]
+    return [dataclasses.replace(p, layer=True) for p in parts]
+
+
+def _final_norms(config: ModelConfig, stacks: tuple[str, ...]) -> list[Component]:
+    if not config.final_norm:
+        return []
+    return [_norm(config, f"final norm ({stack})", stack=stack) for stack in stacks]
+
+
+def _lm_head(config: ModelConfig) -> list[Component]:
+    V, D = config.vocab_size, config.d_model
+    weights = 0 if config.tie_embeddings else V * D
+    formula = "tied to the token embedding: 0" if config.tie_embeddings else "D*V (untied)"
+    bias = V if config.lm_head_bias else 0
+    return [Component("LM head", formula + (" + V" if bias else ""), "head", weights, bias, stack="head")]
+
+
+def _pooler(config: ModelConfig) -> list[Component]:
+    if not config.pooler:
+        return []
+    D = config.d_model
+    return [Component("pooler (dense + tanh)", "D*D + D", "head", D * D, D, stack="head")]
+
+
+def _mlm_head(config: ModelConfig) -> list[Component]:
+    D, V = config.d_model, config.vocab_size
+    decoder = 0 if config.tie_embeddings else V * D
+    return [
+        Component("MLM transform", "D*D + D", "head", D * D, D, stack="head"),
+        _norm(config, "MLM transform norm", stack="head"),
+        Component("MLM decoder", ("tied: 0" if config.tie_embeddings else "D*V") + " + V bias", "head", decoder, V,
+                  stack="head"),
+    ]

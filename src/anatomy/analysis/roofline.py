@@ -1,0 +1,111 @@
+"""The roofline of prefill and decode: is a step limited by compute or by memory traffic?
+
+A step doing F FLOPs and moving M bytes takes at least max(F / peak, M / bandwidth). Its
+arithmetic intensity F / M against the hardware's ridge point peak / bandwidth says which bound
+binds. Bytes moved are the weights read once per step (tables read by index, like an untied token
+embedding, are not read whole) plus the KV cache: written in prefill, read in every decode step.
+Activations are assumed to stay on chip, so these are lower bounds on time.
+
+Decode of B sequences does B times the FLOPs of one but reads the weights once, so its intensity
+grows with B until the KV cache reads (which grow with B as well) take over; the batch where
+it crosses the ridge point is where decode turns compute-bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from anatomy.analysis.flops import decode_flops, forward_flops
+from anatomy.analysis.hardware import Hardware
+from anatomy.analysis.memory import DTYPE_BITS, kv_bytes_per_token, kv_cache_bytes
+from anatomy.analysis.params import Ledger
+from anatomy.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class RooflinePoint:
+    phase: str
+    flops: float
+    bytes: float
+    tokens: int  # tokens the step produces or processes
+    peak: float
+    bandwidth: float
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes
+
+    @property
+    def ridge(self) -> float:
+        return self.peak / self.bandwidth
+
+    @property
+    def compute_s(self) -> float:
+        return self.flops / self.peak
+
+    @property
+    def memory_s(self) -> float:
+        return self.bytes / self.bandwidth
+
+    @property
+    def time_s(self) -> float:
+        return max(self.compute_s, self.memory_s)
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+    @property
+    def time_per_token_s(self) -> float:
+        return self.time_s / self.tokens
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.time_s
+
+
+def weights_read_bytes(ledger: Ledger, dtype: str, *, decode: bool = False) -> int:
+    """Weights a step streams from memory: all but the lookup tables; a seq2seq decode step does
+    not touch the encoder stack."""
+    params = ledger.total - ledger.lookup_params()
+    if decode and ledger.config.is_seq2seq:
+        params -= ledger.stack_params("encoder")
+    return params * DTYPE_BITS[dtype] // 8
+
+
+def prefill_point(config: ModelConfig, ledger: Ledger, hardware: Hardware, *, batch: int, seq: int,
+                  weight_dtype: str, kv_dtype: str, compute_dtype: str) -> RooflinePoint:
+    """The prompt pass (LM head on the last position only); an encoder's plain forward."""
+    flops = forward_flops(config, batch=batch, seq=seq, last_only=not config.is_encoder).total
+    moved = weights_read_bytes(ledger, weight_dtype) + kv_cache_bytes(config, batch=batch, tokens=seq,
+                                                                      kv_dtype=kv_dtype)
+    return RooflinePoint("prefill", flops, moved, batch * seq, hardware.peak(compute_dtype), hardware.bandwidth)
+
+
+def decode_point(config: ModelConfig, ledger: Ledger, hardware: Hardware, *, batch: int, context: int,
+                 source_len: int, weight_dtype: str, kv_dtype: str, compute_dtype: str) -> RooflinePoint:
+    """One decode step of B sequences at context T: B new tokens."""
+    flops = decode_flops(config, batch=batch, context=context, source_len=source_len).total
+    moved = weights_read_bytes(ledger, weight_dtype, decode=True) + batch * _kv_read_per_sequence(
+        config, context=context, source_len=source_len, kv_dtype=kv_dtype)
+    return RooflinePoint("decode", flops, moved, batch, hardware.peak(compute_dtype), hardware.bandwidth)
+
+
+def _kv_read_per_sequence(config: ModelConfig, *, context: int, source_len: int, kv_dtype: str) -> int:
+    """Self-attention K/V of `context` positions, plus a seq2seq decoder's cross-attention K/V."""
+    per_token = kv_bytes_per_token(config, kv_dtype)
+    return per_token * (context + (source_len if config.is_seq2seq else 0))
+
+
+def decode_compute_bound_batch(config: ModelConfig, ledger: Ledger, hardware: Hardware, *, context: int,
+                               source_len: int, weight_dtype: str, kv_dtype: str, compute_dtype: str) -> int | None:
+    """Smallest batch B whose decode step at context T is compute-bound, or None if none is:
+    B*f / (W + B*k) >= ridge  <=>  B >= ridge*W / (f - ridge*k), which needs f > ridge*k."""
+    f = decode_flops(config, batch=1, context=context, source_len=source_len).total
+    w = weights_read_bytes(ledger, weight_dtype, decode=True)
+    k = _kv_read_per_sequence(config, context=context, source_len=source_len, kv_dtype=kv_dtype)
+    ridge = hardware.peak(compute_dtype) / hardware.bandwidth
+    if f <= ridge * k:
+        return None
+    return max(1, math.ceil(ridge * w / (f - ridge * k)))
