@@ -1,0 +1,89 @@
+"""Tokenizers rebuilt from GGUF metadata, checked against llama.cpp's tokenizer of the same file.
+
+SmolLM2's vocabulary is written to vocab-only GGUF files (by gguf-py's writer) naming each
+supported pre-tokenizer in turn; llama.cpp loads each file and tokenizes the texts its own way."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import anatomy
+from anatomy.errors import CheckpointError
+from anatomy.tokenizer_gguf import tokenizer_from_gguf
+
+TEXTS = [
+    "Hello 12345 world, I'M here: they'll GO's",
+    "x    123  456\n\n  7 and a1b22c333 and 1234567",
+    "def f(x):\n    return x  +  1\n\n\n",
+    "你好，世界 😀👍🏽 \r\n\r\n  x",
+    "...!!!\n\n\nabc  \n  def $x+=<y>^~|z",
+    "price: $1,234.56 (approx.) <|im_start|>user<|im_end|>",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf(smollm2_gguf_path):
+    from anatomy.checkpoints.gguf_reader import read_gguf
+
+    return read_gguf(smollm2_gguf_path)
+
+
+def _write_vocab_gguf(path, source, **changes):
+    """A GGUF holding `source`'s metadata (no tensors), with `changes` applied (None removes a key)."""
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(path), source.metadata["general.architecture"])
+    for key, value in {**source.metadata, **changes}.items():
+        if key == "general.architecture" or value is None:
+            continue
+        if isinstance(value, (list, np.ndarray)):
+            writer.add_array(key, value.tolist() if isinstance(value, np.ndarray) else list(value))
+        elif key in changes and isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif key in changes:
+            writer.add_string(key, value)
+        else:
+            writer.add_key_value(key, value, gguf.GGUFValueType(int(source.value_types[key][0])))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("pre, add_bos", [("smollm", False), ("gpt-2", False), ("llama-bpe", True),
+                                          (None, False)])
+def test_pre_tokenizers_match_llama_cpp(tmp_path, smollm2_gguf, pre, add_bos):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = _write_vocab_gguf(tmp_path / "vocab.gguf", smollm2_gguf,
+                             **{"tokenizer.ggml.pre": pre, "tokenizer.ggml.add_bos_token": add_bos})
+    reference = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    tok = anatomy.load_tokenizer(path)
+    for text in TEXTS:
+        expected = reference.tokenize(text.encode(), add_bos=True, special=True)
+        assert tok.encode(text) == expected, (pre, text)
+        assert (expected[0] == tok.bos_id) == add_bos
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
+def test_the_pre_tokenizers_differ(smollm2_gguf):
+    """The test above would not notice a wrong pre-tokenizer if they all cut text alike."""
+    text = TEXTS[1] + TEXTS[4]
+    ids = {pre: tokenizer_from_gguf({**smollm2_gguf.metadata, "tokenizer.ggml.pre": pre}, source="t").encode(text).ids
+           for pre in ("smollm", "gpt-2", "llama-bpe", "default")}
+    assert len({tuple(v) for v in ids.values()}) == 4
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"tokenizer.ggml.pre": "qwen9"}, r"tokenizer.ggml.pre='qwen9' is not supported \(supported: default, "),
+    ({"tokenizer.ggml.model": "llama"}, r"tokenizer.ggml.model='llama' is not supported"),
+    ({"tokenizer.ggml.tokens": None}, "tokenizer.ggml.tokens must be an array of strings"),
+    ({"tokenizer.ggml.merges": ["a b c"]}, r"tokenizer.ggml.merges\[0\]='a b c' is not 'left right'"),
+    ({"tokenizer.ggml.token_type": [1, 2]}, "token_type has 2 entries, tokenizer.ggml.tokens has 49152"),
+    ({"tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.bos_token_id": None}, "bos_token_id is missing"),
+    ({"tokenizer.ggml.eos_token_id": 10**9}, "eos_token_id=1000000000 is not a token id in"),
+])
+def test_bad_metadata_is_checkpoint_error(smollm2_gguf, changes, match):
+    meta = {k: v for k, v in {**smollm2_gguf.metadata, **changes}.items() if v is not None}
+    with pytest.raises(CheckpointError, match=match):
+        tokenizer_from_gguf(meta, source="bad.gguf")
