@@ -143,6 +143,8 @@ def _join(link: TensorLink, names: list[str], tensors: dict[str, Tensor], files:
         if t.shape != hf_shape:
             raise CheckpointError(f"{files[name]}: tensor {name!r} has shape {list(t.shape)}, "
                                   f"the config calls for {list(hf_shape)}")
+        if not t.is_floating_point():
+            raise CheckpointError(f"{files[name]}: tensor {name!r} has dtype {t.dtype}, not a floating-point dtype")
         parts.append((t.t() if link.transpose else t).reshape(our_shape))
     return parts[0] if len(parts) == 1 else torch.cat(parts)  # fused projections: [q; k; v], [gate; up]
 
