@@ -1,0 +1,114 @@
+"""anatomy.load / anatomy.save / load_config: dispatch by name or path, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import anatomy
+from anatomy.checkpoints.loader import load_config
+from anatomy.errors import CheckpointError, InputError
+
+
+@pytest.fixture()
+def gpt2_dir(tmp_path):
+    config = anatomy.get_preset("gpt2", d_model=16, n_layers=1, n_heads=2, d_ff=32, vocab_size=50, max_seq_len=8,
+                                bos_token_id=1, eos_token_id=2)
+    model = anatomy.build_model(config).eval()
+    anatomy.save(model, tmp_path / "m")
+    return model, tmp_path / "m"
+
+
+def test_load_config_of_a_preset_name():
+    assert load_config("llama-3-8b") == anatomy.get_preset("llama-3-8b")
+
+
+def test_load_config_of_hf_directory_and_its_files(gpt2_dir):
+    model, directory = gpt2_dir
+    for path in (directory, directory / "config.json", str(directory)):
+        assert load_config(path) == model.config
+
+
+def test_load_accepts_the_directory_or_its_files(gpt2_dir):
+    model, directory = gpt2_dir
+    ids = torch.tensor([[1, 2, 3]])
+    for path in (directory, directory / "model.safetensors", directory / "config.json"):
+        with torch.no_grad():
+            assert (anatomy.load(path)(ids) - model(ids)).abs().max() <= 1e-6  # Conv1D views: another sum order
+
+
+def test_load_dtype(gpt2_dir):
+    loaded = anatomy.load(gpt2_dir[1], dtype=torch.float16)
+    assert {p.dtype for p in loaded.parameters()} == {torch.float16}
+
+
+@pytest.mark.parametrize("path", ["no/such/dir", "missing.gguf", "nothing.json", Path("plain-name")])
+def test_missing_path_is_named(path):
+    with pytest.raises(CheckpointError, match=f"{path}: no such file or directory"):
+        anatomy.load(path)
+
+
+def test_unknown_name_goes_to_the_registry():
+    with pytest.raises(CheckpointError, match="'smolm2-135m-instruct' is neither an existing file.*did you mean"):
+        anatomy.load("smolm2-135m-instruct")
+
+
+def test_file_that_is_not_a_checkpoint(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"\0")
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
+        anatomy.load(tmp_path / "weights.bin")
+
+
+@pytest.fixture()
+def fake_gguf(monkeypatch):
+    """Stands in for anatomy.checkpoints.gguf to see what the loader passes it."""
+    calls = []
+    module = types.ModuleType("anatomy.checkpoints.gguf")
+    module.load_gguf = lambda path, dtype: calls.append(("load", path, dtype)) or "model"
+    module.save_gguf = lambda model, path, dtype: calls.append(("save", path, dtype))
+    module.read_gguf_config = lambda path: calls.append(("config", path)) or "config"
+    monkeypatch.setitem(sys.modules, "anatomy.checkpoints.gguf", module)
+    return calls
+
+
+def test_gguf_paths_dispatch_to_the_gguf_module(fake_gguf, tmp_path):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF")
+    assert anatomy.load(path, dtype=torch.float16) == "model"
+    assert load_config(str(path)) == "config"
+    anatomy.save("a model", tmp_path / "out.gguf", dtype=torch.float16)
+    anatomy.save("a model", tmp_path / "out32.gguf")
+    assert fake_gguf == [("load", path, torch.float16), ("config", path), ("save", tmp_path / "out.gguf", "f16"),
+                         ("save", tmp_path / "out32.gguf", "f32")]
+
+
+def test_gguf_save_refuses_other_dtypes(fake_gguf, tmp_path):
+    with pytest.raises(InputError, match=r"dtype=torch.bfloat16 cannot be written to GGUF"):
+        anatomy.save("a model", tmp_path / "x.gguf", dtype=torch.bfloat16)
+
+
+def test_installed_bert_matches_hf():
+    """The embedded all-MiniLM-L6-v2 (a real BertModel checkpoint, with its position_ids buffer)
+    loads by name and matches HF's BertModel on it."""
+    transformers = pytest.importorskip("transformers")
+    from anatomy.checkpoints.registry import resolve
+
+    try:
+        directory = resolve("all-minilm-l6-v2")
+    except CheckpointError as e:
+        pytest.skip(str(e))
+    ours = anatomy.load("all-minilm-l6-v2")
+    hf = transformers.BertModel.from_pretrained(directory).eval()
+    ids = torch.tensor([[101, 7592, 2088, 999, 102, 0], [101, 2023, 2003, 1037, 3231, 102]])
+    mask = (ids != 0).long()
+    with torch.no_grad():
+        expected = hf(ids, attention_mask=mask).last_hidden_state
+        got = ours(ids, attention_mask=mask)
+    assert (got - expected)[mask.bool()].abs().max() <= 1e-4
+    assert load_config("all-minilm-l6-v2") == ours.config
+    assert json.loads((directory / "config.json").read_text())["hidden_size"] == ours.config.d_model == 384
