@@ -17,7 +17,8 @@ from anatomy.errors import CheckpointError
 
 def expected_shapes(model: nn.Module) -> dict[str, torch.Size]:
     """The model's own parameter and persistent-buffer names and shapes (tied weights once)."""
-    return {name: t.shape for name, t in model.state_dict(keep_vars=True).items() if not _is_alias(model, name)}
+    aliases = tied_names(model)
+    return {name: t.shape for name, t in model.state_dict(keep_vars=True).items() if name not in aliases}
 
 
 def assign_tensors(model: nn.Module, tensors: dict[str, Tensor], *, source: str | Path,
@@ -44,11 +45,6 @@ def assign_tensors(model: nn.Module, tensors: dict[str, Tensor], *, source: str 
     _retie(model)
     _materialize_buffers(model)
     return model.eval()
-
-
-def _is_alias(model: nn.Module, name: str) -> bool:
-    """Is this state-dict entry a tied copy of another (the LM head tied to the embedding)?"""
-    return name in tied_names(model)
 
 
 def tied_names(model: nn.Module) -> set[str]:

@@ -1,11 +1,173 @@
 """GGUF (llama.cpp's format): read metadata, load a model, write one back.
 
-    read_gguf(path) -> GGUFFile       metadata (tokenizer too) and tensor layout, validated
+    read_gguf(path) -> GGUFFile            metadata (tokenizer too) and tensor layout, validated
+    read_gguf_config(path) -> ModelConfig  the model the metadata describes
+    load_gguf(path, dtype=torch.float32)   a ready model: dequantized, Q/K rows back in HF order
+    save_gguf(model, path, dtype="f32")    a GGUF file llama.cpp loads (f32 or f16 weights)
+
+Loading checks everything before it allocates: the reader validates the file layout, the config
+is built from checked metadata, every GGUF tensor is matched to a model tensor of the right shape
+and a supported type, and only then is anything dequantized. The model is built on the meta
+device and the tensors are assigned to it (float tensors of the model dtype stay memory-mapped).
 """
 
 from __future__ import annotations
 
-from anatomy.checkpoints.gguf_reader import GGUFFile, GGUFTensor, read_gguf
-from anatomy.checkpoints.gguf_types import ValueType
+from pathlib import Path
+from typing import Any, Mapping
 
-__all__ = ["GGUFFile", "GGUFTensor", "ValueType", "read_gguf"]
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from anatomy.checkpoints.assign import assign_tensors, expected_shapes
+from anatomy.checkpoints.gguf_config import config_from_gguf, config_to_gguf, gguf_architecture
+from anatomy.checkpoints.gguf_dequant import dequantize, supported_types
+from anatomy.checkpoints.gguf_names import Part, from_gguf_rows, tensor_plan, to_gguf_rows
+from anatomy.checkpoints.gguf_reader import GGUFFile, GGUFTensor, read_gguf
+from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME, ValueType
+from anatomy.checkpoints.gguf_writer import MetadataEntry, TensorEntry, infer_types, write_gguf
+from anatomy.config import ModelConfig
+from anatomy.errors import CheckpointError, InputError
+from anatomy.models import build_model
+
+SAVE_DTYPES = {"f32": ("F32", 0), "f16": ("F16", 1)}  # tensor type, general.file_type (ALL_F32, MOSTLY_F16)
+TOKENIZER_PREFIX = "tokenizer."
+
+
+def read_gguf_config(path: str | Path) -> ModelConfig:
+    """The ModelConfig described by the metadata of the GGUF file at `path`."""
+    return config_from_gguf(read_gguf(path))
+
+
+def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The model stored in the GGUF file at `path`, in `dtype`, in eval mode.
+
+    The file's tokenizer metadata is kept on the model as `model.gguf_tokenizer` ({key: (type
+    path, value)}) so that save_gguf can write a file llama.cpp accepts.
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise InputError(f"dtype={dtype!r} must be a floating-point torch.dtype")
+    f = read_gguf(path)
+    config = config_from_gguf(f)
+    model = build_model(config, device="meta")
+    shapes = expected_shapes(model)
+    plan = tensor_plan(shapes, config, gguf_architecture(f))
+    _check_plan(f, plan, shapes)
+    tensors = {name: _assemble(f, parts, shapes[name], dtype) for name, parts in plan.items()}
+    assign_tensors(model, tensors, source=f.path, dtype=dtype)
+    model.gguf_tokenizer = {k: (f.value_types[k], v) for k, v in f.metadata.items() if k.startswith(TOKENIZER_PREFIX)}
+    return model
+
+
+def _check_plan(f: GGUFFile, plan: dict[str, list[Part]], shapes: dict[str, torch.Size]) -> None:
+    """Every GGUF tensor used once, each of the shape the config implies and a type we can read."""
+    wanted = [p.name for parts in plan.values() for p in parts]
+    missing = [n for n in wanted if n not in f.tensors]
+    if missing:
+        raise f.fail("tensors", _short(missing), "missing: the model the metadata describes needs them")
+    wanted_set = set(wanted)
+    unexpected = [n for n in f.tensors if n not in wanted_set]
+    if unexpected:
+        raise f.fail("tensors", _short(unexpected), "unexpected for the model the metadata describes")
+    for name, parts in plan.items():
+        for p in parts:
+            _check_tensor(f, f.tensors[p.name], (p.rows, *shapes[name][1:]))
+
+
+def _check_tensor(f: GGUFFile, t: GGUFTensor, shape: tuple[int, ...]) -> None:
+    if t.shape != tuple(shape):
+        raise f.fail(f"{t.name} shape", list(t.shape),
+                     f"the config from the metadata needs {list(shape)} (torch order; GGUF lists dims reversed)")
+    if t.type.name not in supported_types():
+        raise f.fail(f"{t.name} type", t.type.name, f"unsupported tensor type; supported: {', '.join(supported_types())}")
+
+
+def _short(names: list[str], n: int = 6) -> str:
+    return ", ".join(names[:n]) + (f" ... ({len(names)} in all)" if len(names) > n else "")
+
+
+def _part_bytes(f: GGUFFile, part: Part) -> np.ndarray:
+    """The part's raw bytes, rows [rows, bytes per row] put back in HF's rotary order if needed
+    (rows of a quantized tensor are whole blocks, so they move before dequantizing)."""
+    raw = f.raw(part.name)
+    if not part.heads:
+        return raw
+    rows = raw.reshape(part.rows, -1)  # [rows, bytes per row]
+    order = from_gguf_rows(torch.arange(part.rows), part.heads).numpy()
+    return rows[order].reshape(-1)
+
+
+def _assemble(f: GGUFFile, parts: list[Part], shape: torch.Size, dtype: torch.dtype) -> Tensor:
+    """One of our tensors from its GGUF parts: fused along rows, rotary row order undone."""
+    if len(parts) == 1 and not parts[0].heads:
+        t = f.tensors[parts[0].name]
+        return dequantize(f.raw(t.name), t.type, t.shape)  # float types stay a view of the file
+    out = torch.empty(shape, dtype=dtype)
+    row = 0
+    for p in parts:
+        t = f.tensors[p.name]
+        dequantize(_part_bytes(f, p), t.type, t.shape, out=out[row:row + p.rows])
+        row += p.rows
+    return out
+
+
+def save_gguf(model: nn.Module, path: str | Path, *, dtype: str = "f32",
+              tokenizer_metadata: Mapping[str, Any] | None = None) -> Path:
+    """Write `model` (a llama- or gpt2-style DecoderLM) as a GGUF file llama.cpp can run.
+
+    dtype "f32" or "f16" (matrices in f16; norms and biases stay f32, as llama.cpp expects).
+    tokenizer_metadata: `tokenizer.*` keys to write (plain values, types inferred); by default
+    those the model was loaded with from a GGUF. llama.cpp refuses a file without a vocabulary.
+    Written atomically (temporary file, fsync, rename).
+    """
+    if dtype not in SAVE_DTYPES:
+        raise InputError(f"dtype={dtype!r} is not one of {', '.join(map(repr, SAVE_DTYPES))}")
+    config: ModelConfig = model.config
+    arch, entries = config_to_gguf(config)
+    type_name, file_type = SAVE_DTYPES[dtype]
+    metadata = [(key, (vtype,), value) for key, vtype, value in entries]
+    metadata += [("general.file_type", (ValueType.UINT32,), file_type)]
+    metadata += _tokenizer_entries(model, tokenizer_metadata)
+    shapes = expected_shapes(model)
+    plan = tensor_plan(shapes, config, arch)
+    state = model.state_dict()
+    tensors = [_entry(state[name], p, row, type_name) for name, parts in plan.items() for p, row in _rows(parts)]
+    return write_gguf(path, metadata=metadata, tensors=tensors)
+
+
+def _rows(parts: list[Part]) -> list[tuple[Part, int]]:
+    """Each part with the first row it fills."""
+    starts, row = [], 0
+    for p in parts:
+        starts.append((p, row))
+        row += p.rows
+    return starts
+
+
+def _entry(full: Tensor, part: Part, row: int, type_name: str) -> TensorEntry:
+    if full.dim() < 2:
+        type_name = "F32"  # llama.cpp keeps norms and biases in f32
+    np_dtype = {"F32": "float32", "F16": "float16"}[type_name]
+    shape = (part.rows, *full.shape[1:])
+
+    def data() -> Any:
+        x = full[row:row + part.rows].detach().float()
+        if part.heads:
+            x = to_gguf_rows(x, part.heads)
+        return x.numpy().astype(np_dtype, copy=False)
+
+    return TensorEntry(name=part.name, type=TENSOR_TYPES_BY_NAME[type_name], shape=tuple(shape), data=data)
+
+
+def _tokenizer_entries(model: nn.Module, given: Mapping[str, Any] | None) -> list[MetadataEntry]:
+    if given is not None:
+        bad = [k for k in given if not k.startswith(TOKENIZER_PREFIX)]
+        if bad:
+            raise InputError(f"tokenizer_metadata keys must start with {TOKENIZER_PREFIX!r}: {bad}")
+        return [(k, infer_types(v), v) for k, v in given.items()]
+    typed = getattr(model, "gguf_tokenizer", None) or {}
+    return [(k, types, v) for k, (types, v) in typed.items()]
+
+
+__all__ = ["GGUFFile", "GGUFTensor", "ValueType", "read_gguf", "read_gguf_config", "load_gguf", "save_gguf"]

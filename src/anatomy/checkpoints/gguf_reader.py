@@ -26,7 +26,7 @@ import numpy as np
 
 from anatomy.checkpoints.gguf_types import (
     DEFAULT_ALIGNMENT, MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS, SCALAR_DTYPES, TENSOR_TYPES, VERSIONS, TensorType,
-    ValueType,
+    ValueType, align,
 )
 from anatomy.errors import CheckpointError
 
@@ -97,7 +97,7 @@ def read_gguf(path: str | Path) -> GGUFFile:
     metadata, types = _read_metadata(cur, n_kv)
     alignment = _alignment(path, metadata, types)
     infos = [_read_tensor_info(cur, i) for i in range(n_tensors)]
-    data_offset = _align(cur.pos, alignment)
+    data_offset = align(cur.pos, alignment)
     tensors = _place_tensors(path, infos, data_offset=data_offset, alignment=alignment, size=size)
     return GGUFFile(path=path, version=version, metadata=metadata, value_types=types, tensors=tensors,
                     alignment=alignment, data_offset=data_offset, _buffer=buffer)
@@ -185,12 +185,34 @@ class _Cursor:
                          f"{n} elements of {etype.name} need at least {n * per_item} bytes; "
                          f"{self.size - self.pos} are left")
         if etype == ValueType.STRING:
-            return [self.string(f"{field_name}[{i}]") for i in range(n)], (ValueType.ARRAY, etype)
+            return self._strings(n, field_name), (ValueType.ARRAY, etype)
         if etype == ValueType.ARRAY:
             items = [self.array(f"{field_name}[{i}]", depth + 1) for i in range(n)]
             inner = items[0][1] if items else (ValueType.ARRAY, ValueType.UINT8)
             return [v for v, _ in items], (ValueType.ARRAY, *inner)
         return self._numbers(etype, n, field_name), (ValueType.ARRAY, etype)
+
+    def _strings(self, n: int, field_name: str) -> list[str]:
+        """n strings in a row: `string` inlined, as token lists hold ~10^5 of them."""
+        buffer, size, pos, unpack = self.buffer, self.size, self.pos, _U64.unpack_from
+        out = []
+        for i in range(n):
+            if size - pos < 8:
+                self.pos = pos
+                self.need(8, f"{field_name}[{i}] length")
+            length = unpack(buffer, pos)[0]
+            pos += 8
+            if length > size - pos:
+                self.pos = pos
+                self.need(length, f"{field_name}[{i}]")
+            try:
+                out.append(buffer[pos:pos + length].decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise _error(self.path, f"{field_name}[{i}]", buffer[pos:pos + min(length, 40)],
+                             f"is not valid UTF-8 ({e.reason})")
+            pos += length
+        self.pos = pos
+        return out
 
     def _numbers(self, etype: ValueType, n: int, field_name: str) -> np.ndarray:
         dt = SCALAR_DTYPES[etype]
@@ -305,6 +327,3 @@ def _check_overlaps(path: Path, tensors: Any) -> None:
             raise _error(path, f"{b.name} offset", b.offset,
                          f"overlaps tensor {a.name!r} [{a.offset}, {a.offset + a.nbytes})")
 
-
-def _align(n: int, alignment: int) -> int:
-    return (n + alignment - 1) // alignment * alignment

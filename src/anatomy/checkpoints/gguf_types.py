@@ -75,3 +75,8 @@ _TYPES = [
 ]
 TENSOR_TYPES: dict[int, TensorType] = {t[0]: TensorType(*t) for t in _TYPES}
 TENSOR_TYPES_BY_NAME: dict[str, TensorType] = {t.name: t for t in TENSOR_TYPES.values()}
+
+
+def align(n: int, alignment: int) -> int:
+    """n rounded up to a multiple of alignment."""
+    return (n + alignment - 1) // alignment * alignment

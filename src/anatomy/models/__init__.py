@@ -25,7 +25,8 @@ def build_model(config: ModelConfig, *, head: str = "auto", device: str | torch.
     if head not in HEADS:
         raise ValueError(f"head={head!r} is not one of {HEADS}")
     device = torch.device(device) if device is not None else None
-    with torch.device(device) if device is not None else contextlib.nullcontext():
+    meta = device is not None and device.type == "meta"
+    with torch.device(device) if device is not None else contextlib.nullcontext(), _meta_normal_skipped(meta):
         model = _model_class(config, head)(config)
     if device is not None and device.type != "meta":
         model = model.to(device)  # computed buffers (RoPE, sinusoids) are made on the CPU
@@ -34,6 +35,25 @@ def build_model(config: ModelConfig, *, head: str = "auto", device: str | torch.
     if init and (device is None or device.type != "meta"):
         init_weights(model, config)
     return model
+
+
+@contextlib.contextmanager
+def _meta_normal_skipped(active: bool):
+    """On the meta device there are no values to initialise, but torch's meta `normal_` imports
+    torch._dynamo on first use (~2.5 s): make `nn.init.normal_` a no-op on meta tensors meanwhile."""
+    if not active:
+        yield
+        return
+    original = nn.init.normal_
+
+    def normal_(tensor: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return tensor if tensor.is_meta else original(tensor, *args, **kwargs)
+
+    nn.init.normal_ = normal_
+    try:
+        yield
+    finally:
+        nn.init.normal_ = original
 
 
 def _model_class(config: ModelConfig, head: str) -> type[nn.Module]:

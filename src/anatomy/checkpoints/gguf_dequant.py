@@ -1,0 +1,149 @@
+"""ggml tensor types to torch tensors: float types as zero-copy views, quantized blocks expanded
+to float32 with whole-tensor (vectorized) torch operations.
+
+Block layouts (little-endian; d, m, dmin are float16 scales):
+    Q8_0  32 values: d, int8 q[32]                          x = d * q
+    Q4_0  32 values: d, 16 bytes of nibbles                 x = d * (q - 8)
+    Q4_1  32 values: d, m, 16 bytes of nibbles              x = d * q + m
+    Q5_0  32 values: d, 32 high bits, 16 bytes of nibbles   x = d * (q - 16)
+    Q5_1  32 values: d, m, 32 high bits, 16 bytes nibbles   x = d * q + m
+          (byte j holds value j in its low nibble and value j + 16 in its high nibble)
+    Q4_K  256 values: d, dmin, 12 bytes of packed 6-bit (scale, min) for 8 groups of 32, 128 bytes
+          of nibbles (each 32 bytes: low nibbles are one group, high nibbles the next);
+          x = d * scale_g * q - dmin * min_g
+    Q6_K  256 values: 128 bytes low nibbles, 64 bytes of 2-bit highs, int8 scale per 16 values, d;
+          x = d * scale * (q - 32)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from anatomy.checkpoints.gguf_types import TensorType
+
+_FLOAT_VIEWS = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def supported_types() -> list[str]:
+    """The ggml tensor types anatomy can load."""
+    return [*_FLOAT_VIEWS, *_DEQUANT]
+
+
+def dequantize(raw: np.ndarray, ttype: TensorType, shape: tuple[int, ...], *, out: Tensor | None = None) -> Tensor:
+    """The tensor `shape` stored in `raw` (uint8 bytes of type `ttype`).
+
+    Without `out`, float types come back as views of `raw` in their own dtype (no copy) and
+    quantized types as new float32 tensors; with `out` (a contiguous tensor of `shape`) the values
+    are written into it, straight from the blocks when `out` is float32.
+
+    The block arithmetic is numpy writing into the float32 output (ufuncs with `out=`): on this
+    kind of CPU that is about 3x faster than the same steps in torch on uint8 tensors.
+    """
+    if raw.ctypes.data % 4:
+        raw = raw.copy()  # a view of another dtype needs aligned bytes; GGUF's alignment normally gives them
+    if ttype.name in _FLOAT_VIEWS:
+        x = torch.from_numpy(raw).view(_FLOAT_VIEWS[ttype.name]).view(shape)
+        return x if out is None else out.copy_(x)
+    blocks = raw.reshape(-1, ttype.type_size)  # [N blocks, bytes per block]
+    if out is None or out.dtype != torch.float32:
+        x = torch.from_numpy(_DEQUANT[ttype.name](blocks, _empty(blocks, ttype))).view(shape)
+        return x if out is None else out.copy_(x)
+    _DEQUANT[ttype.name](blocks, out.numpy().reshape(blocks.shape[0], ttype.block_size))
+    return out
+
+
+def _empty(blocks: np.ndarray, ttype: TensorType) -> np.ndarray:
+    return np.empty((blocks.shape[0], ttype.block_size), dtype=np.float32)
+
+
+def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
+    """The float16 at byte `start` of every block, as float32 [N, 1]."""
+    return blocks[:, start:start + 2].copy().view(np.float16).astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """[N, 16] bytes -> out [N, 32] float32: low nibbles are values 0..15, high nibbles 16..31."""
+    halves = out.reshape(-1, 2, 16)
+    np.bitwise_and(qs, 0x0F, out=halves[:, 0], casting="unsafe")
+    np.right_shift(qs, 4, out=halves[:, 1], casting="unsafe")
+    return out  # [N, 32]
+
+
+def _high_bits(qh: np.ndarray) -> np.ndarray:
+    """[N, 4] bytes of a little-endian uint32 -> [N, 32] float32 holding 16 * bit j."""
+    return np.unpackbits(qh, axis=1, bitorder="little").astype(np.float32) * 16  # [N, 32]
+
+
+def _q8_0(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
+    return np.multiply(blocks[:, 2:].view(np.int8), _f16(blocks, 0), out=out)
+
+
+def _q4_0(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
+    q = _nibbles(blocks[:, 2:], out)
+    q -= 8
+    q *= _f16(blocks, 0)
+    return q
+
+
+def _q4_1(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
+    q = _nibbles(blocks[:, 4:], out)
+    q *= _f16(blocks, 0)
+    q += _f16(blocks, 2)
+    return q
+
+
+def _q5_0(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
+    q = _nibbles(blocks[:, 6:], out)
+    q += _high_bits(blocks[:, 2:6])
+    q -= 16
+    q *= _f16(blocks, 0)
+    return q
+
+
+def _q5_1(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
+    q = _nibbles(blocks[:, 8:], out)
+    q += _high_bits(blocks[:, 4:8])
+    q *= _f16(blocks, 0)
+    q += _f16(blocks, 2)
+    return q
+
+
+def _k4_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's 12 bytes [N, 12] -> 6-bit scales and mins [N, 8] of the 8 groups."""
+    lo, mid, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]
+    scales = np.concatenate([lo & 63, (hi & 0x0F) | ((lo >> 6) << 4)], axis=1)
+    mins = np.concatenate([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], axis=1)
+    return scales.astype(np.float32), mins.astype(np.float32)
+
+
+def _q4_k(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
+    n = blocks.shape[0]
+    scales, mins = _k4_scales(blocks[:, 4:16])  # [N, 8]
+    qs = blocks[:, 16:].reshape(n, 4, 32)  # 4 chunks of 32 bytes
+    q = out.reshape(n, 4, 2, 32)
+    np.bitwise_and(qs, 0x0F, out=q[:, :, 0], casting="unsafe")  # group 2c
+    np.right_shift(qs, 4, out=q[:, :, 1], casting="unsafe")  # group 2c + 1
+    q = q.reshape(n, 8, 32)  # [N, groups, 32]
+    q *= (_f16(blocks, 0) * scales)[:, :, None]
+    q -= (_f16(blocks, 2) * mins)[:, :, None]
+    return out
+
+
+def _q6_k(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
+    n = blocks.shape[0]
+    ql = blocks[:, 0:128].reshape(n, 2, 64)  # two halves of 128 values
+    qh = blocks[:, 128:192].reshape(n, 2, 1, 32)
+    low = np.concatenate([ql & 0x0F, ql >> 4], axis=2)  # [N, 2, 128]: values 0-31, 32-63, 64-95, 96-127
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8)[None, None, :, None]
+    high = ((qh >> shifts) & 3).reshape(n, 2, 128)  # [N, 2, 4, 32] -> [N, 2, 128]
+    q = out.reshape(n, 16, 16)  # [N, 16 groups of 16]
+    q[...] = (low | (high << 4)).reshape(n, 16, 16)
+    q -= 32
+    q *= (blocks[:, 192:208].view(np.int8) * _f16(blocks, 208))[:, :, None]  # d * scale [N, 16, 1]
+    return out
+
+
+_DEQUANT = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1,
+            "Q4_K": _q4_k, "Q6_K": _q6_k}

@@ -1,0 +1,89 @@
+"""Our parameter names <-> llama.cpp's GGUF tensor names, and llama.cpp's rotary row order.
+
+llama.cpp names tensors `token_embd`, `blk.{i}.attn_q`, `blk.{i}.ffn_gate`, `output_norm`, ...
+and keeps Q, K, V (llama) and gate, up as separate tensors, where our blocks fuse them
+(`attn.qkv` rows: q, k, v; `ffn.gate_up` rows: gate, up). A `Part` is one GGUF tensor filling
+a range of rows of one of our tensors.
+
+llama.cpp's RoPE rotates adjacent pairs (dims 2i, 2i+1) of each head, HF's (and ours) rotates
+dim i with dim i + d_h/2. Its converter therefore reorders the rows of every head of q_proj and
+k_proj: GGUF row 2i + j of a head is HF row j * d_h/2 + i. `from_gguf_rows` undoes that,
+`to_gguf_rows` applies it (for writing).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from anatomy.config import ModelConfig
+
+# GGUF architectures whose converter reorders Q/K rows for llama.cpp's interleaved RoPE
+ROTARY_REORDERED = {"llama"}
+# GGUF architectures that keep Q, K, V fused in one `attn_qkv` tensor
+FUSED_QKV = {"gpt2"}
+
+_TOP = {"embed.tokens": "token_embd", "embed.positions": "position_embd", "final_norm": "output_norm",
+        "lm_head": "output"}
+_BLOCK = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn.out": "attn_output",
+          "ffn.down": "ffn_down", "ffn.up": "ffn_up"}
+_BLOCK_NAME = re.compile(r"blocks\.(\d+)\.(.+)\.(weight|bias)")
+_TOP_NAME = re.compile(r"(.+)\.(weight|bias)")
+
+
+@dataclass(frozen=True)
+class Part:
+    """GGUF tensor `name` fills the next `rows` rows of one of our tensors; `heads` > 0 means its
+    rows are in llama.cpp's rotary order over that many heads."""
+
+    name: str
+    rows: int
+    heads: int = 0
+
+
+def tensor_plan(shapes: dict[str, torch.Size], config: ModelConfig, arch: str) -> dict[str, list[Part]]:
+    """For each of our tensors (name -> shape), the GGUF tensors that make it, in row order."""
+    return {name: _parts(name, shape, config, arch) for name, shape in shapes.items()}
+
+
+def _parts(name: str, shape: torch.Size, config: ModelConfig, arch: str) -> list[Part]:
+    rows = shape[0]
+    block = _BLOCK_NAME.fullmatch(name)
+    if block is None:
+        top = _TOP_NAME.fullmatch(name)
+        if top is None or top.group(1) not in _TOP:
+            raise KeyError(f"no GGUF name for parameter {name!r}")
+        return [Part(f"{_TOP[top.group(1)]}.{top.group(2)}", rows)]
+    i, module, kind = block.groups()
+    prefix = f"blk.{i}."
+    if module in _BLOCK:
+        return [Part(f"{prefix}{_BLOCK[module]}.{kind}", rows)]
+    if module == "ffn.gate_up":
+        return [Part(f"{prefix}ffn_gate.{kind}", config.d_ff), Part(f"{prefix}ffn_up.{kind}", config.d_ff)]
+    if module == "attn.qkv":
+        return _qkv_parts(prefix, kind, rows, config, arch)
+    raise KeyError(f"no GGUF name for parameter {name!r}")
+
+
+def _qkv_parts(prefix: str, kind: str, rows: int, config: ModelConfig, arch: str) -> list[Part]:
+    if arch in FUSED_QKV:
+        return [Part(f"{prefix}attn_qkv.{kind}", rows)]
+    reordered = arch in ROTARY_REORDERED and config.position == "rope"
+    return [Part(f"{prefix}attn_q.{kind}", config.q_dim, config.n_heads if reordered else 0),
+            Part(f"{prefix}attn_k.{kind}", config.kv_dim, config.n_kv_heads if reordered else 0),
+            Part(f"{prefix}attn_v.{kind}", config.kv_dim)]
+
+
+def from_gguf_rows(t: Tensor, heads: int) -> Tensor:
+    """Rows [heads * d_h, ...] in llama.cpp's pairwise rotary order -> HF's half-split order."""
+    rest = t.shape[1:]
+    return t.reshape(heads, -1, 2, *rest).transpose(1, 2).reshape(t.shape)  # [H, d_h/2, 2] -> [H, 2, d_h/2]
+
+
+def to_gguf_rows(t: Tensor, heads: int) -> Tensor:
+    """The inverse of from_gguf_rows: HF's half-split rows -> llama.cpp's pairwise order."""
+    rest = t.shape[1:]
+    return t.reshape(heads, 2, -1, *rest).transpose(1, 2).reshape(t.shape)  # [H, 2, d_h/2] -> [H, d_h/2, 2]
