@@ -1,0 +1,89 @@
+"""The block as built: a Mermaid flowchart and a text diagram, read off the model's modules
+(norm class and placement, attention heads, FFN class and activation, positional scheme)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from anatomy.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    norm: str  # the norm class the block holds
+    pre_norm: bool
+    attention: str  # MHA / GQA / MQA with head counts
+    cross: bool
+    ffn: str  # the FFN class and activation
+    position: str  # where positions enter
+
+
+def describe(config: ModelConfig) -> BlockShape:
+    """Build the model on the meta device and read its first block."""
+    from anatomy.layers import Block
+    from anatomy.models import build_model
+
+    model = build_model(config, device="meta")
+    blocks = [m for m in model.modules() if isinstance(m, Block)]
+    block = blocks[-1]  # a seq2seq model's last block is a decoder block (with cross-attention)
+    attn = block.attn
+    kind = "MHA" if attn.n_kv_heads == attn.n_heads else ("MQA" if attn.n_kv_heads == 1 else "GQA")
+    heads = f"{kind} H={attn.n_heads} H_kv={attn.n_kv_heads} d_h={attn.head_dim}"
+    ffn = f"{type(block.ffn).__name__} {config.activation} D={config.d_model} F={config.d_ff}"
+    return BlockShape(type(block.attn_norm).__name__, block.pre_norm, heads, block.cross_attn is not None, ffn,
+                      _position(model))
+
+
+def _position(model: nn.Module) -> str:
+    from anatomy.layers import LearnedPositions, Rotary, SinusoidalPositions
+
+    kinds = {type(m) for m in model.modules()}
+    if Rotary in kinds:
+        return "RoPE (rotates q and k in every attention)"
+    if LearnedPositions in kinds:
+        return "learned table added to the token embeddings"
+    if SinusoidalPositions in kinds:
+        return "sinusoidal table added to the token embeddings"
+    if any(getattr(m, "alibi", False) for m in model.modules()):
+        return "ALiBi (a per-head linear bias on the scores)"
+    return "none"
+
+
+def _steps(shape: BlockShape) -> list[tuple[str, str]]:
+    """(id, label) of the sublayers in order, residual adds included."""
+    sublayers = [("attn", f"self-attention {shape.attention}")]
+    if shape.cross:
+        sublayers.append(("cross", f"cross-attention {shape.attention}"))
+    sublayers.append(("ffn", shape.ffn))
+    steps = []
+    for key, label in sublayers:
+        norm = (f"{key}_norm", shape.norm)
+        add = (f"{key}_add", "+ residual")
+        steps += [norm, (key, label), add] if shape.pre_norm else [(key, label), add, norm]
+    return steps
+
+
+def mermaid(shape: BlockShape) -> str:
+    placement = "Pre-Norm: x + f(norm(x))" if shape.pre_norm else "Post-Norm: norm(x + f(x))"
+    lines = ["flowchart TB", f'  in["x [B, S, D]"]', f'  note["{placement}; positions: {shape.position}"]']
+    previous, branch_start = "in", "in"
+    for node, label in _steps(shape):
+        lines.append(f'  {node}["{label}"]')
+        lines.append(f"  {previous} --> {node}")
+        if node.endswith("_add"):
+            lines.append(f"  {branch_start} -. residual .-> {node}")
+        previous = node
+        if node.endswith("_add") and shape.pre_norm or node.endswith("_norm") and not shape.pre_norm:
+            branch_start = node
+    lines += ['  out["x [B, S, D]"]', f"  {previous} --> out"]
+    return "\n".join(lines)
+
+
+def text(shape: BlockShape) -> str:
+    placement = "Pre-Norm: x + f(norm(x))" if shape.pre_norm else "Post-Norm: norm(x + f(x))"
+    lines = [f"block ({placement}); positions: {shape.position}", "  x [B, S, D]"]
+    lines += [f"  -> {label}" for _, label in _steps(shape)]
+    lines.append("  -> x [B, S, D]")
+    return "\n".join(lines)

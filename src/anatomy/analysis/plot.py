@@ -1,0 +1,57 @@
+"""`--plot FILE.png`: the parameter breakdown and the roofline with the prefill and decode points."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def save_plot(report: dict[str, Any], path: str | Path) -> None:
+    """Write the figure to a temporary file beside `path`, then move it into place, so a failed
+    plot never leaves a partial file where a good one was."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    _breakdown(left, report)
+    _roofline(right, report)
+    fig.tight_layout()
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(suffix=path.suffix or ".png", dir=path.parent if str(path.parent) else ".")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _breakdown(ax, report: dict[str, Any]) -> None:
+    kinds = {k: v for k, v in report["params"]["by_kind"].items() if v}
+    ax.bar(list(kinds), [v / 1e6 for v in kinds.values()], color="tab:blue")
+    ax.set_ylabel("parameters (millions)")
+    ax.set_title(f"{report['model']['name']}: {report['params']['total']:,} parameters")
+    ax.tick_params(axis="x", rotation=30)
+
+
+def _roofline(ax, report: dict[str, Any]) -> None:
+    r = report["roofline"]
+    peak, bandwidth = r["hardware"]["peak_flops"], r["hardware"]["bandwidth"]
+    points = {phase: r[phase] for phase in ("prefill", "decode") if phase in r}
+    low = min([1.0] + [p["intensity"] / 4 for p in points.values()])
+    high = max([peak / bandwidth * 8] + [p["intensity"] * 4 for p in points.values()])
+    xs = [low * (high / low) ** (i / 200) for i in range(201)]
+    ax.loglog(xs, [min(peak, x * bandwidth) for x in xs], color="black", label="roof")
+    for (phase, p), color in zip(points.items(), ("tab:orange", "tab:green")):
+        achieved = min(peak, p["intensity"] * bandwidth)
+        ax.scatter([p["intensity"]], [achieved], color=color, zorder=3, label=f"{phase} ({p['bound']}-bound)")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("attainable FLOP/s")
+    ax.set_title(f"roofline on {r['hardware']['name']}")
+    ax.legend()

@@ -1,0 +1,171 @@
+"""The report as tables: one list of (title, columns, rows, notes), rendered by rich in the
+terminal or as Markdown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TableSpec:
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def count(n: float) -> str:
+    return f"{int(n):,}"
+
+
+def si(n: float, unit: str = "") -> str:
+    for factor, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= factor:
+            return f"{n / factor:.3g} {prefix}{unit}"
+    return f"{n:.3g} {unit}".strip()
+
+
+def nbytes(n: float) -> str:
+    for factor, unit in ((2 ** 40, "TiB"), (2 ** 30, "GiB"), (2 ** 20, "MiB"), (2 ** 10, "KiB")):
+        if n >= factor:
+            return f"{int(n):,} B ({n / factor:.2f} {unit})"
+    return f"{int(n):,} B"
+
+
+def tables(report: dict[str, Any]) -> list[TableSpec]:
+    out = [_params(report["params"]), _flops(report["flops"]), _memory(report["memory"]),
+           _roofline(report["roofline"])]
+    if "training" in report:
+        out.append(_training(report["training"]))
+    for phase in ("prefill", "decode"):
+        rows = [r for r in report["trace"] if r["phase"] == phase]
+        if rows:
+            out.append(_trace(phase, rows, report["options"]))
+    return out
+
+
+def _params(p: dict[str, Any]) -> TableSpec:
+    t = TableSpec("Parameter ledger", ["component", "formula", "per copy", "copies", "total"])
+    t.rows = [[c["name"], c["formula"], count(c["per_copy"]), str(c["copies"]), count(c["total"])]
+              for c in p["components"]]
+    t.rows += [["per layer", "", "", "", count(p["per_layer"])]]
+    if "per_decoder_layer" in p:
+        t.rows += [["per decoder layer", "", "", "", count(p["per_decoder_layer"])]]
+    t.rows += [["total (exact)", "", "", "", count(p["total"])],
+               ["12*L*D^2 estimate", "", "", "", count(p["approx_12ld2"])],
+               ["difference", "exact - 12*L*D^2", "", "", count(p["difference"])]]
+    t.rows += [[f"  of which {k}", "", "", "", count(v)] for k, v in p["difference_explained"].items() if v]
+    return t
+
+
+def _flops(f: dict[str, Any]) -> TableSpec:
+    t = TableSpec("FLOPs (matmuls, 2 per multiply-add)", ["quantity", "FLOPs", ""])
+    for k, v in f["parts"].items():
+        t.rows.append([f"forward: {k.replace('_', ' ')}", count(v), si(v, "FLOP")])
+    rows = [
+        ("forward total (dense attention, LM head at every position)", f["forward"]),
+        ("forward, causal halving of the attention matmuls", f["forward_causal_halved"]),
+        ("forward without attention matmuls (projections + FFN + head only)", f["forward_without_attention_matmuls"]),
+        ("one layer", f["per_layer_total"]),
+        ("forward per token", f["forward_per_token"]),
+        ("prefill for generation (LM head at the last position)", f["prefill_last_position_head"]),
+        ("training per token: 3 x forward", f["training_per_token"]),
+        ("training per token: 6N", f["training_per_token_6n"]),
+        ("FlopCounterMode, same forward on meta", f["flop_counter_forward"]),
+    ]
+    if "decode_step" in f:
+        rows.insert(6, ("decode step (B tokens at context T)", f["decode_step"]))
+    t.rows += [[name, count(v), si(v, "FLOP")] for name, v in rows]
+    t.notes.append("FlopCounterMode agrees with the analytic forward" if f["flop_counter_matches"] else
+                   "FlopCounterMode differs from the analytic forward")
+    t.notes.append("FlopCounterMode counts the dense S^2 attention (it ignores the causal mask)")
+    return t
+
+
+def _memory(m: dict[str, Any]) -> TableSpec:
+    t = TableSpec("Memory", ["quantity", "bytes"])
+    t.rows += [[f"weights in {d}", nbytes(v)] for d, v in m["weights_bytes_by_dtype"].items()]
+    t.rows += [
+        ["KV cache per token", nbytes(m["kv_cache_bytes_per_token"])],
+        ["KV cache at (B, T)", nbytes(m["kv_cache_bytes"])],
+        ["naive attention scores [B, H, S, S], one layer", nbytes(m["naive_scores_bytes_per_layer"])],
+        ["fused attention log-sum-exp [B, H, S], one layer", nbytes(m["fused_attention_bytes_per_layer"])],
+    ]
+    for kind, a in m["activations"].items():
+        label = kind.replace("_", " ")
+        t.rows += [[f"training activations, {label}", nbytes(a["total"])],
+                   [f"  per block, {label}", nbytes(a["per_block"])],
+                   [f"  with activation checkpointing, {label}", nbytes(a["checkpointed"])]]
+    t.rows.append(["training state: weights + grads + Adam (16 B/param)", nbytes(m["training_state_bytes"])])
+    t.notes.append("activations: tensors saved for backward, measured on the meta device (loss included)")
+    return t
+
+
+def _roofline(r: dict[str, Any]) -> TableSpec:
+    hw = r["hardware"]
+    t = TableSpec(f"Roofline on {hw['name']}", ["phase", "FLOPs", "bytes", "FLOP/byte", "bound", "time",
+                                                "per token", "tok/s"])
+    for phase in ("prefill", "decode"):
+        if phase in r:
+            p = r[phase]
+            t.rows.append([phase, si(p["flops"]), si(p["bytes"], "B"), f"{p['intensity']:.3g}", p["bound"],
+                           si(p["time_s"], "s"), si(p["time_per_token_s"], "s"), f"{p['tokens_per_s']:,.1f}"])
+    t.notes.append(f"peak {si(hw['peak_flops'], 'FLOP/s')} dense, bandwidth {si(hw['bandwidth'], 'B/s')}, "
+                   f"ridge {hw['peak_flops'] / hw['bandwidth']:.3g} FLOP/byte; {hw['source']}")
+    if "decode_compute_bound_batch" in r:
+        b = r["decode_compute_bound_batch"]
+        t.notes.append(f"decode turns compute-bound at batch {b}" if b else
+                       "decode stays memory-bound at any batch at this context (KV cache reads dominate)")
+    return t
+
+
+def _training(tr: dict[str, Any]) -> TableSpec:
+    t = TableSpec("Training time", ["quantity", "value"])
+    t.rows = [
+        ["tokens", f"{tr['tokens']:.3g}"],
+        ["total FLOPs (6 N tokens)", f"{tr['total_flops']:.3g}"],
+        ["effective FLOP/s per GPU (peak x MFU)", f"{tr['peak_flops'] * tr['mfu']:.4g}"],
+        ["GPU-seconds", f"{tr['gpu_seconds']:.3g}"],
+        ["GPU-hours", f"{tr['gpu_hours']:,.0f}"],
+        ["GPU-days", f"{tr['gpu_days']:,.0f}"],
+        [f"days on {tr['gpus']} GPUs", f"{tr['wall_days']:.3g}"],
+        ["total FLOPs with attention (3 x forward)", f"{tr['total_flops_with_attention']:.3g}"],
+        [f"days on {tr['gpus']} GPUs with attention", f"{tr['wall_days_with_attention']:.3g}"],
+    ]
+    return t
+
+
+def _trace(phase: str, rows: list[dict[str, Any]], o: dict[str, Any]) -> TableSpec:
+    shape = f"[B={o['batch']}, S={o['seq']}]" if phase == "prefill" else f"[B={o['batch']}, 1] at T={o['context']}"
+    t = TableSpec(f"Shape trace: {phase} {shape}", ["module", "op", "inputs", "output", "FLOPs", "bytes", "note"])
+    t.rows = [[r["module"], r["op"], " ".join(str(s) for s in r["inputs"]), str(r["output"]), count(r["flops"]),
+               count(r["bytes"]), r["note"]] for r in rows]
+    return t
+
+
+def markdown(report: dict[str, Any]) -> str:
+    parts = [f"# anatomy of {report['model']['name']}", "", "```", report["diagram"]["text"], "```", ""]
+    for t in tables(report):
+        parts += [f"## {t.title}", "", "| " + " | ".join(t.columns) + " |", "|" + "---|" * len(t.columns)]
+        parts += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in t.rows]
+        parts += [""] + [f"- {n}" for n in t.notes] + ([""] if t.notes else [])
+    return "\n".join(parts)
+
+
+def print_rich(report: dict[str, Any], *, width: int | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=width)
+    console.print(f"[bold]anatomy of {report['model']['name']}[/bold]")
+    console.print(report["diagram"]["text"], markup=False)
+    for spec in tables(report):
+        table = Table(title=spec.title, title_justify="left")
+        for column in spec.columns:
+            table.add_column(column, overflow="fold")
+        for row in spec.rows:
+            table.add_row(*row)
+        console.print(table)
+        for note in spec.notes:
+            console.print(f"  {note}", markup=False)
