@@ -180,9 +180,9 @@ def _check_texts(texts: Any) -> None:
 def load_tokenizer(name_or_path: str | Path) -> Tokenizer:
     """The tokenizer of an installed model name, a .gguf file, a model directory (tokenizer.json +
     tokenizer_config.json) or a tokenizer.json file."""
-    from anatomy.checkpoints.registry import resolve
+    from anatomy.checkpoints.loader import resolve_path
 
-    path = resolve(name_or_path)
+    path = resolve_path(name_or_path)
     if path.is_dir():
         return _from_directory(path)
     if path.suffix == ".gguf":

@@ -1,0 +1,130 @@
+"""Sentence embeddings from an encoder: what sentence-transformers computes for all-MiniLM-L6-v2.
+
+    anatomy.embed(["a cat", "a dog"])  -> Tensor [2, 384], unit rows; rows @ rows.T is cosine similarity
+
+Each text is tokenized ([CLS] text [SEP]), cut to the model's maximum length, run through the
+encoder, and its hidden states are averaged over the real tokens (mean pooling: padding is left
+out by the attention mask), then L2-normalised. Texts go through in batches sorted by length, so
+each batch pads to little more than its own longest text.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from anatomy.errors import CheckpointError, InputError
+from anatomy.models import Encoder
+from anatomy.tokenizer import Tokenizer
+
+DEFAULT_MODEL = "all-minilm-l6-v2"
+
+
+def embed(texts: str | Sequence[str], model: str | Path | tuple[nn.Module, Tokenizer] = DEFAULT_MODEL, *,
+          batch_size: int = 32, normalize: bool = True) -> Tensor:
+    """Embeddings [N, D] of `texts` (one string counts as a list of one).
+
+    `model` is an installed model name, a model directory, or an already loaded (encoder,
+    tokenizer) pair. Loaded models are kept for the next call with the same name.
+    """
+    texts = [texts] if isinstance(texts, str) else texts
+    _check_texts(texts)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    encoder, tokenizer, max_length = _model(model)
+    ids = tokenizer.encode_batch(list(texts), max_length=max_length)
+    pad_id = _pad_id(encoder, tokenizer)
+    out = torch.empty(len(ids), encoder.config.d_model)  # [N, D]
+    longest_first = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    for start in range(0, len(ids), batch_size):
+        chunk = longest_first[start:start + batch_size]
+        input_ids, mask = pad_right([ids[i] for i in chunk], pad_id=pad_id)
+        with torch.inference_mode():
+            hidden = encoder(input_ids, attention_mask=mask)  # [b, S, D]
+        out[chunk] = mean_pool(hidden, mask).float()  # [b, D]
+    return F.normalize(out, dim=-1) if normalize else out
+
+
+def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
+    """Average of hidden [B, S, D] over the positions where mask [B, S] is 1 -> [B, D]."""
+    weights = mask.to(hidden.dtype).unsqueeze(-1)  # [B, S, 1]
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+
+
+def pad_right(batch: list[list[int]], *, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Token id lists -> input_ids [B, S] padded at the end with pad_id, attention_mask [B, S]."""
+    longest = max(len(ids) for ids in batch)
+    input_ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), longest), dtype=torch.long)
+    for row, ids in enumerate(batch):
+        input_ids[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        mask[row, :len(ids)] = 1
+    return input_ids, mask
+
+
+def _model(model: str | Path | tuple[nn.Module, Tokenizer]) -> tuple[Encoder, Tokenizer, int]:
+    """(encoder, tokenizer, max_length) for any accepted form of `model`."""
+    if isinstance(model, tuple):
+        if len(model) != 2 or not isinstance(model[1], Tokenizer):
+            raise InputError("model must be a name, a directory, or an (encoder, anatomy Tokenizer) pair")
+        encoder = _encoder_of(model[0], source="the given model")
+        return encoder, model[1], encoder.config.max_seq_len
+    if not isinstance(model, (str, Path)):
+        raise InputError(f"model must be a name, a directory, or an (encoder, tokenizer) pair, got {type(model).__name__}")
+    return _load(str(model))
+
+
+@functools.lru_cache(maxsize=4)
+def _load(name_or_path: str) -> tuple[Encoder, Tokenizer, int]:
+    import anatomy
+    from anatomy.checkpoints.loader import resolve_path
+
+    path = resolve_path(name_or_path)
+    encoder = _encoder_of(anatomy.load(path), source=str(path))
+    tokenizer = anatomy.load_tokenizer(path)
+    return encoder, tokenizer, _max_length(path, encoder)
+
+
+def _encoder_of(model: nn.Module, *, source: str) -> Encoder:
+    """The Encoder itself, or the one inside a MaskedLM; anything else cannot embed text."""
+    encoder = getattr(model, "encoder", model)
+    if not isinstance(encoder, Encoder):
+        raise InputError(f"{source}: embeddings need an encoder model (BERT-like), got {type(model).__name__}")
+    return encoder
+
+
+def _max_length(path: Path, encoder: Encoder) -> int:
+    """sentence-transformers' max_seq_length (sentence_bert_config.json) when the model has one,
+    else the position table's length."""
+    limit = encoder.config.max_seq_len
+    config_path = path / "sentence_bert_config.json"
+    if not config_path.is_file():
+        return limit
+    try:
+        value = json.loads(config_path.read_text(encoding="utf-8")).get("max_seq_length", limit)
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+        raise CheckpointError(f"{config_path}: not a valid JSON object: {exc}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or not 2 < value <= limit:
+        raise CheckpointError(f"{config_path}: max_seq_length={value!r} must be an integer in [3, {limit}]")
+    return value
+
+
+def _pad_id(encoder: Encoder, tokenizer: Tokenizer) -> int:
+    for candidate in (tokenizer.pad_id, encoder.config.pad_token_id):
+        if candidate is not None:
+            return candidate
+    return 0  # any id works: padded positions are masked out of attention and pooling
+
+
+def _check_texts(texts: object) -> None:
+    if not isinstance(texts, Sequence) or not texts:
+        raise InputError(f"texts must be a string or a non-empty list of strings, got {texts!r:.80}")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InputError(f"text {i} is not a string: {text!r:.80}")
