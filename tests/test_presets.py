@@ -1,0 +1,72 @@
+"""Presets: parameter counts on the meta device equal HF transformers' for the same configs, and
+the published figures."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import anatomy
+from anatomy import build_model, get_preset, preset_names
+from anatomy.errors import ConfigError
+
+
+def count(model: torch.nn.Module, *, trainable_only: bool = False) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+# Published counts (HF model cards / the papers' own tables, exact where the source is exact).
+@pytest.mark.parametrize("name, expected", [
+    ("bert-base", 109_482_240),  # BertModel, bert-base-uncased
+    ("gpt2", 124_439_808),  # GPT2LMHeadModel, "124M"
+    ("llama-7b", 6_738_415_616),
+    ("llama-2-7b", 6_738_415_616),
+    ("llama-3-8b", 8_030_261_248),
+    ("smollm2-135m", 134_515_008),
+])
+def test_published_parameter_counts(name, expected):
+    assert count(build_model(get_preset(name), device="meta")) == expected
+
+
+@pytest.mark.parametrize("name, millions", [("transformer-base", 65), ("transformer-big", 213)])
+def test_vaswani_table_3_within_rounding(name, millions):
+    """Table 3 of Vaswani et al. gives 65M and 213M (shared 37k vocabulary): within 5%."""
+    n = count(build_model(get_preset(name), device="meta"))
+    assert abs(n / 1e6 - millions) / millions < 0.05
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_matches_hf_on_meta(name):
+    """Through to_hf -> HF's config class -> HF's model built on the meta device. HF counts
+    Marian's fixed sinusoid tables as (frozen) parameters: compare trainable ones."""
+    transformers = pytest.importorskip("transformers")
+    config = get_preset(name)
+    hf = config.to_hf()
+    hf_config = transformers.AutoConfig.for_model(hf["model_type"], **{k: v for k, v in hf.items() if k != "model_type"})
+    with torch.device("meta"):
+        hf_model = getattr(transformers, hf["architectures"][0])(hf_config)
+    assert count(build_model(config, device="meta")) == count(hf_model, trainable_only=True)
+
+
+def test_meta_build_is_instant():
+    start = time.perf_counter()
+    model = build_model(get_preset("llama-70b"), device="meta")
+    assert time.perf_counter() - start < 5.0
+    assert next(model.parameters()).is_meta
+
+
+def test_overrides_and_unknown_names():
+    assert get_preset("gpt2", n_layers=2).n_layers == 2
+    with pytest.raises(ConfigError, match="unknown preset 'llama-8b'; did you mean"):
+        get_preset("llama-8b")
+    with pytest.raises(ConfigError, match="n_heads=12 is not divisible by n_kv_heads=5"):
+        get_preset("gpt2", n_kv_heads=5)
+
+
+def test_presets_are_only_field_values():
+    """A preset is data: its config alone (not its name) decides the HF class."""
+    assert get_preset("smollm2-135m").to_hf()["architectures"] == ["LlamaForCausalLM"]
+    assert get_preset("bert-base", pooler=False).to_hf()["architectures"] == ["BertForMaskedLM"]
+    assert anatomy.ModelConfig.from_hf(get_preset("llama-70b").to_hf()) == get_preset("llama-70b")
