@@ -1,0 +1,144 @@
+"""Sequence-to-sequence decoding for EncoderDecoder: greedy (or sampled) and beam search.
+
+The source is encoded once; each decoder layer's cross-attention keys and values of it are
+projected once (`memory_kv`) and reused at every step, next to the causal self-attention KV cache.
+
+Beam search keeps the K best partial targets by summed log-probability. A target that emits EOS
+is set aside with the score  sum(log p) / len ** length_penalty  (len counts its new tokens, EOS
+included; length_penalty > 0 favours longer targets, < 0 shorter ones); the search stops early
+once K targets have ended, or at max_new_tokens, and returns the best ended one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from anatomy.errors import InputError
+from anatomy.inference.kv_cache import KVCache
+from anatomy.inference.sampling import SamplingParams, make_generator, next_tokens
+
+
+@dataclass
+class _Hypothesis:
+    ids: list[int]
+    score: float
+    ended: bool
+
+
+def seq2seq_generate(model: nn.Module, sources: list[list[int]], params: SamplingParams, *,
+                     eos_ids: frozenset[int], num_beams: int = 1, length_penalty: float = 1.0,
+                     decode: Callable[[list[int]], str] = lambda ids: "") -> list:
+    """One GenerationResult per source: beam search when num_beams > 1, else greedy / sampled."""
+    from anatomy.inference.generate import GenerationResult
+
+    if not isinstance(num_beams, int) or num_beams < 1:
+        raise InputError(f"num_beams={num_beams!r} must be an integer >= 1")
+    results = []
+    for source in sources:
+        start = time.perf_counter()
+        if num_beams == 1:
+            hyp = greedy_search(model, source, params, eos_ids=eos_ids)
+        else:
+            hyp = beam_search(model, source, params, eos_ids=eos_ids, num_beams=num_beams,
+                              length_penalty=length_penalty)
+        elapsed = time.perf_counter() - start
+        n = max(len(hyp.ids), 1)
+        results.append(GenerationResult(text=decode(hyp.ids), token_ids=hyp.ids, prompt_tokens=len(source),
+                                        finish_reason="stop" if hyp.ended else "length", ttft_s=elapsed / n,
+                                        tpot_s=elapsed / n, tokens_per_s=n / elapsed))
+    return results
+
+
+class _Decoder:
+    """The source encoded once and a decoder step over the self-attention cache of `rows` targets."""
+
+    def __init__(self, model: nn.Module, source: list[int], *, rows: int, max_new_tokens: int) -> None:
+        self.model = model
+        src = torch.tensor([source], dtype=torch.long, device=_device(model))  # [1, S_src]
+        memory = model.encode(src)  # [1, S_src, D]
+        self.memory_kv = [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1))
+                          for k, v in model.memory_kv(memory)]  # L x 2 x [rows, H_kv, S_src, d_h]
+        dtype = next(model.parameters()).dtype
+        self.cache = KVCache(model.config, batch=rows, max_len=max_new_tokens, dtype=dtype, device=src.device)
+        self.start_id = _start_id(model.config)
+
+    def step(self, tokens: Tensor, slot: int) -> Tensor:
+        """tokens [rows] at target slot `slot` -> log-probabilities of the next token [rows, V]."""
+        input_pos = torch.tensor([slot], device=tokens.device)
+        logits = self.model.decode(tokens[:, None], memory_kv=self.memory_kv, cache=self.cache,
+                                   input_pos=input_pos, last_only=True)  # [rows, 1, V]
+        return logits[:, -1].float().log_softmax(dim=-1)
+
+
+@torch.inference_mode()
+def greedy_search(model: nn.Module, source: list[int], params: SamplingParams, *,
+                  eos_ids: frozenset[int]) -> _Hypothesis:
+    """The most likely next token at each step (or a sampled one when params.temperature > 0)."""
+    dec = _Decoder(model, source, rows=1, max_new_tokens=params.max_new_tokens)
+    generator = make_generator(params.seed, _device(model))
+    token = torch.tensor([dec.start_id], device=_device(model))
+    ids, score = [], 0.0
+    for slot in range(params.max_new_tokens):
+        logprobs = dec.step(token, slot)  # [1, V]
+        token = next_tokens(logprobs, params, generator=generator)  # [1]
+        score += float(logprobs[0, token[0]])
+        if int(token) in eos_ids:
+            return _Hypothesis(ids, score, ended=True)
+        ids.append(int(token))
+    return _Hypothesis(ids, score, ended=False)
+
+
+@torch.inference_mode()
+def beam_search(model: nn.Module, source: list[int], params: SamplingParams, *, eos_ids: frozenset[int],
+                num_beams: int, length_penalty: float = 1.0) -> _Hypothesis:
+    K = num_beams
+    dec = _Decoder(model, source, rows=K, max_new_tokens=params.max_new_tokens)
+    device = _device(model)
+    tokens = torch.full((K,), dec.start_id, dtype=torch.long, device=device)
+    scores = torch.full((K,), float("-inf"), device=device)
+    scores[0] = 0.0  # all beams start identical: expand only the first at step one
+    beams: list[list[int]] = [[] for _ in range(K)]
+    ended: list[_Hypothesis] = []
+    for slot in range(params.max_new_tokens):
+        candidates = (scores[:, None] + dec.step(tokens, slot)).flatten()  # [K * V]
+        top_scores, top = candidates.topk(2 * K)
+        parents, next_beams, next_tokens_, next_scores = [], [], [], []
+        for score, index in zip(top_scores.tolist(), top.tolist()):
+            parent, token = divmod(index, candidates.numel() // K)
+            if token in eos_ids:
+                n = len(beams[parent]) + 1
+                ended.append(_Hypothesis(beams[parent], score / n ** length_penalty, ended=True))
+            else:
+                parents.append(parent)
+                next_beams.append(beams[parent] + [token])
+                next_tokens_.append(token)
+                next_scores.append(score)
+            if len(next_beams) == K:
+                break
+        if len(ended) >= K:
+            break
+        rows = torch.tensor(parents, device=device)
+        dec.cache.reorder(rows)
+        beams, tokens = next_beams, torch.tensor(next_tokens_, device=device)
+        scores = torch.tensor(next_scores, device=device)
+    else:  # max_new_tokens reached: the unfinished beams compete with the ended ones
+        ended += [_Hypothesis(b, s / max(len(b), 1) ** length_penalty, ended=False)
+                 for b, s in zip(beams, scores.tolist())]
+    return max(ended, key=lambda h: h.score)
+
+
+def _start_id(config) -> int:
+    for value in (config.decoder_start_token_id, config.bos_token_id, config.pad_token_id):
+        if value is not None:
+            return value
+    raise InputError("the model config names no decoder_start_token_id, bos_token_id or pad_token_id "
+                     "to start the target with")
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device

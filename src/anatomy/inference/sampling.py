@@ -1,0 +1,125 @@
+"""Choosing the next token from the logits: greedy, or sampling after the usual filters.
+
+    logits [B, V] -> repetition penalty -> / temperature -> top-k -> top-p -> min-p -> softmax -> draw
+
+Each filter sets the logits of the tokens it removes to -inf, so they compose in any order and
+the survivors keep their relative probabilities. temperature == 0 means greedy (argmax).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from anatomy.errors import InputError
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """How to choose tokens and when to stop. Validated on construction (InputError names the rule)."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    min_p: float = 0.0  # 0: off
+    repetition_penalty: float = 1.0  # 1: off; > 1 discourages tokens already in the prompt or output
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one (never included)
+    stop_ids: tuple[int, ...] = ()  # extra stop token ids, on top of the tokenizer's EOS ids
+    ignore_eos: bool = False  # keep going to max_new_tokens (benchmarks)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", _as_tuple(self.stop, "stop"))
+        object.__setattr__(self, "stop_ids", tuple(int(i) for i in _as_tuple(self.stop_ids, "stop_ids")))
+        _validate(self)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _as_tuple(value, name: str) -> tuple:
+    if isinstance(value, (str, int)):
+        value = (value,)
+    if name == "stop" and any(not isinstance(s, str) or not s for s in value):
+        raise InputError(f"stop strings must be non-empty strings, got {list(value)!r}")
+    return tuple(value)
+
+
+def _validate(p: SamplingParams) -> None:
+    if not isinstance(p.max_new_tokens, int) or p.max_new_tokens < 1:
+        raise InputError(f"max_new_tokens={p.max_new_tokens!r} must be an integer >= 1")
+    if not math.isfinite(p.temperature) or p.temperature < 0:
+        raise InputError(f"temperature={p.temperature!r} must be >= 0 (0 means greedy)")
+    if not isinstance(p.top_k, int) or p.top_k < 0:
+        raise InputError(f"top_k={p.top_k!r} must be an integer >= 0 (0 turns it off)")
+    if not 0.0 < p.top_p <= 1.0:
+        raise InputError(f"top_p={p.top_p!r} must be in (0, 1] (1 turns it off)")
+    if not 0.0 <= p.min_p <= 1.0:
+        raise InputError(f"min_p={p.min_p!r} must be in [0, 1] (0 turns it off)")
+    if not math.isfinite(p.repetition_penalty) or p.repetition_penalty <= 0:
+        raise InputError(f"repetition_penalty={p.repetition_penalty!r} must be > 0 (1 turns it off)")
+
+
+def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """logits [B, V]; seen bool [B, V] marks tokens already in the prompt or the output.
+
+    A seen token's logit is divided by the penalty when positive, multiplied when negative
+    (CTRL, Keskar et al. 2019), so a penalty > 1 always makes it less likely.
+    """
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def filter_top_k(logits: Tensor, k: int) -> Tensor:
+    """Keep the k largest logits of each row (ties at the k-th value are all kept)."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = logits.topk(k, dim=-1).values[..., -1:]  # [B, 1]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def filter_top_p(logits: Tensor, p: float) -> Tensor:
+    """Nucleus: keep the most likely tokens until their probability mass first reaches p."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # mass of the strictly more likely tokens
+    drop_sorted = mass_before >= p  # the first token always stays (its mass_before is 0)
+    drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def filter_min_p(logits: Tensor, p: float) -> Tensor:
+    """Keep tokens whose probability is at least p times the most likely token's."""
+    if p <= 0.0:
+        return logits
+    probs = logits.softmax(dim=-1)
+    threshold = p * probs.max(dim=-1, keepdim=True).values  # [B, 1]
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def next_tokens(logits: Tensor, params: SamplingParams, *, seen: Tensor | None = None,
+                generator: torch.Generator | None = None) -> Tensor:
+    """logits [B, V] (any float dtype) -> next token ids [B]."""
+    logits = logits.float()
+    if params.repetition_penalty != 1.0 and seen is not None:
+        logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    logits = logits / params.temperature
+    logits = filter_min_p(filter_top_p(filter_top_k(logits, params.top_k), params.top_p), params.min_p)
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
+    """A private random stream for a seed (the global RNG is left alone), or None (unseeded)."""
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(int(seed))

@@ -1,0 +1,99 @@
+"""Sampling filters keep exactly the right tokens on hand-made distributions; seeds reproduce."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from anatomy.errors import InputError
+from anatomy.inference.sampling import (
+    SamplingParams, apply_repetition_penalty, filter_min_p, filter_top_k, filter_top_p, make_generator,
+    next_tokens)
+
+PROBS = torch.tensor([[0.05, 0.40, 0.10, 0.25, 0.20]])  # sorted: 1 (.40), 3 (.25), 4 (.20), 2 (.10), 0 (.05)
+LOGITS = PROBS.log()
+
+
+def kept(logits: torch.Tensor) -> set[int]:
+    return set(torch.nonzero(torch.isfinite(logits[0])).flatten().tolist())
+
+
+@pytest.mark.parametrize("k, expected", [(1, {1}), (2, {1, 3}), (3, {1, 3, 4}), (0, {0, 1, 2, 3, 4}),
+                                         (9, {0, 1, 2, 3, 4})])
+def test_top_k(k, expected):
+    assert kept(filter_top_k(LOGITS, k)) == expected
+
+
+@pytest.mark.parametrize("p, expected", [
+    (0.30, {1}),  # 0.40 alone reaches 0.30
+    (0.39, {1}),
+    (0.41, {1, 3}),  # 0.65
+    (0.65, {1, 3}),
+    (0.66, {1, 3, 4}),  # 0.85
+    (0.90, {1, 3, 4, 2}),  # 0.95
+    (1.00, {0, 1, 2, 3, 4}),
+])
+def test_top_p_keeps_the_smallest_set_reaching_p(p, expected):
+    assert kept(filter_top_p(LOGITS, p)) == expected
+
+
+@pytest.mark.parametrize("p, expected", [
+    (0.45, {1, 3, 4}),  # threshold 0.18
+    (0.6, {1, 3}),  # threshold 0.24
+    (0.2, {1, 3, 4, 2}),  # threshold 0.08
+    (1.0, {1}),
+])
+def test_min_p_keeps_tokens_above_a_fraction_of_the_top(p, expected):
+    assert kept(filter_min_p(LOGITS, p)) == expected
+
+
+def test_filters_keep_the_relative_probabilities_of_survivors():
+    probs = filter_top_k(LOGITS, 3).softmax(-1)[0]
+    assert probs[1].item() == pytest.approx(0.40 / 0.85) and probs[4].item() == pytest.approx(0.20 / 0.85)
+
+
+def test_repetition_penalty_lowers_seen_tokens_of_either_sign():
+    logits = torch.tensor([[2.0, -2.0, 1.0]])
+    seen = torch.tensor([[True, True, False]])
+    assert apply_repetition_penalty(logits, seen, 2.0).tolist() == [[1.0, -4.0, 1.0]]
+
+
+def test_greedy_is_argmax_and_temperature_zero():
+    params = SamplingParams()
+    assert params.greedy and next_tokens(LOGITS, params).tolist() == [1]
+
+
+def test_seeded_sampling_is_reproducible_and_follows_the_distribution():
+    params = SamplingParams(temperature=1.0, seed=7)
+    logits = LOGITS.expand(4000, 5)
+    a = next_tokens(logits, params, generator=make_generator(7))
+    b = next_tokens(logits, params, generator=make_generator(7))
+    c = next_tokens(logits, params, generator=make_generator(8))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    freq = torch.bincount(a, minlength=5).float() / 4000
+    assert torch.allclose(freq, PROBS[0], atol=0.03)
+
+
+def test_sampling_draws_only_kept_tokens():
+    params = SamplingParams(temperature=1.5, top_k=3, top_p=0.7, seed=0)
+    drawn = next_tokens(LOGITS.expand(2000, 5), params, generator=make_generator(0))
+    # top-k keeps 1, 3, 4; at temperature 1.5 they have probabilities .423, .310, .267, and the
+    # first two reach 0.7, so top-p drops token 4
+    assert set(drawn.tolist()) == {1, 3}
+
+
+def test_temperature_sharpens():
+    cold = SamplingParams(temperature=0.05)
+    drawn = next_tokens(LOGITS.expand(500, 5), cold, generator=make_generator(0))
+    assert (drawn == 1).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", -0.1), ("temperature", math.nan), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1),
+    ("min_p", 1.5), ("repetition_penalty", 0.0), ("max_new_tokens", 0), ("stop", [""]),
+])
+def test_bad_values_are_input_errors_naming_the_field(field, value):
+    with pytest.raises(InputError, match=field if field != "stop" else "stop strings"):
+        SamplingParams(**{field: value})
