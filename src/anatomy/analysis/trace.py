@@ -115,20 +115,20 @@ class _Recorder(TorchFunctionMode):
             out = func(*args, **kwargs)
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
         outputs = [t for t in tree_leaves(out) if isinstance(t, Tensor)]
-        if outputs and self._keep(module, inputs, outputs):
-            self.rows.append(self._row(func, module, inputs, outputs, counter.get_total_flops()))
+        name = getattr(func, "__name__", str(func))
+        if outputs and self._keep(name, module, inputs, outputs):
+            self.rows.append(self._row(name, module, inputs, outputs, counter.get_total_flops()))
         return out
 
     @staticmethod
-    def _keep(module: str, inputs: list[Tensor], outputs: list[Tensor]) -> bool:
-        if any(o is i for o in outputs for i in inputs):
+    def _keep(name: str, module: str, inputs: list[Tensor], outputs: list[Tensor]) -> bool:
+        if not _in_place(name) and any(o is i for o in outputs for i in inputs):
             return False  # a no-op (e.g. .to() of a tensor already in that dtype)
         if module:
             return True
         return any(t.is_floating_point() for t in inputs)  # the model's own top level: skip index setup
 
-    def _row(self, func, module: str, inputs: list[Tensor], outputs: list[Tensor], flops: int) -> TraceRow:
-        name = getattr(func, "__name__", str(func))
+    def _row(self, name: str, module: str, inputs: list[Tensor], outputs: list[Tensor], flops: int) -> TraceRow:
         moved = _bytes_moved(name, inputs, outputs)
         note = f"{len(outputs)} outputs: " + ", ".join(str(list(o.shape)) for o in outputs) if len(outputs) > 1 else ""
         if not note and name in ("matmul", "__matmul__") and module.endswith("attn"):
@@ -138,17 +138,21 @@ class _Recorder(TorchFunctionMode):
                         list(outputs[0].shape), flops, moved, note)
 
 
+def _in_place(name: str) -> bool:
+    return name.endswith("_") and not name.startswith("__")
+
+
 def _nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 
 
 def _bytes_moved(name: str, inputs: list[Tensor], outputs: list[Tensor]) -> int:
     """Inputs read + outputs written; 0 for a view; a lookup reads only the rows it returns."""
+    if _in_place(name):  # the other inputs are written into the first
+        return 2 * sum(_nbytes(t) for t in inputs[1:] if t.is_floating_point())
     storages = {t.untyped_storage()._cdata for t in inputs}
     if all(o.untyped_storage()._cdata in storages for o in outputs):
         return 0  # a view of an input: no data moves
-    if name.endswith("_") and not name.startswith("__"):  # in place: the other inputs are written into self
-        return 2 * sum(_nbytes(t) for t in inputs[1:] if t.is_floating_point())
     indices = [t for t in inputs if not t.is_floating_point()]
     if name in ("embedding", "__getitem__") and indices:  # a lookup: ids read, rows read, output written
         return sum(_nbytes(t) for t in indices) + 2 * _nbytes(outputs[0])

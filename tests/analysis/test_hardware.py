@@ -1,0 +1,50 @@
+"""Hardware entries, JSON files and the on-the-spot measurement."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from anatomy.analysis.hardware import BUILTIN, get_hardware, measure_local
+from anatomy.errors import InputError
+
+
+def test_builtin_entries_are_dense_and_cite_a_source():
+    assert get_hardware("h100-sxm").peak("bf16") == 989e12  # half of the 1,979 sparsity headline
+    assert get_hardware("a100-80gb").peak("bf16") == 312e12
+    assert get_hardware("h200").bandwidth == 4.8e12
+    for hw in BUILTIN.values():
+        assert "datasheet" in hw.source and "sparsity" in hw.source + hw.notes
+        assert hw.peak("fp16") == hw.peak("bf16") > hw.peak("fp32")
+
+
+def test_json_file(tmp_path):
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"name": "mine", "peak_flops": {"bf16": 5e14}, "bandwidth": 2e12}))
+    hw = get_hardware(str(path))
+    assert (hw.name, hw.peak("bf16"), hw.peak("fp16"), hw.bandwidth) == ("mine", 5e14, 5e14, 2e12)
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"name": "x", "bandwidth": 1e12}, "no peak figures"),
+    ({"peak_flops": {}, "bandwidth": 1e12}, "no peak figures"),
+    ({"peak_flops": 1e15}, "'bandwidth' must be a positive number"),
+    ({"peak_flops": -1, "bandwidth": 1e12}, "peak_flops.any"),
+])
+def test_json_without_figures_is_an_error(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(InputError, match=message):
+        get_hardware(str(path))
+
+
+def test_unknown_name_suggests_close_ones():
+    with pytest.raises(InputError, match="did you mean .*h100-sxm"):
+        get_hardware("h100")
+
+
+def test_local_measurement_is_positive():
+    hw = measure_local(matmul_n=256, read_mib=16, repeats=1)
+    assert hw.peak("fp32") > 1e8 and hw.bandwidth > 1e8
+    assert hw.peak("bf16") == hw.peak("fp32")  # one measurement stands in for every dtype, and says so

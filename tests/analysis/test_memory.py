@@ -1,0 +1,57 @@
+"""Weights, KV cache and attention-score memory against the seed figures and the real cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from anatomy.analysis import memory
+from anatomy.inference.kv_cache import KVCache
+from anatomy.presets import get_preset
+
+
+def test_llama_2_7b_kv_cache_at_4096_tokens_fp16_is_2_gib_per_sequence():
+    config = get_preset("llama-2-7b")
+    assert memory.kv_cache_bytes(config, batch=1, tokens=4096, kv_dtype="fp16") == 2_147_483_648
+
+
+def test_llama_3_8b_gqa_kv_cache_is_128_kib_per_token_bf16():
+    assert memory.kv_bytes_per_token(get_preset("llama-3-8b"), "bf16") == 128 * 1024
+
+
+def test_kv_cache_counts_head_dim_not_d_model_over_heads():
+    config = get_preset("llama-7b", d_model=256, n_heads=4, n_kv_heads=2, head_dim=96, d_ff=512, n_layers=3,
+                        vocab_size=100, bos_token_id=None, eos_token_id=None)
+    assert memory.kv_bytes_per_token(config, "fp32") == 2 * 3 * 2 * 96 * 4  # not 2 * 3 * 2 * (256 / 4) * 4
+    cache = KVCache(config, batch=2, max_len=7, device="meta")  # the inference engine's cache, allocated on meta
+    assert cache.nbytes == memory.kv_cache_bytes(config, batch=2, tokens=7, kv_dtype="fp32")
+
+
+def test_int_kv_dtypes_and_encoders():
+    config = get_preset("llama-2-7b")
+    assert memory.kv_bytes_per_token(config, "int8") * 2 == memory.kv_bytes_per_token(config, "fp16")
+    assert memory.kv_bytes_per_token(config, "int4") * 4 == memory.kv_bytes_per_token(config, "fp16")
+    assert memory.kv_bytes_per_token(get_preset("bert-base"), "fp16") == 0  # no decoding, no cache
+
+
+def test_naive_scores_llama_7b_4096_fp32_are_2_gib_per_layer_per_sequence():
+    assert memory.naive_scores_bytes(get_preset("llama-7b"), batch=1, seq=4096, dtype="fp32") == 2 ** 31
+
+
+def test_weights_by_dtype():
+    n = 6_738_415_616
+    assert [memory.weights_bytes(n, d) for d in ("fp32", "bf16", "fp16", "int8", "int4")] == [
+        4 * n, 2 * n, 2 * n, n, n // 2]
+    with pytest.raises(ValueError, match="fp8"):
+        memory.weights_bytes(n, "fp8")
+
+
+def test_training_activations_fused_vs_naive_and_checkpointing():
+    config = get_preset("bert-base")
+    fused = memory.training_activations(config, batch=2, seq=256, dtype="bf16", backend="sdpa")
+    naive = memory.training_activations(config, batch=2, seq=256, dtype="bf16", backend="eager")
+    # the naive block keeps the scores and probabilities (and dropout mask) of every head; fused keeps
+    # a log-sum-exp row instead: the difference is at least one [B, H, S, S] bf16 matrix per block
+    scores = memory.naive_scores_bytes(config, batch=2, seq=256, dtype="bf16")
+    assert naive.per_block - fused.per_block >= scores
+    assert fused.checkpointed < fused.total and naive.checkpointed < naive.total
+    assert fused.blocks == 12 and fused.block_input == 2 * 256 * 768 * 2
