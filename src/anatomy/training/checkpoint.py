@@ -1,0 +1,299 @@
+"""Training checkpoints: everything needed to continue a run to the bit, written atomically.
+
+    <run>/checkpoints/step-000100/
+        model.safetensors      full (unsharded) weights, anatomy's parameter names, tied copies once
+        config.json            the ModelConfig (anatomy's field names)
+        tokenizer.json
+        optimizer.safetensors  AdamW state per parameter name (step, exp_avg, exp_avg_sq)
+        trainer.json           step, tokens, counters, schedule, optimizer groups, val loss, world size
+        rng-rank{r}.json       python, numpy and torch RNG states of rank r
+    <run>/checkpoints/latest.json -> {"step": 100, "dir": "step-000100"}
+
+A checkpoint is written into a hidden temporary directory, every file fsynced, then renamed into
+place with os.replace, then latest.json is replaced the same way: a crash at any moment leaves the
+previous checkpoint and pointer intact. No pickle anywhere (safetensors + JSON). State dicts are
+gathered to full tensors keyed by parameter name, so N ranks can write what M ranks read.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save as safetensors_bytes
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from anatomy.config import ModelConfig
+from anatomy.errors import CheckpointError
+from anatomy.training.distributed import Dist, all_reduce_sum, barrier
+
+PAUSE_HOOK = "ANATOMY_TEST_CHECKPOINT_PAUSE_AT"  # tests: the step whose checkpoint write pauses half-way
+_GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)
+_SCATTER = StateDictOptions(full_state_dict=True)
+
+
+def checkpoint_root(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def tied_aliases(model: nn.Module) -> dict[str, str]:
+    """{alias: name} for parameters registered under two names (a tied LM head)."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            aliases[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return aliases
+
+
+# -- writing ------------------------------------------------------------------------------------
+
+def save_checkpoint(run_dir: Path, *, engine: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    trainer: dict[str, Any], tokenizer_json: Path, info: Dist, keep: int) -> Path | None:
+    """Write checkpoint step-<trainer['step']>; every rank calls this (the gather is collective).
+    Returns the directory, or None when the weights are not finite (nothing is then written)."""
+    finite = torch.tensor(float(all(torch.isfinite(_local(p)).all() for p in model.parameters())))
+    if all_reduce_sum(finite, info).item() < info.world:
+        return None
+    weights = get_model_state_dict(engine, options=_GATHER)
+    optim = get_optimizer_state_dict(engine, optimizer, options=_GATHER)
+    root = checkpoint_root(run_dir)
+    final = root / f"step-{trainer['step']:06d}"
+    tmp = root / f".tmp-{final.name}"
+    if info.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier(info)
+    _write_json(tmp / f"rng-rank{info.rank}.json", rng_state())
+    if info.is_main:
+        _write_main_files(tmp, model=model, weights=weights, optim=optim, trainer=trainer, tokenizer_json=tokenizer_json)
+    barrier(info)
+    if info.is_main:
+        _fsync_dir(tmp)
+        _publish(tmp, final)
+        _write_json(root / "latest.json", {"step": trainer["step"], "dir": final.name}, atomic=True)
+        prune(root, keep=keep)
+    barrier(info)
+    return final
+
+
+def _local(p: Tensor) -> Tensor:
+    return p.to_local() if hasattr(p, "to_local") else p.detach()
+
+
+def _write_main_files(tmp: Path, *, model: nn.Module, weights: dict[str, Tensor], optim: dict[str, Any],
+                      trainer: dict[str, Any], tokenizer_json: Path) -> None:
+    aliases = tied_aliases(model)
+    tensors = {k: v.contiguous() for k, v in weights.items() if k not in aliases}
+    _write_bytes(tmp / "model.safetensors", safetensors_bytes(tensors))
+    _write_json(tmp / "config.json", model.config.to_dict())
+    _write_bytes(tmp / "tokenizer.json", Path(tokenizer_json).read_bytes())
+    if os.environ.get(PAUSE_HOOK) == str(trainer["step"]):
+        time.sleep(600)  # to be killed here
+    optim_tensors = {f"{name}::{key}": _as_tensor(value).contiguous()
+                     for name, state in optim["state"].items() for key, value in state.items()}
+    _write_bytes(tmp / "optimizer.safetensors", safetensors_bytes(optim_tensors))
+    _write_json(tmp / "trainer.json", {**trainer, "optimizer_groups": optim["param_groups"]})
+
+
+def _as_tensor(value: Any) -> Tensor:
+    return value if isinstance(value, Tensor) else torch.tensor(value)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename tmp to final; an existing final (the same step saved again) is moved aside first."""
+    old = final.with_name(f".old-{final.name}")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def prune(root: Path, *, keep: int) -> None:
+    """Keep the newest `keep` checkpoints and the one with the lowest recorded val loss (keep <= 0: all)."""
+    steps = sorted(root.glob("step-*"))
+    if keep <= 0 or len(steps) <= keep:
+        return
+    best = min(steps, key=lambda d: _val_loss(d))
+    for directory in steps[:-keep]:
+        if directory != best or _val_loss(best) == float("inf"):
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _val_loss(directory: Path) -> float:
+    try:
+        value = json.loads((directory / "trainer.json").read_text()).get("val_loss")
+    except (OSError, ValueError):
+        return float("inf")
+    return float("inf") if value is None else float(value)
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_json(path: Path, value: Any, *, atomic: bool = False) -> None:
+    data = json.dumps(value, indent=1).encode()
+    if not atomic:
+        _write_bytes(path, data)
+        return
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    _write_bytes(tmp, data)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- RNG ----------------------------------------------------------------------------------------
+
+def rng_state() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": [version, list(internal), gauss],
+             "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+             "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+    if torch.cuda.is_available():
+        state["cuda"] = base64.b64encode(torch.cuda.get_rng_state().numpy().tobytes()).decode()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(_bytes_tensor(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(_bytes_tensor(state["cuda"]))
+
+
+def _bytes_tensor(text: str) -> Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+def latest_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint latest.json points at (errors name the file and what is wrong)."""
+    pointer = checkpoint_root(run_dir) / "latest.json"
+    if not pointer.is_file():
+        raise CheckpointError(f"--resume: {pointer} does not exist (no checkpoint was written in {run_dir})")
+    value = _read_json(pointer)
+    if not isinstance(value, dict) or not isinstance(value.get("dir"), str):
+        raise CheckpointError(f"{pointer}: key 'dir' is missing or not a string")
+    directory = pointer.parent / value["dir"]
+    if not directory.is_dir():
+        raise CheckpointError(f"{pointer}: points at {directory}, which does not exist")
+    return directory
+
+
+def read_trainer(directory: Path) -> dict[str, Any]:
+    trainer = _read_json(directory / "trainer.json")
+    for key in ("step", "tokens", "optimizer_groups"):
+        if key not in trainer:
+            raise CheckpointError(f"{directory / 'trainer.json'}: key {key!r} is missing")
+    return trainer
+
+
+def read_config(directory: Path) -> ModelConfig:
+    path = directory / "config.json"
+    try:
+        return ModelConfig.from_dict(_read_json(path))
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: not a valid model config ({exc})") from exc
+
+
+def load_checkpoint(directory: Path, *, engine: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    info: Dist) -> dict[str, Any]:
+    """Check every file and tensor against the model first, then load weights, optimizer state and
+    this rank's RNG state. Nothing is written. Returns trainer.json."""
+    trainer = read_trainer(directory)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in tied_aliases(model)}
+    weights = _read_tensors(directory / "model.safetensors", expected)
+    optim_state = _read_optimizer(directory / "optimizer.safetensors", expected)
+    rng_path = directory / f"rng-rank{info.rank}.json"
+    rng = _read_json(rng_path) if rng_path.is_file() else None
+    set_model_state_dict(engine, weights, options=_SCATTER)
+    optim = {"state": optim_state, "param_groups": trainer["optimizer_groups"]}
+    try:
+        set_optimizer_state_dict(engine, optimizer, optim, options=_SCATTER)
+    except (KeyError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{directory / 'optimizer.safetensors'}: does not fit this optimizer ({exc})") from exc
+    if rng is not None:
+        set_rng_state(rng)
+    else:  # resumed on more ranks than wrote the checkpoint: a fresh, reproducible stream per rank
+        torch.manual_seed(int(trainer.get("seed", 0)) * 1000 + trainer["step"] * 10 + info.rank)
+    return trainer
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path}: missing") from exc
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: not readable JSON ({exc})") from exc
+
+
+def _open_tensors(path: Path) -> dict[str, Tensor]:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path}: missing") from exc
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from exc
+
+
+def _read_tensors(path: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
+    tensors = _open_tensors(path)
+    for key, shape in expected.items():
+        if key not in tensors:
+            raise CheckpointError(f"{path}: key {key!r} is missing")
+        if tuple(tensors[key].shape) != shape:
+            raise CheckpointError(f"{path}: key {key!r} has shape {tuple(tensors[key].shape)}, the model needs {shape}")
+        if not torch.isfinite(tensors[key]).all():
+            raise CheckpointError(f"{path}: key {key!r} holds non-finite values")
+    extra = sorted(set(tensors) - set(expected))
+    if extra:
+        raise CheckpointError(f"{path}: key {extra[0]!r} is not a parameter of this model ({len(extra)} unexpected)")
+    return tensors
+
+
+def _read_optimizer(path: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, dict[str, Tensor]]:
+    state: dict[str, dict[str, Tensor]] = {}
+    for key, value in _open_tensors(path).items():
+        name, _, field = key.partition("::")
+        if name not in expected:
+            raise CheckpointError(f"{path}: key {key!r} names no parameter of this model")
+        if field.startswith("exp_avg") and tuple(value.shape) != expected[name]:
+            raise CheckpointError(f"{path}: key {key!r} has shape {tuple(value.shape)}, the model needs {expected[name]}")
+        state.setdefault(name, {})[field] = value
+    return state

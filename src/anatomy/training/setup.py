@@ -1,0 +1,120 @@
+"""Building what a run trains, and the checks that must pass before its first step: the model
+(a preset, a config file, or a checkpoint to fine-tune), the vocabulary and context fit, and
+whether a micro-batch fits in memory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from anatomy.config import ModelConfig
+from anatomy.errors import ConfigError, InputError
+from anatomy.models import build_model
+from anatomy.presets import PRESETS, get_preset
+from anatomy.training.tokens import TrainTokenizer
+
+GiB = 1 << 30
+
+
+def model_for_training(spec: str, *, overrides: dict[str, Any], tok: TrainTokenizer, seq_len: int
+                       ) -> tuple[ModelConfig, nn.Module]:
+    """A fresh model from a preset or config file (vocab, special ids and context set from the
+    tokenizer and --seq-len unless overridden), or a loaded checkpoint to fine-tune."""
+    path = Path(spec)
+    if spec in PRESETS or (path.is_file() and path.suffix == ".json"):
+        config = _fresh_config(spec, overrides=overrides, tok=tok, seq_len=seq_len)
+        return config, build_model(config, head="mlm")
+    if overrides:
+        raise InputError(f"--model {spec}: a checkpoint keeps its architecture; "
+                         f"drop {', '.join('--' + k.replace('_', '-') for k in overrides)}")
+    return _loaded(spec)
+
+
+def _fresh_config(spec: str, *, overrides: dict[str, Any], tok: TrainTokenizer, seq_len: int) -> ModelConfig:
+    base = dict(PRESETS[spec]) if spec in PRESETS else _config_file(Path(spec)).to_dict()
+    defaults = {"vocab_size": tok.vocab_size, "max_seq_len": seq_len, "pad_token_id": tok.pad_id,
+                "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id}
+    if base.get("architecture") == "encoder-decoder":
+        defaults["decoder_start_token_id"] = tok.bos_id
+    base.pop("extra", None)
+    values = {**defaults, **overrides}
+    return get_preset(spec, **values) if spec in PRESETS else ModelConfig.from_dict({**base, **values})
+
+
+def _config_file(path: Path) -> ModelConfig:
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--model {path}: not readable JSON ({exc})") from exc
+    if not isinstance(values, dict):
+        raise InputError(f"--model {path}: expected a JSON object")
+    return ModelConfig.from_dict(values) if "d_model" in values else ModelConfig.from_hf(values)
+
+
+def _loaded(spec: str) -> tuple[ModelConfig, nn.Module]:
+    import anatomy
+
+    try:
+        model = anatomy.load(spec)
+    except ModuleNotFoundError as exc:
+        raise InputError(f"--model {spec}: not a preset or config file, and checkpoints need anatomy.load ({exc})")
+    return model.config, model
+
+
+def check_fit(config: ModelConfig, tok: TrainTokenizer, *, seq_len: int) -> None:
+    if tok.vocab_size > config.vocab_size:
+        raise ConfigError(f"the tokenizer {tok.name!r} has {tok.vocab_size} tokens, more than the model's "
+                          f"vocab_size={config.vocab_size}: token ids past the embedding table cannot be trained")
+    if seq_len > config.max_seq_len and config.position in ("learned", "sinusoidal"):
+        raise ConfigError(f"--seq-len {seq_len} is past the model's max_seq_len={config.max_seq_len} "
+                          f"(position={config.position!r} has a table of max_seq_len entries)")
+
+
+def check_batch(batch_size: int, *, world: int, accum: int) -> None:
+    if batch_size <= 0 or accum <= 0:
+        raise InputError(f"--batch-size {batch_size} and --accum {accum} must be positive")
+    if batch_size % (world * accum):
+        raise InputError(f"--batch-size {batch_size} is not divisible by world size {world} x --accum {accum}: "
+                         "every rank and micro-step needs the same number of rows")
+
+
+def estimated_bytes(model: nn.Module, config: ModelConfig, *, rows: int, seq_len: int, world: int,
+                    sharded: bool) -> tuple[float, float]:
+    """(activations of one micro-batch, weights + grads + AdamW state) in bytes, fp32.
+
+    Activations follow Korthikanti et al. 2022 per layer, 34·S·D + 5·H·S² values per row (halved
+    for their fp16, doubled here for fp32), plus the logits and their gradient (3·S·V)."""
+    n = sum(p.numel() for p in model.parameters())
+    layers = config.n_layers + config.n_decoder_layers
+    per_row = layers * (34 * seq_len * config.d_model + 5 * config.n_heads * seq_len ** 2) * 2 \
+        + 3 * seq_len * config.vocab_size * 4
+    state = 16.0 * n / (world if sharded else 1)
+    return float(rows * per_row), state
+
+
+def available_bytes(device: torch.device, *, local_ranks: int) -> float:
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 / local_ranks
+    except OSError:
+        pass
+    return float("inf")
+
+
+def check_memory(activations: float, state: float, available: float, *, rows: int, accum: int) -> None:
+    """A micro-batch that cannot fit fails now, with the accumulation that would make it fit."""
+    if activations + state <= available:
+        return
+    fits = next((k for k in range(2, rows + 1) if rows % k == 0 and activations / k + state <= available), None)
+    hint = (f"use --accum {accum * fits} ({rows // fits} rows per micro-step)" if fits
+            else "use a smaller --seq-len or model (even one row per micro-step does not fit)")
+    raise InputError(f"a micro-batch of {rows} rows needs about {activations / GiB:.1f} GiB of activations plus "
+                     f"{state / GiB:.1f} GiB of weights, gradients and AdamW state; {available / GiB:.1f} GiB is "
+                     f"available: {hint}")
