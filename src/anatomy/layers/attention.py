@@ -124,7 +124,8 @@ def attend(
         is_causal = False
     if rep > 1:  # fold the query heads of each kv group into the sequence axis
         q = q.reshape(B, H_kv, rep * S, d_h)
-        mask = mask.repeat(1, 1, rep, 1) if mask is not None else None  # [B|1, 1, rep*S, S_k]
+        if mask is not None and mask.shape[-2] > 1:  # a [B, 1, 1, S_k] padding mask broadcasts as is
+            mask = mask.repeat(1, 1, rep, 1)  # [B|1, 1, rep*S, S_k]
         bias = bias.reshape(bias.shape[0], H_kv, rep * S, S_k) if bias is not None else None
     attn_mask = _merge(mask, bias, q.dtype)
     if backend == "sdpa" and not return_weights:
