@@ -7,7 +7,7 @@ import torch
 
 import anatomy
 from anatomy.errors import InputError
-from anatomy.inference.embed import _load
+from anatomy.inference.embed import load_embedder
 
 TEXTS = [
     "A man is eating food.",
@@ -70,13 +70,13 @@ def test_batched_with_padding_equals_one_at_a_time(ours):
 
 
 def test_loaded_pair_and_cache(ours):
-    encoder, tokenizer, _ = _load("all-minilm-l6-v2")
-    hits = _load.cache_info().hits
+    encoder, tokenizer, _ = load_embedder("all-minilm-l6-v2")
+    hits = load_embedder.cache_info().hits
     raw = anatomy.embed(TEXTS[:3], model=(encoder, tokenizer), normalize=False)
     assert torch.allclose(torch.nn.functional.normalize(raw, dim=-1), ours[:3], atol=1e-6)
     assert not torch.allclose(raw.norm(dim=-1), torch.ones(3))
     anatomy.embed("one string is one text")
-    assert _load.cache_info().hits == hits + 1
+    assert load_embedder.cache_info().hits == hits + 1
 
 
 def test_similar_sentences_are_closer(ours):
@@ -97,6 +97,6 @@ def test_bad_input_is_input_error(texts, kwargs, match):
 
 def test_decoder_model_is_refused():
     decoder = anatomy.build_model(anatomy.get_preset("gpt2"), device="meta")
-    _, tokenizer, _ = _load("all-minilm-l6-v2")
+    _, tokenizer, _ = load_embedder("all-minilm-l6-v2")
     with pytest.raises(InputError, match="need an encoder model"):
         anatomy.embed(["x"], model=(decoder, tokenizer))

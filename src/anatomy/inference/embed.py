@@ -77,11 +77,12 @@ def _model(model: str | Path | tuple[nn.Module, Tokenizer]) -> tuple[Encoder, To
         return encoder, model[1], encoder.config.max_seq_len
     if not isinstance(model, (str, Path)):
         raise InputError(f"model must be a name, a directory, or an (encoder, tokenizer) pair, got {type(model).__name__}")
-    return _load(str(model))
+    return load_embedder(str(model))
 
 
 @functools.lru_cache(maxsize=4)
-def _load(name_or_path: str) -> tuple[Encoder, Tokenizer, int]:
+def load_embedder(name_or_path: str) -> tuple[Encoder, Tokenizer, int]:
+    """(encoder, tokenizer, max_length) of a model name or directory, loaded once per process."""
     import anatomy
     from anatomy.checkpoints.loader import resolve_path
 
