@@ -1,0 +1,95 @@
+"""Checkpoints in one process: round trip of weights, optimizer and RNG; errors that name the file
+and key on an incompatible or corrupted checkpoint; retention of the last K plus the best."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from anatomy import build_model, get_preset
+from anatomy.errors import CheckpointError
+from anatomy.training.checkpoint import latest_checkpoint, load_checkpoint, prune, save_checkpoint
+from anatomy.training.distributed import Dist
+from anatomy.training.optim import make_optimizer
+
+
+def _setup(d_model: int = 32):
+    config = get_preset("gpt2", d_model=d_model, n_layers=2, n_heads=2, d_ff=64, vocab_size=40, max_seq_len=8,
+                        bos_token_id=None, eos_token_id=None)
+    model = build_model(config)
+    return model, make_optimizer(model, lr=1e-2, weight_decay=0.1)
+
+
+def _train_a_step(model, opt):
+    ids = torch.randint(0, 40, (2, 8))
+    model(ids).logsumexp(-1).mean().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def _save(tmp_path, model, opt, step=1, val_loss=None, keep=3):
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text("{}")
+    trainer = {"step": step, "tokens": 16 * step, "val_loss": val_loss}
+    return save_checkpoint(tmp_path / "run", engine=model, model=model, optimizer=opt, trainer=trainer,
+                           tokenizer_json=tok, info=Dist(), keep=keep)
+
+
+def test_round_trip_restores_weights_optimizer_and_rng(tmp_path):
+    model, opt = _setup()
+    _train_a_step(model, opt)
+    directory = _save(tmp_path, model, opt)
+    expected_next = (random.random(), np.random.rand(), torch.rand(3))
+    model2, opt2 = _setup()
+    random.seed(5), np.random.seed(5), torch.manual_seed(5)
+    trainer = load_checkpoint(latest_checkpoint(tmp_path / "run"), engine=model2, model=model2, optimizer=opt2,
+                              info=Dist())
+    assert trainer["step"] == 1 and directory.name == "step-000001"
+    assert (random.random(), np.random.rand()) == expected_next[:2] and torch.equal(torch.rand(3), expected_next[2])
+    for (name, a), b in zip(model.state_dict().items(), model2.state_dict().values()):
+        assert torch.equal(a, b), name
+    for m, o in ((model, opt), (model2, opt2)):  # same moments and step count: the same update, exactly
+        torch.manual_seed(0)
+        _train_a_step(m, o)
+    for a, b in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_incompatible_checkpoint_names_file_and_key(tmp_path):
+    model, opt = _setup()
+    directory = _save(tmp_path, model, opt)
+    other, other_opt = _setup(d_model=48)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: key 'embed.tokens.weight' has shape \(40, 32\)"):
+        load_checkpoint(directory, engine=other, model=other, optimizer=other_opt, info=Dist())
+    (directory / "trainer.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="trainer.json: not readable JSON"):
+        load_checkpoint(directory, engine=model, model=model, optimizer=opt, info=Dist())
+
+
+def test_missing_pointer_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match="latest.json does not exist"):
+        latest_checkpoint(tmp_path)
+
+
+def test_keeps_last_k_and_the_best(tmp_path):
+    model, opt = _setup()
+    for step, val in zip(range(1, 6), [3.0, 1.0, 2.0, 2.5, 2.7]):
+        _save(tmp_path, model, opt, step=step, val_loss=val, keep=2)
+    root = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in root.glob("step-*")) == ["step-000002", "step-000004", "step-000005"]
+    assert json.loads((root / "latest.json").read_text())["step"] == 5
+    prune(root, keep=0)
+    assert len(list(root.glob("step-*"))) == 3
+
+
+def test_non_finite_weights_are_never_saved(tmp_path):
+    model, opt = _setup()
+    _save(tmp_path, model, opt, step=1)
+    with torch.no_grad():
+        model.blocks[0].attn.qkv.weight[0, 0] = float("nan")
+    assert _save(tmp_path, model, opt, step=2) is None
+    assert latest_checkpoint(tmp_path / "run").name == "step-000001"
