@@ -3,6 +3,7 @@
 - decoder (GPT-2): N(0, 0.02) everywhere, residual output projections N(0, 0.02/sqrt(2L));
 - encoder (BERT): N(0, 0.02), biases zero;
 - encoder-decoder (Vaswani et al.): Xavier uniform for matrices, embeddings N(0, D^-1/2).
+A tied output layer is the embedding matrix: it keeps the embedding's initialisation.
 Norm weights start at one and biases at zero in every family.
 """
 
@@ -16,9 +17,11 @@ from anatomy.config import ModelConfig
 
 
 def init_weights(model: nn.Module, config: ModelConfig) -> None:
+    embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
-            _init_linear(name, module, config)
+            tied = id(module.weight) in embedding_weights  # a tied output layer keeps the embedding's init
+            _init_linear(name, module, config, tied=tied)
         elif isinstance(module, nn.Embedding):
             std = config.d_model ** -0.5 if config.is_seq2seq else 0.02
             nn.init.normal_(module.weight, std=std)
@@ -31,12 +34,13 @@ def init_weights(model: nn.Module, config: ModelConfig) -> None:
             nn.init.normal_(param, std=0.02)
 
 
-def _init_linear(name: str, module: nn.Linear, config: ModelConfig) -> None:
-    if config.is_seq2seq:
-        nn.init.xavier_uniform_(module.weight)
-    else:
-        residual = config.is_decoder and (name.endswith("attn.out") or name.endswith("ffn.down"))
-        std = 0.02 / math.sqrt(2 * config.n_layers) if residual else 0.02
-        nn.init.normal_(module.weight, std=std)
+def _init_linear(name: str, module: nn.Linear, config: ModelConfig, *, tied: bool) -> None:
     if module.bias is not None:
         nn.init.zeros_(module.bias)
+    if tied:
+        return
+    if config.is_seq2seq:
+        nn.init.xavier_uniform_(module.weight)
+        return
+    residual = config.is_decoder and (name.endswith("attn.out") or name.endswith("ffn.down"))
+    nn.init.normal_(module.weight, std=0.02 / math.sqrt(2 * config.n_layers) if residual else 0.02)
