@@ -66,6 +66,22 @@ def test_pre_tokenizers_match_llama_cpp(tmp_path, smollm2_gguf, pre, add_bos):
         assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
 
 
+def test_user_defined_tokens_match_llama_cpp(tmp_path, smollm2_gguf):
+    """A user-defined token (type 4) is cut out of raw text whole, before pre-tokenization."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    types = np.array(smollm2_gguf.metadata["tokenizer.ggml.token_type"])
+    hello = smollm2_gguf.metadata["tokenizer.ggml.tokens"].index("hello")
+    types[hello] = 4
+    path = _write_vocab_gguf(tmp_path / "vocab.gguf", smollm2_gguf, **{"tokenizer.ggml.token_type": types})
+    reference = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    tok = anatomy.load_tokenizer(path)
+    text = "xhellox sayhello, hello"
+    ids = tok.encode(text)
+    assert ids == reference.tokenize(text.encode(), add_bos=False, special=False)
+    assert ids.count(hello) == 3 and tok.decode(ids) == text
+    assert tok.decode(ids, skip_special_tokens=True) == text  # added, not special
+
+
 def test_the_pre_tokenizers_differ(smollm2_gguf):
     """The test above would not notice a wrong pre-tokenizer if they all cut text alike."""
     text = TEXTS[1] + TEXTS[4]

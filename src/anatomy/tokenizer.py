@@ -205,7 +205,7 @@ def _from_tokenizer_json(path: Path, *, config_path: Path) -> Tokenizer:
         backend = tokenizers.Tokenizer.from_str(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such tokenizer file") from None
-    except (UnicodeDecodeError, Exception) as exc:  # the Rust parser raises plain Exception
+    except Exception as exc:  # bad UTF-8, or the Rust parser's plain Exception for bad JSON/fields
         raise CheckpointError(f"{path}: not a valid tokenizer.json: {exc}") from None
     config = _read_json_object(config_path) if config_path.is_file() else {}
     special = {role: token for role in SPECIAL_ROLES
