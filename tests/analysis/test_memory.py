@@ -55,3 +55,12 @@ def test_training_activations_fused_vs_naive_and_checkpointing():
     assert naive.per_block - fused.per_block >= scores
     assert fused.checkpointed < fused.total and naive.checkpointed < naive.total
     assert fused.blocks == 12 and fused.block_input == 2 * 256 * 768 * 2
+
+
+@pytest.mark.parametrize("name", ["gpt2", "transformer-base"])
+def test_two_measured_blocks_per_stack_extrapolate_exactly(monkeypatch, name):
+    config = get_preset(name, n_layers=5, **({"n_decoder_layers": 4} if name == "transformer-base" else {}))
+    shallow = memory.training_activations(config, batch=1, seq=32, dtype="fp32", backend="eager")
+    monkeypatch.setattr(memory, "MEASURED_LAYERS", 100)  # run every block instead
+    full = memory.training_activations(config, batch=1, seq=32, dtype="fp32", backend="eager")
+    assert shallow == full

@@ -71,42 +71,51 @@ def fused_attention_bytes(config: ModelConfig, *, batch: int, seq: int) -> int:
 
 @dataclass(frozen=True)
 class Activations:
-    """Saved-for-backward bytes of one training forward (with its loss): the whole model, one
-    block, and with every block checkpointed (each block keeps only its input; one block's
-    activations are live again while it is recomputed)."""
+    """Saved-for-backward bytes of one training forward (with its loss): the whole model, the
+    largest block, and with every block checkpointed (each block keeps only its input; one
+    block's activations are live again while it is recomputed)."""
 
     total: int
     per_block: int
     block_input: int
     blocks: int
-
-    @property
-    def rest(self) -> int:
-        return self.total - self.per_block * self.blocks
+    rest: int  # outside the blocks: embeddings, final norm, head, loss
 
     @property
     def checkpointed(self) -> int:
         return self.rest + self.blocks * self.block_input + self.per_block
 
 
+MEASURED_LAYERS = 2  # per stack: every later block of a stack saves what the second one does
+
+
 def training_activations(config: ModelConfig, *, batch: int, seq: int, dtype: str = "bf16",
                          backend: str = "sdpa") -> Activations:
     """Measure the activations a training step saves, running the real model on the meta device.
-    backend "eager" materialises the score matrix; "sdpa" is the fused attention."""
+    backend "eager" materialises the score matrix; "sdpa" is the fused attention. Two blocks of
+    each stack run; the others save what the second one saves (the first may also be the first
+    to save a tensor the stack shares, like a seq2seq decoder's encoder output)."""
     from anatomy.models import build_model
 
-    model = build_model(config, device="meta", dtype=TORCH_DTYPES[dtype]).to("meta").train()
+    shallow = config.replace(n_layers=min(config.n_layers, MEASURED_LAYERS),
+                             n_decoder_layers=min(config.n_decoder_layers, MEASURED_LAYERS))
+    model = build_model(shallow, device="meta", dtype=TORCH_DTYPES[dtype]).to("meta").train()
     for module in model.modules():
         if hasattr(module, "backend"):
             module.backend = backend
-    blocks = _blocks(model)
-    recorder = _SavedTensors({id(p) for p in model.parameters()}, blocks)
+    recorder = _SavedTensors({id(p) for p in model.parameters()}, _blocks(model))
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t), _FusedAttention(recorder):
         _training_forward(model, config, ids)
-    block_input = batch * seq * config.d_model * DTYPE_BITS[dtype] // 8
-    first = recorder.by_block.get(0, 0)
-    return Activations(total=recorder.total, per_block=first, block_input=block_input, blocks=len(blocks))
+    measured = [recorder.by_block.get(i, 0) for i in range(len(recorder.blocks))]
+    stacks = [(measured[:shallow.n_layers], config.n_layers)]
+    if config.is_seq2seq:
+        stacks.append((measured[shallow.n_layers:], config.n_decoder_layers))
+    rest = recorder.total - sum(measured)
+    blocks_total = sum(sum(m) + (full - len(m)) * m[-1] for m, full in stacks)
+    return Activations(total=rest + blocks_total, per_block=max(measured),
+                       block_input=batch * seq * config.d_model * DTYPE_BITS[dtype] // 8,
+                       blocks=config.n_layers + config.n_decoder_layers, rest=rest)
 
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -128,7 +137,7 @@ class _SavedTensors:
     """saved_tensors_hooks pack function: bytes of each distinct non-parameter storage, by block."""
 
     def __init__(self, param_ids: set[int], blocks: list[torch.nn.Module]) -> None:
-        self.param_ids, self.seen, self.keep = param_ids, set(), []
+        self.param_ids, self.seen, self.keep, self.blocks = param_ids, set(), [], blocks
         self.total, self.by_block, self.current, self.suppress = 0, {}, None, False
         for i, block in enumerate(blocks):
             block.register_forward_pre_hook(lambda *_, i=i: setattr(self, "current", i))

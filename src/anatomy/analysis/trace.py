@@ -1,6 +1,7 @@
 """The shape trace: every op of one block (and the embedding and head ends), recorded by running
 the real model on the meta device.
 
+The model is built with one block per stack (its other blocks are the same module again).
 A `TorchFunctionMode` sees each torch call the modules make (F.linear, @, softmax, view, cat ...)
 with its real arguments; forward hooks say which module is running. Meta tensors carry shapes and
 dtypes but no data, so any preset runs in milliseconds. Attention runs with the eager backend
@@ -28,7 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from anatomy.analysis.memory import TORCH_DTYPES
 from anatomy.config import ModelConfig
 
-_SKIPPED_MODULES = re.compile(r"^(context|encoder_context|decoder_context)(\.|$)|blocks\.(?!0(\.|$))\d+")
+_SKIPPED_MODULES = re.compile(r"^(context|encoder_context|decoder_context)(\.|$)")
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ def trace(config: ModelConfig, *, phase: str, batch: int, seq: int, context: int
 
     if phase == "decode" and config.is_encoder:
         return []
+    # one block per stack: the trace shows one, and every block of a stack is the same module
+    config = config.replace(n_layers=1, n_decoder_layers=min(config.n_decoder_layers, 1))
     model = build_model(config, device="meta", dtype=TORCH_DTYPES[dtype], head=head).to("meta").eval()
     for module in model.modules():
         if hasattr(module, "backend"):

@@ -58,10 +58,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+_MISSING = object()
+
+
 def _get(report: dict, path: tuple[str, ...]):
     for key in path:
         if not isinstance(report, dict) or key not in report:
-            return None
+            return _MISSING
         report = report[key]
     return report
 
@@ -69,8 +72,10 @@ def _get(report: dict, path: tuple[str, ...]):
 def _format(value, kind: str) -> str:
     from anatomy.analysis import render
 
+    if value is _MISSING:
+        return "-"  # not applicable (an encoder has no decode step)
     if value is None:
-        return "-"
+        return "never"
     formatters = {"count": render.count, "si": lambda v: render.si(v, "FLOP"), "bytes": render.nbytes,
                   "rate": lambda v: f"{v:,.1f}", "str": str}
     return formatters[kind](value)

@@ -1,0 +1,106 @@
+"""`anatomy inspect` and `anatomy compare` run as the real console script, in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from anatomy.cli import main
+
+
+def _anatomy(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "anatomy", *args], capture_output=True, text=True, timeout=300)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+@pytest.mark.slow
+def test_inspect_json_reproduces_the_seed_figures(tmp_path):
+    plot = tmp_path / "llama.png"
+    out = _anatomy("inspect", "llama-2-7b", "--json", "--seq", "10", "--context", "4096", "--dtype", "fp16",
+                   "--kv-dtype", "fp16", "--hardware", "h100-sxm", "--tokens", "1e12", "--gpus", "512", "--mfu",
+                   "0.45", "--plot", str(plot))
+    report = json.loads(out.stdout)
+    assert report["params"]["total"] == 6_738_415_616
+    assert report["params"]["per_layer"] == 202_383_360
+    assert {c["name"] for c in report["params"]["components"]} >= {"token embedding", "attention Q/K/V", "LM head"}
+    assert report["memory"]["kv_cache_bytes"] == 2_147_483_648  # 4096 tokens, fp16, one sequence
+    assert report["memory"]["kv_cache_bytes_per_token"] == 524_288
+    assert report["memory"]["weights_bytes"] == 2 * 6_738_415_616
+    flops = report["flops"]
+    assert flops["forward"] == flops["flop_counter_forward"] and flops["flop_counter_matches"]
+    assert flops["forward_per_token"] == flops["forward"] / 10
+    assert flops["training_per_token"] == pytest.approx(3 * flops["forward_per_token"])
+    training = report["training"]  # 6N with the exact N: 4.04e22 FLOPs, ~2.0 days on 512 H100s at 45% MFU
+    assert training["total_flops"] == pytest.approx(6 * 6_738_415_616 * 1e12)
+    assert round(training["wall_days"], 2) == 2.05
+    assert report["roofline"]["decode"]["bound"] == "memory"
+    prefill_scores = [r for r in report["trace"] if r["phase"] == "prefill" and r["note"].startswith("scores")]
+    decode_scores = [r for r in report["trace"] if r["phase"] == "decode" and r["note"].startswith("scores")]
+    assert prefill_scores[0]["output"] == [1, 32, 10, 10] and decode_scores[0]["output"] == [1, 32, 1, 4096]
+    assert set(report["trace"][0]) >= {"op", "inputs", "output", "flops", "bytes"}
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_inspect_markdown_and_terminal_tables():
+    md = _anatomy("inspect", "bert-base", "--markdown", "--seq", "512").stdout
+    assert "| per layer |  |  |  | 7,087,872 |" in md
+    assert "| total (exact) |  |  |  | 109,482,240 |" in md
+    assert "| one layer | 8,053,063,680 |" in md  # seed 004 at n=512, with the QK^T and AV matmuls
+    assert "forward without attention matmuls" in md
+    terminal = _anatomy("inspect", "smollm2-135m", "--seq", "16", "--context", "64").stdout
+    assert "Post-Norm" not in terminal and "Pre-Norm" in terminal and "GQA H=9 H_kv=3" in terminal
+    assert "Shape trace: decode" in terminal
+
+
+def test_mermaid_only(capsys):
+    assert main(["inspect", "gpt2", "--mermaid"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("flowchart TB") and "MLP gelu_tanh" in out and "LayerNorm" in out
+
+
+@pytest.mark.slow
+def test_compare_side_by_side():
+    out = _anatomy("compare", "llama-7b", "llama-3-8b", "--markdown", "--seq", "32", "--context", "128").stdout
+    assert "| parameters | 6,738,415,616 | 8,030,261,248 |" in out
+    assert "| KV cache per token | 524,288 B (512.00 KiB) | 131,072 B (128.00 KiB) |" in out
+
+
+BAD_INPUT = [
+    (["inspect", "llama-7"], "unknown preset 'llama-7'; did you mean llama-7b"),
+    (["compare", "gpt2", "llama-7b", "--hardware", "HWFILE"], "has no peak figures"),
+    (["inspect", "llama-7b", "--batch", "0"], "--batch 0 must be a positive integer"),
+    (["inspect", "llama-7b", "--seq", "-3"], "--seq -3 must be a positive integer"),
+    (["inspect", "llama-7b", "--mfu", "1.5"], "--mfu 1.5 is outside (0, 1]"),
+    (["inspect", "llama-7b", "--mfu", "0"], "--mfu 0 is outside (0, 1]"),
+    (["inspect", "llama-7b", "--kv-dtype", "fp8"], "--kv-dtype 'fp8' is not one of"),
+    (["inspect", "bert-base", "--seq", "1024"], "--seq 1024 exceeds max_seq_len=512"),
+    (["inspect", "CONFIGFILE"], "model_type='mamba' is not supported"),
+]
+
+
+def _bad_args(tmp_path, args):
+    hardware = tmp_path / "gpu.json"
+    hardware.write_text(json.dumps({"name": "x", "bandwidth": 1e12}))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "mamba", "hidden_size": 64}))
+    return [str(hardware) if a == "HWFILE" else str(config) if a == "CONFIGFILE" else a for a in args]
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUT[:2])
+def test_bad_input_is_one_line_exit_2_from_the_console_script(tmp_path, args, message):
+    result = _anatomy(*_bad_args(tmp_path, args), check=False)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUT[2:])
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, message):
+    assert main(_bad_args(tmp_path, args)) == 2  # the same entry point, in process (cheaper)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
