@@ -93,3 +93,16 @@ def test_non_finite_weights_are_never_saved(tmp_path):
         model.blocks[0].attn.qkv.weight[0, 0] = float("nan")
     assert _save(tmp_path, model, opt, step=2) is None
     assert latest_checkpoint(tmp_path / "run").name == "step-000001"
+
+
+def test_hf_transformers_reads_the_checkpoint_weights(tmp_path):
+    """The weights are saved in the HF layout: GPT2LMHeadModel loads them and computes our logits."""
+    from transformers import GPT2LMHeadModel
+
+    model, opt = _setup()
+    _train_a_step(model, opt)
+    directory = _save(tmp_path, model, opt)
+    hf = GPT2LMHeadModel.from_pretrained(directory).eval()
+    ids = torch.randint(0, 40, (2, 8))
+    with torch.no_grad():
+        assert torch.allclose(hf(ids).logits, model.eval()(ids), atol=1e-5)

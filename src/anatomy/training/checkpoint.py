@@ -1,8 +1,10 @@
 """Training checkpoints: everything needed to continue a run to the bit, written atomically.
 
     <run>/checkpoints/step-000100/
-        model.safetensors      full (unsharded) weights, anatomy's parameter names, tied copies once
-        config.json            the ModelConfig (anatomy's field names)
+        config.json + model.safetensors   the full (unsharded) weights in the HF layout (anatomy.save):
+                               `anatomy.load(dir)` and HF transformers read them. A config HF has no
+                               model class for is written with anatomy's names and fields instead.
+        anatomy_config.json    the exact ModelConfig (anatomy's field names)
         tokenizer.json
         optimizer.safetensors  AdamW state per parameter name (step, exp_avg, exp_avg_sq)
         trainer.json           step, tokens, counters, schedule, optimizer groups, val loss, world size
@@ -37,7 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from anatomy.config import ModelConfig
-from anatomy.errors import CheckpointError
+from anatomy.errors import AnatomyError, CheckpointError
 from anatomy.training.distributed import Dist, all_reduce_sum, barrier
 
 PAUSE_HOOK = "ANATOMY_TEST_CHECKPOINT_PAUSE_AT"  # tests: the step whose checkpoint write pauses half-way
@@ -98,10 +100,8 @@ def _local(p: Tensor) -> Tensor:
 
 def _write_main_files(tmp: Path, *, model: nn.Module, weights: dict[str, Tensor], optim: dict[str, Any],
                       trainer: dict[str, Any], tokenizer_json: Path) -> None:
-    aliases = tied_aliases(model)
-    tensors = {k: v.contiguous() for k, v in weights.items() if k not in aliases}
-    _write_bytes(tmp / "model.safetensors", safetensors_bytes(tensors))
-    _write_json(tmp / "config.json", model.config.to_dict())
+    _write_weights(tmp, model, weights)
+    _write_json(tmp / "anatomy_config.json", model.config.to_dict())
     _write_bytes(tmp / "tokenizer.json", Path(tokenizer_json).read_bytes())
     if os.environ.get(PAUSE_HOOK) == str(trainer["step"]):
         time.sleep(600)  # to be killed here
@@ -109,6 +109,23 @@ def _write_main_files(tmp: Path, *, model: nn.Module, weights: dict[str, Tensor]
                      for name, state in optim["state"].items() for key, value in state.items()}
     _write_bytes(tmp / "optimizer.safetensors", safetensors_bytes(optim_tensors))
     _write_json(tmp / "trainer.json", {**trainer, "optimizer_groups": optim["param_groups"]})
+
+
+def _write_weights(tmp: Path, model: nn.Module, weights: dict[str, Tensor]) -> None:
+    """HF layout through anatomy.save, from an unsharded copy of the model holding `weights`."""
+    from anatomy.checkpoints.loader import save
+    from anatomy.models import build_model
+
+    aliases = tied_aliases(model)
+    tensors = {k: v.contiguous() for k, v in weights.items() if k not in aliases}
+    with torch.random.fork_rng(devices=[]):  # building draws initial weights: keep the run's RNG stream
+        copy = build_model(model.config, head="mlm" if hasattr(model, "encoder") else "auto", init=False)
+    copy.load_state_dict(tensors, strict=False)  # copies into the (tied) parameters
+    try:
+        save(copy, tmp)
+    except AnatomyError:  # no HF class for this config: anatomy's names and fields
+        _write_bytes(tmp / "model.safetensors", safetensors_bytes(tensors))
+        _write_json(tmp / "config.json", model.config.to_dict())
 
 
 def _as_tensor(value: Any) -> Tensor:
@@ -223,7 +240,7 @@ def read_trainer(directory: Path) -> dict[str, Any]:
 
 
 def read_config(directory: Path) -> ModelConfig:
-    path = directory / "config.json"
+    path = directory / "anatomy_config.json"
     try:
         return ModelConfig.from_dict(_read_json(path))
     except (TypeError, ValueError) as exc:
@@ -236,7 +253,7 @@ def load_checkpoint(directory: Path, *, engine: nn.Module, model: nn.Module, opt
     this rank's RNG state. Nothing is written. Returns trainer.json."""
     trainer = read_trainer(directory)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in tied_aliases(model)}
-    weights = _read_tensors(directory / "model.safetensors", expected)
+    weights = _read_weights(directory, expected)
     optim_state = _read_optimizer(directory / "optimizer.safetensors", expected)
     rng_path = directory / f"rng-rank{info.rank}.json"
     rng = _read_json(rng_path) if rng_path.is_file() else None
@@ -272,8 +289,24 @@ def _open_tensors(path: Path) -> dict[str, Tensor]:
         raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from exc
 
 
-def _read_tensors(path: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
-    tensors = _open_tensors(path)
+def _read_weights(directory: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
+    """The weights by anatomy's names (HF layout read by anatomy.load), checked against the model."""
+    path = directory / "model.safetensors"
+    if "d_model" in _read_json(directory / "config.json"):
+        tensors = _open_tensors(path)
+    else:
+        from anatomy.checkpoints.loader import load
+
+        try:
+            loaded = load(directory, dtype=None)
+        except (AnatomyError, OSError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"{path}: cannot be read back ({exc})") from exc
+        aliases = tied_aliases(loaded)
+        tensors = {k: v for k, v in loaded.state_dict().items() if k not in aliases}
+    return _checked(path, tensors, expected)
+
+
+def _checked(path: Path, tensors: dict[str, Tensor], expected: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
     for key, shape in expected.items():
         if key not in tensors:
             raise CheckpointError(f"{path}: key {key!r} is missing")
