@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 import anatomy
 from anatomy.checkpoints import safetensors_format
 from anatomy.checkpoints.safetensors_format import read_tensors, write_tensors
-from anatomy.errors import CheckpointError, ConfigError
+from anatomy.errors import CheckpointError, ConfigError, InputError
 
 transformers = pytest.importorskip("transformers")
 TOL = 1e-4
@@ -246,6 +246,30 @@ def test_recomputed_buffers_in_the_file_are_ignored(hf_checkpoints, tmp_path):
     hf_checkpoints["bert"][0].save_pretrained(tmp_path)
     _rewrite(tmp_path, lambda t: t.update({"embeddings.position_ids": torch.arange(32)[None]}))
     assert anatomy.load(tmp_path).config.pooler
+
+
+def test_original_gpt2_layout_without_prefix(hf_checkpoints, tmp_path):
+    """OpenAI's GPT-2 files have no "transformer." prefix and carry the causal-mask buffers."""
+    hf_model, _ = hf_checkpoints["gpt2"]
+    hf_model.save_pretrained(tmp_path)
+
+    def change(t):
+        for name in list(t):
+            t[name.removeprefix("transformer.")] = t.pop(name)
+        t["h.0.attn.bias"] = torch.ones(1, 1, 32, 32).tril()
+    _rewrite(tmp_path, change)
+    x = _inputs("gpt2", masked=False)
+    assert (_run_ours("gpt2", anatomy.load(tmp_path), x) - _run_hf("gpt2", hf_model, x)).abs().max() <= TOL
+
+
+def test_config_hf_cannot_express_writes_nothing(tmp_path):
+    model = anatomy.build_model(anatomy.get_preset("gpt2", position="alibi", n_layers=1, d_model=16, n_heads=2,
+                                                   d_ff=32, vocab_size=V, bos_token_id=1, eos_token_id=2))
+    with pytest.raises(ConfigError, match="HF GPT2LMHeadModel cannot express this config: position='alibi'"):
+        anatomy.save(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(InputError, match="no HF layout for Linear"):
+        anatomy.save(torch.nn.Linear(2, 2), tmp_path / "out")
 
 
 def test_unsupported_model_type(tmp_path):

@@ -21,6 +21,7 @@ from torch import nn
 
 from anatomy.checkpoints.assign import expected_shapes
 from anatomy.config import ModelConfig
+from anatomy.errors import InputError
 from anatomy.hf_config import hf_family
 from anatomy.models import DecoderLM, Encoder, EncoderDecoder, MaskedLM
 
@@ -60,7 +61,7 @@ def family_of(model: nn.Module) -> str:
         return "marian"
     if isinstance(model, DecoderLM):
         return hf_family(model.config)
-    raise TypeError(f"no HF layout for {type(model).__name__}")
+    raise InputError(f"no HF layout for {type(model).__name__} (expected one of anatomy's model classes)")
 
 
 def tensor_links(model: nn.Module, family: str) -> list[TensorLink]:
