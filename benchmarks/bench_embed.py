@@ -43,7 +43,8 @@ def main() -> None:
     hf_load = _median_seconds(lambda: AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name))
     rows.append(("SmolLM2 tokenizer from GGUF, load", f"{ours_load:.2f} s", f"{hf_load:.2f} s (HF AutoTokenizer)"))
 
-    ours_tok, hf_tok = anatomy.load_tokenizer(gguf), AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    ours_tok = anatomy.load_tokenizer(gguf)
+    hf_tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     n_tokens = sum(len(ids) for ids in ours_tok.encode_batch(texts))
     ours_enc = _median_seconds(lambda: ours_tok.encode_batch(texts))
     hf_enc = _median_seconds(lambda: hf_tok(texts)["input_ids"])

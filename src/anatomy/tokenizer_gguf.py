@@ -18,7 +18,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 
 from anatomy.errors import CheckpointError
 
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # token types used here (2 unknown, 5 unused, 6 byte)
 
 # The pre-tokenizers, as the regular expressions llama.cpp applies one after the other: each splits
 # every piece left by the previous one into its matches and the text between them.

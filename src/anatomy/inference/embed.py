@@ -76,7 +76,8 @@ def _model(model: str | Path | tuple[nn.Module, Tokenizer]) -> tuple[Encoder, To
         encoder = _encoder_of(model[0], source="the given model")
         return encoder, model[1], encoder.config.max_seq_len
     if not isinstance(model, (str, Path)):
-        raise InputError(f"model must be a name, a directory, or an (encoder, tokenizer) pair, got {type(model).__name__}")
+        raise InputError(f"model must be a name, a directory, or an (encoder, tokenizer) pair, "
+                         f"got {type(model).__name__}")
     return load_embedder(str(model))
 
 
