@@ -48,6 +48,9 @@ def test_defaults_are_derived():
     (dict(type_vocab_size=-1), "type_vocab_size=-1 must be >= 0"),
     (dict(eos_token_id=100), "eos_token_id=100 is outside [0, vocab_size=100)"),
     (dict(pad_token_id=-1), "pad_token_id=-1 is outside [0, vocab_size=100)"),
+    (dict(norm_eps="1e-5"), "norm_eps='1e-5' must be a number"),
+    (dict(type_vocab_size=None), "type_vocab_size=None must be an integer"),
+    (dict(bos_token_id=1.0), "bos_token_id=1.0 must be an integer or None"),
 ])
 def test_bad_values_are_named(changes, message):
     with pytest.raises(ConfigError) as e:

@@ -146,6 +146,7 @@ def _validate(c: ModelConfig) -> None:
     for name in ("n_kv_heads", "head_dim"):
         if getattr(c, name) is not None:
             _check_positive(c, name)
+    _check_types(c)
     if c.head_dim is None and c.d_model % c.n_heads:
         raise ConfigError(f"d_model={c.d_model} is not divisible by n_heads={c.n_heads} (set head_dim to decouple them)")
     if c.n_kv_heads is not None and c.n_heads % c.n_kv_heads:
@@ -177,6 +178,22 @@ def _check_choice(c: ModelConfig, name: str, choices: tuple[str, ...]) -> None:
     value = getattr(c, name)
     if value not in choices:
         raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(repr, choices))}")
+
+
+def _check_types(c: ModelConfig) -> None:
+    """Values read from JSON may be of any type: refuse the wrong ones before comparing them."""
+    for name in ("n_decoder_layers", "type_vocab_size"):
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name}={value!r} must be an integer")
+    for name in ("norm_eps", "rope_theta", "dropout"):
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{name}={value!r} must be a number")
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+        value = getattr(c, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{name}={value!r} must be an integer or None")
 
 
 def _check_positive(c: ModelConfig, name: str) -> None:
