@@ -109,6 +109,8 @@ def test_bad_input_is_input_error(smollm2_tokenizer):
         smollm2_tokenizer.encode("lone surrogate \ud800")
     with pytest.raises(InputError, match="strings"):
         smollm2_tokenizer.encode_batch([b"bytes"])
+    with pytest.raises(InputError, match="max_length=0 must be an integer"):
+        smollm2_tokenizer.encode_batch(["text"], max_length=0)
 
 
 def test_missing_or_malformed_tokenizer_json(tmp_path):

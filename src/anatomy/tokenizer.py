@@ -112,8 +112,8 @@ class Tokenizer:
         if max_length is None:
             return [e.ids for e in self._encode(texts, add_special_tokens=add_special_tokens)]
         added = self.backend.num_special_tokens_to_add(False) if add_special_tokens else 0
-        if max_length <= added:
-            raise InputError(f"max_length={max_length} leaves no room for text next to {added} special tokens")
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= added:
+            raise InputError(f"max_length={max_length!r} must be an integer above the {added} added special tokens")
         encodings = self._encode(texts, add_special_tokens=False)
         for encoding in encodings:
             encoding.truncate(max_length - added)
