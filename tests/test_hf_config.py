@@ -114,7 +114,8 @@ def test_unsupported_bert_and_marian_features():
 
 def test_config_hf_cannot_express_is_refused():
     alibi = get_preset("gpt2", position="alibi")
-    with pytest.raises(ConfigError, match=r"HF GPT2LMHeadModel cannot express this config: position='alibi' \(needs 'learned'\)"):
+    expected = r"HF GPT2LMHeadModel cannot express this config: position='alibi' \(needs 'learned'\)"
+    with pytest.raises(ConfigError, match=expected):
         config_to_hf(alibi)
     with pytest.raises(ConfigError, match=r"LlamaForCausalLM .* norm='layernorm' \(needs 'rmsnorm'\)"):
         config_to_hf(get_preset("llama-7b", norm="layernorm"))

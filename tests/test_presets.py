@@ -44,7 +44,8 @@ def test_every_preset_matches_hf_on_meta(name):
     transformers = pytest.importorskip("transformers")
     config = get_preset(name)
     hf = config.to_hf()
-    hf_config = transformers.AutoConfig.for_model(hf["model_type"], **{k: v for k, v in hf.items() if k != "model_type"})
+    values = {k: v for k, v in hf.items() if k != "model_type"}
+    hf_config = transformers.AutoConfig.for_model(hf["model_type"], **values)
     with torch.device("meta"):
         hf_model = getattr(transformers, hf["architectures"][0])(hf_config)
     assert count(build_model(config, device="meta")) == count(hf_model, trainable_only=True)

@@ -351,7 +351,8 @@ def _entry(**change):
     (_entry(data_offsets=[0, 16, 3]), None, r"field data_offsets=\[0, 16, 3\] is not a pair"),
     (_entry(data_offsets=[16, 32], shape=[4]), None, r"data_offsets=\[16, 32\] lies outside the data section"),
     (_entry(extra=1), None, r"tensor 'a': entry has fields \['data_offsets', 'dtype', 'extra', 'shape'\]"),
-    ({**GOOD, "b": {**GOOD["b"], "data_offsets": [8, 16]}}, None, r"tensor 'b' data_offsets \[8, 16\] overlap tensor 'a'"),
+    ({**GOOD, "b": {**GOOD["b"], "data_offsets": [8, 16]}}, None,
+     r"tensor 'b' data_offsets \[8, 16\] overlap tensor 'a'"),
     ({**GOOD, "__metadata__": {"format": 1}}, None, r"field __metadata__=\{'format': 1\}"),
 ])
 def test_bad_headers_are_named(tmp_path, header, n, pattern):

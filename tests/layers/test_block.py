@@ -70,7 +70,8 @@ def test_cross_attention_block_reads_the_memory():
         a = block(x, memory_kv=block.cross_attn.project_memory(memory))
         b = block(x, memory_kv=block.cross_attn.project_memory(memory + 1))
     assert a.shape == (1, 4, 32) and (a - b).abs().max() > 1e-3
-    assert [n for n, _ in block.named_children()] == ["attn_norm", "attn", "cross_norm", "cross_attn", "ffn_norm", "ffn"]
+    children = [n for n, _ in block.named_children()]
+    assert children == ["attn_norm", "attn", "cross_norm", "cross_attn", "ffn_norm", "ffn"]
 
 
 def test_dropout_only_in_training():

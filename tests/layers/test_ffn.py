@@ -22,7 +22,8 @@ def test_swiglu_matches_hf_llama_mlp():
     from transformers.models.llama.modeling_llama import LlamaMLP
 
     ours = GLU(config(ffn="glu", activation="silu"))
-    ref = LlamaMLP(transformers.LlamaConfig(hidden_size=16, num_attention_heads=2, intermediate_size=40, hidden_act="silu"))
+    hf_config = transformers.LlamaConfig(hidden_size=16, num_attention_heads=2, intermediate_size=40, hidden_act="silu")
+    ref = LlamaMLP(hf_config)
     with torch.no_grad():
         gate, up = ours.gate_up.weight.split(40)
         ref.gate_proj.weight.copy_(gate)

@@ -143,19 +143,20 @@ def _gpt2(c: ModelConfig) -> list[Link]:
 def _bert_encoder(c: ModelConfig, o: str, h: str) -> list[Link]:
     """BERT's encoder with our names under prefix o and HF's under prefix h."""
     e = h + "embeddings."
-    links = [Link(o + "embed.tokens", (e + "word_embeddings",)), Link(o + "embed.positions", (e + "position_embeddings",)),
-             Link(o + "embed.token_types", (e + "token_type_embeddings",)), Link(o + "embed.norm", (e + "LayerNorm",)),
-             Link(o + "pooler", (h + "pooler.dense",))]
+    links = [Link(o + "embed.tokens", (e + "word_embeddings",)),
+             Link(o + "embed.positions", (e + "position_embeddings",)),
+             Link(o + "embed.token_types", (e + "token_type_embeddings",)),
+             Link(o + "embed.norm", (e + "LayerNorm",)), Link(o + "pooler", (h + "pooler.dense",))]
     for i in range(c.n_layers):
-        b, l = f"{o}blocks.{i}.", f"{h}encoder.layer.{i}."
+        b, hl = f"{o}blocks.{i}.", f"{h}encoder.layer.{i}."
         links += [
-            Link(b + "attn.qkv", tuple(l + f"attention.self.{x}" for x in ("query", "key", "value")),
+            Link(b + "attn.qkv", tuple(hl + f"attention.self.{x}" for x in ("query", "key", "value")),
                  sizes=(c.q_dim, c.kv_dim, c.kv_dim)),
-            Link(b + "attn.out", (l + "attention.output.dense",)),
-            Link(b + "attn_norm", (l + "attention.output.LayerNorm",)),
-            Link(b + "ffn.up", (l + "intermediate.dense",)),
-            Link(b + "ffn.down", (l + "output.dense",)),
-            Link(b + "ffn_norm", (l + "output.LayerNorm",)),
+            Link(b + "attn.out", (hl + "attention.output.dense",)),
+            Link(b + "attn_norm", (hl + "attention.output.LayerNorm",)),
+            Link(b + "ffn.up", (hl + "intermediate.dense",)),
+            Link(b + "ffn.down", (hl + "output.dense",)),
+            Link(b + "ffn_norm", (hl + "output.LayerNorm",)),
         ]
     return links
 
@@ -183,7 +184,8 @@ def _marian_block(c: ModelConfig, o: str, h: str, *, cross: bool) -> list[Link]:
     if cross:
         links += [
             Link(o + "cross_attn.q", (h + "encoder_attn.q_proj",)),
-            Link(o + "cross_attn.kv", (h + "encoder_attn.k_proj", h + "encoder_attn.v_proj"), sizes=(c.kv_dim, c.kv_dim)),
+            Link(o + "cross_attn.kv", (h + "encoder_attn.k_proj", h + "encoder_attn.v_proj"),
+                 sizes=(c.kv_dim, c.kv_dim)),
             Link(o + "cross_attn.out", (h + "encoder_attn.out_proj",)),
             Link(o + "cross_norm", (h + "encoder_attn_layer_norm",)),
         ]
