@@ -104,3 +104,27 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, message):
     assert main(_bad_args(tmp_path, args)) == 2  # the same entry point, in process (cheaper)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
+
+
+def test_models_by_name_gguf_file_and_config_json(capsys, smollm2_gguf_path):
+    from anatomy.checkpoints.registry import resolve
+
+    minilm_config = resolve("all-minilm-l6-v2") / "config.json"
+    args = ["compare", "smollm2-135m-instruct", str(smollm2_gguf_path), "smollm2-135m", str(minilm_config),
+            "--json", "--seq", "16", "--context", "32"]
+    assert main(args) == 0
+    reports = json.loads(capsys.readouterr().out)
+    totals = [r["params"]["total"] for r in reports.values()]
+    assert totals[0] == totals[1] == totals[2] == 134_515_008  # the GGUF's metadata gives the preset's shape
+    assert totals[3] == _safetensors_count(minilm_config.parent / "model.safetensors") == 22_713_216
+    assert "decode" not in reports[str(minilm_config)]["roofline"]  # an encoder does not decode
+
+
+def _safetensors_count(path) -> int:
+    """Elements of every parameter tensor the checkpoint file holds (position_ids is a buffer)."""
+    import math
+
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys() if not k.endswith("position_ids"))

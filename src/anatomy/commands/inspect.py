@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from anatomy.config import ModelConfig
-from anatomy.errors import InputError
+from anatomy.errors import CheckpointError, InputError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,14 +41,17 @@ def add_size_options(p: argparse.ArgumentParser) -> None:
 
 
 def resolve_config(name: str) -> ModelConfig:
-    """load_config, but an unknown bare name that resembles a preset gets the preset suggestion."""
+    """load_config; a bare name it does not know that resembles a preset gets the preset suggestion."""
     from anatomy.checkpoints.loader import load_config
     from anatomy.presets import PRESETS, get_preset
 
-    looks_like_name = not Path(name).exists() and "/" not in name and not Path(name).suffix
-    if looks_like_name and name not in PRESETS and difflib.get_close_matches(name, PRESETS, n=1, cutoff=0.6):
-        get_preset(name)  # raises, naming the close presets
-    return load_config(name)
+    try:
+        return load_config(name)
+    except CheckpointError:
+        bare = not Path(name).exists() and "/" not in name and not Path(name).suffix
+        if bare and difflib.get_close_matches(name, PRESETS, n=1, cutoff=0.6):
+            get_preset(name)  # raises, naming the close presets
+        raise
 
 
 def options_from_args(args: argparse.Namespace, config: ModelConfig):
