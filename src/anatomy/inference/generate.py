@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from anatomy.errors import InputError
+from anatomy.errors import CheckpointError, InputError
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.metrics import StepClock
 from anatomy.inference.sampling import SamplingParams
@@ -52,7 +52,7 @@ def generate(model: nn.Module | str | Path, prompt: Any, *, tokenizer: Any = Non
     repetition_penalty, seed, stop, stop_ids, ignore_eos). `truncate` keeps the end of a prompt
     that does not fit the context. `num_beams`/`length_penalty` apply to encoder-decoder models.
     """
-    run = _Run.start(model, prompt, tokenizer=tokenizer, compile=compile, truncate=truncate, sampling=sampling)
+    run = Generation.start(model, prompt, tokenizer=tokenizer, compile=compile, truncate=truncate, sampling=sampling)
     if run.model.config.is_seq2seq:
         return run.seq2seq(num_beams=num_beams, length_penalty=length_penalty)
     for _ in run.deltas():
@@ -65,7 +65,7 @@ def stream(model: nn.Module | str | Path, prompt: Any, *, tokenizer: Any = None,
            truncate: bool = False, **sampling: Any) -> Iterator[str]:
     """Yield the text of one prompt's continuation piece by piece, as it is generated. The pieces
     join to `generate(...).text`: no broken characters, no part of a stop string."""
-    run = _Run.start(model, prompt, tokenizer=tokenizer, compile=compile, truncate=truncate, sampling=sampling)
+    run = Generation.start(model, prompt, tokenizer=tokenizer, compile=compile, truncate=truncate, sampling=sampling)
     if run.batched or run.model.config.is_seq2seq:
         raise InputError("stream takes one prompt for a decoder model; use generate for batches and seq2seq")
     for _, delta in run.deltas():
@@ -100,7 +100,9 @@ class _Row:
 
 
 @dataclass
-class _Run:
+class Generation:
+    """One call's prompts, options and progress: `deltas()` streams, `results()` sums up."""
+
     model: nn.Module
     tokenizer: Any
     prompts: list[list[int]]
@@ -112,7 +114,7 @@ class _Run:
 
     @classmethod
     def start(cls, model: Any, prompt: Any, *, tokenizer: Any, compile: bool, truncate: bool,
-              sampling: dict[str, Any]) -> _Run:
+              sampling: dict[str, Any]) -> Generation:
         model, tokenizer = resolve_model(model, tokenizer)
         params = _params(sampling)
         batched, prompts = split_batch(prompt)
@@ -213,7 +215,7 @@ def fit_context(prompts: list[list[int]], params: SamplingParams, *, context: in
     if longest >= context:
         if not truncate:
             raise InputError(f"the prompt has {longest} tokens, the model's context holds {context} "
-                             f"(max_seq_len), with room for at least one new token; truncate=True keeps the end")
+                             f"(max_seq_len), with room for at least one new token; truncate=True (--truncate) keeps its end")
         prompts = [p[-(context - 1):] for p in prompts]
         longest = context - 1
     room = context - longest
@@ -255,7 +257,12 @@ def resolve_model(model: Any, tokenizer: Any) -> tuple[nn.Module, Any]:
 def load_named(name: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
     """The model and tokenizer of a name / .gguf path / HF directory, loaded once per process."""
     import anatomy
+    from anatomy.checkpoints.registry import resolve
 
+    try:
+        resolve(name)
+    except CheckpointError as exc:  # an unknown name or a missing package: bad input, not a bad file
+        raise InputError(str(exc)) from None
     model = anatomy.load(name, dtype=dtype).eval()
     return model, anatomy.load_tokenizer(name)
 

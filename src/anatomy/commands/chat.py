@@ -1,0 +1,91 @@
+"""`anatomy chat`: an interactive conversation with a chat model.
+
+Each turn re-renders the whole history through the model's chat template and streams the reply.
+Commands: /reset forgets the history, /exit (or Ctrl-D) leaves; Ctrl-C stops a reply being
+generated (what was shown stays in the history) and returns to the prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from anatomy.commands.generate import (
+    add_model_options, add_sampling_options, check_options, load, one_line_warnings, print_stats, start)
+from anatomy.errors import InputError
+
+HELP = "commands: /reset forgets the conversation, /exit leaves (or Ctrl-D); Ctrl-C stops a reply"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chat", help="chat with a model interactively (history, /reset, /exit)",
+                       description="An interactive chat. " + HELP + ".",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--system", default=None, help="a system message that starts every conversation")
+    add_model_options(p)
+    add_sampling_options(p, max_new_tokens=512)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    one_line_warnings()
+    check_options(args)
+    model, tokenizer = load(args)
+    if tokenizer.chat_template is None:
+        raise InputError(f"{args.model} has no chat template: use `anatomy generate --raw` for plain text")
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"anatomy chat with {args.model}. {HELP}.", file=sys.stderr)
+    history: list[dict[str, str]] = []
+    while (line := _read(interactive)) is not None:
+        text = line.strip()
+        if text in ("/exit", "/quit"):
+            break
+        if text == "/reset":
+            history.clear()
+            print("[conversation reset]", file=sys.stderr)
+        elif text.startswith("/"):
+            print(f"unknown command {text!r}; {HELP}", file=sys.stderr)
+        elif text:
+            history.append({"role": "user", "content": text})
+            reply = _reply(model, tokenizer, history, args)
+            if reply is None:
+                history.pop()
+            else:
+                history.append({"role": "assistant", "content": reply})
+    return 0
+
+
+def _read(interactive: bool) -> str | None:
+    """The next line of input; None at end of input. Ctrl-C at the prompt gives an empty line."""
+    try:
+        return input("> " if interactive else "")
+    except EOFError:
+        return None
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return ""
+
+
+def _reply(model, tokenizer, history: list[dict[str, str]], args: argparse.Namespace) -> str | None:
+    """Stream the assistant's answer to the conversation so far; Ctrl-C cuts it short. None when
+    the conversation cannot be answered (it no longer fits the context)."""
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + history
+    shown = []
+    try:
+        gen = start(model, tokenizer, messages, args)
+        for _, delta in gen.deltas():
+            shown.append(delta)
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        print(" [stopped]", file=sys.stderr, flush=True)
+        return "".join(shown)
+    except InputError as exc:  # e.g. the conversation outgrew the context: say so, keep chatting
+        print(f"anatomy chat: error: {exc} (/reset starts over)", file=sys.stderr)
+        return None
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    if args.stats:
+        print_stats(gen)
+    return "".join(shown)

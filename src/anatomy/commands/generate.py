@@ -1,0 +1,158 @@
+"""`anatomy generate "prompt"`: stream a model's answer to stdout.
+
+The options shared with `anatomy chat` (model, sampling, dtype, compile, stats) are defined here
+once; chat imports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import threading
+import warnings
+from typing import Any, Iterator
+
+import torch
+
+from anatomy.errors import InputError
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "generate", help="generate text from a prompt (streams to stdout)",
+        description="Generate a continuation of PROMPT with the static-KV-cache engine and stream it to stdout. "
+                    "Instruct models get the prompt as a user message through their chat template (--raw: as is).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("prompt", nargs="?", default="-", help="the prompt; '-' or nothing reads it from stdin (UTF-8)")
+    p.add_argument("--raw", action="store_true", help="feed the prompt as plain text, without the chat template")
+    p.add_argument("--system", default=None, help="a system message before the prompt (chat template only)")
+    add_model_options(p)
+    add_sampling_options(p, max_new_tokens=256)
+    p.set_defaults(run=run)
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="an installed model name, a .gguf file or a Hugging Face model directory")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                   help="weights and KV cache dtype (on CPU, float32 is by far the fastest)")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the decode step with torch.compile (inductor, frozen weights): faster decoding "
+                        "after a one-off compilation of a minute or more")
+    p.add_argument("--stats", action="store_true",
+                   help="print prompt/new token counts, time to first token, time per output token and tokens/s "
+                        "to stderr")
+    p.add_argument("--truncate", action="store_true",
+                   help="keep the end of a prompt longer than the model's context instead of failing")
+
+
+def add_sampling_options(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
+    g = p.add_argument_group("sampling (temperature 0 = greedy)")
+    g.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="most new tokens to generate")
+    g.add_argument("--temperature", type=float, default=0.0, help="softmax temperature, >= 0; 0 picks the argmax")
+    g.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: off)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus: the smallest set reaching this mass, in (0, 1]")
+    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * the top probability (0: off)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeating tokens (1: off)")
+    g.add_argument("--seed", type=int, default=None, help="make sampling reproducible")
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop before this text (repeatable); it is never printed")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+
+
+def sampling_options(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
+                stop=tuple(args.stop), ignore_eos=args.ignore_eos)
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Bad sampling options fail before the model is loaded."""
+    from anatomy.inference.sampling import SamplingParams
+
+    SamplingParams(**sampling_options(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    one_line_warnings()
+    check_options(args)
+    prompt = read_prompt(args.prompt)
+    model, tokenizer = load(args)
+    messages = prompt if args.raw or tokenizer.chat_template is None else as_chat(prompt, args.system)
+    gen = start(model, tokenizer, messages, args)
+    for _, delta in gen.deltas():
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    if args.stats:
+        print_stats(gen)
+    return 0
+
+
+def start(model: Any, tokenizer: Any, prompt: Any, args: argparse.Namespace) -> Any:
+    """A Generation of one prompt with the command line's options; iterate `.deltas()`."""
+    from anatomy.inference.generate import Generation
+
+    return Generation.start(model, prompt, tokenizer=tokenizer, compile=args.compile, truncate=args.truncate,
+                            sampling=sampling_options(args))
+
+
+def print_stats(gen: Any) -> None:
+    r = gen.results()[0]
+    print(f"[{r.prompt_tokens} prompt tokens, {len(r.token_ids)} new ({r.finish_reason}); "
+          f"TTFT {r.ttft_s * 1e3:.0f} ms, TPOT {r.tpot_s * 1e3:.1f} ms, {r.tokens_per_s:.1f} tok/s]",
+          file=sys.stderr, flush=True)
+
+
+def as_chat(prompt: str, system: str | None) -> list[dict[str, str]]:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+
+
+def read_prompt(prompt: str) -> str:
+    if prompt == "-":
+        data = sys.stdin.buffer.read()
+        try:
+            prompt = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"stdin is not valid UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start}") from None
+        prompt = prompt.rstrip("\r\n")  # the newline that ends a piped line is not part of the question
+    if not prompt.strip():
+        raise InputError("the prompt is empty")
+    return prompt
+
+
+def load(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The model and tokenizer, with a spinner on stderr if loading takes over a second."""
+    from anatomy.inference.generate import load_named
+
+    with delayed_status(f"loading {args.model}"):
+        return load_named(args.model, DTYPES[args.dtype])
+
+
+@contextlib.contextmanager
+def delayed_status(message: str, delay_s: float = 1.0) -> Iterator[None]:
+    """Show a spinner with `message` on stderr only once `delay_s` has passed (and stderr is a terminal)."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    status = console.status(message) if console.is_terminal else None
+    timer = threading.Timer(delay_s, status.start) if status is not None else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
+            status.stop()
+
+
+def one_line_warnings() -> None:
+    """Warnings (e.g. max_new_tokens clamped to the context) as one line on stderr, no source line."""
+    warnings.formatwarning = lambda message, *_, **__: f"anatomy: warning: {message}\n"

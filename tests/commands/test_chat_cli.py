@@ -1,0 +1,46 @@
+"""`anatomy chat`, run as the real console script in a subprocess with its stdin piped."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from .test_generate_cli import ANATOMY
+
+
+@pytest.mark.slow
+def test_conversation_with_reset_and_exit():
+    script = "What is the capital of France?\n/reset\n/bogus\nWhat is the capital of France?\n/exit\nnever read\n"
+    out = subprocess.run([ANATOMY, "chat", "--max-new-tokens", "40"], input=script.encode(), capture_output=True,
+                         timeout=300)
+    stdout, stderr = out.stdout.decode(), out.stderr.decode()
+    assert out.returncode == 0, stderr
+    assert stdout.count("Paris") == 2  # the same answer after /reset: the history really was cleared
+    assert "[conversation reset]" in stderr and "unknown command '/bogus'" in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_reply_without_leaving():
+    proc = subprocess.Popen([ANATOMY, "chat", "--max-new-tokens", "4000", "--ignore-eos"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read1(4096), b"")), daemon=True)
+    reader.start()
+    proc.stdin.write(b"Tell me a very long story about a dragon.\n")
+    proc.stdin.flush()
+    deadline = time.monotonic() + 240
+    while not chunks and time.monotonic() < deadline:  # wait until the reply is streaming
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)
+    proc.stdin.write(b"What is the capital of France?\n/exit\n")
+    proc.stdin.flush()
+    stderr = proc.communicate(timeout=240)[1].decode()
+    reader.join(timeout=10)
+    assert proc.returncode == 0, stderr
+    assert "[stopped]" in stderr and "Traceback" not in stderr
+    assert "Paris" in b"".join(chunks).decode()
