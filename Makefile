@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml Makefile
 
 run: $(STAMP)
 	$(VENV)/bin/anatomy presets
+	# the default model answers through the inference engine, streamed, with its timings
+	$(VENV)/bin/anatomy generate "What is the capital of France?" --stats
 
 test: $(STAMP)
 	$(PY) -m pytest -q
