@@ -83,7 +83,8 @@ def mermaid(shape: BlockShape) -> str:
 
 def text(shape: BlockShape) -> str:
     placement = "Pre-Norm: x + f(norm(x))" if shape.pre_norm else "Post-Norm: norm(x + f(x))"
-    lines = [f"block ({placement}); positions: {shape.position}", "  x [B, S, D]"]
+    which = "decoder block (the encoder block is the same without cross-attention)" if shape.cross else "block"
+    lines = [f"{which} ({placement}); positions: {shape.position}", "  x [B, S, D]"]
     lines += [f"  -> {label}" for _, label in _steps(shape)]
     lines.append("  -> x [B, S, D]")
     return "\n".join(lines)
