@@ -7,7 +7,7 @@ from anatomy.analysis.params import parameter_ledger
 from anatomy.analysis.roofline import decode_compute_bound_batch, decode_point, prefill_point, weights_read_bytes
 from anatomy.presets import get_preset
 
-DTYPES = dict(weight_dtype="bf16", kv_dtype="bf16", compute_dtype="bf16")
+DTYPES = {"weight_dtype": "bf16", "kv_dtype": "bf16", "compute_dtype": "bf16"}
 
 
 def test_llama_7b_decode_at_batch_1_is_memory_bound_prefill_compute_bound():

@@ -67,7 +67,7 @@ def _steps(shape: BlockShape) -> list[tuple[str, str]]:
 
 def mermaid(shape: BlockShape) -> str:
     placement = "Pre-Norm: x + f(norm(x))" if shape.pre_norm else "Post-Norm: norm(x + f(x))"
-    lines = ["flowchart TB", f'  in["x [B, S, D]"]', f'  note["{placement}; positions: {shape.position}"]']
+    lines = ["flowchart TB", '  in["x [B, S, D]"]', f'  note["{placement}; positions: {shape.position}"]']
     previous, branch_start = "in", "in"
     for node, label in _steps(shape):
         lines.append(f'  {node}["{label}"]')

@@ -18,9 +18,11 @@ RoPE, residual adds) is O(B*S*D) and not counted, as in FlopCounterMode.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
+from anatomy.analysis.params import parameter_ledger
 from anatomy.config import ModelConfig
 
 
@@ -136,8 +138,6 @@ def training_flops_per_token(config: ModelConfig, *, seq: int) -> dict[str, floa
     for the weight gradient per forward matmul). 6N is that rule with every parameter taken as a
     matmul weight; 3 x forward counts the matmuls the model really does, attention included
     (dense S^2 as kernels compute it: the PaLM-style 6N + 12*L*H*d_h*S for a decoder)."""
-    from anatomy.analysis.params import parameter_ledger
-
     fwd = forward_flops(config, batch=1, seq=seq)
     return {"six_n": 6.0 * parameter_ledger(config).total, "three_forward": 3.0 * fwd.per_token,
             "attention_term": 3.0 * (fwd.attention_matmuls + fwd.parts.get("cross_attention_matmuls", 0)) / seq}
