@@ -100,3 +100,14 @@ def test_llama_7b_on_1t_tokens_as_seed_000_should_have_computed():
     at_mfu = training_time(total_flops=total, peak_flops=989e12, mfu=0.45, gpus=512)
     assert round(at_mfu.gpu_hours, -2) == 26_200  # the seed prints 94,000 GPU-hours
     assert round(at_mfu.wall_days, 1) == 2.1  # the seed prints 7.7 days
+
+
+def test_seq2seq_parts_add_up_and_training_is_three_forwards():
+    from anatomy.analysis.flops import training_flops_per_token
+
+    config = get_preset("transformer-base")
+    fwd = forward_flops(config, batch=1, seq=64)
+    assert fwd.projections + fwd.attention_matmuls + fwd.parts["ffn"] + fwd.parts["lm_head"] == fwd.total
+    per_token = training_flops_per_token(config, seq=64)
+    assert per_token["three_forward"] == 3 * fwd.total / 64
+    assert per_token["attention_term"] == 3 * fwd.attention_matmuls / 64

@@ -40,10 +40,12 @@ class Flops:
 
     @property
     def projections(self) -> int:
+        """Self- and cross-attention projections."""
         return sum(v for k, v in self.parts.items() if k.endswith("projections"))
 
     @property
     def attention_matmuls(self) -> int:
+        """Q K^T and A V, of self- and cross-attention."""
         return sum(v for k, v in self.parts.items() if k.endswith("attention_matmuls"))
 
     @property
@@ -140,7 +142,7 @@ def training_flops_per_token(config: ModelConfig, *, seq: int) -> dict[str, floa
     (dense S^2 as kernels compute it: the PaLM-style 6N + 12*L*H*d_h*S for a decoder)."""
     fwd = forward_flops(config, batch=1, seq=seq)
     return {"six_n": 6.0 * parameter_ledger(config).total, "three_forward": 3.0 * fwd.per_token,
-            "attention_term": 3.0 * (fwd.attention_matmuls + fwd.parts.get("cross_attention_matmuls", 0)) / seq}
+            "attention_term": 3.0 * fwd.attention_matmuls / seq}
 
 
 @dataclass(frozen=True)

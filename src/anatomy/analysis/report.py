@@ -90,8 +90,7 @@ def _flops(config: ModelConfig, o: Options) -> dict[str, Any]:
         "forward": fwd.total,
         "forward_per_token": fwd.per_token,
         "forward_causal_halved": causal.total,
-        "forward_without_attention_matmuls": fwd.total - fwd.attention_matmuls
-        - fwd.parts.get("cross_attention_matmuls", 0),
+        "forward_without_attention_matmuls": fwd.total - fwd.attention_matmuls,
         "parts": fwd.parts,
         "parts_causal_halved": causal.parts,
         "per_layer": fwd.per_layer,
