@@ -68,7 +68,8 @@ def options_from_args(args: argparse.Namespace, config: ModelConfig):
     if not 0 < args.mfu <= 1:
         raise InputError(f"--mfu {args.mfu:g} is outside (0, 1]")
     if config.position in ("learned", "sinusoidal"):
-        for name, value in (("--seq", seq), ("--context", context)):
+        checked = (("--seq", seq),) if config.is_encoder else (("--seq", seq), ("--context", context))
+        for name, value in checked:  # an encoder does not decode: its --context is unused
             if value > config.max_seq_len:
                 raise InputError(f"{name} {value} exceeds max_seq_len={config.max_seq_len} "
                                  f"(position={config.position!r} has a table of max_seq_len entries)")
