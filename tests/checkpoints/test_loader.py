@@ -112,3 +112,12 @@ def test_installed_bert_matches_hf():
     assert (got - expected)[mask.bool()].abs().max() <= 1e-4
     assert load_config("all-minilm-l6-v2") == ours.config
     assert json.loads((directory / "config.json").read_text())["hidden_size"] == ours.config.d_model == 384
+
+
+def test_installed_gguf_config_is_the_preset():
+    """The embedded SmolLM2 GGUF's metadata describes the smollm2-135m preset (its pad id aside)."""
+    try:
+        config = load_config("smollm2-135m-instruct")
+    except CheckpointError as e:
+        pytest.skip(str(e))
+    assert config.replace(pad_token_id=None) == anatomy.get_preset("smollm2-135m")
