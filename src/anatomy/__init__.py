@@ -3,6 +3,7 @@ FLOP and byte visible.
 
     anatomy.load(name_or_path)            a model (HF directory, .gguf file or installed name)
     anatomy.save(model, path)             HF layout directory, or .gguf
+    anatomy.load_config(name_or_path)     the ModelConfig of a preset, HF config, .gguf or installed name
     anatomy.load_tokenizer(name_or_path)
     anatomy.generate(model, prompt, ...)  / anatomy.stream(...)
     anatomy.embed(texts, model=...)
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "load": "anatomy.checkpoints.loader",
     "save": "anatomy.checkpoints.loader",
+    "load_config": "anatomy.checkpoints.loader",
     "load_tokenizer": "anatomy.tokenizer",
     "generate": "anatomy.inference.generate",
     "stream": "anatomy.inference.generate",
