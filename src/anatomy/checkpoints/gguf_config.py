@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from anatomy.checkpoints.gguf_reader import GGUFFile
 from anatomy.checkpoints.gguf_types import ValueType
 from anatomy.config import ModelConfig
@@ -124,7 +126,9 @@ def _size(f: GGUFFile, key: str, default: Any = ...) -> Any:
 
 
 def _positive_float(f: GGUFFile, key: str, default: float) -> float:
-    value = float(_get(f, key, _FLOAT_TYPES, default))
+    value = _get(f, key, _FLOAT_TYPES, default)
+    if f.value_types.get(key) == (ValueType.FLOAT32,):
+        value = float(str(np.float32(value)))  # the decimal the writer meant: 1e-06, not 9.99999997e-07
     if not value > 0 or value == float("inf"):
         raise f.fail(key, value, "must be a positive finite number")
     return value

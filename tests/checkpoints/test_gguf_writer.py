@@ -1,0 +1,131 @@
+"""save_gguf: llama.cpp (llama-cpp-python) runs what anatomy writes and computes the same logits
+and greedy tokens; gguf-py reads it; the write is atomic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGUFReader
+
+from anatomy import build_model, get_preset
+from anatomy.checkpoints import gguf_writer
+from anatomy.checkpoints.gguf import load_gguf, save_gguf
+from anatomy.errors import CheckpointError, InputError
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+V = 64
+TOKENIZER = {  # a minimal byte-level BPE vocabulary: llama.cpp refuses a file without one
+    "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
+    "tokenizer.ggml.tokens": [f"t{i}" for i in range(V)], "tokenizer.ggml.token_type": [1] * V,
+    "tokenizer.ggml.merges": ["t 0"], "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+}
+IDS = [1, 5, 9, 13, 40, 22, 7, 63, 0, 31]
+F32 = 0  # ggml type of llama.cpp's KV cache: f32 instead of its default f16, for a tight comparison
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    """A random GQA llama with an untied head (so `output.weight` is written too)."""
+    torch.manual_seed(0)
+    config = get_preset("llama-7b", vocab_size=V, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=96,
+                        max_seq_len=128, bos_token_id=1, eos_token_id=2)
+    model = build_model(config).eval()
+    for p in model.parameters():  # larger weights than the default init: logits of order 10
+        if p.dim() == 2:
+            p.data.normal_(0, 0.3)
+        else:
+            p.data.uniform_(0.5, 1.5)
+    return model
+
+
+def _llama_cpp_logits(path, ids: list[int]) -> torch.Tensor:
+    llm = llama_cpp.Llama(model_path=str(path), logits_all=True, verbose=False, n_ctx=256, n_threads=2,
+                          type_k=F32, type_v=F32)
+    llm.eval(ids)
+    return torch.tensor(np.array(llm.scores[:len(ids)]))  # [S, V]
+
+
+@torch.no_grad()
+def test_llama_cpp_computes_the_same_logits_f32(tiny_llama, tmp_path):
+    path = save_gguf(tiny_llama, tmp_path / "tiny.gguf", tokenizer_metadata=TOKENIZER)
+    ours = tiny_llama(torch.tensor([IDS]))[0]  # [S, V]
+    theirs = _llama_cpp_logits(path, IDS)
+    assert ours.abs().max() > 5
+    assert (ours - theirs).abs().max().item() < 1e-4
+
+
+@torch.no_grad()
+def test_f16_file_holds_f16_weights_and_llama_cpp_runs_it(tiny_llama, tmp_path):
+    path = save_gguf(tiny_llama, tmp_path / "tiny16.gguf", dtype="f16", tokenizer_metadata=TOKENIZER)
+    reloaded = load_gguf(path)
+    for name, p in tiny_llama.state_dict().items():
+        expected = p if p.dim() == 1 else p.half().float()  # norms stay f32
+        assert torch.equal(reloaded.state_dict()[name], expected), name
+    types = {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
+    assert types["blk.0.attn_q.weight"] == "F16" and types["blk.0.attn_norm.weight"] == "F32"
+    ours = reloaded(torch.tensor([IDS]))[0]
+    # llama.cpp's CPU f16 matmul rounds the activations to f16 too: ~0.5% of logits of size ~6
+    assert (ours - _llama_cpp_logits(path, IDS)).abs().max().item() < 5e-2
+
+
+def test_round_trip_is_exact_and_gguf_py_reads_it(tiny_llama, tmp_path):
+    path = save_gguf(tiny_llama, tmp_path / "tiny.gguf", tokenizer_metadata=TOKENIZER)
+    reloaded = load_gguf(path)
+    assert reloaded.config == tiny_llama.config
+    for name, p in tiny_llama.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], p), name
+    reader = GGUFReader(path)
+    assert reader.fields["llama.attention.head_count_kv"].contents() == 2
+    assert reader.fields["tokenizer.ggml.tokens"].contents() == TOKENIZER["tokenizer.ggml.tokens"]
+    names = {t.name for t in reader.tensors}
+    assert {"token_embd.weight", "output.weight", "blk.1.ffn_gate.weight", "blk.1.attn_k.weight"} <= names
+    # the tokenizer metadata travels with the model: saving the reloaded model keeps it
+    again = save_gguf(reloaded, tmp_path / "again.gguf")
+    assert GGUFReader(again).fields["tokenizer.ggml.merges"].contents() == ["t 0"]
+
+
+def test_failed_write_leaves_the_old_file(tiny_llama, tmp_path, monkeypatch):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"old contents")
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(gguf_writer, "_write_data", broken)
+    with pytest.raises(OSError, match="disk full"):
+        save_gguf(tiny_llama, path)
+    assert path.read_bytes() == b"old contents"
+    assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]  # no temporary file left
+
+
+def test_unsupported_models_and_options(tiny_llama, tmp_path):
+    encoder = build_model(get_preset("bert-base", n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=50))
+    with pytest.raises(CheckpointError, match="GGUF export supports"):
+        save_gguf(encoder, tmp_path / "bert.gguf")
+    with pytest.raises(InputError, match="dtype='q4_0'"):
+        save_gguf(tiny_llama, tmp_path / "x.gguf", dtype="q4_0")
+    with pytest.raises(InputError, match="must start with 'tokenizer.'"):
+        save_gguf(tiny_llama, tmp_path / "x.gguf", tokenizer_metadata={"general.name": "x"})
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_llama_cpp_greedy_tokens_match_on_smollm2(smollm2, hf_smollm2_tokenizer, tmp_path):
+    """SmolLM2 loaded from the Q4_1 GGUF, written back as f32: llama.cpp's greedy continuation of a
+    chat prompt is anatomy's."""
+    text = hf_smollm2_tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                                    tokenize=False, add_generation_prompt=True)
+    ids = hf_smollm2_tokenizer.encode(text, add_special_tokens=False)
+    path = save_gguf(smollm2, tmp_path / "smollm2-f32.gguf")
+    llm = llama_cpp.Llama(model_path=str(path), logits_all=True, verbose=False, n_ctx=256, n_threads=2,
+                          type_k=F32, type_v=F32)
+    theirs, ours = [], list(ids)
+    llm.eval(ids)
+    for _ in range(16):
+        theirs.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        llm.eval([theirs[-1]])
+        ours.append(int(smollm2(torch.tensor([ours]), last_only=True)[0, -1].argmax()))
+    assert ours[len(ids):] == theirs
+    assert "Paris" in hf_smollm2_tokenizer.decode(theirs)
