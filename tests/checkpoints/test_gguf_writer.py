@@ -25,12 +25,10 @@ IDS = [1, 5, 9, 13, 40, 22, 7, 63, 0, 31]
 F32 = 0  # ggml type of llama.cpp's KV cache: f32 instead of its default f16, for a tight comparison
 
 
-@pytest.fixture(scope="module")
-def tiny_llama():
-    """A random GQA llama with an untied head (so `output.weight` is written too)."""
+def _tiny(preset: str, **overrides):
     torch.manual_seed(0)
-    config = get_preset("llama-7b", vocab_size=V, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=96,
-                        max_seq_len=128, bos_token_id=1, eos_token_id=2)
+    config = get_preset(preset, vocab_size=V, d_model=64, n_layers=2, n_heads=4, d_ff=96, max_seq_len=128,
+                        bos_token_id=1, eos_token_id=2, **overrides)
     model = build_model(config).eval()
     for p in model.parameters():  # larger weights than the default init: logits of order 10
         if p.dim() == 2:
@@ -38,6 +36,12 @@ def tiny_llama():
         else:
             p.data.uniform_(0.5, 1.5)
     return model
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    """A random GQA llama with an untied head (so `output.weight` is written too)."""
+    return _tiny("llama-7b", n_kv_heads=2)
 
 
 def _llama_cpp_logits(path, ids: list[int]) -> torch.Tensor:
@@ -57,6 +61,18 @@ def test_llama_cpp_computes_the_same_logits_f32(tiny_llama, tmp_path):
 
 
 @torch.no_grad()
+@torch.no_grad()
+def test_llama_cpp_computes_the_same_logits_gpt2(tmp_path):
+    model = _tiny("gpt2")
+    path = save_gguf(model, tmp_path / "gpt2.gguf", tokenizer_metadata=TOKENIZER)
+    ours = model(torch.tensor([IDS]))[0]  # [S, V]
+    # llama.cpp's CPU GELU reads a float16 lookup table: errors of ~1e-3 on logits of size ~10
+    assert (ours - _llama_cpp_logits(path, IDS)).abs().max().item() < 5e-3
+    reloaded = load_gguf(path)
+    assert reloaded.config == model.config
+    assert torch.equal(reloaded(torch.tensor([IDS]))[0], ours)
+
+
 def test_f16_file_holds_f16_weights_and_llama_cpp_runs_it(tiny_llama, tmp_path):
     path = save_gguf(tiny_llama, tmp_path / "tiny16.gguf", dtype="f16", tokenizer_metadata=TOKENIZER)
     reloaded = load_gguf(path)
