@@ -126,7 +126,7 @@ def _train(args: argparse.Namespace, info: Dist) -> int:
     elif info.is_main:
         _write_run_file(out, args, config, info)
     run_ = Run(model=model, engine=engine, optimizer=optimizer, schedule=schedule, objective=objective, data=data,
-               info=info, out=out, flops_per_token=flops_per_token(model, config, args.seq_len),
+               info=info, out=out, flops_per_token=flops_per_token(config, args.seq_len),
                peak_flops=measured_peak_flops(info.device))
     settings = Settings(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, accum=args.accum,
                         seed=args.seed, grad_clip=args.grad_clip, eval_every=args.eval_every, eval_steps=args.eval_steps,

@@ -1,8 +1,8 @@
 """Model FLOPs utilisation: the FLOPs a training step must do, over what the hardware can do.
 
-FLOPs per trained token = 6N (forward 2N + backward 4N over the N non-embedding-lookup weights)
-+ 12·L·T·D for attention scores and their weighted sum (forward and backward), as in the PaLM
-paper's appendix. The peak is measured here: a large fp32 (or bf16 on GPU) matmul.
+FLOPs per trained token come from the anatomy module (`analysis.flops.training_flops_per_token`:
+3 x the matmuls of a forward pass, attention included, about 6N + 12·L·T·D for a decoder). The peak
+is measured here: a large fp32 (bf16 on GPU) matmul with this process's threads.
 """
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ from __future__ import annotations
 import time
 
 import torch
-from torch import nn
 
+from anatomy.analysis.flops import training_flops_per_token
 from anatomy.config import ModelConfig
 
 
-def flops_per_token(model: nn.Module, config: ModelConfig, seq_len: int) -> float:
-    """6N + 12·L·T·D, N counting every parameter except the position table (a lookup, no matmul)."""
-    n = sum(p.numel() for name, p in model.named_parameters() if "positions" not in name)
-    layers = config.n_layers + config.n_decoder_layers
-    return 6.0 * n + 12.0 * layers * seq_len * config.q_dim
+def flops_per_token(config: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token the model reads. The analysis counts a seq2seq forward per target
+    token with as many source tokens; a token here is either one, hence the half."""
+    per_token = training_flops_per_token(config, seq=seq_len)["three_forward"]
+    return per_token / 2 if config.is_seq2seq else per_token
 
 
 def measured_peak_flops(device: torch.device, *, size: int = 1024, repeats: int = 5) -> float:
