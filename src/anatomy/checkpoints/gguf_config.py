@@ -83,10 +83,26 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
         eos_token_id=_token_id(f, "tokenizer.ggml.eos_token_id"),
         pad_token_id=_token_id(f, "tokenizer.ggml.padding_token_id"),
     )
+    _check_sizes_fit_tensors(f, a, values)
     if ARCHITECTURES[a].fields["position"] == "rope":
         values["rope_theta"] = _positive_float(f, f"{a}.rope.freq_base", default=10000.0)
         _check_rope(f, a, values["head_dim"] or d_model // n_heads)
     return _build(f, a, values)
+
+
+def _check_sizes_fit_tensors(f: GGUFFile, arch: str, values: dict[str, Any]) -> None:
+    """Sizes a corrupt file could inflate (2^31 layers, a head_dim of 2^40) would make even a
+    meta-device build allocate: each must fit in the tensors the file really holds. Every model
+    size appears as (or bounds) some tensor dimension, and every layer has tensors of its own."""
+    if not f.tensors:
+        raise f.fail("tensor_count", 0, "the file holds no tensors (a vocabulary-only GGUF?), so no model")
+    largest = max(max(t.shape) for t in f.tensors.values())
+    for field in ("vocab_size", "d_model", "d_ff", "n_heads", "n_kv_heads", "head_dim"):
+        if values[field] is not None and values[field] > largest:
+            raise f.fail(_FIELD_KEYS[field].format(a=arch), values[field],
+                         f"larger than every tensor dimension in the file (the largest is {largest})")
+    if values["n_layers"] > len(f.tensors):
+        raise f.fail(f"{arch}.block_count", values["n_layers"], f"more layers than the file's {len(f.tensors)} tensors")
 
 
 def _biases(f: GGUFFile, arch: str) -> dict[str, bool]:

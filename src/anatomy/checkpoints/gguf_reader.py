@@ -145,7 +145,7 @@ class _Cursor:
 
     def string(self, field_name: str) -> str:
         n = self.u64(f"{field_name} length")
-        start = self.need(n, field_name)
+        start = self.need(n, f"{field_name} length")
         try:
             return self.buffer[start:start + n].decode("utf-8")
         except UnicodeDecodeError as e:
@@ -204,7 +204,7 @@ class _Cursor:
             pos += 8
             if length > size - pos:
                 self.pos = pos
-                self.need(length, f"{field_name}[{i}]")
+                self.need(length, f"{field_name}[{i}] length")
             try:
                 out.append(buffer[pos:pos + length].decode("utf-8"))
             except UnicodeDecodeError as e:
