@@ -50,3 +50,25 @@ def hf_smollm2_tokenizer(smollm2_gguf_path):
 
     path = smollm2_gguf_path
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@pytest.fixture(scope="session")
+def greedy():
+    """greedy(model, ids, n, eos=None) -> the n (or fewer, stopping after eos) greedy next tokens of
+    an anatomy DecoderLM: one prefill, then one token per step through a static KV cache."""
+    from anatomy.inference.kv_cache import KVCache
+
+    @torch.no_grad()
+    def run(model, ids: list[int], n: int, eos: int | None = None) -> list[int]:
+        cache = KVCache(model.config, batch=1, max_len=len(ids) + n)
+        logits = model(torch.tensor([ids]), cache=cache, input_pos=torch.arange(len(ids)), last_only=True)
+        out: list[int] = []
+        while len(out) < n:
+            out.append(int(logits[0, -1].argmax()))
+            if out[-1] == eos or len(out) == n:
+                break
+            pos = torch.tensor([len(ids) + len(out) - 1])
+            logits = model(torch.tensor([[out[-1]]]), cache=cache, input_pos=pos, last_only=True)
+        return out
+
+    return run

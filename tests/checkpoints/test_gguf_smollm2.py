@@ -23,18 +23,6 @@ def _chat_ids(tokenizer, question: str) -> list[int]:
 
 
 @torch.no_grad()
-def _greedy(model, ids: list[int], n: int) -> list[int]:
-    """Plain greedy decoding, recomputing the whole sequence each step (no cache involved)."""
-    out = list(ids)
-    for _ in range(n):
-        logits = model(torch.tensor([out]), last_only=True)  # [1, 1, V]
-        out.append(int(logits[0, -1].argmax()))
-        if out[-1] == EOS:
-            break
-    return out[len(ids):]
-
-
-@torch.no_grad()
 def test_logits_match_hf_on_64_tokens(smollm2, hf_smollm2, hf_smollm2_tokenizer):
     text = ("The history of the Roman Empire spans more than a thousand years, from the founding of the "
             "city to the fall of Constantinople. Its roads, laws and language shaped Europe; its "
@@ -50,9 +38,9 @@ def test_logits_match_hf_on_64_tokens(smollm2, hf_smollm2, hf_smollm2_tokenizer)
 
 @pytest.mark.parametrize("question", PROMPTS)
 @torch.no_grad()
-def test_greedy_tokens_match_hf(smollm2, hf_smollm2, hf_smollm2_tokenizer, question):
+def test_greedy_tokens_match_hf(smollm2, hf_smollm2, hf_smollm2_tokenizer, greedy, question):
     ids = _chat_ids(hf_smollm2_tokenizer, question)
-    ours = _greedy(smollm2, ids, 32)
+    ours = greedy(smollm2, ids, 32, eos=EOS)
     theirs = hf_smollm2.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=EOS,
                                  pad_token_id=EOS)[0, len(ids):].tolist()
     assert ours == theirs

@@ -128,7 +128,7 @@ def test_unsupported_models_and_options(tiny_llama, tmp_path):
 
 @pytest.mark.slow
 @torch.no_grad()
-def test_llama_cpp_greedy_tokens_match_on_smollm2(smollm2, hf_smollm2_tokenizer, tmp_path):
+def test_llama_cpp_greedy_tokens_match_on_smollm2(smollm2, hf_smollm2_tokenizer, greedy, tmp_path):
     """SmolLM2 loaded from the Q4_1 GGUF, written back as f32: llama.cpp's greedy continuation of a
     chat prompt is anatomy's."""
     text = hf_smollm2_tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
@@ -137,11 +137,10 @@ def test_llama_cpp_greedy_tokens_match_on_smollm2(smollm2, hf_smollm2_tokenizer,
     path = save_gguf(smollm2, tmp_path / "smollm2-f32.gguf")
     llm = llama_cpp.Llama(model_path=str(path), logits_all=True, verbose=False, n_ctx=256, n_threads=2,
                           type_k=F32, type_v=F32)
-    theirs, ours = [], list(ids)
+    theirs = []
     llm.eval(ids)
     for _ in range(16):
         theirs.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
         llm.eval([theirs[-1]])
-        ours.append(int(smollm2(torch.tensor([ours]), last_only=True)[0, -1].argmax()))
-    assert ours[len(ids):] == theirs
+    assert greedy(smollm2, ids, 16) == theirs
     assert "Paris" in hf_smollm2_tokenizer.decode(theirs)
