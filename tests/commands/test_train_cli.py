@@ -181,3 +181,10 @@ def test_resume_rejects_corrupted_checkpoint_and_overwrites_nothing(corpus, tmp_
     (step / "trainer.json").write_text('{"step": 2}')
     assert "key 'tokens' is missing" in _error(capsys, [*args, "--steps", "4", "--resume"])
     assert "holds a run" in _error(capsys, args)  # no --resume: never trains over a run
+
+
+def test_activation_checkpointing_changes_no_loss(corpus, tmp_path):
+    args = ["train", *TINY, "--data", str(corpus), "--batch-size", "2", "--steps", "2"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert main([*args, "--activation-checkpointing", "--out", str(tmp_path / "b")]) == 0
+    assert _losses(tmp_path / "a") == _losses(tmp_path / "b")
