@@ -129,6 +129,7 @@ def save_gguf(model: nn.Module, path: str | Path, *, dtype: str = "f32",
     metadata = [(key, (vtype,), value) for key, vtype, value in entries]
     metadata += [("general.file_type", (ValueType.UINT32,), file_type)]
     metadata += _tokenizer_entries(model, tokenizer_metadata)
+    metadata += _special_token_entries(config, {key for key, _, _ in metadata})
     shapes = expected_shapes(model)
     plan = tensor_plan(shapes, config, arch)
     state = model.state_dict()
@@ -168,6 +169,14 @@ def _tokenizer_entries(model: nn.Module, given: Mapping[str, Any] | None) -> lis
         return [(k, infer_types(v), v) for k, v in given.items()]
     typed = getattr(model, "gguf_tokenizer", None) or {}
     return [(k, types, v) for k, (types, v) in typed.items()]
+
+
+def _special_token_entries(config: ModelConfig, present: set[str]) -> list[MetadataEntry]:
+    """The config's bos/eos/pad ids, where the tokenizer metadata does not already give them."""
+    keys = {"bos_token_id": "tokenizer.ggml.bos_token_id", "eos_token_id": "tokenizer.ggml.eos_token_id",
+            "pad_token_id": "tokenizer.ggml.padding_token_id"}
+    return [(key, (ValueType.UINT32,), getattr(config, field)) for field, key in keys.items()
+            if getattr(config, field) is not None and key not in present]
 
 
 __all__ = ["GGUFFile", "GGUFTensor", "ValueType", "read_gguf", "read_gguf_config", "load_gguf", "save_gguf"]
