@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import struct
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -13,9 +14,8 @@ from hypothesis import strategies as st
 
 from anatomy import build_model, get_preset
 from anatomy.checkpoints.gguf import load_gguf, read_gguf, save_gguf
-from anatomy.checkpoints.gguf_reader import read_gguf as reader_read_gguf
-from anatomy.checkpoints.gguf_types import ValueType
-from anatomy.checkpoints.gguf_writer import write_gguf
+from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME, ValueType
+from anatomy.checkpoints.gguf_writer import TensorEntry, write_gguf
 from anatomy.errors import CheckpointError
 
 U32, STR, ARR, BOOL = 4, 8, 9, 7
@@ -111,7 +111,7 @@ def test_bad_file_is_a_checkpoint_error_naming_field_and_value(tmp_path, case):
 
 def test_truncated_at_every_header_offset_and_through_the_data(tmp_path, tiny_gguf):
     blob = tiny_gguf.read_bytes()
-    data_start = reader_read_gguf(tiny_gguf).data_offset
+    data_start = read_gguf(tiny_gguf).data_offset
     cuts = itertools.chain(range(data_start + 1), range(data_start + 1, len(blob), 97))
     for cut in cuts:
         path = tmp_path / f"cut{cut}.gguf"
@@ -132,22 +132,25 @@ def tiny_gguf(tmp_path_factory):
     return save_gguf(build_model(config), tmp_path_factory.mktemp("gguf") / "tiny.gguf", tokenizer_metadata=tokens)
 
 
-def _rewrite(src, dst, *, set_keys=None, drop_keys=(), tensor_types=None):
-    """A copy of the GGUF `src` with metadata changed (and tensor types relabelled), via anatomy's writer."""
-    from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME
-    from anatomy.checkpoints.gguf_writer import TensorEntry
-
-    f = reader_read_gguf(src)
-    metadata = [(k, f.value_types[k], v) for k, v in f.metadata.items() if k not in drop_keys]
-    metadata = [(k, t, v) for k, t, v in metadata if k not in (set_keys or {})]
-    metadata += [(k, t, v) for k, (t, v) in (set_keys or {}).items()]
-    tensors = []
+def _entries(f, tensor_types=None) -> list[TensorEntry]:
+    """The tensors of GGUFFile f to write again, optionally relabelled with other types."""
+    entries = []
     for t in f.tensors.values():
         ttype = TENSOR_TYPES_BY_NAME[(tensor_types or {}).get(t.name, t.type.name)]
-        raw = f.raw(t.name)
-        tensors.append(TensorEntry(name=t.name, type=ttype, shape=t.shape, data=lambda raw=raw, n=ttype.nbytes(
-            t.n_elements): raw[:n] if len(raw) >= n else raw.repeat(n // len(raw) + 1)[:n]))
-    return write_gguf(dst, metadata=metadata, tensors=tensors)
+        n = ttype.nbytes(t.n_elements)
+        raw = np.resize(f.raw(t.name), n)  # as many bytes as the new type needs
+        entries.append(TensorEntry(name=t.name, type=ttype, shape=t.shape, data=lambda raw=raw: raw))
+    return entries
+
+
+def _rewrite(src, dst, *, set_keys=None, drop_keys=(), tensor_types=None, extra=()):
+    """A copy of the GGUF `src` with metadata changed, tensor types relabelled, tensors added
+    (written by anatomy's writer, which gguf-py reads: test_gguf_writer)."""
+    f = read_gguf(src)
+    set_keys = set_keys or {}
+    metadata = [(k, f.value_types[k], v) for k, v in f.metadata.items() if k not in drop_keys and k not in set_keys]
+    metadata += [(k, t, v) for k, (t, v) in set_keys.items()]
+    return write_gguf(dst, metadata=metadata, tensors=[*_entries(f, tensor_types), *extra])
 
 
 UINT32, STRING, FLOAT32 = (ValueType.UINT32,), (ValueType.STRING,), (ValueType.FLOAT32,)
@@ -186,19 +189,9 @@ def test_unsupported_tensor_type_names_it_and_lists_the_supported(tmp_path, tiny
 
 
 def test_unexpected_tensor_is_named(tmp_path, tiny_gguf):
-    f = reader_read_gguf(tiny_gguf)
-    path = _rewrite(tiny_gguf, tmp_path / "m.gguf", set_keys={"general.name": (STRING, "x")})
-    assert load_gguf(path).config.vocab_size == 12  # the rewrite itself loads
-    from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME
-    from anatomy.checkpoints.gguf_writer import TensorEntry
-
-    import numpy as np
     extra = TensorEntry(name="rope_freqs.weight", type=TENSOR_TYPES_BY_NAME["F32"], shape=(4,),
                         data=lambda: np.zeros(4, np.float32))
-    entries = [TensorEntry(name=t.name, type=t.type, shape=t.shape, data=lambda n=t.name: f.raw(n))
-               for t in f.tensors.values()]
-    path = write_gguf(tmp_path / "extra.gguf", metadata=[(k, f.value_types[k], v) for k, v in f.metadata.items()],
-                      tensors=[*entries, extra])
+    path = _rewrite(tiny_gguf, tmp_path / "m.gguf", extra=[extra])
     with pytest.raises(CheckpointError, match="rope_freqs.weight.*unexpected"):
         load_gguf(path)
 
@@ -214,7 +207,7 @@ def test_long_but_sane_context_is_lazy(tmp_path, tiny_gguf):
 @given(data=st.data())
 def test_mutated_files_load_cleanly_or_raise_checkpoint_error(tmp_path, tiny_gguf, data):
     blob = bytearray(tiny_gguf.read_bytes())
-    header = reader_read_gguf(tiny_gguf).data_offset
+    header = read_gguf(tiny_gguf).data_offset
     # most mutations hit the header, where the structure is; some the data; some truncate or extend
     positions = st.one_of(st.integers(0, header - 1), st.integers(0, len(blob) - 1))
     for pos, value in data.draw(st.lists(st.tuples(positions, st.integers(0, 255)), min_size=1, max_size=6)):

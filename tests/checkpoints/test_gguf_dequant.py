@@ -17,7 +17,7 @@ F16_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0,
 
 
 def _random_blocks(name: str, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
-    block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+    _, type_size = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
     raw = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
     for offset in F16_FIELDS[name]:
         scales = rng.uniform(-2, 2, size=n_blocks).astype(np.float16)

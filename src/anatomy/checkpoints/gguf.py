@@ -13,8 +13,9 @@ device and the tensors are assigned to it (float tensors of the model dtype stay
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,7 +29,7 @@ from anatomy.checkpoints.gguf_reader import GGUFFile, GGUFTensor, read_gguf
 from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME, ValueType
 from anatomy.checkpoints.gguf_writer import MetadataEntry, TensorEntry, infer_types, write_gguf
 from anatomy.config import ModelConfig
-from anatomy.errors import CheckpointError, InputError
+from anatomy.errors import InputError
 from anatomy.models import build_model
 
 SAVE_DTYPES = {"f32": ("F32", 0), "f16": ("F16", 1)}  # tensor type, general.file_type (ALL_F32, MOSTLY_F16)
@@ -179,4 +180,4 @@ def _special_token_entries(config: ModelConfig, present: set[str]) -> list[Metad
             if getattr(config, field) is not None and key not in present]
 
 
-__all__ = ["GGUFFile", "GGUFTensor", "ValueType", "read_gguf", "read_gguf_config", "load_gguf", "save_gguf"]
+__all__ = ["GGUFFile", "GGUFTensor", "ValueType", "load_gguf", "read_gguf", "read_gguf_config", "save_gguf"]

@@ -31,11 +31,11 @@ class Architecture:
 
 ARCHITECTURES: dict[str, Architecture] = {
     "llama": Architecture(
-        fields=dict(norm="rmsnorm", ffn="glu", activation="silu", position="rope"),
+        fields={"norm": "rmsnorm", "ffn": "glu", "activation": "silu", "position": "rope"},
         eps_key="attention.layer_norm_rms_epsilon"),
     "gpt2": Architecture(
-        fields=dict(norm="layernorm", ffn="mlp", activation="gelu_tanh", position="learned", qkv_bias=True,
-                    attn_out_bias=True, ffn_bias=True),
+        fields={"norm": "layernorm", "ffn": "mlp", "activation": "gelu_tanh", "position": "learned",
+                "qkv_bias": True, "attn_out_bias": True, "ffn_bias": True},
         eps_key="attention.layer_norm_epsilon"),
 }
 
@@ -213,11 +213,11 @@ def config_to_gguf(config: ModelConfig) -> tuple[str, list[tuple[str, ValueType,
 
 def _architecture_of(config: ModelConfig) -> str:
     """The GGUF architecture whose fixed fields `config` has (llama-style or gpt2-style decoders)."""
+    plain_heads = config.n_kv_heads == config.n_heads and config.head_dim * config.n_heads == config.d_model
     for arch, spec in ARCHITECTURES.items():
-        if config.is_decoder and all(getattr(config, k) == v for k, v in spec.fields.items()):
-            if arch != "gpt2" or (config.n_kv_heads == config.n_heads and config.head_dim * config.n_heads
-                                  == config.d_model):
-                return arch
+        fits = config.is_decoder and all(getattr(config, k) == v for k, v in spec.fields.items())
+        if fits and (arch != "gpt2" or plain_heads):  # gpt2 in llama.cpp has no GQA or head_dim keys
+            return arch
     raise CheckpointError(
         "GGUF export supports decoders in the style of " + " or ".join(
             f"{a} ({', '.join(f'{k}={v!r}' for k, v in s.fields.items())})" for a, s in ARCHITECTURES.items())

@@ -15,6 +15,7 @@ the file, the field and the value, never IndexError, MemoryError or a silent wro
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import struct
@@ -25,8 +26,16 @@ from typing import Any
 import numpy as np
 
 from anatomy.checkpoints.gguf_types import (
-    DEFAULT_ALIGNMENT, MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS, SCALAR_DTYPES, TENSOR_TYPES, VERSIONS, TensorType,
-    ValueType, align,
+    DEFAULT_ALIGNMENT,
+    MAGIC,
+    MAX_ARRAY_DEPTH,
+    MAX_DIMS,
+    SCALAR_DTYPES,
+    TENSOR_TYPES,
+    VERSIONS,
+    TensorType,
+    ValueType,
+    align,
 )
 from anatomy.errors import CheckpointError
 
@@ -322,7 +331,7 @@ def _place_tensors(path: Path, infos: list, *, data_offset: int, alignment: int,
 
 def _check_overlaps(path: Path, tensors: Any) -> None:
     ordered = sorted(tensors, key=lambda t: t.offset)
-    for a, b in zip(ordered, ordered[1:]):
+    for a, b in itertools.pairwise(ordered):
         if a.offset + a.nbytes > b.offset:
             raise _error(path, f"{b.name} offset", b.offset,
                          f"overlaps tensor {a.name!r} [{a.offset}, {a.offset + a.nbytes})")

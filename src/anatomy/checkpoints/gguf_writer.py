@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable
+from typing import Any, BinaryIO
 
 import numpy as np
 
