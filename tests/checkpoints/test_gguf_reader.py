@@ -95,3 +95,24 @@ def test_hf_transformers_reads_what_anatomy_writes(tmp_path):
     assert (model(ids) - hf(ids).logits).abs().max().item() < 1e-5
     assert read_gguf_config(path) == config
     assert torch.equal(load_gguf(path)(ids), model(ids))
+
+
+def test_alignment_1_puts_tensors_at_odd_offsets_and_they_still_read(tmp_path):
+    from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME as T
+    from anatomy.checkpoints.gguf_writer import TensorEntry, write_gguf
+
+    half = np.array([1.5, -2.0, 3.25], dtype=np.float16)  # 6 bytes: the next tensor starts unaligned
+    full = np.arange(5, dtype=np.float32)
+    q8 = quants.quantize(np.linspace(-1, 1, 32, dtype=np.float32)[None], Q.Q8_0)  # 34 bytes
+    tensors = [TensorEntry(name="h", type=T["F16"], shape=(3,), data=lambda: half),
+               TensorEntry(name="f", type=T["F32"], shape=(5,), data=lambda: full),
+               TensorEntry(name="q", type=T["Q8_0"], shape=(1, 32), data=lambda: q8),
+               TensorEntry(name="g", type=T["F32"], shape=(5,), data=lambda: full)]
+    metadata = [("general.architecture", (V.STRING,), "x"), ("general.alignment", (V.UINT32,), 1)]
+    f = read_gguf(write_gguf(tmp_path / "a1.gguf", metadata=metadata, tensors=tensors, alignment=1))
+    assert f.alignment == 1 and any(f.tensors[n].offset % 4 for n in ("f", "g"))  # an F32 tensor off its alignment
+    read = {name: dequantize(f.raw(name), t.type, t.shape) for name, t in f.tensors.items()}
+    np.testing.assert_array_equal(read["h"].numpy(), half)
+    np.testing.assert_array_equal(read["f"].numpy(), full)
+    np.testing.assert_array_equal(read["g"].numpy(), full)
+    np.testing.assert_array_equal(read["q"].numpy(), quants.dequantize(q8, Q.Q8_0))
