@@ -3,6 +3,7 @@ alone, sampling is reproducible with a seed, the cache is sized to prompt + new 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from anatomy.inference.engine import DecoderEngine, PaddedBatch
@@ -62,4 +63,14 @@ def test_repetition_penalty_avoids_repeats():
 def test_cache_holds_exactly_prompt_plus_new_tokens():
     engine = DecoderEngine(llama_tiny())
     run(engine, PROMPTS, SamplingParams(max_new_tokens=5))
-    assert engine._cache.max_len == 7 + 5 and engine._cache[0].k.shape[0] == 3
+    assert engine.last_cache.max_len == 7 + 5 and engine.last_cache[0].k.shape[0] == 3
+
+
+@pytest.mark.slow
+def test_compiled_step_gives_the_eager_tokens_and_compiles_once_per_shape():
+    model = llama_tiny()
+    eager, compiled = DecoderEngine(model), DecoderEngine(model, compile=True)
+    params = SamplingParams(max_new_tokens=10)
+    for prompts in (PROMPTS[:2], PROMPTS[:1], PROMPTS[:2]):
+        assert run(compiled, prompts, params) == run(eager, prompts, params)
+    assert len(compiled._caches) == 2  # (B=2, T=256) and (B=1, T=256), reused

@@ -67,7 +67,8 @@ class DecoderEngine:
         self.model = model.eval()
         self.compiled = compile
         self._step = _compiled(self._forward) if compile else self._forward
-        self._cache: KVCache | None = None
+        self._caches: dict[tuple[int, int], KVCache] = {}
+        self.last_cache: KVCache | None = None  # the latest call's cache, for inspection
 
     @property
     def device(self) -> torch.device:
@@ -79,6 +80,7 @@ class DecoderEngine:
         batch = PaddedBatch.of(prompts, pad_id=pad_id, device=self.device)
         B, P = batch.ids.shape
         cache = self._cache_for(B, P + params.max_new_tokens)
+        self.last_cache = cache
         mask = batch.slot_mask(cache.max_len)
         generator = make_generator(params.seed, self.device)
         seen = self._seen(batch) if params.repetition_penalty != 1.0 else None
@@ -127,20 +129,19 @@ class DecoderEngine:
         return counts.scatter_add_(1, batch.ids, real.long()) > 0  # [B, V]
 
     def _cache_for(self, batch: int, max_len: int) -> KVCache:
-        """A cache of exactly the needed length (eager), or a reused one of a bucketed length (compiled)."""
-        if self.compiled:
-            max_len = min(-(-max_len // COMPILE_BUCKET) * COMPILE_BUCKET, self.model.config.max_seq_len)
-            cached = self._cache
-            if cached is not None and cached.max_len == max_len and cached[0].k.shape[0] == batch:
-                return cached
+        """A cache of exactly the needed length (eager); compiled, one kept per (batch, bucketed length),
+        so that the compiled step always sees the same cache objects and is not compiled again."""
         dtype = next(self.model.parameters()).dtype
-        self._cache = KVCache(self.model.config, batch=batch, max_len=max_len, dtype=dtype, device=self.device)
-        return self._cache
+        if not self.compiled:
+            return KVCache(self.model.config, batch=batch, max_len=max_len, dtype=dtype, device=self.device)
+        max_len = min(-(-max_len // COMPILE_BUCKET) * COMPILE_BUCKET, self.model.config.max_seq_len)
+        key = (batch, max_len)
+        if key not in self._caches:
+            self._caches[key] = KVCache(self.model.config, batch=batch, max_len=max_len, dtype=dtype,
+                                        device=self.device)
+        return self._caches[key]
 
 
 def _compiled(step):
     """The decode step compiled by inductor, weights frozen as constants (its C++ GEMMs beat MKL's GEMV)."""
-    import torch._inductor.config as inductor_config
-
-    inductor_config.freezing = True
-    return torch.compile(step, mode="max-autotune-no-cudagraphs", dynamic=False)
+    return torch.compile(step, dynamic=False, options={"freezing": True, "max_autotune": True})
