@@ -43,3 +43,8 @@ def test_not_installed_name_says_how_to_install(monkeypatch):
     monkeypatch.setitem(registry.NAMED_MODELS, "ghost", entry)
     with pytest.raises(CheckpointError, match=r"pip install --no-deps no-such-pkg==1\.0"):
         registry.resolve("ghost")
+
+
+def test_empty_name_is_not_the_current_directory():
+    with pytest.raises(CheckpointError, match="empty model name"):
+        registry.resolve("")

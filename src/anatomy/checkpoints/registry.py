@@ -50,6 +50,8 @@ def resolve(name_or_path: str | Path) -> Path:
     Raises CheckpointError for an unknown name (with close matches and the known names) and for a
     known name whose package is not installed (with the pip command that installs it).
     """
+    if not str(name_or_path).strip():
+        raise CheckpointError(f"empty model name or path {str(name_or_path)!r} (known models: {', '.join(names())})")
     path = Path(name_or_path).expanduser()
     if path.exists():
         return path
