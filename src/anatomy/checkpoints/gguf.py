@@ -124,7 +124,9 @@ def save_gguf(model: nn.Module, path: str | Path, *, dtype: str = "f32",
     """
     if dtype not in SAVE_DTYPES:
         raise InputError(f"dtype={dtype!r} is not one of {', '.join(map(repr, SAVE_DTYPES))}")
-    config: ModelConfig = model.config
+    config = getattr(model, "config", None)
+    if not isinstance(config, ModelConfig):
+        raise InputError(f"save_gguf needs an anatomy model (with a ModelConfig), got {type(model).__name__}")
     arch, entries = config_to_gguf(config)
     type_name, file_type = SAVE_DTYPES[dtype]
     metadata = [(key, (vtype,), value) for key, vtype, value in entries]
