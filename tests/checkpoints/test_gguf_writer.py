@@ -23,6 +23,7 @@ TOKENIZER = {  # a minimal byte-level BPE vocabulary: llama.cpp refuses a file w
 }
 IDS = [1, 5, 9, 13, 40, 22, 7, 63, 0, 31]
 F32 = 0  # ggml type of llama.cpp's KV cache: f32 instead of its default f16, for a tight comparison
+# llama.cpp's worker threads spin at barriers: on a busy 2-core machine one thread is several times faster
 
 
 def _tiny(preset: str, **overrides):
@@ -45,7 +46,7 @@ def tiny_llama():
 
 
 def _llama_cpp_logits(path, ids: list[int]) -> torch.Tensor:
-    llm = llama_cpp.Llama(model_path=str(path), logits_all=True, verbose=False, n_ctx=256, n_threads=2,
+    llm = llama_cpp.Llama(model_path=str(path), logits_all=True, verbose=False, n_ctx=256, n_threads=1,
                           type_k=F32, type_v=F32)
     llm.eval(ids)
     return torch.tensor(np.array(llm.scores[:len(ids)]))  # [S, V]
@@ -137,7 +138,7 @@ def test_llama_cpp_greedy_tokens_match_on_smollm2(smollm2, hf_smollm2_tokenizer,
                                                     tokenize=False, add_generation_prompt=True)
     ids = hf_smollm2_tokenizer.encode(text, add_special_tokens=False)
     path = save_gguf(smollm2, tmp_path / "smollm2-f32.gguf")
-    llm = llama_cpp.Llama(model_path=str(path), logits_all=True, verbose=False, n_ctx=256, n_threads=2,
+    llm = llama_cpp.Llama(model_path=str(path), logits_all=True, verbose=False, n_ctx=256, n_threads=1,
                           type_k=F32, type_v=F32)
     theirs = []
     llm.eval(ids)
