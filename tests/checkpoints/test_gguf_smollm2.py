@@ -41,8 +41,10 @@ def test_logits_match_hf_on_64_tokens(smollm2, hf_smollm2, hf_smollm2_tokenizer)
 def test_greedy_tokens_match_hf(smollm2, hf_smollm2, hf_smollm2_tokenizer, greedy, question):
     ids = _chat_ids(hf_smollm2_tokenizer, question)
     ours = greedy(smollm2, ids, 32, eos=EOS)
-    theirs = hf_smollm2.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=EOS,
-                                 pad_token_id=EOS)[0, len(ids):].tolist()
+    # HF's greedy choice after every prefix of our sequence, in one forward pass: if each equals our
+    # next token, HF's own greedy decoding from the prompt produces exactly our tokens (induction)
+    hf_logits = hf_smollm2(torch.tensor([ids + ours])).logits[0]  # [S, V]
+    theirs = hf_logits[len(ids) - 1:-1].argmax(-1).tolist()
     assert ours == theirs
     if "France" in question:
         assert "Paris" in hf_smollm2_tokenizer.decode(ours)
