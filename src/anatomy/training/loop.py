@@ -5,7 +5,7 @@ periodic evaluation, metrics line and checkpoint.
 
 metrics.jsonl (rank 0) holds one line per step
     {"step", "loss", "lr", "grad_norm", "tokens", "tok_s", "mfu", "time"}
-one per evaluation {"step", "val_loss", "val_ppl"}, and one per skipped step
+one per evaluation {"step", "val_loss", "val_ppl"} (step 0: before training), one per skipped step
     {"step", "skipped": true, "loss", "grad_norm", "nonfinite": <count so far>}
 """
 
@@ -89,6 +89,8 @@ def train(run: Run, settings: Settings, state: TrainState) -> TrainState:
     metrics = Metrics(run.out / "metrics.jsonl", enabled=run.info.is_main)
     with _progress_bar(enabled=run.info.is_main and settings.progress) as bar:
         task = bar.add_task("train", total=settings.steps, completed=state.step, loss="-", tok_s="-", mfu="-")
+        if settings.eval_every and state.step == 0:  # the starting point of the validation curve
+            _record_eval(run, settings, state, metrics)
         while state.step < settings.steps:
             start = time.perf_counter()
             record = _optimizer_step(run, settings, state)
@@ -104,11 +106,15 @@ def train(run: Run, settings: Settings, state: TrainState) -> TrainState:
 def _after_step(run: Run, settings: Settings, state: TrainState, metrics: Metrics) -> None:
     last = state.step == settings.steps
     if settings.eval_every and (state.step % settings.eval_every == 0 or last):
-        state.val_loss = evaluate(run, settings)
-        state.best_val = state.val_loss if state.best_val is None else min(state.best_val, state.val_loss)
-        metrics.write({"step": state.step, "val_loss": state.val_loss, "val_ppl": math.exp(min(state.val_loss, 50))})
+        _record_eval(run, settings, state, metrics)
     if last or (settings.save_every and state.step % settings.save_every == 0):
         save(run, settings, state)
+
+
+def _record_eval(run: Run, settings: Settings, state: TrainState, metrics: Metrics) -> None:
+    state.val_loss = evaluate(run, settings)
+    state.best_val = state.val_loss if state.best_val is None else min(state.best_val, state.val_loss)
+    metrics.write({"step": state.step, "val_loss": state.val_loss, "val_ppl": math.exp(min(state.val_loss, 50))})
 
 
 def save(run: Run, settings: Settings, state: TrainState) -> Path | None:
