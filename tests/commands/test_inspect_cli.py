@@ -132,4 +132,4 @@ def _safetensors_count(path) -> int:
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as f:
-        return sum(math.prod(f.get_slice(k).get_shape()) for k in f if not k.endswith("position_ids"))
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys() if not k.endswith("position_ids"))
