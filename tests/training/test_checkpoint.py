@@ -106,3 +106,16 @@ def test_hf_transformers_reads_the_checkpoint_weights(tmp_path):
     ids = torch.randint(0, 40, (2, 8))
     with torch.no_grad():
         assert torch.allclose(hf(ids).logits, model.eval()(ids), atol=1e-5)
+
+
+def test_a_config_without_an_hf_layout_round_trips_in_anatomy_names(tmp_path):
+    config = get_preset("bert-base", d_model=32, n_layers=1, n_heads=2, d_ff=64, vocab_size=40, max_seq_len=8,
+                        norm_position="pre", final_norm=True)  # a Pre-LN BERT: no HF class has it
+    model = build_model(config, head="mlm")
+    opt = make_optimizer(model, lr=1e-2, weight_decay=0.1)
+    directory = _save(tmp_path, model, opt)
+    assert json.loads((directory / "config.json").read_text())["norm_position"] == "pre"
+    fresh = build_model(config, head="mlm")
+    load_checkpoint(directory, engine=fresh, model=fresh, optimizer=make_optimizer(fresh, lr=1e-2, weight_decay=0.1),
+                    info=Dist())
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))

@@ -123,7 +123,7 @@ def _write_weights(tmp: Path, model: nn.Module, weights: dict[str, Tensor]) -> N
     copy.load_state_dict(tensors, strict=False)  # copies into the (tied) parameters
     try:
         save(copy, tmp)
-    except AnatomyError:  # no HF class for this config: anatomy's names and fields
+    except (AnatomyError, KeyError):  # no HF name map for this config: anatomy's names and fields
         _write_bytes(tmp / "model.safetensors", safetensors_bytes(tensors))
         _write_json(tmp / "config.json", model.config.to_dict())
 
