@@ -35,7 +35,7 @@ def _hf(layers: int, heads: int, d: int, ctx: int) -> torch.nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(n_layer=layers, n_head=heads, n_embd=d, n_inner=4 * d, vocab_size=VOCAB, n_positions=ctx,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
     return GPT2LMHeadModel(config).train()
 
 
