@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from anatomy.cli import main
 from anatomy.training.plot import read_metrics
 

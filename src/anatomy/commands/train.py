@@ -25,7 +25,12 @@ from anatomy.training.mfu import flops_per_token, measured_peak_flops
 from anatomy.training.objectives import OBJECTIVES, make_objective
 from anatomy.training.optim import Schedule, make_optimizer
 from anatomy.training.setup import (
-    available_bytes, check_batch, check_fit, check_memory, estimated_bytes, model_for_training,
+    available_bytes,
+    check_batch,
+    check_fit,
+    check_memory,
+    estimated_bytes,
+    model_for_training,
 )
 
 OVERRIDES = {"d_model": int, "n_layers": int, "n_decoder_layers": int, "n_heads": int, "n_kv_heads": int,

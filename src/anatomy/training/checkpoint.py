@@ -34,7 +34,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
     set_optimizer_state_dict,
 )
 

@@ -12,8 +12,8 @@ import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 import torch.distributed as dist

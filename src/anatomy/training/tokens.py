@@ -9,13 +9,12 @@ tokenizer library can read back.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-
 
 CHAR_SPECIALS = ("<pad>", "<s>", "</s>", "<mask>")
 _ROLE_CANDIDATES = {
