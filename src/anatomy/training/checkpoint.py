@@ -72,7 +72,7 @@ def save_checkpoint(run_dir: Path, *, engine: nn.Module, model: nn.Module, optim
                     trainer: dict[str, Any], tokenizer_json: Path, info: Dist, keep: int) -> Path | None:
     """Write checkpoint step-<trainer['step']>; every rank calls this (the gather is collective).
     Returns the directory, or None when the weights are not finite (nothing is then written)."""
-    finite = torch.tensor(float(all(torch.isfinite(_local(p)).all() for p in model.parameters())))
+    finite = torch.tensor(float(all(torch.isfinite(_local(p)).all() for p in model.parameters())), device=info.device)
     if all_reduce_sum(finite, info).item() < info.world:
         return None
     weights = get_model_state_dict(engine, options=_GATHER)

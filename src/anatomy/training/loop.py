@@ -11,6 +11,7 @@ one per evaluation {"step", "val_loss", "val_ppl"} (step 0: before training), on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -132,17 +133,19 @@ def _optimizer_step(run: Run, settings: Settings, state: TrainState) -> dict[str
     lr = run.schedule(step)
     set_lr(run.optimizer, lr)
     batches = _micro_batches(run, settings, step)
-    n_targets = float(all_reduce_sum(torch.tensor(sum(_targets(b) for b in batches), dtype=torch.float64), run.info))
-    loss_sum = torch.zeros((), dtype=torch.float64)
+    device = run.info.device
+    n_targets = float(all_reduce_sum(torch.tensor(sum(_targets(b) for b in batches), dtype=torch.float64,
+                                                  device=device), run.info))
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for micro, batch in enumerate(batches):
-        with gradient_sync(run.engine, enabled=micro == len(batches) - 1):
+        with gradient_sync(run.engine, enabled=micro == len(batches) - 1), _autocast(device):
             total, _ = run.objective.loss(run.engine, batch, label_smoothing=settings.label_smoothing)
             total = _inject_nan(total, step)
             (total * (run.info.world / n_targets)).backward()  # ranks average gradients: x world
         loss_sum += total.detach().double()
     loss = float(all_reduce_sum(loss_sum, run.info)) / n_targets
     grad_norm = float(clip_gradients(run.model, settings.grad_clip))
-    processed = int(all_reduce_sum(torch.tensor(sum(_processed(b) for b in batches)), run.info))
+    processed = int(all_reduce_sum(torch.tensor(sum(_processed(b) for b in batches), device=device), run.info))
     state.step += 1
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
         return _skip(run, settings, state, loss=loss, grad_norm=grad_norm, processed=processed)
@@ -173,9 +176,9 @@ def _micro_batches(run: Run, settings: Settings, step: int) -> list[dict[str, Te
     """This rank's micro-batches of a step: its rows of the global batch the (seed, step) RNG drew."""
     plan = run.objective.plan(step_generator(settings.seed, step), settings.batch_size, run.data.train)
     info = run.info
-    return [run.objective.batch(run.data.train, _rows(plan, rank_rows(settings.batch_size, rank=info.rank,
-                                                                     world=info.world, accum=settings.accum,
-                                                                     micro=m)))
+    return [_to(run.objective.batch(run.data.train, _rows(plan, rank_rows(settings.batch_size, rank=info.rank,
+                                                                         world=info.world, accum=settings.accum,
+                                                                         micro=m))), info.device)
             for m in range(settings.accum)]
 
 
@@ -183,19 +186,30 @@ def evaluate(run: Run, settings: Settings) -> float:
     """Mean loss over eval_steps fixed validation batches (the same ones at every evaluation)."""
     rows = settings.batch_size // settings.accum
     info = run.info
-    total = torch.zeros((), dtype=torch.float64)
-    count = torch.zeros((), dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device=info.device)
+    count = torch.zeros((), dtype=torch.float64, device=info.device)
     run.engine.eval()
-    with torch.no_grad():
+    with torch.no_grad(), _autocast(info.device):
         for i in range(settings.eval_steps):
             plan = run.objective.plan(step_generator(settings.seed, i, stream=1), rows, run.data.val)
             batch = run.objective.batch(run.data.val, _rows(plan, rank_rows(rows, rank=info.rank, world=info.world,
                                                                             accum=1, micro=0)))
-            s, n = run.objective.loss(run.engine, batch)
+            s, n = run.objective.loss(run.engine, _to(batch, info.device))
             total += s.double()
             count += n.double()
     run.engine.train()
     return float(all_reduce_sum(total, info) / all_reduce_sum(count, info))
+
+
+def _to(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on a GPU that supports it; fp32 on the CPU (no fast bf16 matmul there)."""
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def _rows(plan: dict[str, np.ndarray], rows: slice) -> dict[str, np.ndarray]:
