@@ -160,8 +160,7 @@ def test_bad_inputs_fail_before_any_step(corpus, tmp_path, capsys):
     assert "not divisible by world size 1 x --accum 3" in _error(
         capsys, [*base, "--data", str(corpus), "--batch-size", "4", "--accum", "3"])
     assert "more than the model's vocab_size=10" in _error(capsys, [*base, "--data", str(corpus), "--vocab-size", "10"])
-    msg = _error(capsys, [*base, "--data", str(corpus), "--batch-size", "4096", "--seq-len", "1024",
-                          "--d-model", "4096", "--n-heads", "32"])
+    msg = _error(capsys, [*base, "--data", str(corpus), "--batch-size", "100000", "--seq-len", "2048"])
     assert "--accum" in msg and "GiB" in msg
     assert not (out / "metrics.jsonl").exists()
 
