@@ -10,34 +10,38 @@ import sys
 
 from anatomy.errors import AnatomyError
 
-COMMANDS = ("generate", "chat", "embed", "inspect", "compare", "train", "plot", "presets")
+# Each command's one-line summary: `anatomy --help` lists them without importing any command, and
+# a run imports only the module of the command it runs (training pulls in torch.distributed).
+COMMANDS = {
+    "generate": "generate text from a prompt (streams to stdout)",
+    "chat": "chat with a model interactively (history, /reset, /exit)",
+    "embed": "sentence embeddings (all-MiniLM-L6-v2 by default), with --similarity the cosine matrix",
+    "inspect": "shapes, parameters, FLOPs, memory, roofline and training time of a model",
+    "compare": "several models side by side (parameters, FLOPs, memory, roofline)",
+    "train": "train or fine-tune a model (causal LM, masked LM, seq2seq)",
+    "plot": "draw the training and validation loss curves of runs to a PNG",
+    "presets": "list the named model configurations with their parameter counts",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The full parser of the command named in argv; the other commands are listed by summary."""
     parser = argparse.ArgumentParser(
         prog="anatomy",
         description="Run, inspect and train Transformers: every shape, parameter, FLOP and byte.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
-        module = _command_module(name)
-        if module is not None:
-            module.add_parser(sub)
+    chosen = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    for name, summary in COMMANDS.items():
+        if name == chosen:
+            importlib.import_module(f"anatomy.commands.{name}").add_parser(sub)
+        else:
+            sub.add_parser(name, help=summary, add_help=False)
     return parser
 
 
-def _command_module(name: str):
-    try:
-        return importlib.import_module(f"anatomy.commands.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"anatomy.commands.{name}":
-            return None
-        raise
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.run(args) or 0)
     except (AnatomyError, ValueError, FileNotFoundError, UnicodeDecodeError) as exc:
