@@ -76,7 +76,7 @@ def hf_model(model: torch.nn.Module, folder: Path):
     from transformers import AutoModelForCausalLM
 
     anatomy.save(model, folder)
-    return AutoModelForCausalLM.from_pretrained(str(folder), torch_dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
 
 
 def hf_run(hf, prompt: list[int], new: int) -> tuple[float, float]:

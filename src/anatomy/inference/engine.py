@@ -19,6 +19,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from anatomy.inference.chunked_linear import use_chunked_linears
 from anatomy.inference.kv_cache import KVCache
 from anatomy.inference.sampling import SamplingParams, make_generator, next_tokens
 
@@ -65,6 +66,7 @@ class DecoderEngine:
 
     def __init__(self, model: nn.Module, *, compile: bool = False) -> None:
         self.model = model.eval()
+        use_chunked_linears(model)
         self.compiled = compile
         self._step = _compiled(self._forward) if compile else self._forward
         self._caches: dict[tuple[int, int], KVCache] = {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -222,14 +222,8 @@ def fit_context(prompts: list[list[int]], params: SamplingParams, *, context: in
     if params.max_new_tokens > room:
         warnings.warn(f"max_new_tokens={params.max_new_tokens} would overflow the context of {context} tokens "
                       f"after a {longest}-token prompt; clamped to {room}", stacklevel=4)
-        params = _replace(params, max_new_tokens=room)
+        params = replace(params, max_new_tokens=room)
     return prompts, params
-
-
-def _replace(params: SamplingParams, **changes: Any) -> SamplingParams:
-    from dataclasses import replace
-
-    return replace(params, **changes)
 
 
 def eos_ids(model: nn.Module, tokenizer: Any) -> frozenset[int]:
