@@ -26,7 +26,14 @@ CHAIN = {START: {A: .55, B: .45}, A: {C: .36, D: .34, EOS: .30}, B: {EOS: .90, C
          D: {EOS: 1.0}, EOS: {EOS: 1.0}}
 
 
-def markov_seq2seq() -> torch.nn.Module:
+# A chain whose likely path is long (A C D EOS, P = .96) while unlikely endings rank among the
+# K = 2 best candidates on the way (A EOS at step 2, A C EOS at step 3), as they do for a model
+# trained with label smoothing: two such endings must not stop the search before A C D ends.
+LATE_CHAIN = {START: {A: .98, B: .012, EOS: .008}, A: {C: .99, EOS: .01}, B: {C: .6, EOS: .4},
+              C: {D: .99, EOS: .01}, D: {EOS: 1.0}, EOS: {EOS: 1.0}}
+
+
+def markov_seq2seq(chain: dict[int, dict[int, float]] = CHAIN) -> torch.nn.Module:
     config = ModelConfig(architecture="encoder-decoder", vocab_size=6, d_model=6, n_heads=1, d_ff=4, n_layers=1,
                          n_decoder_layers=1, norm_position="pre", final_norm=False, position="none",
                          tie_embeddings=False, pad_token_id=START, bos_token_id=START, eos_token_id=EOS,
@@ -38,7 +45,7 @@ def markov_seq2seq() -> torch.nn.Module:
                 linear.weight.zero_()
         model.shared.weight.copy_(torch.eye(6))
         head = torch.full((6, 6), math.log(1e-9))  # [next, current]
-        for current, nexts in CHAIN.items():
+        for current, nexts in chain.items():
             for nxt, p in nexts.items():
                 head[nxt, current] = math.log(p)
         model.lm_head.weight.copy_(head)
@@ -72,3 +79,10 @@ def test_beam_search_stops_at_max_new_tokens_with_the_best_unfinished_beam():
 def test_batch_of_sources_gives_one_result_each():
     results = anatomy.generate(markov_seq2seq(), [[A], [B, C]], max_new_tokens=5, num_beams=3)
     assert [r.token_ids for r in results] == [[B], [B]]
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0])
+def test_unlikely_early_endings_do_not_stop_the_search(length_penalty):
+    result = anatomy.generate(markov_seq2seq(LATE_CHAIN), [A], max_new_tokens=6, num_beams=2,
+                              length_penalty=length_penalty)
+    assert result.token_ids == [A, C, D] and result.finish_reason == "stop"

@@ -5,8 +5,11 @@ projected once (`memory_kv`) and reused at every step, next to the causal self-a
 
 Beam search keeps the K best partial targets by summed log-probability. A target that emits EOS
 is set aside with the score  sum(log p) / len ** length_penalty  (len counts its new tokens, EOS
-included; length_penalty > 0 favours longer targets, < 0 shorter ones); the search stops early
-once K targets have ended, or at max_new_tokens, and returns the best ended one.
+included; length_penalty > 0 favours longer targets, < 0 shorter ones), but only when it ranks
+among the K best candidates of its step: a low-probability EOS does not end the search. The search
+stops once K targets have ended and the best running beam, scored at its current length, no
+longer beats the worst of them (HF's default heuristic), or at max_new_tokens; it returns the best
+ended target.
 """
 
 from __future__ import annotations
@@ -108,20 +111,22 @@ def beam_search(model: nn.Module, source: list[int], params: SamplingParams, *, 
         candidates = (scores[:, None] + dec.step(tokens, slot)).flatten()  # [K * V]
         top_scores, top = candidates.topk(2 * K)
         parents, next_beams, next_tokens_, next_scores = [], [], [], []
-        for score, index in zip(top_scores.tolist(), top.tolist()):
+        for rank, (score, index) in enumerate(zip(top_scores.tolist(), top.tolist())):
             parent, token = divmod(index, candidates.numel() // K)
             if token in eos_ids:
-                n = len(beams[parent]) + 1
-                ended.append(_Hypothesis(beams[parent], score / n ** length_penalty, ended=True))
-            else:
-                parents.append(parent)
-                next_beams.append(beams[parent] + [token])
-                next_tokens_.append(token)
-                next_scores.append(score)
+                if rank < K:  # an ending counts only if it would have been one of the K beams
+                    n = len(beams[parent]) + 1
+                    ended.append(_Hypothesis(beams[parent], score / n ** length_penalty, ended=True))
+                continue
+            parents.append(parent)
+            next_beams.append(beams[parent] + [token])
+            next_tokens_.append(token)
+            next_scores.append(score)
             if len(next_beams) == K:
                 break
-        if len(ended) >= K:
-            break
+        ended = sorted(ended, key=lambda h: h.score, reverse=True)[:K]
+        if len(ended) == K and max(next_scores) / (slot + 1) ** length_penalty <= ended[-1].score:
+            break  # no running beam is expected to beat the K ended ones any more
         rows = torch.tensor(parents, device=device)
         dec.cache.reorder(rows)
         beams, tokens = next_beams, torch.tensor(next_tokens_, device=device)
