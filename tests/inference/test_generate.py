@@ -93,7 +93,8 @@ def test_context_limits_on_a_tiny_model():
     model = llama_tiny()  # max_seq_len 64
     with pytest.raises(InputError, match="context holds 64"):
         anatomy.generate(model, list(range(1, 70)), max_new_tokens=2)
-    kept = anatomy.generate(model, list(range(1, 70)), max_new_tokens=2, truncate=True)
+    with pytest.warns(UserWarning, match="clamped to 1"):
+        kept = anatomy.generate(model, list(range(1, 70)), max_new_tokens=2, truncate=True)
     assert kept.prompt_tokens == 63 and len(kept.token_ids) == 1  # one slot left: clamped
     with pytest.warns(UserWarning, match="clamped to 54"):
         result = anatomy.generate(model, list(range(1, 11)), max_new_tokens=100, ignore_eos=True)
