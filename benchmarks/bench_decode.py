@@ -24,6 +24,7 @@ import anatomy
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.kv_cache import bytes_per_token
 from anatomy.inference.sampling import SamplingParams
+from benchmarks.timing import median_seconds
 
 MODEL = "smollm2-135m-instruct"
 PROMPT, NEW, PREFILL, BATCH = 128, 128, 512, 8
@@ -37,24 +38,14 @@ def prompt_ids(n: int, seed: int = 0) -> list[int]:
     return torch.randint(200, 40000, (n,), generator=g).tolist()
 
 
-def median_time(fn, repeats: int = 7) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def bandwidth_gbs() -> float:
     x = torch.ones(64 * 1024 * 1024)  # 256 MiB of fp32
-    return x.nbytes / median_time(x.sum) / 1e9
+    return x.nbytes / median_seconds(x.sum, 7, warmup=True) / 1e9
 
 
 def matmul_peak_gflops() -> float:
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    return 2 * 2048 ** 3 / median_time(lambda: a @ b, 5) / 1e9
+    return 2 * 2048 ** 3 / median_seconds(lambda: a @ b, 5, warmup=True) / 1e9
 
 
 def step_times(tokens) -> tuple[float, float]:

@@ -3,23 +3,14 @@ files, same run. Prints medians of REPEATS runs."""
 
 from __future__ import annotations
 
-import statistics
-import time
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.timing import median_seconds
+
 REPEATS = 3
-
-
-def _median_seconds(fn) -> float:
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _texts(n: int) -> list[str]:
@@ -39,15 +30,15 @@ def main() -> None:
     texts = _texts(256)
     rows = []
 
-    ours_load = _median_seconds(lambda: anatomy.load_tokenizer(gguf))
-    hf_load = _median_seconds(lambda: AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name))
+    ours_load = median_seconds(lambda: anatomy.load_tokenizer(gguf))
+    hf_load = median_seconds(lambda: AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name))
     rows.append(("SmolLM2 tokenizer from GGUF, load", f"{ours_load:.2f} s", f"{hf_load:.2f} s (HF AutoTokenizer)"))
 
     ours_tok = anatomy.load_tokenizer(gguf)
     hf_tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     n_tokens = sum(len(ids) for ids in ours_tok.encode_batch(texts))
-    ours_enc = _median_seconds(lambda: ours_tok.encode_batch(texts))
-    hf_enc = _median_seconds(lambda: hf_tok(texts)["input_ids"])
+    ours_enc = median_seconds(lambda: ours_tok.encode_batch(texts))
+    hf_enc = median_seconds(lambda: hf_tok(texts)["input_ids"])
     rows.append((f"encode {len(texts)} texts ({n_tokens} tokens)", f"{n_tokens / ours_enc / 1e3:.0f} k tok/s",
                  f"{n_tokens / hf_enc / 1e3:.0f} k tok/s (HF)"))
 
@@ -55,8 +46,8 @@ def main() -> None:
     anatomy.embed(texts[:4])
     st = SentenceTransformer(str(minilm), device="cpu")
     st.encode(texts[:4])
-    ours_emb = _median_seconds(lambda: anatomy.embed(texts, batch_size=32))
-    st_emb = _median_seconds(lambda: st.encode(texts, batch_size=32, normalize_embeddings=True))
+    ours_emb = median_seconds(lambda: anatomy.embed(texts, batch_size=32))
+    st_emb = median_seconds(lambda: st.encode(texts, batch_size=32, normalize_embeddings=True))
     rows.append((f"embed {len(texts)} texts, all-MiniLM-L6-v2, batch 32", f"{len(texts) / ours_emb:.0f} texts/s",
                  f"{len(texts) / st_emb:.0f} texts/s (sentence-transformers)"))
 

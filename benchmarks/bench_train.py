@@ -8,12 +8,13 @@ MFU = (6N + 12·L·T·D) FLOPs per token x tokens/s / the fp32 matmul peak measu
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
+
+from benchmarks.timing import median_seconds
 
 ROUNDS = 3
 CONFIGS = (  # (label, layers, heads, D, context, batch, steps per round): nanoGPT's CPU config, a larger one
@@ -56,15 +57,6 @@ def _stepper(model: torch.nn.Module, *, hf: bool, batch: tuple[torch.Tensor, tor
     return step
 
 
-def _median_step(step, n: int) -> float:
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def _measure(label: str, layers: int, heads: int, d: int, ctx: int, batch: int, steps_per_round: int, *, peak: float,
              compile_ours: bool):
     from anatomy.training.mfu import flops_per_token
@@ -80,11 +72,11 @@ def _measure(label: str, layers: int, heads: int, d: int, ctx: int, batch: int, 
         ours.compile()
     steps = {"ours": _stepper(ours, hf=False, batch=xy), "hf": _stepper(hf, hf=True, batch=xy)}
     for step in steps.values():
-        _median_step(step, 2)  # warm-up (and compilation)
+        median_seconds(step, 2)  # warm-up (and compilation)
     times: dict[str, list[float]] = {"ours": [], "hf": []}
     for _ in range(ROUNDS):
         for name, step in steps.items():
-            times[name].append(_median_step(step, steps_per_round))
+            times[name].append(median_seconds(step, steps_per_round))
     tokens = batch * ctx
     fpt = flops_per_token(ours.config, ctx)
     tok_s = {name: tokens / statistics.median(t) for name, t in times.items()}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sys
 
-import torch
 from torch.profiler import profile
 
 import anatomy
