@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 import anatomy
+from anatomy.analysis.hardware import measure_matmul_peak
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.kv_cache import bytes_per_token
 from anatomy.inference.sampling import SamplingParams
@@ -41,11 +42,6 @@ def prompt_ids(n: int, seed: int = 0) -> list[int]:
 def bandwidth_gbs() -> float:
     x = torch.ones(64 * 1024 * 1024)  # 256 MiB of fp32
     return x.nbytes / median_seconds(x.sum, 7, warmup=True) / 1e9
-
-
-def matmul_peak_gflops() -> float:
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    return 2 * 2048 ** 3 / median_seconds(lambda: a @ b, 5, warmup=True) / 1e9
 
 
 def step_times(tokens) -> tuple[float, float]:
@@ -129,7 +125,7 @@ def main() -> None:
         runs = {k: [] for k in ("bandwidth", "peak")}
         for rep in range(REPEATS):
             runs["bandwidth"].append(bandwidth_gbs())
-            runs["peak"].append(matmul_peak_gflops())
+            runs["peak"].append(measure_matmul_peak(torch.device("cpu"), size=2048, repeats=5) / 1e9)
             for name, engine in engines.items():
                 _record(runs, name, anatomy_run(engine, [short], NEW), anatomy_run(engine, [long_], 1)[0],
                         anatomy_run(engine, batch, NEW)[1])

@@ -86,9 +86,9 @@ def _measure(label: str, layers: int, heads: int, d: int, ctx: int, batch: int, 
 
 
 def main() -> None:
-    from anatomy.training.mfu import measured_peak_flops
+    from anatomy.analysis.hardware import measure_matmul_peak
 
-    peak = measured_peak_flops(torch.device("cpu"), size=2048, repeats=3)
+    peak = measure_matmul_peak(torch.device("cpu"), size=2048, repeats=3)
     table = Table(title=f"training tokens/s, fp32, {torch.get_num_threads()} threads, AdamW + clipping "
                         f"(fp32 matmul peak measured: {peak / 1e9:.0f} GFLOP/s)")
     for column in ("config", "params", "anatomy tok/s", "HF GPT2LMHeadModel tok/s", "ratio", "MFU anatomy", "MFU HF"):

@@ -106,21 +106,36 @@ def _positive(value: object, path: Path, name: str) -> float:
 def measure_local(*, matmul_n: int = 1024, read_mib: int = 256, repeats: int = 3) -> Hardware:
     """This machine, measured now: best of `repeats` fp32 matmuls [n, n] @ [n, n] (2n^3 FLOPs) and
     best of `repeats` sums over a read_mib MiB fp32 tensor (bytes read / seconds)."""
-    a = torch.randn(matmul_n, matmul_n)
-    b = torch.randn(matmul_n, matmul_n)
-    flops = 2 * matmul_n ** 3 / _best_seconds(lambda: a @ b, repeats)
+    flops = measure_matmul_peak(torch.device("cpu"), size=matmul_n, repeats=repeats)
     x = torch.ones(read_mib * 2 ** 20 // 4)
-    bandwidth = x.nbytes / _best_seconds(lambda: x.sum(), repeats)
+    bandwidth = x.nbytes / _best_seconds(lambda: x.sum(), repeats, torch.device("cpu"))
     return Hardware("local", {"fp32": flops, "any": flops}, bandwidth, source=(
         f"measured now: fp32 matmul {matmul_n}^3 and a sum over {read_mib} MiB, best of {repeats}"),
         notes="fp32 only: this measurement stands in for every compute dtype")
 
 
-def _best_seconds(fn, repeats: int) -> float:
+def measure_matmul_peak(device: torch.device, *, size: int = 1024, repeats: int = 3) -> float:
+    """FLOP/s of the best of `repeats` [size, size] matmuls (fp32; bf16 on a GPU) with this process's
+    threads. Its own generator draws the inputs: the global RNG (dropout, sampling) is untouched."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    gen = torch.Generator(device).manual_seed(0)
+    a = torch.randn(size, size, device=device, dtype=dtype, generator=gen)
+    b = torch.randn(size, size, device=device, dtype=dtype, generator=gen)
+    return 2.0 * size ** 3 / _best_seconds(lambda: a @ b, repeats, device)
+
+
+def _best_seconds(fn, repeats: int, device: torch.device) -> float:
     fn()  # warm up
     best = float("inf")
     for _ in range(repeats):
+        _sync(device)
         start = time.perf_counter()
         fn()
+        _sync(device)
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

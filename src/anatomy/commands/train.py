@@ -21,7 +21,8 @@ from anatomy.training import checkpoint as ckpt
 from anatomy.training.data import check_size, prepare
 from anatomy.training.distributed import STRATEGIES, Dist, barrier, init_distributed, launch, shutdown, wrap
 from anatomy.training.loop import Run, Settings, TrainState, train, truncate_metrics
-from anatomy.training.mfu import flops_per_token, measured_peak_flops
+from anatomy.analysis.hardware import measure_matmul_peak
+from anatomy.training.mfu import flops_per_token
 from anatomy.training.objectives import OBJECTIVES, make_objective
 from anatomy.training.optim import Schedule, make_optimizer
 from anatomy.training.setup import (
@@ -132,7 +133,7 @@ def _train(args: argparse.Namespace, info: Dist) -> int:
         _write_run_file(out, args, config, info)
     run_ = Run(model=model, engine=engine, optimizer=optimizer, schedule=schedule, objective=objective, data=data,
                info=info, out=out, flops_per_token=flops_per_token(config, args.seq_len),
-               peak_flops=measured_peak_flops(info.device))
+               peak_flops=measure_matmul_peak(info.device))
     settings = Settings(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, accum=args.accum,
                         seed=args.seed, grad_clip=args.grad_clip, eval_every=args.eval_every, eval_steps=args.eval_steps,
                         save_every=args.save_every, keep=args.keep, label_smoothing=args.label_smoothing,
