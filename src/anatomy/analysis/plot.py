@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from anatomy.atomic import atomic_file
 
 
 def save_plot(report: dict[str, Any], path: str | Path) -> None:
@@ -20,16 +20,11 @@ def save_plot(report: dict[str, Any], path: str | Path) -> None:
     _breakdown(left, report)
     _roofline(right, report)
     fig.tight_layout()
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(suffix=path.suffix or ".png", dir=path.parent if str(path.parent) else ".")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=120)
-        os.replace(tmp, path)
+        with atomic_file(path) as f:
+            fig.savefig(f, format=Path(path).suffix.lstrip(".") or "png", dpi=120)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _breakdown(ax, report: dict[str, Any]) -> None:

@@ -7,9 +7,7 @@ Tensor data is produced one tensor at a time, so memory holds at most one conver
 
 from __future__ import annotations
 
-import os
 import struct
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +15,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from anatomy.atomic import atomic_file
 from anatomy.checkpoints.gguf_types import DEFAULT_ALIGNMENT, MAGIC, SCALAR_DTYPES, TensorType, ValueType, align
 from anatomy.errors import CheckpointError
 
@@ -72,17 +71,9 @@ def write_gguf(path: str | Path, *, metadata: Iterable[MetadataEntry], tensors: 
     """Write the GGUF file atomically; return its path."""
     path = Path(path)
     header = _header(list(metadata), tensors, alignment)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(header)
-            _write_data(out, tensors, start=len(header), alignment=alignment)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as out:
+        out.write(header)
+        _write_data(out, tensors, start=len(header), alignment=alignment)
     return path
 
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 import json
 import math
 import mmap
-import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from anatomy.atomic import atomic_file
 
 from anatomy.errors import CheckpointError
 
@@ -94,26 +94,6 @@ def write_tensors(path: str | Path, tensors: dict[str, Tensor], *, metadata: dic
         f.write(struct.pack("<Q", len(raw)) + raw)
         for name in order:
             f.write(_bytes_of(tensors[name]))
-
-
-class atomic_file:
-    """`with atomic_file(path) as f:` writes a sibling temporary file and renames it over `path`
-    only when the block succeeds; on failure the temporary file is removed and `path` is untouched."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __enter__(self):
-        fd, self.tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        self.file = os.fdopen(fd, "wb")
-        return self.file
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.file.close()
-        if exc_type is None:
-            os.replace(self.tmp, self.path)
-        else:
-            os.unlink(self.tmp)
 
 
 def _parse_json(path: Path, raw: bytes) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import Tensor, nn
 
+from anatomy.atomic import atomic_file
 from anatomy.errors import AnatomyError
 from anatomy.training.checkpoint import save_checkpoint
 from anatomy.training.data import Dataset, rank_rows, step_generator
@@ -276,6 +277,5 @@ def truncate_metrics(path: Path, step: int) -> None:
     if not path.is_file():
         return
     kept = [line for line in path.read_text().splitlines() if _step_of(line) <= step]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+    with atomic_file(path) as f:
+        f.write("".join(line + "\n" for line in kept).encode())
