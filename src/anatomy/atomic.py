@@ -17,6 +17,7 @@ def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the result gets an ordinary file's mode
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
@@ -25,3 +26,9 @@ def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
