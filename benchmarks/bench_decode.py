@@ -148,7 +148,7 @@ def _print(runs: dict, weight_bytes: int, kv_read: int, model) -> None:
     med = statistics.median
     bandwidth, peak = med(runs.pop("bandwidth")), med(runs.pop("peak"))
     roofline = bandwidth * 1e9 / (weight_bytes + kv_read)
-    flops_per_token = 2 * sum(p.numel() for n, p in model.named_parameters() if n != "embed.tokens.weight")
+    flops_per_token = 2 * sum(p.numel() for n, p in model.named_parameters() if n != "stack.embed.tokens.weight")
     hf, llama = med(runs["HF transformers"]["decode"]), med(runs["llama.cpp F32"]["decode"])
     hf_prefill = med(runs["HF transformers"]["prefill"])
     print(f"\nmeasured: memory bandwidth {bandwidth:.1f} GB/s (torch sum, 256 MiB); fp32 matmul {peak:.0f} GFLOP/s "

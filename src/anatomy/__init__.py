@@ -7,6 +7,7 @@ FLOP and byte visible.
     anatomy.load_tokenizer(name_or_path)
     anatomy.generate(model, prompt, ...)  / anatomy.stream(...)
     anatomy.embed(texts, model=...)
+    anatomy.loaded_models                 the models loaded by name for generate/embed (LRU; .clear())
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _LAZY = {
     "generate": "anatomy.inference.generate",
     "stream": "anatomy.inference.generate",
     "embed": "anatomy.inference.embed",
+    "loaded_models": "anatomy.inference.model_cache",
 }
 
 

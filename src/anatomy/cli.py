@@ -1,13 +1,20 @@
 """The `anatomy` command. Each subcommand lives in anatomy/commands/<name>.py and provides
-`add_parser(subparsers)` and `run(args) -> int`; this file only dispatches and turns the
-project's errors into one-line messages with exit code 2 (never a traceback)."""
+`add_parser(subparsers)` and `run(args) -> int`; this file only dispatches and keeps the error
+contract:
+
+    bad input (an AnatomyError) or a file the OS refuses   one line on stderr, exit 2
+    Ctrl-C                                                 exit 130
+    anything else: a bug in anatomy                        the traceback and a request to report it, exit 1
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+import traceback
 
+from anatomy import __version__
 from anatomy.errors import AnatomyError
 
 # Each command's one-line summary: `anatomy --help` lists them without importing any command, and
@@ -44,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except (AnatomyError, ValueError, FileNotFoundError, UnicodeDecodeError) as exc:
+    except AnatomyError as exc:
         print(f"anatomy {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -52,6 +59,20 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:
+        if exc.filename is None:  # not a path the user named: a bug
+            return _bug(args.command)
+        print(f"anatomy {args.command}: error: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except Exception:
+        return _bug(args.command)
+
+
+def _bug(command: str) -> int:
+    traceback.print_exc()
+    print(f"anatomy {command}: internal error: this is a bug in anatomy, not a problem with your input; please "
+          f"report it with the command line and the traceback above (anatomy {__version__})", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ tying ...). No code anywhere asks for a model's name: it asks for a field.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from anatomy.errors import ConfigError
@@ -67,7 +67,6 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     decoder_start_token_id: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -86,6 +85,20 @@ class ModelConfig:
     def kv_dim(self) -> int:
         """Width of each of the key and value projection outputs, H_kv * d_h."""
         return self.n_kv_heads * self.head_dim
+
+    @property
+    def cached_layers(self) -> int:
+        """Layers that keep a self-attention KV cache when generating: every layer of a decoder-only
+        model, the decoder stack of an encoder-decoder, none of an encoder (it does not decode)."""
+        if self.is_encoder:
+            return 0
+        return self.n_decoder_layers if self.is_seq2seq else self.n_layers
+
+    @property
+    def kv_values_per_token(self) -> int:
+        """KV-cache values one token costs: 2 (K and V) * cached layers * H_kv * d_h. GQA stores
+        the H_kv heads only, and d_h is head_dim, which need not be D/H."""
+        return 2 * self.cached_layers * self.n_kv_heads * self.head_dim
 
     @property
     def is_decoder(self) -> bool:
@@ -118,20 +131,6 @@ class ModelConfig:
         if unknown:
             raise ConfigError(f"unknown ModelConfig field(s) {unknown}; known fields: {sorted(known)}")
         return cls(**values)
-
-    # -- Hugging Face config.json ----------------------------------------------------------------
-    @classmethod
-    def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
-        """Read a Hugging Face config.json dict (llama, gpt2, bert, marian)."""
-        from anatomy.hf_config import config_from_hf
-
-        return config_from_hf(hf)
-
-    def to_hf(self) -> dict[str, Any]:
-        """Write a Hugging Face config.json dict that HF transformers builds the same model from."""
-        from anatomy.hf_config import config_to_hf
-
-        return config_to_hf(self)
 
 
 def _validate(c: ModelConfig) -> None:

@@ -34,12 +34,17 @@ class Tokenizer:
     `special_tokens` maps roles ("bos", "eos", "unk", "pad", "cls", "sep", "mask") to token
     strings present in the vocabulary. Padding and truncation stored in a tokenizer.json are
     switched off: callers pad and truncate explicitly (see `encode_batch(max_length=)`).
+    `gguf_metadata` holds the `tokenizer.*` metadata of the GGUF file it was read from ({key:
+    (value type path, value)}; None for other sources): `anatomy.save(model, "x.gguf",
+    tokenizer=tok)` writes it back, so that llama.cpp finds its vocabulary.
     """
 
     def __init__(self, backend: tokenizers.Tokenizer, *, source: str | Path,
-                 special_tokens: Mapping[str, str] | None = None, chat_template: str | None = None) -> None:
+                 special_tokens: Mapping[str, str] | None = None, chat_template: str | None = None,
+                 gguf_metadata: Mapping[str, Any] | None = None) -> None:
         self.backend = backend
         self.source = str(source)
+        self.gguf_metadata = dict(gguf_metadata) if gguf_metadata is not None else None
         backend.no_padding()
         backend.no_truncation()
         self.special_tokens = dict(special_tokens or {})
@@ -249,10 +254,12 @@ def _chat_template(config: dict[str, Any], config_path: Path) -> str | None:
 
 
 def _from_gguf(path: Path) -> Tokenizer:
+    from anatomy.checkpoints.gguf import tokenizer_metadata
     from anatomy.checkpoints.gguf_reader import read_gguf
     from anatomy.tokenizer_gguf import special_token_ids, tokenizer_from_gguf
 
-    meta = read_gguf(path).metadata
+    f = read_gguf(path)
+    meta = f.metadata
     backend = tokenizer_from_gguf(meta, source=str(path))
     tokens = meta["tokenizer.ggml.tokens"]
     ids = special_token_ids(meta, len(tokens), source=str(path))
@@ -260,4 +267,4 @@ def _from_gguf(path: Path) -> Tokenizer:
     if template is not None and not isinstance(template, str):
         raise CheckpointError(f"{path}: tokenizer.chat_template must be a string, got {type(template).__name__}")
     return Tokenizer(backend, source=path, special_tokens={role: tokens[i] for role, i in ids.items()},
-                     chat_template=template)
+                     chat_template=template, gguf_metadata=tokenizer_metadata(f))

@@ -7,6 +7,7 @@ import torch
 
 from anatomy.analysis.memory import weights_bytes
 from anatomy.analysis.params import parameter_ledger
+from anatomy.checkpoints.hf_config import config_to_hf
 from anatomy.layers import Block
 from anatomy.models import build_model
 from anatomy.presets import get_preset, preset_names
@@ -77,7 +78,7 @@ def test_head_dim_decoupled_from_d_model_counts_head_dim():
 def test_ledger_equals_hf_transformers_count(name):
     transformers = pytest.importorskip("transformers")
     config = get_preset(name)
-    hf = config.to_hf()
+    hf = config_to_hf(config)
     hf_config = transformers.AutoConfig.for_model(**hf)
     model_class = {"llama": transformers.LlamaForCausalLM, "gpt2": transformers.GPT2LMHeadModel,
                    "bert": transformers.BertModel}[hf["model_type"]]

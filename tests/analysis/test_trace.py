@@ -13,20 +13,20 @@ def _outputs(rows, module, op):
 
 def test_prefill_matches_seed_003_example():
     rows = trace(get_preset("llama-7b"), phase="prefill", batch=1, seq=10, context=10)
-    qkv = next(r for r in rows if r.module == "blocks.0.attn.qkv")
+    qkv = next(r for r in rows if r.module == "stack.blocks.0.attn.qkv")
     assert qkv.inputs[0] == [1, 10, 4096] and qkv.output == [1, 10, 3 * 4096]
-    assert _outputs(rows, "blocks.0.attn", "transpose")[:3] == [[1, 32, 10, 128]] * 3  # Q, K, V
+    assert _outputs(rows, "stack.blocks.0.attn", "transpose")[:3] == [[1, 32, 10, 128]] * 3  # Q, K, V
     scores = next(r for r in rows if r.note.startswith("scores"))
     assert scores.output == [1, 32, 10, 10]
-    assert _outputs(rows, "blocks.0.attn.out", "linear") == [[1, 10, 4096]]
-    assert _outputs(rows, "blocks.0.ffn.down", "linear") == [[1, 10, 4096]]
+    assert _outputs(rows, "stack.blocks.0.attn.out", "linear") == [[1, 10, 4096]]
+    assert _outputs(rows, "stack.blocks.0.ffn.down", "linear") == [[1, 10, 4096]]
     assert _outputs(rows, "lm_head", "linear") == [[1, 1, 32000]]  # generation: last position only
-    assert not any(r.module.startswith("blocks.1") for r in rows)  # one block, plus the two ends
+    assert not any(r.module.startswith("stack.blocks.1") for r in rows)  # one block, plus the two ends
 
 
 def test_decode_scores_are_b_h_1_t():
     rows = trace(get_preset("llama-7b"), phase="decode", batch=2, seq=10, context=37)
-    assert next(r for r in rows if r.module == "embed.tokens").output == [2, 1, 4096]
+    assert next(r for r in rows if r.module == "stack.embed.tokens").output == [2, 1, 4096]
     scores = [r for r in rows if r.note.startswith("scores")]
     assert scores[0].output == [2, 32, 1, 37]
     assert scores[0].inputs == [[2, 32, 1, 128], [2, 32, 128, 37]]  # the new query against T cached keys
@@ -38,7 +38,7 @@ def test_trace_flops_of_one_block_equal_the_analytic_layer():
     config = get_preset("llama-3-8b")
     for phase, q_len, kv_len in (("prefill", 16, 16), ("decode", 1, 40)):
         rows = trace(config, phase=phase, batch=3, seq=16, context=40)
-        block = sum(r.flops for r in rows if r.module.startswith("blocks.0"))
+        block = sum(r.flops for r in rows if r.module.startswith("stack.blocks.0"))
         assert block == sum(layer_flops(config, batch=3, q_len=q_len, kv_len=kv_len).values())
 
 
@@ -52,7 +52,7 @@ def test_gqa_rows_name_the_logical_score_shape():
 def test_views_move_no_bytes_and_matmuls_move_their_operands():
     rows = trace(get_preset("gpt2"), phase="prefill", batch=1, seq=8, context=8, dtype="fp32")
     assert all(r.bytes == 0 for r in rows if r.op in ("view", "transpose", "split"))
-    qkv = next(r for r in rows if r.module == "blocks.0.attn.qkv")
+    qkv = next(r for r in rows if r.module == "stack.blocks.0.attn.qkv")
     assert qkv.bytes == 4 * (8 * 768 + 768 * 2304 + 2304 + 8 * 2304)  # x, W, b read; y written
 
 

@@ -55,4 +55,4 @@ def test_config_from_metadata(smollm2):
     assert (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff) == (30, 576, 9, 3, 64, 1536)
     assert (c.vocab_size, c.rope_theta, c.max_seq_len, c.tie_embeddings) == (49152, 100000.0, 8192, True)
     assert (c.bos_token_id, c.eos_token_id) == (1, 2)
-    assert smollm2.lm_head.weight is smollm2.embed.tokens.weight
+    assert smollm2.lm_head.weight is smollm2.token_embedding.weight

@@ -3,14 +3,17 @@ and greedy tokens; gguf-py reads it; the write is atomic."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 from gguf import GGUFReader
 
+import anatomy
 from anatomy import build_model, get_preset
 from anatomy.checkpoints import gguf_writer
-from anatomy.checkpoints.gguf import load_gguf, save_gguf
+from anatomy.checkpoints.gguf import load_gguf, read_gguf, save_gguf, tokenizer_metadata
 from anatomy.errors import CheckpointError, InputError
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -98,9 +101,12 @@ def test_round_trip_is_exact_and_gguf_py_reads_it(tiny_llama, tmp_path):
     assert reader.fields["tokenizer.ggml.tokens"].contents() == TOKENIZER["tokenizer.ggml.tokens"]
     names = {t.name for t in reader.tensors}
     assert {"token_embd.weight", "output.weight", "blk.1.ffn_gate.weight", "blk.1.attn_k.weight"} <= names
-    # the tokenizer metadata travels with the model: saving the reloaded model keeps it
-    again = save_gguf(reloaded, tmp_path / "again.gguf")
+    # what a tokenizer read from the file carries (its gguf_metadata) is written back as it was
+    carrier = SimpleNamespace(source=str(path), gguf_metadata=tokenizer_metadata(read_gguf(path)))
+    again = save_gguf(reloaded, tmp_path / "again.gguf", tokenizer=carrier)
     assert GGUFReader(again).fields["tokenizer.ggml.merges"].contents() == ["t 0"]
+    with pytest.raises(InputError, match="has no GGUF vocabulary"):
+        save_gguf(reloaded, tmp_path / "x.gguf", tokenizer=SimpleNamespace(source="tokenizer.json", gguf_metadata=None))
 
 
 def test_failed_write_leaves_the_old_file(tiny_llama, tmp_path, monkeypatch):
@@ -131,13 +137,13 @@ def test_unsupported_models_and_options(tiny_llama, tmp_path):
 
 @pytest.mark.slow
 @torch.no_grad()
-def test_llama_cpp_greedy_tokens_match_on_smollm2(smollm2, hf_smollm2_tokenizer, greedy, tmp_path):
+def test_llama_cpp_greedy_tokens_match_on_smollm2(smollm2, smollm2_gguf_path, hf_smollm2_tokenizer, greedy, tmp_path):
     """SmolLM2 loaded from the Q4_1 GGUF, written back as f32: llama.cpp's greedy continuation of a
     chat prompt is anatomy's."""
     text = hf_smollm2_tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                                     tokenize=False, add_generation_prompt=True)
     ids = hf_smollm2_tokenizer.encode(text, add_special_tokens=False)
-    path = save_gguf(smollm2, tmp_path / "smollm2-f32.gguf")
+    path = save_gguf(smollm2, tmp_path / "smollm2-f32.gguf", tokenizer=anatomy.load_tokenizer(smollm2_gguf_path))
     llm = llama_cpp.Llama(model_path=str(path), logits_all=True, verbose=False, n_ctx=256, n_threads=1,
                           type_k=F32, type_v=F32)
     theirs = []

@@ -70,7 +70,7 @@ def fake_gguf(monkeypatch):
     calls = []
     module = types.ModuleType("anatomy.checkpoints.gguf")
     module.load_gguf = lambda path, dtype: calls.append(("load", path, dtype)) or "model"
-    module.save_gguf = lambda model, path, dtype: calls.append(("save", path, dtype))
+    module.save_gguf = lambda model, path, dtype, **_: calls.append(("save", path, dtype))
     module.read_gguf_config = lambda path: calls.append(("config", path)) or "config"
     monkeypatch.setitem(sys.modules, "anatomy.checkpoints.gguf", module)
     return calls

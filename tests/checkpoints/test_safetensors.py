@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 
 import anatomy
 from anatomy.checkpoints import safetensors_format
+from anatomy.checkpoints.hf_config import config_to_hf
 from anatomy.checkpoints.safetensors_format import read_tensors, write_tensors
 from anatomy.errors import CheckpointError, ConfigError, InputError
 
@@ -178,17 +179,17 @@ def test_bf16_file_loads_as_float32_or_as_is(hf_checkpoints, tmp_path):
     as_f32 = anatomy.load(tmp_path)
     as_is = anatomy.load(tmp_path, dtype=None)
     expected = hf_model.transformer.wte.weight.to(torch.bfloat16)
-    assert as_f32.embed.tokens.weight.dtype == torch.float32 and as_is.embed.tokens.weight.dtype == torch.bfloat16
-    assert torch.equal(as_is.embed.tokens.weight, expected)
-    assert torch.equal(as_f32.embed.tokens.weight, expected.float())
+    assert as_f32.token_embedding.weight.dtype == torch.float32 and as_is.token_embedding.weight.dtype == torch.bfloat16
+    assert torch.equal(as_is.token_embedding.weight, expected)
+    assert torch.equal(as_f32.token_embedding.weight, expected.float())
 
 
 def test_loaded_weights_are_views_of_the_file(hf_checkpoints):
     """Unfused tensors are borrowed from the memory map (a non-resizable storage), not copied."""
     ours = anatomy.load(hf_checkpoints["llama"][1])
-    assert not ours.embed.tokens.weight.untyped_storage().resizable()
-    assert not ours.blocks[0].attn.out.weight.untyped_storage().resizable()
-    assert ours.lm_head.weight.data_ptr() != ours.embed.tokens.weight.data_ptr()  # untied in this config
+    assert not ours.token_embedding.weight.untyped_storage().resizable()
+    assert not ours.stack.blocks[0].attn.out.weight.untyped_storage().resizable()
+    assert ours.lm_head.weight.data_ptr() != ours.token_embedding.weight.data_ptr()  # untied in this config
 
 
 def test_save_float16(hf_checkpoints, tmp_path):
@@ -197,7 +198,7 @@ def test_save_float16(hf_checkpoints, tmp_path):
     assert json.loads((tmp_path / "f16" / "config.json").read_text())["dtype"] == "float16"
     with safe_open(tmp_path / "f16" / "model.safetensors", "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F16"}
-        assert torch.equal(f.get_tensor("model.embed_tokens.weight"), ours.embed.tokens.weight.half())
+        assert torch.equal(f.get_tensor("model.embed_tokens.weight"), ours.token_embedding.weight.half())
 
 
 # -- a checkpoint that does not fit ------------------------------------------------------------------
@@ -279,13 +280,13 @@ def test_unsupported_model_type(tmp_path):
 
 
 def test_directory_without_weights(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(anatomy.get_preset("gpt2").to_hf()))
+    (tmp_path / "config.json").write_text(json.dumps(config_to_hf(anatomy.get_preset("gpt2"))))
     with pytest.raises(CheckpointError, match="neither model.safetensors nor model.safetensors.index.json"):
         anatomy.load(tmp_path)
 
 
 def test_shard_outside_the_directory_is_refused(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(anatomy.get_preset("gpt2").to_hf()))
+    (tmp_path / "config.json").write_text(json.dumps(config_to_hf(anatomy.get_preset("gpt2"))))
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../x.safetensors"}}))
     with pytest.raises(CheckpointError, match="not in this directory"):
         anatomy.load(tmp_path)

@@ -40,7 +40,7 @@ def markov_seq2seq(chain: dict[int, dict[int, float]] = CHAIN) -> torch.nn.Modul
                          decoder_start_token_id=START)
     model = build_model(config).eval()
     with torch.no_grad():
-        for block in model.decoder_blocks:
+        for block in model.decoder.blocks:
             for linear in (block.attn.out, block.cross_attn.out, block.ffn.down):
                 linear.weight.zero_()
         model.shared.weight.copy_(torch.eye(6))

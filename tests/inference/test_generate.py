@@ -13,7 +13,7 @@ from anatomy.errors import InputError
 from anatomy.inference.generate import _Row
 from anatomy.inference.streaming import StopStringFilter
 
-from .conftest import llama_tiny
+from .conftest import llama_tiny, seq2seq_tiny
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers."]
 
@@ -127,3 +127,18 @@ def test_text_prompt_without_tokenizer_is_an_error():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(anatomy.generate(llama_tiny(), [1, 2, 3], max_new_tokens=3, ignore_eos=True).token_ids) == 3
+
+
+@pytest.mark.parametrize("make", [llama_tiny, seq2seq_tiny], ids=["decoder", "encoder-decoder"])
+def test_generate_leaves_the_callers_model_as_it_was(make):
+    """The engine works on its own view: the caller's module classes, training flag, parameter
+    objects and values are what they were before the call (a model left in training mode too)."""
+    model = make().train()
+    classes = [(name, type(m)) for name, m in model.named_modules()]
+    params = dict(model.named_parameters())
+    values = {name: p.detach().clone() for name, p in params.items()}
+    first = anatomy.generate(model, [5, 6, 7], max_new_tokens=6)
+    assert anatomy.generate(model, [5, 6, 7], max_new_tokens=6).token_ids == first.token_ids
+    assert model.training and all(m.training for m in model.modules())
+    assert [(name, type(m)) for name, m in model.named_modules()] == classes
+    assert all(p is params[name] and torch.equal(p, values[name]) for name, p in model.named_parameters())

@@ -29,14 +29,14 @@ def test_shapes_and_last_only():
         logits = model(ids)
         assert logits.shape == (3, 7, 64)
         assert torch.allclose(model(ids, last_only=True), logits[:, -1:], atol=1e-6)
-        assert model.hidden_states(ids).shape == (3, 7, 32)
+        assert model.stack(ids).shape == (3, 7, 32)
 
 
 def test_tied_and_untied_heads():
     tied, untied = gpt2(), llama()
-    assert tied.lm_head.weight is tied.embed.tokens.weight
+    assert tied.lm_head.weight is tied.stack.embed.tokens.weight
     assert "lm_head.weight" not in dict(tied.named_parameters())
-    assert untied.lm_head.weight is not untied.embed.tokens.weight
+    assert untied.lm_head.weight is not untied.stack.embed.tokens.weight
 
 
 @pytest.mark.parametrize("make", [llama, gpt2], ids=["llama", "gpt2"])

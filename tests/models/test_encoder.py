@@ -38,10 +38,10 @@ def test_pooler_and_mlm_head():
     model = bert()
     hidden = model(torch.randint(0, 64, (2, 5)))
     assert model.pool(hidden).shape == (2, 32)
-    with pytest.raises(ValueError, match="built without a pooler"):
+    with pytest.raises(InputError, match="built without a pooler"):
         bert(pooler=False).pool(hidden)
     mlm = bert(head="mlm")
-    assert mlm.encoder.pooler is None and mlm.decoder.weight is mlm.encoder.embed.tokens.weight
+    assert mlm.encoder.pooler is None and mlm.decoder.weight is mlm.encoder.stack.embed.tokens.weight
     assert mlm(torch.randint(0, 64, (2, 5))).shape == (2, 5, 64)
 
 

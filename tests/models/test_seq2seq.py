@@ -11,7 +11,6 @@ import torch
 
 from anatomy import build_model, get_preset
 from anatomy.errors import InputError
-from anatomy.layers import Attention
 
 SMALL = dict(vocab_size=64, d_model=32, n_layers=2, n_decoder_layers=2, n_heads=4, d_ff=48, max_seq_len=16,
              dropout=0.0)
@@ -37,14 +36,14 @@ def test_forward_is_encode_then_decode():
 @pytest.mark.parametrize("n_kv_heads", [4, 2], ids=["MHA", "GQA"])
 def test_source_padding_gives_the_unpadded_logits(n_kv_heads):
     model = transformer(n_kv_heads=n_kv_heads)
+    state = model.state_dict()
     src, tgt = torch.randint(3, 64, (1, 5)), torch.randint(3, 64, (1, 4))
     padded = torch.cat([src, torch.randint(3, 64, (1, 3))], dim=1)
     mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0, 0]])
     with torch.no_grad():
         for backend in ("sdpa", "eager"):
-            for m in model.modules():
-                if isinstance(m, Attention):
-                    m.backend = backend
+            model = build_model(model.config, attention=backend).eval()
+            model.load_state_dict(state)
             assert (model(padded, tgt, src_mask=mask) - model(src, tgt)).abs().max() <= 1e-5
 
 
@@ -65,8 +64,8 @@ def test_embeddings_are_scaled_and_sinusoidal():
     model = transformer()
     ids = torch.randint(0, 64, (1, 5))
     pos = torch.arange(5)[None]
-    expected = model.shared(ids) * math.sqrt(32) + model.src_embed.positions.table[:5]
-    assert torch.allclose(model.src_embed(ids, pos), expected)
+    expected = model.shared(ids) * math.sqrt(32) + model.encoder.embed.positions.table[:5]
+    assert torch.allclose(model.encoder.embed(ids, pos), expected)
     assert model.lm_head.weight is model.shared.weight
 
 

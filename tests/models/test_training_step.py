@@ -81,13 +81,13 @@ def test_init_per_family():
     (kept by the tied output layer), matrices Xavier uniform; norms start at (1, 0)."""
     wide = dict(SMALL, d_model=256, d_ff=1024, vocab_size=2000)
     gpt2 = build_model(get_preset("gpt2", **wide, bos_token_id=1, eos_token_id=2))
-    assert gpt2.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.05)
-    assert gpt2.blocks[0].attn.out.weight.std().item() == pytest.approx(0.02 / math.sqrt(4), rel=0.05)
-    assert gpt2.blocks[0].attn.qkv.bias.abs().max() == 0 and torch.equal(gpt2.final_norm.weight, torch.ones(256))
+    assert gpt2.stack.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert gpt2.stack.blocks[0].attn.out.weight.std().item() == pytest.approx(0.02 / math.sqrt(4), rel=0.05)
+    assert gpt2.stack.blocks[0].attn.qkv.bias.abs().max() == 0 and torch.equal(gpt2.stack.final_norm.weight, torch.ones(256))
     t = build_model(get_preset("transformer-base", **wide))
     assert t.shared.weight.std().item() == pytest.approx(256 ** -0.5, rel=0.05)
     bound = math.sqrt(6 / (256 + 1024))
-    up = t.encoder_blocks[0].ffn.up.weight
+    up = t.encoder.blocks[0].ffn.up.weight
     assert up.abs().max() <= bound and up.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.05)
 
 

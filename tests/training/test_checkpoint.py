@@ -63,7 +63,7 @@ def test_incompatible_checkpoint_names_file_and_key(tmp_path):
     model, opt = _setup()
     directory = _save(tmp_path, model, opt)
     other, other_opt = _setup(d_model=48)
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: key 'embed.tokens.weight' has shape \(40, 32\)"):
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: key 'stack.embed.tokens.weight' has shape \(40, 32\)"):
         load_checkpoint(directory, engine=other, model=other, optimizer=other_opt, info=Dist())
     (directory / "trainer.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="trainer.json: not readable JSON"):
@@ -90,7 +90,7 @@ def test_non_finite_weights_are_never_saved(tmp_path):
     model, opt = _setup()
     _save(tmp_path, model, opt, step=1)
     with torch.no_grad():
-        model.blocks[0].attn.qkv.weight[0, 0] = float("nan")
+        model.stack.blocks[0].attn.qkv.weight[0, 0] = float("nan")
     assert _save(tmp_path, model, opt, step=2) is None
     assert latest_checkpoint(tmp_path / "run").name == "step-000001"
 

@@ -24,8 +24,8 @@ def test_weight_decay_excludes_biases_and_norms():
     assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
     decayed_names, plain_names = _names(model, decayed["params"]), _names(model, plain["params"])
     assert all(n.endswith("bias") or "norm" in n for n in plain_names)
-    assert {"blocks.0.attn_norm.weight", "blocks.0.attn.qkv.bias", "final_norm.bias"} <= plain_names
-    assert {"blocks.0.attn.qkv.weight", "blocks.1.ffn.down.weight", "embed.tokens.weight"} <= decayed_names
+    assert {"stack.blocks.0.attn_norm.weight", "stack.blocks.0.attn.qkv.bias", "stack.final_norm.bias"} <= plain_names
+    assert {"stack.blocks.0.attn.qkv.weight", "stack.blocks.1.ffn.down.weight", "stack.embed.tokens.weight"} <= decayed_names
     assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))  # tied head once
 
 
@@ -34,7 +34,7 @@ def test_decay_really_skips_biases():
                         bos_token_id=None, eos_token_id=None)
     model = build_model(config)
     opt = make_optimizer(model, lr=0.1, weight_decay=0.5)
-    bias, weight = model.blocks[0].attn.qkv.bias, model.blocks[0].attn.qkv.weight
+    bias, weight = model.stack.blocks[0].attn.qkv.bias, model.stack.blocks[0].attn.qkv.weight
     with torch.no_grad():
         bias.fill_(1.0)
     w0 = weight.detach().clone()

@@ -40,18 +40,10 @@ def weights_bytes(n_params: int, dtype: str) -> int:
     return n_params * DTYPE_BITS[check_dtype(dtype)] // 8
 
 
-def self_attention_layers(config: ModelConfig) -> int:
-    """Layers that keep a KV cache: every decoder layer; none in an encoder-only model."""
-    if config.is_encoder:
-        return 0
-    return config.n_decoder_layers if config.is_seq2seq else config.n_layers
-
-
 def kv_bytes_per_token(config: ModelConfig, kv_dtype: str) -> int:
-    """2 (K and V) * L * H_kv * d_h values per token: GQA stores H_kv heads, and d_h is the
-    config's head_dim, which need not be D/H."""
+    """config.kv_values_per_token (2 * cached layers * H_kv * d_h) at `kv_dtype`."""
     bits = DTYPE_BITS[check_dtype(kv_dtype, option="--kv-dtype")]
-    return 2 * self_attention_layers(config) * config.n_kv_heads * config.head_dim * bits // 8
+    return config.kv_values_per_token * bits // 8
 
 
 def kv_cache_bytes(config: ModelConfig, *, batch: int, tokens: int, kv_dtype: str) -> int:
@@ -99,10 +91,7 @@ def training_activations(config: ModelConfig, *, batch: int, seq: int, dtype: st
 
     shallow = config.replace(n_layers=min(config.n_layers, MEASURED_LAYERS),
                              n_decoder_layers=min(config.n_decoder_layers, MEASURED_LAYERS))
-    model = build_model(shallow, device="meta", dtype=TORCH_DTYPES[dtype]).to("meta").train()
-    for module in model.modules():
-        if hasattr(module, "backend"):
-            module.backend = backend
+    model = build_model(shallow, device="meta", dtype=TORCH_DTYPES[dtype], attention=backend).to("meta").train()
     recorder = _SavedTensors({id(p) for p in model.parameters()}, _blocks(model))
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t), _FusedAttention(recorder):

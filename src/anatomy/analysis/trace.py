@@ -29,7 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from anatomy.analysis.memory import TORCH_DTYPES
 from anatomy.config import ModelConfig
 
-_SKIPPED_MODULES = re.compile(r"^(context|encoder_context|decoder_context)(\.|$)")
+_SKIPPED_MODULES = re.compile(r"(^|\.)context(\.|$)")  # a stack's position machinery: index setup, not the model
 
 
 @dataclass(frozen=True)
@@ -57,10 +57,7 @@ def trace(config: ModelConfig, *, phase: str, batch: int, seq: int, context: int
         return []
     # one block per stack: the trace shows one, and every block of a stack is the same module
     config = config.replace(n_layers=1, n_decoder_layers=min(config.n_decoder_layers, 1))
-    model = build_model(config, device="meta", dtype=TORCH_DTYPES[dtype], head=head).to("meta").eval()
-    for module in model.modules():
-        if hasattr(module, "backend"):
-            module.backend = "eager"
+    model = build_model(config, device="meta", dtype=TORCH_DTYPES[dtype], head=head, attention="eager").to("meta").eval()
     run = _prefill(model, config, batch, seq) if phase == "prefill" else _decode(model, config, batch, seq, context)
     recorder = _Recorder(phase, model, config)
     with recorder:

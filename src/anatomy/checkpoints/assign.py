@@ -17,7 +17,7 @@ from anatomy.errors import CheckpointError
 
 def expected_shapes(model: nn.Module) -> dict[str, torch.Size]:
     """The model's own parameter and persistent-buffer names and shapes (tied weights once)."""
-    aliases = tied_names(model)
+    aliases = tied_aliases(model)
     return {name: t.shape for name, t in model.state_dict(keep_vars=True).items() if name not in aliases}
 
 
@@ -47,15 +47,16 @@ def assign_tensors(model: nn.Module, tensors: dict[str, Tensor], *, source: str 
     return model.eval()
 
 
-def tied_names(model: nn.Module) -> set[str]:
-    """Names whose parameter object also appears earlier under another name."""
-    seen: dict[int, str] = {}
-    aliases = set()
+def tied_aliases(model: nn.Module) -> dict[str, str]:
+    """{alias: owner} for every parameter registered under a second name (a tied LM head): the
+    owner is the name it appears under first, the one checkpoints store."""
+    first: dict[int, str] = {}
+    aliases = {}
     for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in seen:
-            aliases.add(name)
+        if id(p) in first:
+            aliases[name] = first[id(p)]
         else:
-            seen[id(p)] = name
+            first[id(p)] = name
     return aliases
 
 
@@ -67,14 +68,7 @@ def _retie(model: nn.Module) -> None:
     for head in ("lm_head", "decoder"):
         module = getattr(model, head, None)
         if isinstance(module, nn.Linear):
-            module.weight = input_embedding(model).weight
-
-
-def input_embedding(model: nn.Module) -> nn.Embedding:
-    """The token embedding of any of the model classes."""
-    if isinstance(getattr(model, "shared", None), nn.Embedding):
-        return model.shared
-    return getattr(model, "encoder", model).embed.tokens
+            module.weight = model.token_embedding.weight
 
 
 def _materialize_buffers(model: nn.Module) -> None:

@@ -42,11 +42,8 @@ def read_gguf_config(path: str | Path) -> ModelConfig:
 
 
 def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """The model stored in the GGUF file at `path`, in `dtype`, in eval mode.
-
-    The file's tokenizer metadata is kept on the model as `model.gguf_tokenizer` ({key: (type
-    path, value)}) so that save_gguf can write a file llama.cpp accepts.
-    """
+    """The model stored in the GGUF file at `path`, in `dtype`, in eval mode. (Its tokenizer is
+    `anatomy.load_tokenizer(path)`, which also keeps the file's tokenizer metadata for save_gguf.)"""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise InputError(f"dtype={dtype!r} must be a floating-point torch.dtype")
     f = read_gguf(path)
@@ -56,9 +53,12 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> nn.Mod
     plan = tensor_plan(shapes, config, gguf_architecture(f))
     _check_plan(f, plan, shapes)
     tensors = {name: _assemble(f, parts, shapes[name], dtype) for name, parts in plan.items()}
-    assign_tensors(model, tensors, source=f.path, dtype=dtype)
-    model.gguf_tokenizer = {k: (f.value_types[k], v) for k, v in f.metadata.items() if k.startswith(TOKENIZER_PREFIX)}
-    return model
+    return assign_tensors(model, tensors, source=f.path, dtype=dtype)
+
+
+def tokenizer_metadata(f: GGUFFile) -> dict[str, tuple[tuple[ValueType, ...], Any]]:
+    """The file's `tokenizer.*` metadata, {key: (value type path, value)}, as save_gguf writes it back."""
+    return {k: (f.value_types[k], v) for k, v in f.metadata.items() if k.startswith(TOKENIZER_PREFIX)}
 
 
 def _check_plan(f: GGUFFile, plan: dict[str, list[Part]], shapes: dict[str, torch.Size]) -> None:
@@ -113,14 +113,14 @@ def _assemble(f: GGUFFile, parts: list[Part], shape: torch.Size, dtype: torch.dt
     return out
 
 
-def save_gguf(model: nn.Module, path: str | Path, *, dtype: str = "f32",
+def save_gguf(model: nn.Module, path: str | Path, *, dtype: str = "f32", tokenizer: Any = None,
               tokenizer_metadata: Mapping[str, Any] | None = None) -> Path:
     """Write `model` (a llama- or gpt2-style DecoderLM) as a GGUF file llama.cpp can run.
 
     dtype "f32" or "f16" (matrices in f16; norms and biases stay f32, as llama.cpp expects).
-    tokenizer_metadata: `tokenizer.*` keys to write (plain values, types inferred); by default
-    those the model was loaded with from a GGUF. llama.cpp refuses a file without a vocabulary.
-    Written atomically (temporary file, fsync, rename).
+    The vocabulary llama.cpp needs comes from `tokenizer` (an anatomy Tokenizer read from a GGUF
+    file: its `gguf_metadata`) or from `tokenizer_metadata` (`tokenizer.*` keys, plain values,
+    types inferred); with neither, the file has none. Written atomically (temporary file, fsync, rename).
     """
     if dtype not in SAVE_DTYPES:
         raise InputError(f"dtype={dtype!r} is not one of {', '.join(map(repr, SAVE_DTYPES))}")
@@ -131,7 +131,7 @@ def save_gguf(model: nn.Module, path: str | Path, *, dtype: str = "f32",
     type_name, file_type = SAVE_DTYPES[dtype]
     metadata = [(key, (vtype,), value) for key, vtype, value in entries]
     metadata += [("general.file_type", (ValueType.UINT32,), file_type)]
-    metadata += _tokenizer_entries(model, tokenizer_metadata)
+    metadata += _tokenizer_entries(tokenizer, tokenizer_metadata)
     metadata += _special_token_entries(config, {key for key, _, _ in metadata})
     shapes = expected_shapes(model)
     plan = tensor_plan(shapes, config, arch)
@@ -164,13 +164,18 @@ def _entry(full: Tensor, part: Part, row: int, type_name: str) -> TensorEntry:
     return TensorEntry(name=part.name, type=TENSOR_TYPES_BY_NAME[type_name], shape=tuple(shape), data=data)
 
 
-def _tokenizer_entries(model: nn.Module, given: Mapping[str, Any] | None) -> list[MetadataEntry]:
+def _tokenizer_entries(tokenizer: Any, given: Mapping[str, Any] | None) -> list[MetadataEntry]:
     if given is not None:
         bad = [k for k in given if not k.startswith(TOKENIZER_PREFIX)]
         if bad:
             raise InputError(f"tokenizer_metadata keys must start with {TOKENIZER_PREFIX!r}: {bad}")
         return [(k, infer_types(v), v) for k, v in given.items()]
-    typed = getattr(model, "gguf_tokenizer", None) or {}
+    if tokenizer is None:
+        return []
+    typed = getattr(tokenizer, "gguf_metadata", None)
+    if typed is None:
+        raise InputError(f"tokenizer from {getattr(tokenizer, 'source', '?')} has no GGUF vocabulary to write "
+                         "(only tokenizers read from a .gguf file carry one); pass tokenizer_metadata instead")
     return [(k, types, v) for k, (types, v) in typed.items()]
 
 

@@ -20,17 +20,18 @@ import torch
 from torch import Tensor
 
 from anatomy.config import ModelConfig
+from anatomy.errors import ConfigError
 
 # GGUF architectures whose converter reorders Q/K rows for llama.cpp's interleaved RoPE
 ROTARY_REORDERED = {"llama"}
 # GGUF architectures that keep Q, K, V fused in one `attn_qkv` tensor
 FUSED_QKV = {"gpt2"}
 
-_TOP = {"embed.tokens": "token_embd", "embed.positions": "position_embd", "final_norm": "output_norm",
-        "lm_head": "output"}
+_TOP = {"stack.embed.tokens": "token_embd", "stack.embed.positions": "position_embd",
+        "stack.final_norm": "output_norm", "lm_head": "output"}
 _BLOCK = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn.out": "attn_output",
           "ffn.down": "ffn_down", "ffn.up": "ffn_up"}
-_BLOCK_NAME = re.compile(r"blocks\.(\d+)\.(.+)\.(weight|bias)")
+_BLOCK_NAME = re.compile(r"stack\.blocks\.(\d+)\.(.+)\.(weight|bias)")
 _TOP_NAME = re.compile(r"(.+)\.(weight|bias)")
 
 
@@ -55,7 +56,7 @@ def _parts(name: str, shape: torch.Size, config: ModelConfig, arch: str) -> list
     if block is None:
         top = _TOP_NAME.fullmatch(name)
         if top is None or top.group(1) not in _TOP:
-            raise KeyError(f"no GGUF name for parameter {name!r}")
+            raise ConfigError(f"llama.cpp has no tensor for parameter {name!r} (GGUF names: llama and gpt2 decoders)")
         return [Part(f"{_TOP[top.group(1)]}.{top.group(2)}", rows)]
     i, module, kind = block.groups()
     prefix = f"blk.{i}."
@@ -65,7 +66,7 @@ def _parts(name: str, shape: torch.Size, config: ModelConfig, arch: str) -> list
         return [Part(f"{prefix}ffn_gate.{kind}", config.d_ff), Part(f"{prefix}ffn_up.{kind}", config.d_ff)]
     if module == "attn.qkv":
         return _qkv_parts(prefix, kind, rows, config, arch)
-    raise KeyError(f"no GGUF name for parameter {name!r}")
+    raise ConfigError(f"llama.cpp has no tensor for parameter {name!r} (GGUF names: llama and gpt2 decoders)")
 
 
 def _qkv_parts(prefix: str, kind: str, rows: int, config: ModelConfig, arch: str) -> list[Part]:

@@ -21,13 +21,10 @@ from torch import nn
 
 from anatomy.checkpoints.assign import expected_shapes
 from anatomy.config import ModelConfig
-from anatomy.errors import InputError
-from anatomy.hf_config import hf_family
+from anatomy.errors import ConfigError, InputError
+from anatomy.checkpoints.hf_config import ARCHITECTURES, hf_family
 from anatomy.models import DecoderLM, Encoder, EncoderDecoder, MaskedLM
 
-FAMILIES = ("llama", "gpt2", "bert", "bert-mlm", "marian")
-ARCHITECTURE_OF = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel", "bert": "BertModel",
-                   "bert-mlm": "BertForMaskedLM", "marian": "MarianMTModel"}
 # HF checkpoints of the same family are saved with or without the base model's prefix.
 OPTIONAL_PREFIX = {"gpt2": "transformer.", "bert": "bert.", "bert-mlm": "bert."}
 
@@ -74,7 +71,8 @@ def tensor_links(model: nn.Module, family: str) -> list[TensorLink]:
         module, _, suffix = name.rpartition(".")
         link = by_tensor.get(name) or by_module.get(module)
         if link is None:
-            raise KeyError(f"the {family} name map has no entry for {name!r}")
+            raise ConfigError(f"HF {ARCHITECTURES[family]} has no tensor for {name!r}: this config has a part "
+                              "the HF class lacks")
         hf = link.hf if link.exact else tuple(f"{h}.{suffix}" for h in link.hf)
         out.append(_expand(name, shape, hf, link))
     return out
@@ -108,10 +106,10 @@ def _expand(name: str, shape: torch.Size, hf: tuple[str, ...], link: Link) -> Te
 
 
 def _llama(c: ModelConfig) -> list[Link]:
-    links = [Link("embed.tokens", ("model.embed_tokens",)), Link("final_norm", ("model.norm",)),
+    links = [Link("stack.embed.tokens", ("model.embed_tokens",)), Link("stack.final_norm", ("model.norm",)),
              Link("lm_head", ("lm_head",))]
     for i in range(c.n_layers):
-        o, h = f"blocks.{i}.", f"model.layers.{i}."
+        o, h = f"stack.blocks.{i}.", f"model.layers.{i}."
         links += [
             Link(o + "attn_norm", (h + "input_layernorm",)),
             Link(o + "attn.qkv", tuple(h + f"self_attn.{x}_proj" for x in "qkv"), sizes=(c.q_dim, c.kv_dim, c.kv_dim)),
@@ -125,10 +123,10 @@ def _llama(c: ModelConfig) -> list[Link]:
 
 def _gpt2(c: ModelConfig) -> list[Link]:
     t = "transformer."
-    links = [Link("embed.tokens", (t + "wte",)), Link("embed.positions", (t + "wpe",)),
-             Link("final_norm", (t + "ln_f",)), Link("lm_head", ("lm_head",))]
+    links = [Link("stack.embed.tokens", (t + "wte",)), Link("stack.embed.positions", (t + "wpe",)),
+             Link("stack.final_norm", (t + "ln_f",)), Link("lm_head", ("lm_head",))]
     for i in range(c.n_layers):
-        o, h = f"blocks.{i}.", f"{t}h.{i}."
+        o, h = f"stack.blocks.{i}.", f"{t}h.{i}."
         links += [
             Link(o + "attn_norm", (h + "ln_1",)),
             Link(o + "attn.qkv", (h + "attn.c_attn",), transpose=True),
@@ -141,14 +139,14 @@ def _gpt2(c: ModelConfig) -> list[Link]:
 
 
 def _bert_encoder(c: ModelConfig, o: str, h: str) -> list[Link]:
-    """BERT's encoder with our names under prefix o and HF's under prefix h."""
-    e = h + "embeddings."
-    links = [Link(o + "embed.tokens", (e + "word_embeddings",)),
-             Link(o + "embed.positions", (e + "position_embeddings",)),
-             Link(o + "embed.token_types", (e + "token_type_embeddings",)),
-             Link(o + "embed.norm", (e + "LayerNorm",)), Link(o + "pooler", (h + "pooler.dense",))]
+    """BERT's encoder with our names under prefix o (the Encoder's) and HF's under prefix h."""
+    e, s = h + "embeddings.", o + "stack."
+    links = [Link(s + "embed.tokens", (e + "word_embeddings",)),
+             Link(s + "embed.positions", (e + "position_embeddings",)),
+             Link(s + "embed.token_types", (e + "token_type_embeddings",)),
+             Link(s + "embed.norm", (e + "LayerNorm",)), Link(o + "pooler", (h + "pooler.dense",))]
     for i in range(c.n_layers):
-        b, hl = f"{o}blocks.{i}.", f"{h}encoder.layer.{i}."
+        b, hl = f"{s}blocks.{i}.", f"{h}encoder.layer.{i}."
         links += [
             Link(b + "attn.qkv", tuple(hl + f"attention.self.{x}" for x in ("query", "key", "value")),
                  sizes=(c.q_dim, c.kv_dim, c.kv_dim)),
@@ -196,9 +194,9 @@ def _marian(c: ModelConfig) -> list[Link]:
     links = [Link("shared", ("model.shared",)), Link("lm_head.weight", ("lm_head.weight",), exact=True),
              Link("lm_head.bias", ("final_logits_bias",), exact=True, leading_one=True)]
     for i in range(c.n_layers):
-        links += _marian_block(c, f"encoder_blocks.{i}.", f"model.encoder.layers.{i}.", cross=False)
+        links += _marian_block(c, f"encoder.blocks.{i}.", f"model.encoder.layers.{i}.", cross=False)
     for i in range(c.n_decoder_layers):
-        links += _marian_block(c, f"decoder_blocks.{i}.", f"model.decoder.layers.{i}.", cross=True)
+        links += _marian_block(c, f"decoder.blocks.{i}.", f"model.decoder.layers.{i}.", cross=True)
     return links
 
 

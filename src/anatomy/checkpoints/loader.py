@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,15 +34,16 @@ def load(name_or_path: str | Path, *, dtype: torch.dtype = torch.float32) -> nn.
     return load_hf(_hf_directory(path), dtype=dtype)
 
 
-def save(model: nn.Module, path: str | Path, *, dtype: torch.dtype | str | None = None) -> Path:
-    """Write `model` as a .gguf file (f32 or f16) or, for any other path, an HF directory."""
+def save(model: nn.Module, path: str | Path, *, dtype: torch.dtype | str | None = None, tokenizer: Any = None) -> Path:
+    """Write `model` as a .gguf file (f32 or f16; `tokenizer` read from a GGUF file gives it its
+    vocabulary) or, for any other path, an HF directory."""
     path = Path(path)
     if path.suffix == ".gguf":
         if dtype not in _GGUF_DTYPES:
             raise InputError(f"dtype={dtype!r} cannot be written to GGUF (choose torch.float32 or torch.float16)")
         from anatomy.checkpoints.gguf import save_gguf
 
-        save_gguf(model, path, dtype=_GGUF_DTYPES[dtype])
+        save_gguf(model, path, dtype=_GGUF_DTYPES[dtype], tokenizer=tokenizer)
         return path
     if isinstance(dtype, str):
         raise InputError(f"dtype={dtype!r}: an HF directory takes a torch dtype (e.g. torch.float16)")

@@ -19,12 +19,11 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.checkpoints.assign import assign_tensors
-from anatomy.checkpoints.hf_names import (ARCHITECTURE_OF, OPTIONAL_PREFIX, TensorLink, family_of, ignorable,
-                                          tensor_links)
+from anatomy.checkpoints.hf_config import ARCHITECTURES, config_from_hf, config_to_hf, layout_of
+from anatomy.checkpoints.hf_names import OPTIONAL_PREFIX, TensorLink, family_of, ignorable, tensor_links
 from anatomy.checkpoints.safetensors_format import atomic_file, read_tensors, write_tensors
 from anatomy.config import ModelConfig
 from anatomy.errors import CheckpointError, ConfigError
-from anatomy.hf_config import config_from_hf, config_to_hf
 from anatomy.models import build_model
 
 CONFIG_NAME = "config.json"
@@ -46,7 +45,7 @@ def load_hf(path: str | Path, *, dtype: torch.dtype | None = torch.float32) -> n
     directory = Path(path)
     hf = _read_json(directory / CONFIG_NAME)
     config = _config_of(hf, directory / CONFIG_NAME)
-    family = _family(hf)
+    family = layout_of(hf)
     tensors, files = _read_weights(directory)
     if family == "bert" and _find("pooler.dense.weight", tensors, family) is None:
         config = config.replace(pooler=False)  # a BertModel saved without its pooler (add_pooling_layer=False)
@@ -69,12 +68,6 @@ def _config_of(hf: Any, file: Path) -> ModelConfig:
         return config_from_hf(hf)
     except ConfigError as e:
         raise ConfigError(f"{file}: {e}") from None
-
-
-def _family(hf: dict[str, Any]) -> str:
-    if hf["model_type"] == "bert":
-        return "bert-mlm" if "BertForMaskedLM" in (hf.get("architectures") or []) else "bert"
-    return hf["model_type"]
 
 
 def _read_weights(directory: Path) -> tuple[dict[str, Tensor], dict[str, Path]]:
@@ -132,7 +125,7 @@ def _from_hf_names(model: nn.Module, family: str, tensors: dict[str, Tensor],
         where = ", ".join(sorted({str(f) for f in files.values()})) or "checkpoint"
         parts = [f"missing tensors {missing}"] if missing else []
         parts += [f"unexpected tensors {unexpected}"] if unexpected else []
-        raise CheckpointError(f"{where}: {'; '.join(parts)} (for HF {ARCHITECTURE_OF[family]})")
+        raise CheckpointError(f"{where}: {'; '.join(parts)} (for HF {ARCHITECTURES[family]})")
     return {link.ours: _join(link, [found[h] for h in link.hf], tensors, files) for link in links}
 
 
@@ -156,9 +149,9 @@ def save_hf(model: nn.Module, path: str | Path, *, dtype: torch.dtype | None = N
     only once complete."""
     directory = Path(path)
     family = family_of(model)
-    tensors = _to_hf_names(model, family, dtype)
     hf = config_to_hf(model.config)
-    hf["architectures"] = [ARCHITECTURE_OF[family]]
+    tensors = _to_hf_names(model, family, dtype)
+    hf["architectures"] = [ARCHITECTURES[family]]
     hf["dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     if directory.exists():
         _write_files(directory, hf, tensors)

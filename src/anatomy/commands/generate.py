@@ -127,11 +127,15 @@ def read_prompt(prompt: str) -> str:
 
 
 def load(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The model and tokenizer, with a spinner on stderr if loading takes over a second."""
+    """(the engine of a decoder, or the encoder-decoder model; the tokenizer), with a spinner on
+    stderr if loading takes over a second. The engine is kept for every reply of a chat."""
     from anatomy.inference.generate import load_named
 
     with delayed_status(f"loading {args.model}"):
-        return load_named(args.model, DTYPES[args.dtype])
+        named = load_named(args.model, DTYPES[args.dtype])
+        if named.model.config.is_decoder:
+            return named.engine(compile=args.compile), named.tokenizer
+        return named.model, named.tokenizer
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from anatomy.errors import InputError
+from anatomy.models import set_activation_checkpointing
 from anatomy.training import checkpoint as ckpt
 from anatomy.training.data import check_size, prepare
 from anatomy.training.distributed import STRATEGIES, Dist, barrier, init_distributed, launch, shutdown, wrap
@@ -172,22 +173,10 @@ def _model(args: argparse.Namespace, tok, resume_dir: Path | None):
 def _prepare_model(model: torch.nn.Module, args: argparse.Namespace, info: Dist) -> torch.nn.Module:
     model = model.to(info.device).train()
     if args.activation_checkpointing:
-        _checkpoint_blocks(model)
+        set_activation_checkpointing(model)
     if args.compile:
         model.compile()
     return model
-
-
-def _checkpoint_blocks(model: torch.nn.Module) -> None:
-    """Recompute each block's activations during backward instead of storing them (names unchanged)."""
-    from torch.utils.checkpoint import checkpoint
-
-    from anatomy.layers import Block
-
-    for module in model.modules():
-        if isinstance(module, Block):
-            forward = module.forward
-            module.forward = lambda *a, _f=forward, **kw: checkpoint(_f, *a, use_reentrant=False, **kw)
 
 
 def _write_run_file(out: Path, args: argparse.Namespace, config, info: Dist) -> None:

@@ -1,5 +1,8 @@
 """Sequence-to-sequence decoding for EncoderDecoder: greedy (or sampled) and beam search.
 
+Timings follow inference/metrics.py: greedy's first token is ready after the encoder and one
+decoder step; beam search knows no token before it ends, so its TTFT is its whole time.
+
 The source is encoded once; each decoder layer's cross-attention keys and values of it are
 projected once (`memory_kv`) and reused at every step, next to the causal self-attention KV cache.
 
@@ -14,7 +17,6 @@ ended target.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,6 +25,8 @@ from torch import Tensor, nn
 
 from anatomy.errors import InputError
 from anatomy.inference.kv_cache import KVCache
+from anatomy.inference.metrics import StepClock
+from anatomy.inference.result import GenerationResult
 from anatomy.inference.sampling import SamplingParams, make_generator, next_tokens
 
 
@@ -37,23 +41,22 @@ def seq2seq_generate(model: nn.Module, sources: list[list[int]], params: Samplin
                      eos_ids: frozenset[int], num_beams: int = 1, length_penalty: float = 1.0,
                      decode: Callable[[list[int]], str] = lambda ids: "") -> list:
     """One GenerationResult per source: beam search when num_beams > 1, else greedy / sampled."""
-    from anatomy.inference.generate import GenerationResult
-
     if not isinstance(num_beams, int) or num_beams < 1:
         raise InputError(f"num_beams={num_beams!r} must be an integer >= 1")
     results = []
     for source in sources:
-        start = time.perf_counter()
+        clock = StepClock()
+        clock.start()
         if num_beams == 1:
-            hyp = greedy_search(model, source, params, eos_ids=eos_ids)
+            hyp = greedy_search(model, source, params, eos_ids=eos_ids, clock=clock)
+            ttft = clock.ttft_s
         else:
             hyp = beam_search(model, source, params, eos_ids=eos_ids, num_beams=num_beams,
-                              length_penalty=length_penalty)
-        elapsed = time.perf_counter() - start
-        n = max(len(hyp.ids), 1)
+                              length_penalty=length_penalty, clock=clock)
+            ttft = clock.ttft_s + clock.decode_s  # no token is known before the search ends
         results.append(GenerationResult(text=decode(hyp.ids), token_ids=hyp.ids, prompt_tokens=len(source),
-                                        finish_reason="stop" if hyp.ended else "length", ttft_s=elapsed / n,
-                                        tpot_s=elapsed / n, tokens_per_s=n / elapsed))
+                                        finish_reason="stop" if hyp.ended else "length", ttft_s=ttft,
+                                        tpot_s=clock.tpot_s, tokens_per_s=clock.tokens_per_s))
     return results
 
 
@@ -80,7 +83,7 @@ class _Decoder:
 
 @torch.inference_mode()
 def greedy_search(model: nn.Module, source: list[int], params: SamplingParams, *,
-                  eos_ids: frozenset[int]) -> _Hypothesis:
+                  eos_ids: frozenset[int], clock: StepClock | None = None) -> _Hypothesis:
     """The most likely next token at each step (or a sampled one when params.temperature > 0)."""
     dec = _Decoder(model, source, rows=1, max_new_tokens=params.max_new_tokens)
     generator = make_generator(params.seed, _device(model))
@@ -89,6 +92,8 @@ def greedy_search(model: nn.Module, source: list[int], params: SamplingParams, *
     for slot in range(params.max_new_tokens):
         logprobs = dec.step(token, slot)  # [1, V]
         token = next_tokens(logprobs, params, generator=generator)  # [1]
+        if clock is not None:
+            clock.tick()
         score += float(logprobs[0, token[0]])
         if int(token) in eos_ids:
             return _Hypothesis(ids, score, ended=True)
@@ -98,7 +103,7 @@ def greedy_search(model: nn.Module, source: list[int], params: SamplingParams, *
 
 @torch.inference_mode()
 def beam_search(model: nn.Module, source: list[int], params: SamplingParams, *, eos_ids: frozenset[int],
-                num_beams: int, length_penalty: float = 1.0) -> _Hypothesis:
+                num_beams: int, length_penalty: float = 1.0, clock: StepClock | None = None) -> _Hypothesis:
     K = num_beams
     dec = _Decoder(model, source, rows=K, max_new_tokens=params.max_new_tokens)
     device = _device(model)
@@ -125,6 +130,8 @@ def beam_search(model: nn.Module, source: list[int], params: SamplingParams, *, 
             if len(next_beams) == K:
                 break
         ended = sorted(ended, key=lambda h: h.score, reverse=True)[:K]
+        if clock is not None:
+            clock.tick()
         if len(ended) == K and max(next_scores) / (slot + 1) ** length_penalty <= ended[-1].score:
             break  # no running beam is expected to beat the K ended ones any more
         rows = torch.tensor(parents, device=device)

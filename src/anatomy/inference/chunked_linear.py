@@ -1,15 +1,16 @@
 """Decode-time matrix products that use every core.
 
-In a decode step every linear layer multiplies a few rows (one per sequence) by its weight. On
-this machine MKL runs that matrix-vector product on one thread: F.linear on one row reads ~12 GB/s
-with 1 thread or 2, while the memory delivers ~30. Viewing the weight W [N, K] as c chunks of
-rows and multiplying them in one batched matmul,
+In a decode step every linear layer multiplies a few rows (one per sequence) by its weight. MKL's
+matrix-vector product can run on one thread however many torch is given, leaving the memory
+bandwidth of the other cores unused. Viewing the weight W [N, K] as c chunks of rows and
+multiplying them in one batched matmul,
 
     x [c, M, K] (the same rows, expanded) @ W.view(c, N/c, K).transpose(1, 2) [c, K, N/c] -> [c, M, N/c]
 
-lets torch give each chunk its own thread. The weight is not copied (a view), each output is the
-same dot product, and the bandwidth doubles on 2 cores (`python -m benchmarks.profile_decode`).
-Inputs with many rows (prefill) keep F.linear, whose multi-threaded GEMM is compute-bound anyway.
+lets torch give each chunk its own thread. The weight is not copied (a view) and each output is the
+same dot product. Whether it pays is measured, not assumed (`python -m benchmarks.profile_decode`;
+docs/inference.md has the figures of the machines it was measured on). Inputs with many rows
+(prefill) keep F.linear, whose multi-threaded GEMM is compute-bound anyway.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ each batch pads to little more than its own longest text.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from anatomy.errors import CheckpointError, InputError
+from anatomy.inference.model_cache import loaded_models
 from anatomy.models import Encoder
 from anatomy.tokenizer import Tokenizer
 
@@ -31,7 +31,7 @@ def embed(texts: str | Sequence[str], model: str | Path | tuple[nn.Module, Token
     """Embeddings [N, D] of `texts` (one string counts as a list of one).
 
     `model` is an installed model name, a model directory, or an already loaded (encoder,
-    tokenizer) pair. Loaded models are kept for the next call with the same name.
+    tokenizer) pair. A model loaded by name is kept for the next call (anatomy.loaded_models).
     """
     texts = [texts] if isinstance(texts, str) else texts
     _check_texts(texts)
@@ -81,9 +81,12 @@ def _model(model: str | Path | tuple[nn.Module, Tokenizer]) -> tuple[Encoder, To
     return load_embedder(str(model))
 
 
-@functools.lru_cache(maxsize=4)
 def load_embedder(name_or_path: str) -> tuple[Encoder, Tokenizer, int]:
-    """(encoder, tokenizer, max_length) of a model name or directory, loaded once per process."""
+    """(encoder, tokenizer, max_length) of a model name or directory, loaded once (anatomy.loaded_models)."""
+    return loaded_models.get(("embed", name_or_path), lambda: _load_embedder(name_or_path))
+
+
+def _load_embedder(name_or_path: str) -> tuple[Encoder, Tokenizer, int]:
     import anatomy
     from anatomy.checkpoints.loader import resolve_path
 

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from anatomy.inference.chunked_linear import use_chunked_linears
 from anatomy.inference.kv_cache import KVCache
 from anatomy.inference.sampling import SamplingParams, make_generator, next_tokens
+from anatomy.inference.view import engine_view
 
 COMPILE_BUCKET = 256  # a compiled step is specialised to T: round T up so few sizes occur
 
@@ -62,11 +63,15 @@ class PaddedBatch:
 class DecoderEngine:
     """Generates token ids from a DecoderLM: `for tokens in engine.tokens(prompts, params)` yields
     the next token of every row ([B] LongTensor), up to params.max_new_tokens times; the caller
-    decides when to stop (EOS, stop strings) by no longer asking."""
+    decides when to stop (EOS, stop strings) by no longer asking.
+
+    `engine.model` is the engine's own view of the model it was given (inference/view.py): the
+    same weights, its own modules, so the caller's model is never changed.
+    """
 
     def __init__(self, model: nn.Module, *, compile: bool = False) -> None:
-        self.model = model.eval()
-        use_chunked_linears(model)
+        self.model = engine_view(model)
+        use_chunked_linears(self.model)
         self.compiled = compile
         self._step = _compiled(self._forward) if compile else self._forward
         self._caches: dict[tuple[int, int], KVCache] = {}

@@ -7,13 +7,15 @@
 A prompt is a string (encoded as is), a list of chat messages ({"role", "content"} dicts, rendered
 by the model's chat template) or a list of token ids; a list of such prompts is a batch and gives
 a list of results, one per prompt, identical to generating each alone (greedy).
+
+The model is a model object (left as it was: the engine works on its own view of it), a
+DecoderEngine (kept between calls, e.g. for its compiled step), or a name / .gguf path / HF
+directory, loaded once into `anatomy.loaded_models` with its tokenizer and engines.
 """
 
 from __future__ import annotations
 
-import functools
 import warnings
-import weakref
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -24,30 +26,19 @@ from torch import nn
 from anatomy.errors import CheckpointError, InputError
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.metrics import StepClock
+from anatomy.inference.model_cache import loaded_models
+from anatomy.inference.result import GenerationResult
 from anatomy.inference.sampling import SamplingParams
 from anatomy.inference.streaming import StopStringFilter
+from anatomy.inference.view import engine_view
 
 
-@dataclass
-class GenerationResult:
-    """One prompt's continuation. `token_ids` are the new tokens (an ending EOS/stop id excluded);
-    finish_reason is "stop" (EOS, a stop id or a stop string) or "length" (max_new_tokens)."""
-
-    text: str
-    token_ids: list[int]
-    prompt_tokens: int
-    finish_reason: str
-    ttft_s: float = 0.0
-    tpot_s: float = 0.0
-    tokens_per_s: float = 0.0
-
-
-def generate(model: nn.Module | str | Path, prompt: Any, *, tokenizer: Any = None, compile: bool = False,
+def generate(model: nn.Module | DecoderEngine | str | Path, prompt: Any, *, tokenizer: Any = None, compile: bool = False,
              truncate: bool = False, num_beams: int = 1, length_penalty: float = 1.0,
              **sampling: Any) -> GenerationResult | list[GenerationResult]:
     """Generate a continuation of `prompt` (or of each prompt of a batch).
 
-    `model` is a model or a name / .gguf path / HF directory (loaded once and kept). Sampling
+    `model` is a model, a DecoderEngine, or a name / .gguf path / HF directory. Sampling
     options are the fields of SamplingParams (max_new_tokens, temperature, top_k, top_p, min_p,
     repetition_penalty, seed, stop, stop_ids, ignore_eos). `truncate` keeps the end of a prompt
     that does not fit the context. `num_beams`/`length_penalty` apply to encoder-decoder models.
@@ -61,7 +52,7 @@ def generate(model: nn.Module | str | Path, prompt: Any, *, tokenizer: Any = Non
     return results if run.batched else results[0]
 
 
-def stream(model: nn.Module | str | Path, prompt: Any, *, tokenizer: Any = None, compile: bool = False,
+def stream(model: nn.Module | DecoderEngine | str | Path, prompt: Any, *, tokenizer: Any = None, compile: bool = False,
            truncate: bool = False, **sampling: Any) -> Iterator[str]:
     """Yield the text of one prompt's continuation piece by piece, as it is generated. The pieces
     join to `generate(...).text`: no broken characters, no part of a stop string."""
@@ -105,22 +96,22 @@ class Generation:
 
     model: nn.Module
     tokenizer: Any
+    engine: DecoderEngine | None  # None for encoder-decoder models
     prompts: list[list[int]]
     params: SamplingParams
     batched: bool
-    compile: bool
     rows: list[_Row] = field(default_factory=list)
     clock: StepClock = field(default_factory=StepClock)
 
     @classmethod
     def start(cls, model: Any, prompt: Any, *, tokenizer: Any, compile: bool, truncate: bool,
               sampling: dict[str, Any]) -> Generation:
-        model, tokenizer = resolve_model(model, tokenizer)
         params = _params(sampling)
+        model, tokenizer, engine = resolve_model(model, tokenizer, compile=compile)
         batched, prompts = split_batch(prompt)
         ids = [encode_prompt(p, tokenizer) for p in prompts]
         ids, params = fit_context(ids, params, context=model.config.max_seq_len, truncate=truncate)
-        return cls(model, tokenizer, ids, params, batched, compile)
+        return cls(model, tokenizer, engine, ids, params, batched)
 
     def stop_ids(self) -> frozenset[int]:
         eos = set() if self.params.ignore_eos else set(eos_ids(self.model, self.tokenizer))
@@ -132,7 +123,7 @@ class Generation:
         self.rows = [_Row(self._decoder(), StopStringFilter(self.params.stop)) for _ in self.prompts]
         self.clock = StepClock(batch=len(self.prompts))
         self.clock.start()
-        for tokens in engine_for(self.model, compile=self.compile).tokens(self.prompts, self.params):
+        for tokens in self.engine.tokens(self.prompts, self.params):
             self.clock.tick()
             for i, (row, token) in enumerate(zip(self.rows, tokens.tolist())):
                 if row.finish_reason is None and (delta := row.add(token, stop_ids)):
@@ -234,22 +225,50 @@ def eos_ids(model: nn.Module, tokenizer: Any) -> frozenset[int]:
     return frozenset() if eos is None else frozenset({eos})
 
 
-def resolve_model(model: Any, tokenizer: Any) -> tuple[nn.Module, Any]:
-    """A model object as is; a name or path loaded (once) with its tokenizer."""
+@dataclass
+class NamedModel:
+    """A model loaded by name, its tokenizer, and its engines by `compile` flag (made on first use)."""
+
+    model: nn.Module
+    tokenizer: Any
+    engines: dict[bool, DecoderEngine] = field(default_factory=dict)
+
+    def engine(self, *, compile: bool = False) -> DecoderEngine:
+        if compile not in self.engines:
+            self.engines[compile] = DecoderEngine(self.model, compile=compile)
+        return self.engines[compile]
+
+
+def resolve_model(model: Any, tokenizer: Any, *, compile: bool = False
+                  ) -> tuple[nn.Module, Any, DecoderEngine | None]:
+    """(model, tokenizer, engine) of what a caller passed: an engine as is; a name loaded once into
+    `loaded_models`; a model object given an engine of its own (a decoder) or viewed in eval mode
+    (an encoder-decoder), never changed itself."""
+    if isinstance(model, DecoderEngine):
+        return model.model, tokenizer, model
     if isinstance(model, (str, Path)):
-        loaded, own_tokenizer = load_named(str(model))
-        return loaded, tokenizer if tokenizer is not None else own_tokenizer
+        named = load_named(str(model))
+        own = tokenizer if tokenizer is not None else named.tokenizer
+        engine = named.engine(compile=compile) if named.model.config.is_decoder else None
+        return (engine.model if engine else engine_view(named.model)), own, engine
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
-        raise InputError(f"model must be an anatomy model or a model name/path, got {type(model).__name__}")
-    if not (model.config.is_decoder or model.config.is_seq2seq):
+        raise InputError(f"model must be an anatomy model, a DecoderEngine or a model name/path, "
+                         f"got {type(model).__name__}")
+    if model.config.is_decoder:
+        engine = DecoderEngine(model, compile=compile)
+        return engine.model, tokenizer, engine
+    if not model.config.is_seq2seq:
         raise InputError(f"generation needs a decoder or encoder-decoder model, got architecture="
                          f"{model.config.architecture!r}")
-    return model, tokenizer
+    return engine_view(model), tokenizer, None
 
 
-@functools.lru_cache(maxsize=2)
-def load_named(name: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
-    """The model and tokenizer of a name / .gguf path / HF directory, loaded once per process."""
+def load_named(name: str, dtype: torch.dtype = torch.float32) -> NamedModel:
+    """The model and tokenizer of a name / .gguf path / HF directory, loaded once (anatomy.loaded_models)."""
+    return loaded_models.get(("generate", name, dtype), lambda: _load_named(name, dtype))
+
+
+def _load_named(name: str, dtype: torch.dtype) -> NamedModel:
     import anatomy
     from anatomy.checkpoints.registry import resolve
 
@@ -257,19 +276,7 @@ def load_named(name: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Module
         resolve(name)
     except CheckpointError as exc:  # an unknown name or a missing package: bad input, not a bad file
         raise InputError(str(exc)) from None
-    model = anatomy.load(name, dtype=dtype).eval()
-    return model, anatomy.load_tokenizer(name)
-
-
-_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def engine_for(model: nn.Module, *, compile: bool = False) -> DecoderEngine:
-    """The model's engine (kept with the model, so a compiled step is compiled once)."""
-    engines = _ENGINES.setdefault(model, {})
-    if compile not in engines:
-        engines[compile] = DecoderEngine(model, compile=compile)
-    return engines[compile]
+    return NamedModel(anatomy.load(name, dtype=dtype), anatomy.load_tokenizer(name))
 
 
 __all__ = ["generate", "stream", "GenerationResult", "SamplingParams"]

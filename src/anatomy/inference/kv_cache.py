@@ -42,7 +42,7 @@ class KVCache(nn.ModuleList):
 
     def __init__(self, config: ModelConfig, *, batch: int, max_len: int, n_layers: int | None = None,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
-        n_layers = n_layers if n_layers is not None else _self_attention_layers(config)
+        n_layers = n_layers if n_layers is not None else config.cached_layers
         super().__init__(
             LayerKVCache(batch=batch, n_kv_heads=config.n_kv_heads, max_len=max_len, head_dim=config.head_dim,
                          dtype=dtype, device=device)
@@ -58,12 +58,6 @@ class KVCache(nn.ModuleList):
         return sum(layer.k.nbytes + layer.v.nbytes for layer in self)
 
 
-def _self_attention_layers(config: ModelConfig) -> int:
-    """The layers with a causal self-attention cache: the decoder stack's."""
-    return config.n_decoder_layers if config.is_seq2seq else config.n_layers
-
-
 def bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.float32) -> int:
-    """Cache bytes one token costs: 2 (K and V) * L * H_kv * d_h * bytes per value."""
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    return 2 * _self_attention_layers(config) * config.n_kv_heads * config.head_dim * itemsize
+    """Cache bytes one token costs: config.kv_values_per_token * bytes per value."""
+    return config.kv_values_per_token * dtype.itemsize

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from anatomy.config import ModelConfig
+from anatomy.errors import InputError
 from anatomy.layers.position import apply_rope
 
 BACKENDS = ("sdpa", "eager")
@@ -34,13 +35,20 @@ class LayerCache(Protocol):
 
 
 class Attention(nn.Module):
-    """Self-attention (fused QKV projection) or cross-attention (Q from x, fused KV from memory)."""
+    """Self-attention (fused QKV projection) or cross-attention (Q from x, fused KV from memory).
 
-    def __init__(self, config: ModelConfig, *, causal: bool = False, cross: bool = False) -> None:
+    `backend` is fixed at construction: "sdpa" (PyTorch's fused kernels) or "eager" (the score
+    matrix as its own tensor, for shape traces and memory measurements). Attention weights asked
+    for with return_weights=True always come from the eager path.
+    """
+
+    def __init__(self, config: ModelConfig, *, causal: bool = False, cross: bool = False,
+                 backend: str = "sdpa") -> None:
         super().__init__()
+        check_backend(backend)
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
         self.causal, self.cross = causal, cross
-        self.backend = "sdpa"
+        self.backend = backend
         self.dropout = config.dropout
         q_dim, kv_dim = config.q_dim, config.kv_dim
         if cross:
@@ -114,8 +122,7 @@ def attend(
     return_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(q k^T / sqrt(d_h) + bias, masked) v for q [B, H, S, d_h] and k/v [B, H_kv, S_k, d_h]."""
-    if backend not in BACKENDS:
-        raise ValueError(f"attention backend={backend!r} is not one of {BACKENDS}")
+    check_backend(backend)
     B, H, S, d_h = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
     rep = H // H_kv
@@ -139,6 +146,12 @@ def attend(
         out = F.dropout(weights, dropout) @ v if dropout else weights @ v  # [B, H_kv, rep*S, d_h]
         weights = weights.reshape(B, H, S, S_k)
     return out.reshape(B, H, S, d_h), weights
+
+
+def check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise InputError(f"attention backend={backend!r} is not one of {', '.join(map(repr, BACKENDS))}")
+    return backend
 
 
 def _merge(mask: Tensor | None, bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:

@@ -6,54 +6,63 @@ import contextlib
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from anatomy.config import ModelConfig
+from anatomy.errors import InputError
+from anatomy.layers.attention import check_backend
 from anatomy.models.decoder import DecoderLM
 from anatomy.models.encoder import Encoder, MaskedLM
 from anatomy.models.init import init_weights
 from anatomy.models.seq2seq import EncoderDecoder
+from anatomy.models.stack import Stack
 
 HEADS = ("auto", "base", "mlm")
 
 
 def build_model(config: ModelConfig, *, head: str = "auto", device: str | torch.device | None = None,
-                dtype: torch.dtype | None = None, init: bool = True) -> nn.Module:
+                dtype: torch.dtype | None = None, init: bool = True, attention: str = "sdpa") -> nn.Module:
     """The model class the config's architecture calls for; `head="mlm"` gives an encoder its MLM head.
 
+    `attention` is the attention backend: "sdpa" (fused kernels) or "eager" (scores as a tensor).
     On the meta device nothing is allocated or initialised: building any preset is instant.
     """
     if head not in HEADS:
-        raise ValueError(f"head={head!r} is not one of {HEADS}")
+        raise InputError(f"head={head!r} is not one of {', '.join(map(repr, HEADS))}")
+    check_backend(attention)
     device = torch.device(device) if device is not None else None
     meta = device is not None and device.type == "meta"
-    with torch.device(device) if device is not None else contextlib.nullcontext(), _meta_normal_skipped(meta):
-        model = _model_class(config, head)(config)
-    if device is not None and device.type != "meta":
+    with torch.device(device) if device is not None else contextlib.nullcontext(), \
+            _SkipInitOnMeta() if meta else contextlib.nullcontext():
+        model = _model_class(config, head)(config, backend=attention)
+    if device is not None and not meta:
         model = model.to(device)  # computed buffers (RoPE, sinusoids) are made on the CPU
     if dtype is not None:
         model = model.to(dtype)
-    if init and (device is None or device.type != "meta"):
+    if init and not meta:
         init_weights(model, config)
     return model
 
 
-@contextlib.contextmanager
-def _meta_normal_skipped(active: bool):
-    """On the meta device there are no values to initialise, but torch's meta `normal_` imports
-    torch._dynamo on first use (~2.5 s): make `nn.init.normal_` a no-op on meta tensors meanwhile."""
-    if not active:
-        yield
-        return
-    original = nn.init.normal_
+def set_activation_checkpointing(model: nn.Module, enabled: bool = True) -> None:
+    """Recompute each block's activations in the backward pass instead of storing them (every Stack
+    of the model; parameter names and results unchanged)."""
+    for module in model.modules():
+        if isinstance(module, Stack):
+            module.activation_checkpointing = enabled
 
-    def normal_(tensor: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        return tensor if tensor.is_meta else original(tensor, *args, **kwargs)
 
-    nn.init.normal_ = normal_
-    try:
-        yield
-    finally:
-        nn.init.normal_ = original
+class _SkipInitOnMeta(TorchFunctionMode):
+    """The layers' constructors initialise their weights (nn.init); on the meta device there are no
+    values to fill, and torch's meta kernels for the random fills import torch._dynamo on first use
+    (~2.5 s). Skip those calls while building. A mode is local to this thread, unlike a patch of nn.init."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        target = args[0] if args else kwargs.get("tensor")
+        if getattr(func, "__module__", None) == "torch.nn.init" and isinstance(target, torch.Tensor) and target.is_meta:
+            return target
+        return func(*args, **kwargs)
 
 
 def _model_class(config: ModelConfig, head: str) -> type[nn.Module]:
@@ -64,4 +73,5 @@ def _model_class(config: ModelConfig, head: str) -> type[nn.Module]:
     return MaskedLM if head == "mlm" else Encoder
 
 
-__all__ = ["build_model", "DecoderLM", "Encoder", "MaskedLM", "EncoderDecoder", "init_weights"]
+__all__ = ["build_model", "set_activation_checkpointing", "DecoderLM", "Encoder", "MaskedLM", "EncoderDecoder",
+           "Stack", "init_weights"]

@@ -1,15 +1,14 @@
-"""What every block of a stack shares for one forward pass: RoPE angles, the boolean attention
-mask and the ALiBi bias, built once from the positions and slots of queries and keys."""
+"""The position machinery of a stack: from the positions and slots of queries and keys, the RoPE
+angles, the boolean attention mask and the ALiBi bias that every block of one pass shares."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from anatomy.config import ModelConfig
 from anatomy.layers import Rotary, alibi_bias, alibi_slopes
+from anatomy.layers.context import Context
 
 
 class PositionContext(nn.Module):
@@ -36,12 +35,12 @@ class PositionContext(nn.Module):
         k_slots: Tensor,
         key_valid: Tensor | None = None,
         explicit: bool = False,
-    ) -> dict[str, Any]:
+        input_pos: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+    ) -> Context:
         """position_ids [B, S]; q_slots [S] and k_slots [S_k] index the sequence (or the KV cache);
         key_valid [B, S_k] marks real (non-padding) keys. `explicit` forces a mask (cache in use).
-
-        Returns the keyword arguments of Block.forward: rope, mask [B|1, 1, S, S_k], bias.
-        """
+        input_pos and memory_mask [B, 1, 1, S_m] are passed through to the blocks."""
         rope = self.rotary(position_ids) if self.rotary is not None else None
         bias = alibi_bias(self.slopes, q_slots, k_slots, causal=self.causal) if self.slopes is not None else None
         mask = None
@@ -53,4 +52,4 @@ class PositionContext(nn.Module):
                 mask = mask & key_valid.bool()[:, None, None, :]
             if self.causal:  # a left-padding query sees only padding: let it see itself, keep it finite
                 mask = mask | (k_slots[None, :] == q_slots[:, None])
-        return {"rope": rope, "mask": mask, "bias": bias}
+        return Context(rope=rope, mask=mask, bias=bias, input_pos=input_pos, memory_mask=memory_mask)

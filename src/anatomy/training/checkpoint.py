@@ -41,8 +41,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from anatomy.checkpoints.assign import tied_aliases
 from anatomy.config import ModelConfig
-from anatomy.errors import AnatomyError, CheckpointError
+from anatomy.errors import AnatomyError, CheckpointError, ConfigError
 from anatomy.training.distributed import Dist, all_reduce_sum, barrier
 
 PAUSE_HOOK = "ANATOMY_TEST_CHECKPOINT_PAUSE_AT"  # tests: the step whose checkpoint write pauses half-way
@@ -52,18 +53,6 @@ _SCATTER = StateDictOptions(full_state_dict=True)
 
 def checkpoint_root(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
-
-
-def tied_aliases(model: nn.Module) -> dict[str, str]:
-    """{alias: name} for parameters registered under two names (a tied LM head)."""
-    first: dict[int, str] = {}
-    aliases = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in first:
-            aliases[name] = first[id(p)]
-        else:
-            first[id(p)] = name
-    return aliases
 
 
 # -- writing ------------------------------------------------------------------------------------
@@ -117,16 +106,16 @@ def _write_main_files(tmp: Path, *, model: nn.Module, weights: dict[str, Tensor]
 def _write_weights(tmp: Path, model: nn.Module, weights: dict[str, Tensor]) -> None:
     """HF layout through anatomy.save, from an unsharded copy of the model holding `weights`."""
     from anatomy.checkpoints.loader import save
-    from anatomy.models import build_model
+    from anatomy.models import MaskedLM, build_model
 
     aliases = tied_aliases(model)
     tensors = {k: v.contiguous() for k, v in weights.items() if k not in aliases}
     with torch.random.fork_rng(devices=[]):  # building draws initial weights: keep the run's RNG stream
-        copy = build_model(model.config, head="mlm" if hasattr(model, "encoder") else "auto", init=False)
+        copy = build_model(model.config, head="mlm" if isinstance(model, MaskedLM) else "auto", init=False)
     copy.load_state_dict(tensors, strict=False)  # copies into the (tied) parameters
     try:
         save(copy, tmp)
-    except (AnatomyError, KeyError):  # no HF name map for this config: anatomy's names and fields
+    except ConfigError:  # no HF class expresses this config (e.g. a Pre-LN BERT): anatomy's names and fields
         _write_bytes(tmp / "model.safetensors", safetensors_bytes(tensors))
         _write_json(tmp / "config.json", model.config.to_dict())
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from anatomy.checkpoints.hf_config import config_from_hf
 from anatomy.config import ModelConfig
 from anatomy.errors import ConfigError, InputError
 from anatomy.models import build_model
@@ -40,7 +41,6 @@ def _fresh_config(spec: str, *, overrides: dict[str, Any], tok: TrainTokenizer, 
                 "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id}
     if base.get("architecture") == "encoder-decoder":
         defaults["decoder_start_token_id"] = tok.bos_id
-    base.pop("extra", None)
     values = {**defaults, **overrides}
     return get_preset(spec, **values) if spec in PRESETS else ModelConfig.from_dict({**base, **values})
 
@@ -52,7 +52,7 @@ def _config_file(path: Path) -> ModelConfig:
         raise InputError(f"--model {path}: not readable JSON ({exc})") from exc
     if not isinstance(values, dict):
         raise InputError(f"--model {path}: expected a JSON object")
-    return ModelConfig.from_dict(values) if "d_model" in values else ModelConfig.from_hf(values)
+    return ModelConfig.from_dict(values) if "d_model" in values else config_from_hf(values)
 
 
 def _loaded(spec: str) -> tuple[ModelConfig, nn.Module]:

@@ -26,7 +26,10 @@ _ACTIVATIONS_IN = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh":
                    "relu": "relu", "silu": "silu", "swish": "silu"}
 _ACTIVATIONS_OUT = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel", "marian": "MarianMTModel"}
+# The HF layouts anatomy reads and writes, and the HF class of each: a layout is a model_type,
+# except BERT's two (the base model, with its pooler, and the masked-LM model).
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel", "bert": "BertModel",
+                 "bert-mlm": "BertForMaskedLM", "marian": "MarianMTModel"}
 MARIAN_NORM_EPS = 1e-5  # HF Marian uses nn.LayerNorm's default and has no config field for it
 
 
@@ -182,9 +185,14 @@ def hf_family(config: ModelConfig) -> str:
 
 def hf_architecture(config: ModelConfig) -> str:
     family = hf_family(config)
-    if family == "bert":
-        return "BertModel" if config.pooler else "BertForMaskedLM"
-    return ARCHITECTURES[family]
+    return ARCHITECTURES["bert-mlm" if family == "bert" and not config.pooler else family]
+
+
+def layout_of(hf: dict[str, Any]) -> str:
+    """The layout (key of ARCHITECTURES) of a config.json dict that config_from_hf accepted."""
+    if hf["model_type"] == "bert":
+        return "bert-mlm" if "BertForMaskedLM" in (hf.get("architectures") or []) else "bert"
+    return hf["model_type"]
 
 
 def config_to_hf(config: ModelConfig) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import pytest
 
 from anatomy import ModelConfig, get_preset
 from anatomy.errors import ConfigError
-from anatomy.hf_config import config_from_hf, config_to_hf
+from anatomy.checkpoints.hf_config import config_from_hf, config_to_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -82,9 +82,9 @@ def test_architectures_are_chosen_by_fields(config, architecture):
 
 def test_unsupported_model_type_lists_the_supported():
     with pytest.raises(ConfigError, match=r"model_type='t5' is not supported \(supported: llama, gpt2, bert, marian\)"):
-        ModelConfig.from_hf({"model_type": "t5"})
+        config_from_hf({"model_type": "t5"})
     with pytest.raises(ConfigError, match="model_type=None is not supported"):
-        ModelConfig.from_hf({"vocab_size": 5})
+        config_from_hf({"vocab_size": 5})
 
 
 def test_missing_fields_are_listed():

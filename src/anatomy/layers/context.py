@@ -1,0 +1,29 @@
+"""What every block of a stack shares for one forward pass, as one typed value.
+
+A stack computes it once per pass (RoPE angles, masks, the ALiBi bias, the cache slots) and
+hands the same object to each of its blocks; a block reads the fields its sublayers need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Context:
+    """The per-pass inputs of every block of a stack (None: not used by this pass).
+
+    rope         (cos, sin), each [B, S, d_h]: the rotary angles of the queries' positions
+    mask         bool [B|1, 1, S, S_k]: True where a query may attend to a key
+    bias         [1, H, S, S_k]: ALiBi's additive bias on the scores
+    input_pos    [S]: the KV-cache slots the new keys and values are written to
+    memory_mask  bool [B, 1, 1, S_m]: the real (non-padding) positions of the encoder output
+    """
+
+    rope: tuple[Tensor, Tensor] | None = None
+    mask: Tensor | None = None
+    bias: Tensor | None = None
+    input_pos: Tensor | None = None
+    memory_mask: Tensor | None = None
