@@ -23,16 +23,23 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2) + eps) * weight; computed in fp32 whatever the input dtype."""
+    """y = x / sqrt(mean(x^2) + eps) * weight; computed in fp32 whatever the input dtype.
 
-    def __init__(self, dim: int, *, eps: float = 1e-6) -> None:
+    With unit_offset the scale is (1 + weight), in fp32 before the cast back (Gemma): the stored
+    weights are offsets from one and start at zero.
+    """
+
+    def __init__(self, dim: int, *, eps: float = 1e-6, unit_offset: bool = False) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.unit_offset = unit_offset
+        self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.unit_offset:
+            return (x32 * (1.0 + self.weight.float())).to(x.dtype)
         return self.weight * x32.to(x.dtype)
 
 
@@ -40,5 +47,5 @@ def make_norm(config: ModelConfig, dim: int | None = None) -> nn.Module:
     """The norm the config asks for, over `dim` (default d_model)."""
     dim = dim or config.d_model
     if config.norm == "rmsnorm":
-        return RMSNorm(dim, eps=config.norm_eps)
+        return RMSNorm(dim, eps=config.norm_eps, unit_offset=config.norm_unit_offset)
     return LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.config import ModelConfig
+from anatomy.layers.rope_scaling import dynamic_frequencies, long_frequencies, static_frequencies
 
 
 def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
@@ -54,27 +55,48 @@ class LearnedPositions(nn.Module):
 
 
 class Rotary(nn.Module):
-    """RoPE in the half-split layout of HF transformers: dimension i pairs with i + d_h/2."""
+    """RoPE in the half-split layout of HF transformers: dimension i pairs with i + d/2, over the
+    first d = rotary_dim dims of each head (the rest pass through), with the config's scaling rule
+    (layers/rope_scaling.py)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.head_dim, self.theta = config.head_dim, config.rope_theta
+        self.dim, self.theta, self.scaling = config.rotary_dim, config.rope_theta, config.rope_scaling
+        self.attention_factor = 1.0
         self.register_buffer("inv_freq", torch.empty(0), persistent=False)
+        self.register_buffer("long_inv_freq", None, persistent=False)
         self.init_buffers()
 
     def init_buffers(self) -> None:
-        """(Re)compute the inverse frequencies [d_h/2] on the CPU: also after a build on meta."""
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device="cpu").float() / self.head_dim
-        self.inv_freq = 1.0 / (self.theta ** exponents)
+        """(Re)compute the inverse frequencies [d/2] on the CPU: also after a build on meta."""
+        self.inv_freq, self.attention_factor = static_frequencies(self.theta, self.dim, self.scaling)
+        if self.scaling is not None and self.scaling.kind == "longrope":
+            self.long_inv_freq = long_frequencies(self.theta, self.dim, self.scaling)
 
     def forward(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-        angles = position_ids[..., None].float() * self.inv_freq  # [B, S, d_h/2]
-        angles = torch.cat([angles, angles], dim=-1)  # [B, S, d_h]
-        return angles.cos(), angles.sin()
+        angles = position_ids[..., None].float() * self._frequencies(position_ids)  # [B, S, d/2]
+        angles = torch.cat([angles, angles], dim=-1)  # [B, S, d]
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return cos, sin
+
+    def _frequencies(self, position_ids: Tensor) -> Tensor:
+        """[d/2]; the length-dependent rules read how far this pass reaches (largest position + 1)."""
+        kind = self.scaling.kind if self.scaling is not None else None
+        if kind not in ("dynamic", "longrope"):
+            return self.inv_freq
+        length = position_ids.max() + 1
+        if kind == "dynamic":
+            return dynamic_frequencies(self.theta, self.dim, self.scaling, length)
+        return torch.where(length > self.scaling.original_max_seq_len, self.long_inv_freq, self.inv_freq)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x [B, H, S, d_h] by the angles cos/sin [B, S, d_h]."""
+    """Rotate x [B, H, S, d_h] by the angles cos/sin [B, S, d] (d <= d_h: the first d dims rotate)."""
+    d = cos.shape[-1]
+    if d < x.shape[-1]:  # partial rotary: the other dims pass through
+        return torch.cat([apply_rope(x[..., :d], cos, sin), x[..., d:]], dim=-1)
     cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)  # [B, 1, S, d_h]
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
