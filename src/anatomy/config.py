@@ -202,6 +202,15 @@ class ModelConfig:
         """Does the main stack mask the future? (the decoder-only stack does)"""
         return self.architecture == "decoder"
 
+    def with_layers(self, layers: list[int] | tuple[int, ...] | range) -> ModelConfig:
+        """A config of len(layers) layers whose layer j is built like layer layers[j] of this one (its
+        window and FFN kind kept): the per-layer lists are renumbered."""
+        def renumbered(chosen: tuple[int, ...] | None) -> tuple[int, ...] | None:
+            return None if chosen is None else tuple(j for j, i in enumerate(layers) if i in chosen)
+
+        return self.replace(n_layers=len(layers), sliding_window_layers=renumbered(self.sliding_window_layers),
+                            moe_layers=renumbered(self.moe_layers))
+
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)

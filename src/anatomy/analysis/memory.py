@@ -46,8 +46,12 @@ def kv_bytes_per_token(config: ModelConfig, kv_dtype: str) -> int:
     return config.kv_values_per_token * bits // 8
 
 
-def kv_cache_bytes(config: ModelConfig, *, batch: int, tokens: int, kv_dtype: str) -> int:
-    return batch * tokens * kv_bytes_per_token(config, kv_dtype)
+def kv_cache_bytes(config: ModelConfig, *, batch: int, tokens: int, kv_dtype: str, windowed: bool = True) -> int:
+    """K and V of `tokens` positions for B sequences; a sliding-window layer keeps at most its window
+    of them (`windowed`: what a window-capped cache holds; False: every position, as a cache
+    addressed by absolute slots, like anatomy's static cache, allocates)."""
+    values = config.kv_values(tokens) if windowed else tokens * config.kv_values_per_token
+    return batch * values * DTYPE_BITS[check_dtype(kv_dtype, option="--kv-dtype")] // 8
 
 
 def naive_scores_bytes(config: ModelConfig, *, batch: int, seq: int, dtype: str) -> int:
@@ -89,22 +93,41 @@ def training_activations(config: ModelConfig, *, batch: int, seq: int, dtype: st
     to save a tensor the stack shares, like a seq2seq decoder's encoder output)."""
     from anatomy.models import build_model
 
-    shallow = config.replace(n_layers=min(config.n_layers, MEASURED_LAYERS),
-                             n_decoder_layers=min(config.n_decoder_layers, MEASURED_LAYERS))
+    kinds = _layer_kinds(config)
+    measured_layers = sorted({0, *kinds.values()}) if len(kinds) > 1 else list(range(min(config.n_layers,
+                                                                                          MEASURED_LAYERS)))
+    shallow = config.with_layers(measured_layers).replace(n_decoder_layers=min(config.n_decoder_layers,
+                                                                               MEASURED_LAYERS))
     model = build_model(shallow, device="meta", dtype=TORCH_DTYPES[dtype], attention=backend).to("meta").train()
     recorder = _SavedTensors({id(p) for p in model.parameters()}, _blocks(model))
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t), _FusedAttention(recorder):
         _training_forward(model, config, ids)
     measured = [recorder.by_block.get(i, 0) for i in range(len(recorder.blocks))]
-    stacks = [(measured[:shallow.n_layers], config.n_layers)]
-    if config.is_seq2seq:
-        stacks.append((measured[shallow.n_layers:], config.n_decoder_layers))
+    if len(kinds) > 1:  # layers differ (windows, experts): each layer saves what the one of its kind measured saves
+        by_layer = dict(zip(measured_layers, measured))
+        blocks_total = by_layer[0] + sum(by_layer[kinds[_kind(config, i)]] for i in range(1, config.n_layers))
+    else:
+        stacks = [(measured[:shallow.n_layers], config.n_layers)]
+        if config.is_seq2seq:
+            stacks.append((measured[shallow.n_layers:], config.n_decoder_layers))
+        blocks_total = sum(sum(m) + (full - len(m)) * m[-1] for m, full in stacks)
     rest = recorder.total - sum(measured)
-    blocks_total = sum(sum(m) + (full - len(m)) * m[-1] for m, full in stacks)
     return Activations(total=rest + blocks_total, per_block=max(measured),
                        block_input=batch * seq * config.d_model * DTYPE_BITS[dtype] // 8,
                        blocks=config.n_layers + config.n_decoder_layers, rest=rest)
+
+
+def _kind(config: ModelConfig, layer: int) -> tuple[int | None, bool]:
+    return config.layer_window(layer), config.layer_is_moe(layer)
+
+
+def _layer_kinds(config: ModelConfig) -> dict[tuple[int | None, bool], int]:
+    """The kinds of block of a decoder-only stack (window, mixture) and a layer of each after the first."""
+    kinds: dict[tuple[int | None, bool], int] = {}
+    for i in range(1, config.n_layers if config.is_decoder else 0):
+        kinds.setdefault(_kind(config, i), i)
+    return kinds
 
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -55,7 +55,8 @@ def build_report(config: ModelConfig, *, name: str, options: Options, hardware: 
 def _config_summary(c: ModelConfig) -> dict[str, Any]:
     keys = ("vocab_size", "d_model", "n_layers", "n_decoder_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
             "norm", "norm_position", "ffn", "activation", "position", "max_seq_len", "tie_embeddings")
-    return {k: getattr(c, k) for k in keys}
+    extras = ("sliding_window", "n_experts", "n_experts_per_token", "d_ff_expert", "d_ff_shared_expert")
+    return {k: getattr(c, k) for k in keys} | {k: getattr(c, k) for k in extras if getattr(c, k)}
 
 
 def _diagram(config: ModelConfig) -> dict[str, str]:
@@ -77,6 +78,9 @@ def _params(ledger: params.Ledger) -> dict[str, Any]:
     }
     if c.is_seq2seq:
         out["per_decoder_layer"] = ledger.per_layer("decoder")
+    if c.n_experts:
+        out["active"] = ledger.active  # what one token goes through: k of E experts
+        out["experts"] = ledger.expert_params()
     return out
 
 
@@ -119,7 +123,7 @@ def _flop_counter_forward(config: ModelConfig, o: Options) -> int:
 def _memory(config: ModelConfig, ledger: params.Ledger, o: Options) -> dict[str, Any]:
     sdpa = memory.training_activations(config, batch=o.batch, seq=o.seq, dtype=o.compute_dtype, backend="sdpa")
     eager = memory.training_activations(config, batch=o.batch, seq=o.seq, dtype=o.compute_dtype, backend="eager")
-    return {
+    out = {
         "weights_bytes": memory.weights_bytes(ledger.total, o.dtype),
         "weights_bytes_by_dtype": {d: memory.weights_bytes(ledger.total, d) for d in memory.DTYPE_BITS},
         "kv_cache_bytes_per_token": memory.kv_bytes_per_token(config, o.cache_dtype),
@@ -134,6 +138,23 @@ def _memory(config: ModelConfig, ledger: params.Ledger, o: Options) -> dict[str,
         },
         "training_state_bytes": ledger.total * memory.ADAM_MIXED_PRECISION_BYTES,
     }
+    if config.sliding_window is not None:  # what a cache keeping every position would hold instead
+        out["kv_cache_bytes_without_windows"] = memory.kv_cache_bytes(config, batch=o.batch, tokens=o.context,
+                                                                      kv_dtype=o.cache_dtype, windowed=False)
+    if config.n_experts:
+        out["experts"] = _expert_bytes(config, ledger, o)
+    return out
+
+
+def _expert_bytes(config: ModelConfig, ledger: params.Ledger, o: Options) -> dict[str, Any]:
+    """Expert weights: all resident, but a decode step reads only those its tokens are routed to."""
+    resident = ledger.expert_params()
+    per_expert = resident // config.n_experts
+    touched = roofline.experts_touched(config, o.batch)
+    return {"resident_bytes": memory.weights_bytes(resident, o.dtype),
+            "read_per_token_bytes": memory.weights_bytes(per_expert * config.n_experts_per_token, o.dtype),
+            "experts_touched_per_layer_decode_step": touched,
+            "read_per_decode_step_bytes": round(memory.weights_bytes(per_expert, o.dtype) * touched)}
 
 
 def _roofline(config: ModelConfig, ledger: params.Ledger, o: Options, hw: Hardware) -> dict[str, Any]:
