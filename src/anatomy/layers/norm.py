@@ -23,7 +23,8 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2) + eps) * weight; computed in fp32 whatever the input dtype.
+    """y = x / sqrt(mean(x^2) + eps) * weight, over the last dimension, in one fused op (which
+    accumulates in fp32 whatever the input dtype).
 
     With unit_offset the scale is (1 + weight), in fp32 before the cast back (Gemma): the stored
     weights are offsets from one and start at zero.
@@ -36,11 +37,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.unit_offset:
-            return (x32 * (1.0 + self.weight.float())).to(x.dtype)
-        return self.weight * x32.to(x.dtype)
+        if self.unit_offset:  # Gemma: the scale applied in fp32, then cast back
+            return (F.rms_norm(x.float(), self.weight.shape, None, self.eps) * (1.0 + self.weight.float())).to(x.dtype)
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 def make_norm(config: ModelConfig, dim: int | None = None) -> nn.Module:

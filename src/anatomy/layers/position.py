@@ -73,34 +73,40 @@ class Rotary(nn.Module):
         if self.scaling is not None and self.scaling.kind == "longrope":
             self.long_inv_freq = long_frequencies(self.theta, self.dim, self.scaling)
 
-    def forward(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, position_ids: Tensor, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+        """(cos, sin), each [B, S, 1, d] in `dtype`, of the angles of position_ids [B, S]: they
+        broadcast over the heads of q and k laid out [B, S, heads, d_h]."""
         angles = position_ids[..., None].float() * self._frequencies(position_ids)  # [B, S, d/2]
-        angles = torch.cat([angles, angles], dim=-1)  # [B, S, d]
+        angles = torch.cat([angles, angles], dim=-1)[:, :, None]  # [B, S, 1, d]
         cos, sin = angles.cos(), angles.sin()
         if self.attention_factor != 1.0:
             cos, sin = cos * self.attention_factor, sin * self.attention_factor
-        return cos, sin
+        return cos.to(dtype), sin.to(dtype)
+
+    @property
+    def length_dependent(self) -> bool:
+        """Do the frequencies depend on how far a pass reaches (dynamic NTK, LongRoPE)?"""
+        return self.scaling is not None and self.scaling.kind in ("dynamic", "longrope")
 
     def _frequencies(self, position_ids: Tensor) -> Tensor:
         """[d/2]; the length-dependent rules read how far this pass reaches (largest position + 1)."""
-        kind = self.scaling.kind if self.scaling is not None else None
-        if kind not in ("dynamic", "longrope"):
+        if not self.length_dependent:
             return self.inv_freq
         length = position_ids.max() + 1
-        if kind == "dynamic":
+        if self.scaling.kind == "dynamic":
             return dynamic_frequencies(self.theta, self.dim, self.scaling, length)
         return torch.where(length > self.scaling.original_max_seq_len, self.long_inv_freq, self.inv_freq)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x [B, H, S, d_h] by the angles cos/sin [B, S, d] (d <= d_h: the first d dims rotate)."""
+    """Rotate x [..., d_h] by the angles cos/sin [..., d] (broadcastable to x): x * cos + rotate_half(x) * sin,
+    where rotate_half pairs dimension i with i + d/2: (x1, x2) -> (-x2, x1). With d < d_h (partial
+    rotary) the first d dims rotate and the others pass through."""
     d = cos.shape[-1]
-    if d < x.shape[-1]:  # partial rotary: the other dims pass through
+    if d < x.shape[-1]:
         return torch.cat([apply_rope(x[..., :d], cos, sin), x[..., d:]], dim=-1)
-    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)  # [B, 1, S, d_h]
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
