@@ -64,3 +64,25 @@ def test_two_measured_blocks_per_stack_extrapolate_exactly(monkeypatch, name):
     monkeypatch.setattr(memory, "MEASURED_LAYERS", 100)  # run every block instead
     full = memory.training_activations(config, batch=1, seq=32, dtype="fp32", backend="eager")
     assert shallow == full
+
+
+def test_sliding_windows_cap_the_kv_cache():
+    """Mistral 7B keeps 4096 positions per layer however long the context; Gemma 2 every other layer."""
+    mistral = get_preset("mistral-7b")
+    per_token = memory.kv_bytes_per_token(mistral, "bf16")
+    assert memory.kv_cache_bytes(mistral, batch=1, tokens=32768, kv_dtype="bf16") == 4096 * per_token
+    assert memory.kv_cache_bytes(mistral, batch=1, tokens=32768, kv_dtype="bf16", windowed=False) == 32768 * per_token
+    gemma = get_preset("gemma-2-9b")
+    half = memory.kv_bytes_per_token(gemma, "bf16") // 2  # 21 windowed layers, 21 full ones
+    assert memory.kv_cache_bytes(gemma, batch=1, tokens=8192, kv_dtype="bf16") == 4096 * half + 8192 * half
+
+
+def test_layers_of_different_kinds_are_each_measured(monkeypatch):
+    """Windowed and full, dense and mixture layers save different tensors: each kind is measured once."""
+    config = get_preset("llama-7b", vocab_size=50, d_model=32, n_layers=5, n_heads=4, d_ff=48, n_experts=4,
+                        n_experts_per_token=2, moe_layers=(1, 3, 4), sliding_window=4, sliding_window_layers=(0, 1))
+    by_kind = memory.training_activations(config, batch=1, seq=8, dtype="fp32", backend="eager")
+    monkeypatch.setattr(memory, "_layer_kinds", lambda c: {})
+    monkeypatch.setattr(memory, "MEASURED_LAYERS", 100)  # run every block instead
+    every = memory.training_activations(config, batch=1, seq=8, dtype="fp32", backend="eager")
+    assert by_kind == every

@@ -361,8 +361,9 @@ def rope_tensors(config: ModelConfig) -> dict[str, np.ndarray]:
     return {"rope_freqs.weight": (plain / static_frequencies(config.rope_theta, config.rotary_dim, s)[0]).numpy()}
 
 
-# the order architectures are tried in when writing: the plainest that expresses the config
-WRITE_ORDER = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "qwen2moe", "qwen3moe", "gpt2")
+# the order architectures are tried in when writing: the plainest that expresses the config (qwen2 first:
+# q/k/v biases without an output bias are its own; the llama architecture would run them too)
+WRITE_ORDER = ("qwen2", "llama", "qwen3", "gemma", "gemma2", "phi3", "qwen2moe", "qwen3moe", "gpt2")
 _OFF = {"qk_norm": False, "norm_unit_offset": False, "embedding_scale": False, "branch_output_norm": False,
         "attn_softcap": None, "logit_softcap": None, "attn_scale": None, "lm_head_bias": False, "final_norm": True,
         "norm_position": "pre", "embedding_norm": False, "type_vocab_size": 0, "ffn_bias": False}

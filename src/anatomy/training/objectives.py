@@ -1,6 +1,8 @@
 """What a model learns from, by family:
 
-- causal LM (decoder): predict token t+1 from tokens <= t on windows of the token stream;
+- causal LM (decoder): predict token t+1 from tokens <= t on windows of the token stream; a model
+  with mixture-of-experts layers adds, while training, router_aux_loss_coef x the load-balancing
+  loss of its routers (Switch / Mixtral), per target token so that the mean loss gains coef x aux;
 - masked LM (encoder): 15% of the non-special tokens are chosen; of those 80% become <mask>,
   10% a random token, 10% stay; the loss is on the chosen positions only;
 - seq2seq (encoder-decoder): teacher forcing, the decoder reads [start] + target and predicts
@@ -22,6 +24,7 @@ from torch import Tensor, nn
 
 from anatomy.config import ModelConfig
 from anatomy.errors import InputError
+from anatomy.layers.moe import load_balancing_loss
 from anatomy.training.data import Dataset, PairSplit, TokenSplit
 from anatomy.training.tokens import TrainTokenizer
 
@@ -67,7 +70,14 @@ class CausalLM:
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0
              ) -> tuple[Tensor, Tensor]:
-        return token_loss(model(batch["input_ids"]), batch["labels"], label_smoothing=label_smoothing)
+        config = getattr(model, "module", model).config  # DDP wraps the model in .module
+        if not (model.training and config.n_experts and config.router_aux_loss_coef):
+            return token_loss(model(batch["input_ids"]), batch["labels"], label_smoothing=label_smoothing)
+        router_logits: list[Tensor] = []
+        logits = model(batch["input_ids"], router_logits=router_logits)
+        total, count = token_loss(logits, batch["labels"], label_smoothing=label_smoothing)
+        aux = load_balancing_loss(router_logits, config.n_experts, config.n_experts_per_token)
+        return total + config.router_aux_loss_coef * aux * count, count
 
 
 def mask_tokens(ids: np.ndarray, *, select: np.ndarray, action: np.ndarray, replacement: np.ndarray,
