@@ -133,3 +133,17 @@ def _safetensors_count(path) -> int:
 
     with safe_open(str(path), "pt") as f:
         return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys() if not k.endswith("position_ids"))
+
+
+def test_inspect_mixtral_reports_total_and_active_and_expert_bytes(capsys):
+    """In process (main): the report of a mixture model carries total and active parameters, the
+    experts' resident and read bytes; the KV cache of a windowed model is capped."""
+    assert main(["inspect", "mixtral-8x7b", "--json", "--seq", "4", "--context", "64", "--dtype", "bf16"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["params"]["total"], report["params"]["active"]) == (46_702_792_704, 12_879_925_248)
+    experts = report["memory"]["experts"]
+    assert experts["read_per_token_bytes"] * 4 == experts["resident_bytes"]  # 2 of 8 experts
+    assert report["flops"]["flop_counter_matches"]
+    assert main(["inspect", "mistral-7b", "--json", "--seq", "4", "--context", "8192"]) == 0
+    memory = json.loads(capsys.readouterr().out)["memory"]
+    assert memory["kv_cache_bytes_without_windows"] == 2 * memory["kv_cache_bytes"]  # 8192 kept vs the 4096 window

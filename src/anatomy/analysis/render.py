@@ -113,11 +113,14 @@ def _memory(m: dict[str, Any]) -> TableSpec:
         e = m["experts"]
         t.rows += [["expert weights, all resident", nbytes(e["resident_bytes"])],
                    ["expert weights one token reads (k experts per layer)", nbytes(e["read_per_token_bytes"])],
-                   [f"expert weights a decode step of B tokens reads (~{e['experts_touched_per_layer_decode_step']:.3g}"
-                    " experts per layer)", nbytes(e["read_per_decode_step_bytes"])]]
+                   [_touched(e["experts_touched_per_layer_decode_step"]), nbytes(e["read_per_decode_step_bytes"])]]
         t.notes.append("experts a step reads: E * (1 - (1 - k/E)^B) per layer for B tokens routed evenly")
     t.notes.append("activations: tensors saved for backward, measured on the meta device (loss included)")
     return t
+
+
+def _touched(experts: float) -> str:
+    return f"expert weights a decode step of B tokens reads (~{experts:.3g} experts per layer)"
 
 
 def _roofline(r: dict[str, Any]) -> TableSpec:

@@ -22,7 +22,13 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.checkpoints.assign import assign_tensors, expected_shapes
-from anatomy.checkpoints.gguf_config import ROPE_TENSORS, config_from_gguf, config_to_gguf, gguf_architecture, rope_tensors
+from anatomy.checkpoints.gguf_config import (
+    ROPE_TENSORS,
+    config_from_gguf,
+    config_to_gguf,
+    gguf_architecture,
+    rope_tensors,
+)
 from anatomy.checkpoints.gguf_dequant import dequantize, supported_types
 from anatomy.checkpoints.gguf_names import Part, from_gguf_rows, tensor_plan, to_gguf_rows
 from anatomy.checkpoints.gguf_reader import GGUFFile, GGUFTensor, read_gguf

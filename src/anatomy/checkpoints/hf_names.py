@@ -48,7 +48,7 @@ class TensorLink:
     hf_shapes: tuple[torch.Size, ...]
     part_shapes: tuple[torch.Size, ...]  # each HF part in our layout, before concatenation
     transpose: bool
-    shape: torch.Size = torch.Size()  # ours; stacked experts [E, R, C] are concatenated as [E*R, C] rows
+    shape: tuple[int, ...] = ()  # ours; stacked experts [E, R, C] are concatenated as [E*R, C] rows
 
 
 def family_of(model: nn.Module) -> str:

@@ -84,7 +84,7 @@ class MoE(nn.Module):
 
     def _grouped(self, flat: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
         """The N*k (token, expert) pairs sorted by expert: each expert reads one contiguous slice."""
-        N, k = experts.shape
+        k = experts.shape[1]
         order = experts.flatten().argsort(stable=True)  # [N*k] pair indices, grouped by expert
         token = order // k  # [N*k] the token of each sorted pair
         counts = self._counts(experts)  # tokens per expert
