@@ -183,11 +183,6 @@ def hf_family(config: ModelConfig) -> str:
                       f"{'; '.join(found[closest])}")
 
 
-def representable(config: ModelConfig, family: str) -> list[str]:
-    """Why HF `family` cannot express `config` (empty: it can)."""
-    return _problems(config, family)
-
-
 def hf_architecture(config: ModelConfig) -> str:
     family = hf_family(config)
     return ARCHITECTURES["bert-mlm" if family == "bert" and not config.pooler else family]
