@@ -24,7 +24,6 @@ import json
 import os
 import random
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,6 @@ from anatomy.config import ModelConfig
 from anatomy.errors import AnatomyError, CheckpointError, ConfigError
 from anatomy.training.distributed import Dist, all_reduce_sum, barrier
 
-PAUSE_HOOK = "ANATOMY_TEST_CHECKPOINT_PAUSE_AT"  # tests: the step whose checkpoint write pauses half-way
 _GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)
 _SCATTER = StateDictOptions(full_state_dict=True)
 
@@ -95,8 +93,6 @@ def _write_main_files(tmp: Path, *, model: nn.Module, weights: dict[str, Tensor]
     _write_weights(tmp, model, weights)
     _write_json(tmp / "anatomy_config.json", model.config.to_dict())
     _write_bytes(tmp / "tokenizer.json", Path(tokenizer_json).read_bytes())
-    if os.environ.get(PAUSE_HOOK) == str(trainer["step"]):
-        time.sleep(600)  # to be killed here
     optim_tensors = {f"{name}::{key}": _as_tensor(value).contiguous()
                      for name, state in optim["state"].items() for key, value in state.items()}
     _write_bytes(tmp / "optimizer.safetensors", safetensors_bytes(optim_tensors))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,8 +31,6 @@ from anatomy.training.data import Dataset, rank_rows, step_generator
 from anatomy.training.distributed import Dist, all_reduce_sum, gradient_sync
 from anatomy.training.objectives import IGNORE, Objective
 from anatomy.training.optim import Schedule, clip_gradients, set_lr
-
-NAN_HOOK = "ANATOMY_TEST_NAN_STEPS"  # tests: comma-separated step numbers whose loss is made NaN
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,7 +138,6 @@ def _optimizer_step(run: Run, settings: Settings, state: TrainState) -> dict[str
     for micro, batch in enumerate(batches):
         with gradient_sync(run.engine, enabled=micro == len(batches) - 1), _autocast(device):
             total, _ = run.objective.loss(run.engine, batch, label_smoothing=settings.label_smoothing)
-            total = _inject_nan(total, step)
             (total * (run.info.world / n_targets)).backward()  # ranks average gradients: x world
         loss_sum += total.detach().double()
     loss = float(all_reduce_sum(loss_sum, run.info)) / n_targets
@@ -226,13 +222,6 @@ def _processed(batch: dict[str, Tensor]) -> int:
     if "input_ids" in batch:
         return batch["input_ids"].numel()
     return int(batch["src_mask"].sum()) + _targets(batch)
-
-
-def _inject_nan(total: Tensor, step: int) -> Tensor:
-    steps = os.environ.get(NAN_HOOK)
-    if steps and str(step + 1) in steps.split(","):
-        return total * float("nan")
-    return total
 
 
 def _finite_or_none(x: float) -> float | None:
