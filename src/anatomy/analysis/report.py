@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from anatomy import dtypes
 from anatomy.analysis import diagram, flops, memory, params, roofline, trace
 from anatomy.analysis.hardware import Hardware
 from anatomy.config import ModelConfig
@@ -121,7 +122,7 @@ def _memory(config: ModelConfig, ledger: params.Ledger, o: Options) -> dict[str,
     eager = memory.training_activations(config, batch=o.batch, seq=o.seq, dtype=o.compute_dtype, backend="eager")
     return {
         "weights_bytes": memory.weights_bytes(ledger.total, o.dtype),
-        "weights_bytes_by_dtype": {d: memory.weights_bytes(ledger.total, d) for d in memory.DTYPE_BITS},
+        "weights_bytes_by_dtype": {d: memory.weights_bytes(ledger.total, d) for d in dtypes.ALL},
         "kv_cache_bytes_per_token": memory.kv_bytes_per_token(config, o.cache_dtype),
         "kv_cache_bytes": memory.kv_cache_bytes(config, batch=o.batch, tokens=o.context, kv_dtype=o.cache_dtype),
         "naive_scores_bytes_per_layer": memory.naive_scores_bytes(config, batch=o.batch, seq=o.seq,
@@ -132,7 +133,7 @@ def _memory(config: ModelConfig, ledger: params.Ledger, o: Options) -> dict[str,
             "naive_attention": {"total": eager.total, "per_block": eager.per_block,
                                 "checkpointed": eager.checkpointed},
         },
-        "training_state_bytes": ledger.total * memory.ADAM_MIXED_PRECISION_BYTES,
+        "training_state_bytes": memory.training_state(ledger.total, dtype=o.compute_dtype).total,
     }
 
 

@@ -9,6 +9,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from anatomy.config import ModelConfig
+from anatomy.dtypes import torch_dtype
 from anatomy.errors import InputError
 from anatomy.layers.attention import check_backend
 from anatomy.models.decoder import DecoderLM
@@ -21,15 +22,17 @@ HEADS = ("auto", "base", "mlm")
 
 
 def build_model(config: ModelConfig, *, head: str = "auto", device: str | torch.device | None = None,
-                dtype: torch.dtype | None = None, init: bool = True, attention: str = "sdpa") -> nn.Module:
+                dtype: torch.dtype | str | None = None, init: bool = True, attention: str = "sdpa") -> nn.Module:
     """The model class the config's architecture calls for; `head="mlm"` gives an encoder its MLM head.
 
+    `dtype` is "f32", "f16", "bf16" or a torch dtype (None: torch's default, f32).
     `attention` is the attention backend: "sdpa" (fused kernels) or "eager" (scores as a tensor).
     On the meta device nothing is allocated or initialised: building any preset is instant.
     """
     if head not in HEADS:
         raise InputError(f"head={head!r} is not one of {', '.join(map(repr, HEADS))}")
     check_backend(attention)
+    dtype = torch_dtype(dtype) if dtype is not None else None
     device = torch.device(device) if device is not None else None
     meta = device is not None and device.type == "meta"
     with torch.device(device) if device is not None else contextlib.nullcontext(), \

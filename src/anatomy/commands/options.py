@@ -1,0 +1,31 @@
+"""Old command-line spellings, kept working for a release with a one-line note on stderr.
+
+    add_old_name(p, "--batch", new="--batch-size", dest="batch_size", type=int)
+
+The old name is hidden from --help; using it stores into the new option and warns (cli.py shows
+the warning as `anatomy inspect: warning: --batch is deprecated, use --batch-size`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+from anatomy.deprecation import deprecated
+
+
+class _OldName(argparse.Action):
+    def __init__(self, option_strings: list[str], dest: str, *, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        deprecated(f"{option_string} is deprecated, use {self.new}")
+        setattr(namespace, self.dest, values)
+
+
+def add_old_name(p: argparse.ArgumentParser, old: str, *, new: str, dest: str,
+                 type: Callable[[str], Any] | None = None) -> None:
+    """Accept `old` as a deprecated spelling of the option `new` (which stores into `dest`)."""
+    p.add_argument(old, dest=dest, type=type, action=_OldName, new=new, default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)
