@@ -12,6 +12,7 @@ import torch
 
 from anatomy import build_model, get_preset
 from anatomy.errors import CheckpointError
+from anatomy.tokenizer_chars import chars_tokenizer
 from anatomy.training.checkpoint import latest_checkpoint, load_checkpoint, prune, save_checkpoint
 from anatomy.training.distributed import Dist
 from anatomy.training.optim import make_optimizer
@@ -32,11 +33,9 @@ def _train_a_step(model, opt):
 
 
 def _save(tmp_path, model, opt, step=1, val_loss=None, keep=3):
-    tok = tmp_path / "tokenizer.json"
-    tok.write_text("{}")
     trainer = {"step": step, "tokens": 16 * step, "val_loss": val_loss}
     return save_checkpoint(tmp_path / "run", engine=model, model=model, optimizer=opt, trainer=trainer,
-                           tokenizer_json=tok, info=Dist(), keep=keep)
+                           tokenizer=chars_tokenizer("abc"), info=Dist(), keep=keep)
 
 
 def test_round_trip_restores_weights_optimizer_and_rng(tmp_path):

@@ -114,7 +114,8 @@ def _train(args: argparse.Namespace, info: Dist) -> int:
     check_size(data, seq_len=args.seq_len, need_val=True)
     rows = args.batch_size // (info.world * args.accum)
     activations, state_bytes = estimated_bytes(model, config, rows=rows, seq_len=args.seq_len, world=info.world,
-                                               sharded=args.strategy == "fsdp")
+                                               sharded=args.strategy == "fsdp", device=info.device,
+                                               activation_checkpointing=args.activation_checkpointing)
     check_memory(activations, state_bytes, available_bytes(info.device, local_ranks=info.world),
                  rows=rows, accum=args.accum)
     torch.manual_seed(args.seed + info.rank)  # dropout differs between ranks

@@ -5,7 +5,7 @@
                                `anatomy.load(dir)` and HF transformers read them. A config HF has no
                                model class for is written with anatomy's names and fields instead.
         anatomy_config.json    the exact ModelConfig (anatomy's field names)
-        tokenizer.json
+        tokenizer.json + tokenizer_config.json   the run's tokenizer (anatomy.load_tokenizer(dir) reads it)
         optimizer.safetensors  AdamW state per parameter name (step, exp_avg, exp_avg_sq)
         trainer.json           step, tokens, counters, schedule, optimizer groups, val loss, world size
         rng-rank{r}.json       python, numpy and torch RNG states of rank r
@@ -43,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
 from anatomy.checkpoints.assign import tied_aliases
 from anatomy.config import ModelConfig
 from anatomy.errors import AnatomyError, CheckpointError, ConfigError
+from anatomy.tokenizer import Tokenizer
 from anatomy.training.distributed import Dist, all_reduce_sum, barrier
 
 _GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -56,7 +57,7 @@ def checkpoint_root(run_dir: Path) -> Path:
 # -- writing ------------------------------------------------------------------------------------
 
 def save_checkpoint(run_dir: Path, *, engine: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    trainer: dict[str, Any], tokenizer_json: Path, info: Dist, keep: int) -> Path | None:
+                    trainer: dict[str, Any], tokenizer: Tokenizer, info: Dist, keep: int) -> Path | None:
     """Write checkpoint step-<trainer['step']>; every rank calls this (the gather is collective).
     Returns the directory, or None when the weights are not finite (nothing is then written)."""
     finite = torch.tensor(float(all(torch.isfinite(_local(p)).all() for p in model.parameters())), device=info.device)
@@ -73,7 +74,7 @@ def save_checkpoint(run_dir: Path, *, engine: nn.Module, model: nn.Module, optim
     barrier(info)
     _write_json(tmp / f"rng-rank{info.rank}.json", rng_state())
     if info.is_main:
-        _write_main_files(tmp, model=model, weights=weights, optim=optim, trainer=trainer, tokenizer_json=tokenizer_json)
+        _write_main_files(tmp, model=model, weights=weights, optim=optim, trainer=trainer, tokenizer=tokenizer)
     barrier(info)
     if info.is_main:
         _fsync_dir(tmp)
@@ -89,10 +90,10 @@ def _local(p: Tensor) -> Tensor:
 
 
 def _write_main_files(tmp: Path, *, model: nn.Module, weights: dict[str, Tensor], optim: dict[str, Any],
-                      trainer: dict[str, Any], tokenizer_json: Path) -> None:
+                      trainer: dict[str, Any], tokenizer: Tokenizer) -> None:
     _write_weights(tmp, model, weights)
     _write_json(tmp / "anatomy_config.json", model.config.to_dict())
-    _write_bytes(tmp / "tokenizer.json", Path(tokenizer_json).read_bytes())
+    tokenizer.save(tmp)
     optim_tensors = {f"{name}::{key}": _as_tensor(value).contiguous()
                      for name, state in optim["state"].items() for key, value in state.items()}
     _write_bytes(tmp / "optimizer.safetensors", safetensors_bytes(optim_tensors))

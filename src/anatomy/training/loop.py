@@ -120,7 +120,7 @@ def save(run: Run, settings: Settings, state: TrainState) -> Path | None:
     trainer = {**asdict(state), "seed": settings.seed, "schedule": run.schedule.to_dict(), "world": run.info.world,
                "objective": run.objective.name, "data_position": {"seed": settings.seed, "next_step": state.step}}
     written = save_checkpoint(run.out, engine=run.engine, model=run.model, optimizer=run.optimizer, trainer=trainer,
-                              tokenizer_json=run.data.directory / "tokenizer.json", info=run.info, keep=settings.keep)
+                              tokenizer=run.data.tokenizer, info=run.info, keep=settings.keep)
     if written is None and run.info.is_main:
         print(f"step {state.step}: weights are not finite; no checkpoint written, the previous one is kept")
     return written
@@ -202,9 +202,14 @@ def _to(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
+def compute_dtype(device: torch.device) -> str:
+    """What training computes in: bf16 (autocast; the parameters stay f32) on a GPU that supports it,
+    f32 elsewhere (CPUs without bf16 units run bf16 matmuls far slower)."""
+    return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "f32"
+
+
 def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 autocast on a GPU that supports it; fp32 on the CPU (no fast bf16 matmul there)."""
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+    if compute_dtype(device) == "bf16":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
