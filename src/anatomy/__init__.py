@@ -6,7 +6,7 @@ FLOP and byte visible.
     anatomy.load_config(name_or_path)     the ModelConfig of a preset, HF config, .gguf or installed name
     anatomy.load_tokenizer(name_or_path)
     anatomy.generate(model, prompt, ...)  / anatomy.stream(...)
-    anatomy.embed(texts, model=...)
+    anatomy.embed(model, texts)           sentence embeddings
     anatomy.loaded_models                 the models loaded by name for generate/embed (LRU; .clear())
 """
 

@@ -28,7 +28,7 @@ def test_json_vectors_and_similarity_equal_the_api():
     out = json.loads(done.stdout)
     assert [e["text"] for e in out["embeddings"]] == TEXTS and out["dimension"] == 384
     vectors = torch.tensor([e["embedding"] for e in out["embeddings"]])
-    assert torch.allclose(vectors, anatomy.embed(TEXTS), atol=1e-6)
+    assert torch.allclose(vectors, anatomy.embed("all-minilm-l6-v2", TEXTS), atol=1e-6)
     similarity = torch.tensor(out["similarity"])
     assert torch.allclose(similarity, vectors @ vectors.T, atol=1e-6)
     assert torch.allclose(similarity.diagonal(), torch.ones(3), atol=1e-6)

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     texts = _texts(args.texts)
     with Console(stderr=True).status(f"loading {args.model}"):
         load_embedder(args.model)  # kept by embed() for the call below
-    vectors = embed(texts, model=args.model, batch_size=args.batch_size)  # [N, D]
+    vectors = embed(args.model, texts, batch_size=args.batch_size)  # [N, D]
     similarity = vectors @ vectors.T if args.similarity else None  # [N, N]: rows are unit vectors
     if args.json:
         print(json.dumps(_as_json(args.model, texts, vectors, similarity), ensure_ascii=False))
