@@ -37,19 +37,23 @@ COMMANDS = {
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse's parser, whose errors (a missing argument, a bad number) are one line too."""
+    """argparse's parser, whose errors (a missing argument, a bad number) are one line too.
+    `commands` maps the top-level parser's command names to their parsers."""
+
+    commands: dict[str, argparse.ArgumentParser] = {}
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
 
 
-def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> Parser:
     """The full parser of the command named in argv; the other commands are listed by summary."""
     parser = Parser(
         prog="anatomy",
         description="Run, inspect and train Transformers: every shape, parameter, FLOP and byte.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.commands = sub.choices
     chosen = _command_of(argv)
     for name, summary in COMMANDS.items():
         if name == chosen:
@@ -57,6 +61,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         else:
             sub.add_parser(name, help=summary, add_help=False)
     return parser
+
+
+def parse(parser: Parser, argv: list[str] | None) -> argparse.Namespace:
+    """parse_args, with arguments no option takes reported by the command they were given to."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def _command_of(argv: list[str] | None) -> str | None:
@@ -68,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         warnings.simplefilter("default", AnatomyDeprecationWarning)  # Python hides DeprecationWarnings by default
         warnings.showwarning = _one_line_warning(_command_of(argv))
         try:
-            args = build_parser(argv).parse_args(argv)
+            args = parse(build_parser(argv), argv)
         except SystemExit as exc:  # --help, or a command line argparse refused (one line: Parser.error)
             return int(exc.code or 0)
         return _run(args)

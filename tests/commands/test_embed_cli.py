@@ -55,3 +55,16 @@ def test_bad_input_is_one_line_and_exit_2(args, stdin, message):
     assert done.returncode == 2
     assert message in err and "Traceback" not in err
     assert err.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["x", "--batch-size", "0"], "batch_size must be a positive integer, got 0"),
+    (["x", "--model", "smollm2-135m-instruct"], "embeddings need an encoder model (BERT-like), got DecoderLM"),
+    (["x", "--batch-size", "two"], "argument --batch-size: invalid int value: 'two'"),
+])
+def test_bad_options_are_one_line_and_exit_2_in_process(capsys, args, message):
+    from anatomy.cli import main
+
+    assert main(["embed", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("anatomy embed: error: ") and message in err

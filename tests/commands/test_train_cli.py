@@ -204,6 +204,39 @@ def test_bad_inputs_fail_before_any_step(corpus, tmp_path, capsys):
     assert not (out / "metrics.jsonl").exists()
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "--steps 0 must be a positive integer"),
+    (["--seq-len", "0"], "--seq-len 0 must be a positive integer"),
+    (["--lr", "-0.1"], "--lr -0.1 must be a positive number"),
+    (["--lr", "nan"], "--lr nan must be a positive number"),
+    (["--beta2", "1"], "--beta2 1.0 must be in [0, 1)"),
+    (["--weight-decay", "-1"], "--weight-decay -1.0 must be a number >= 0"),
+    (["--label-smoothing", "1.5"], "--label-smoothing 1.5 must be in [0, 1)"),
+    (["--val-fraction", "0"], "--val-fraction 0.0 must be in (0, 1)"),
+    (["--eval-steps", "0"], "--eval-steps 0 must be a positive integer"),
+    (["--keep", "-1"], "--keep -1 must be an integer >= 0"),
+    (["--nproc", "0"], "--nproc 0 must be a positive integer"),
+    (["--grad-clip", "-1"], "--grad-clip -1.0 must be a number >= 0"),
+    (["--steps", "ten"], "argument --steps: invalid int value: 'ten'"),
+    (["--model", "NOTJSON"], "--model NOTJSON: not readable JSON"),
+    (["--model", "LISTJSON"], "--model LISTJSON: expected a JSON object"),
+    (["--tokenizer", "MISSING/tokenizer.json"], "MISSING/tokenizer.json: no such file or directory"),
+    (["--out", "AFILE"], "--out AFILE: cannot write it: a file is in the way"),
+    (["--cache-dir", "AFILE/cache"], "--cache-dir AFILE/cache: cannot write it"),
+])
+def test_bad_options_name_the_option_and_the_rule(corpus, tmp_path, capsys, args, message):
+    files = {"NOTJSON": tmp_path / "bad.json", "LISTJSON": tmp_path / "list.json", "AFILE": tmp_path / "afile",
+             "MISSING": tmp_path / "missing"}
+    files["NOTJSON"].write_bytes(b"{\xff")
+    files["LISTJSON"].write_text("[1, 2]")
+    files["AFILE"].write_text("")
+    replace = lambda text: next((text.replace(k, str(v)) for k, v in files.items() if k in text), text)
+    base = ["train", *TINY, "--data", str(corpus), "--steps", "2", "--out", str(tmp_path / "run")]
+    err = _error(capsys, [*base, *map(replace, args)])
+    assert err.count("\n") == 1 and err.startswith("anatomy train: error: ") and replace(message) in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_resume_rejects_corrupted_checkpoint_and_overwrites_nothing(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     args = ["train", *TINY, "--data", str(corpus), "--batch-size", "2", "--steps", "2", "--out", str(out)]

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from anatomy import dtypes
+from anatomy.atomic import write_errors_named
 from anatomy.config import ModelConfig
 from anatomy.errors import CheckpointError, InputError
 from anatomy.presets import PRESETS, get_preset
@@ -56,15 +58,21 @@ def save(model: nn.Module, path: str | Path, *, dtype: str | torch.dtype | None 
     `dtype` converts the weights: "f32", "f16" or "bf16" (or a torch dtype) for an HF directory,
     "f32" or "f16" for GGUF (norms and biases stay f32 there, as llama.cpp expects). None keeps the
     model's own dtype."""
-    path = Path(path)
+    path = _as_path(path)
+    if not isinstance(model, nn.Module) or not isinstance(getattr(model, "config", None), ModelConfig):
+        raise InputError(f"save() writes an anatomy model (from anatomy.load or build_model), got {type(model).__name__}")
     if path.suffix == ".gguf":
         from anatomy.checkpoints.gguf import SAVE_DTYPES, save_gguf
 
-        save_gguf(model, path, dtype=_gguf_save_dtype(model, dtype, choices=tuple(SAVE_DTYPES)), tokenizer=tokenizer)
+        gguf_dtype = _gguf_save_dtype(model, dtype, choices=tuple(SAVE_DTYPES))
+        with write_errors_named(path):
+            save_gguf(model, path, dtype=gguf_dtype, tokenizer=tokenizer)
         return path
     from anatomy.checkpoints.safetensors import save_hf
 
-    return save_hf(model, path, dtype=dtypes.torch_dtype(dtype) if dtype is not None else None)
+    torch_dtype = dtypes.torch_dtype(dtype) if dtype is not None else None
+    with write_errors_named(path):
+        return save_hf(model, path, dtype=torch_dtype)
 
 
 def _gguf_save_dtype(model: nn.Module, dtype: str | torch.dtype | None, *, choices: tuple[str, ...]) -> str:
@@ -95,7 +103,7 @@ def load_config(name_or_path: str | Path) -> ModelConfig:
 def resolve_path(name_or_path: str | Path) -> Path:
     """An existing path as is; a path-like string that does not exist is an error naming it; any
     other string is looked up among the installed models."""
-    path = Path(name_or_path).expanduser()
+    path = _as_path(name_or_path).expanduser()
     if path.exists():
         return path
     text = str(name_or_path)
@@ -104,6 +112,12 @@ def resolve_path(name_or_path: str | Path) -> Path:
     from anatomy.checkpoints.registry import resolve
 
     return resolve(text)
+
+
+def _as_path(name_or_path: Any) -> Path:
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise InputError(f"expected a model name or a path, got {type(name_or_path).__name__}: {name_or_path!r:.80}")
+    return Path(name_or_path)
 
 
 def _hf_directory(path: Path) -> Path:

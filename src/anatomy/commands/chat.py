@@ -64,6 +64,8 @@ def _read(interactive: bool) -> str | None:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return ""
+    except UnicodeDecodeError as exc:
+        raise InputError(f"stdin is not valid UTF-8: byte 0x{exc.object[exc.start]:02x} ({exc.reason})") from None
 
 
 def _reply(model, tokenizer, history: list[dict[str, str]], args: argparse.Namespace) -> str | None:

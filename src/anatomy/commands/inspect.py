@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from anatomy.commands.options import add_old_name
 from anatomy.config import ModelConfig
 from anatomy.deprecation import deprecated
 from anatomy.errors import CheckpointError, InputError
+from anatomy.figures import image_format
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -81,8 +83,8 @@ def options_from_args(args: argparse.Namespace, config: ModelConfig):
                         ("--gpus", args.gpus)):
         if value <= 0:
             raise InputError(f"{name} {value} must be a positive integer")
-    if args.tokens is not None and not args.tokens > 0:
-        raise InputError(f"--tokens {args.tokens:g} must be positive")
+    if args.tokens is not None and not 0 < args.tokens < math.inf:
+        raise InputError(f"--tokens {args.tokens:g} must be a positive number")
     if not 0 < args.mfu <= 1:
         raise InputError(f"--mfu {args.mfu:g} is outside (0, 1]")
     if config.position in ("learned", "sinusoidal"):
@@ -104,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
     from anatomy.analysis.report import build_report
 
     name = model_of(args)
+    if args.plot:
+        image_format(args.plot, option="--plot")  # before any work
     config = resolve_config(name)
     options = options_from_args(args, config)
     if args.mermaid:

@@ -31,6 +31,7 @@ from anatomy.inference.result import GenerationResult
 from anatomy.inference.sampling import SamplingParams
 from anatomy.inference.streaming import StopStringFilter
 from anatomy.inference.view import engine_view
+from anatomy.tokenizer import Tokenizer
 
 
 def generate(model: nn.Module | DecoderEngine | str | Path, prompt: Any, *, tokenizer: Any = None, compile: bool = False,
@@ -244,6 +245,8 @@ def resolve_model(model: Any, tokenizer: Any, *, compile: bool = False
     """(model, tokenizer, engine) of what a caller passed: an engine as is; a name loaded once into
     `loaded_models`; a model object given an engine of its own (a decoder) or viewed in eval mode
     (an encoder-decoder), never changed itself."""
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+        raise InputError(f"tokenizer must be an anatomy Tokenizer (anatomy.load_tokenizer), got {type(tokenizer).__name__}")
     if isinstance(model, DecoderEngine):
         return model.model, tokenizer, model
     if isinstance(model, (str, Path)):

@@ -29,11 +29,14 @@ def build_model(config: ModelConfig, *, head: str = "auto", device: str | torch.
     `attention` is the attention backend: "sdpa" (fused kernels) or "eager" (scores as a tensor).
     On the meta device nothing is allocated or initialised: building any preset is instant.
     """
+    if not isinstance(config, ModelConfig):
+        raise InputError(f"build_model takes a ModelConfig (anatomy.get_preset(name) gives one), "
+                         f"got {type(config).__name__}: {config!r:.80}")
     if head not in HEADS:
         raise InputError(f"head={head!r} is not one of {', '.join(map(repr, HEADS))}")
     check_backend(attention)
     dtype = torch_dtype(dtype) if dtype is not None else None
-    device = torch.device(device) if device is not None else None
+    device = _device(device) if device is not None else None
     meta = device is not None and device.type == "meta"
     with torch.device(device) if device is not None else contextlib.nullcontext(), \
             _SkipInitOnMeta() if meta else contextlib.nullcontext():
@@ -45,6 +48,16 @@ def build_model(config: ModelConfig, *, head: str = "auto", device: str | torch.
     if init and not meta:
         init_weights(model, config)
     return model
+
+
+def _device(device: str | torch.device) -> torch.device:
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InputError(f"device={device!r} is not a torch device ({exc})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"device={str(device)!r}: this torch has no CUDA device (torch.cuda.is_available() is False)")
+    return device
 
 
 def set_activation_checkpointing(model: nn.Module, enabled: bool = True) -> None:

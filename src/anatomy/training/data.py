@@ -92,6 +92,8 @@ def read_text(path: Path) -> str:
 def prepare(data: Path, tokenizer_spec: str, *, cache_dir: Path, val_fraction: float = 0.1,
             progress: bool = True) -> Dataset:
     """Tokenize once (or find the cached result) and open the memmaps."""
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
+        raise InputError(f"val_fraction={val_fraction!r} must be in [0, 1)")
     files = data_files(Path(data))
     texts = {f: read_text(f) for f in files}
     if not any(t.strip() for t in texts.values()):

@@ -3,16 +3,12 @@ losses summed and divided by the global number of target tokens (so 2 ranks x b 
 same loss and gradients as 1 rank x 2b rows), clipping, a non-finite guard, AdamW, then the
 periodic evaluation, metrics line and checkpoint.
 
-metrics.jsonl (rank 0) holds one line per step
-    {"step", "loss", "lr", "grad_norm", "tokens", "tok_s", "mfu", "time"}
-one per evaluation {"step", "val_loss", "val_ppl"} (step 0: before training), one per skipped step
-    {"step", "skipped": true, "loss", "grad_norm", "nonfinite": <count so far>}
+Rank 0 writes a line of metrics.jsonl (training/metrics.py) per step, evaluation and skipped step.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -24,11 +20,11 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import Tensor, nn
 
-from anatomy.atomic import atomic_file
 from anatomy.errors import AnatomyError
 from anatomy.training.checkpoint import save_checkpoint
 from anatomy.training.data import Dataset, rank_rows, step_generator
 from anatomy.training.distributed import Dist, all_reduce_sum, gradient_sync
+from anatomy.training.metrics import Metrics
 from anatomy.training.objectives import IGNORE, Objective
 from anatomy.training.optim import Schedule, clip_gradients, set_lr
 
@@ -241,35 +237,3 @@ def _progress_bar(*, enabled: bool) -> Progress:
     return Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
                     TextColumn("{task.fields[tok_s]} tok/s"), TextColumn("MFU {task.fields[mfu]}"), TimeElapsedColumn(),
                     disable=not enabled)
-
-
-def _step_of(line: str) -> float:
-    """The step of a metrics line; a line cut short by a crash counts as after every step."""
-    try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError, TypeError):
-        return float("inf")
-
-
-class Metrics:
-    """Append-only metrics.jsonl, written by rank 0, flushed every line."""
-
-    def __init__(self, path: Path, *, enabled: bool) -> None:
-        self.path, self.enabled = path, enabled
-        self.start = time.perf_counter()
-
-    def write(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        record = {**record, "time": round(time.perf_counter() - self.start, 3)}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-
-def truncate_metrics(path: Path, step: int) -> None:
-    """On resume: drop the lines of steps after the checkpoint (they are about to be run again)."""
-    if not path.is_file():
-        return
-    kept = [line for line in path.read_text().splitlines() if _step_of(line) <= step]
-    with atomic_file(path) as f:
-        f.write("".join(line + "\n" for line in kept).encode())

@@ -58,12 +58,9 @@ def _config_file(path: Path) -> ModelConfig:
 
 
 def _loaded(spec: str) -> tuple[ModelConfig, nn.Module]:
-    import anatomy
+    from anatomy.checkpoints.loader import load
 
-    try:
-        model = anatomy.load(spec)
-    except ModuleNotFoundError as exc:
-        raise InputError(f"--model {spec}: not a preset or config file, and checkpoints need anatomy.load ({exc})")
+    model = load(spec)
     return model.config, model
 
 
