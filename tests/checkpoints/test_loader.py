@@ -97,8 +97,8 @@ def test_gguf_paths_dispatch_to_the_gguf_module(fake_gguf, tmp_path, gpt2_dir):
     path.write_bytes(b"GGUF")
     assert anatomy.load(path, dtype=torch.float16) == "model"
     assert load_config(str(path)) == "config"
-    anatomy.save("a model", tmp_path / "out.gguf", dtype=torch.float16)
-    anatomy.save("a model", tmp_path / "out32.gguf", dtype="f32")
+    anatomy.save(gpt2_dir[0], tmp_path / "out.gguf", dtype=torch.float16)
+    anatomy.save(gpt2_dir[0], tmp_path / "out32.gguf", dtype="f32")
     anatomy.save(gpt2_dir[0], tmp_path / "own.gguf")  # None: the model's own dtype
     anatomy.save(gpt2_dir[0].half(), tmp_path / "own16.gguf")
     assert fake_gguf == [("load", path, torch.float16), ("config", path), ("save", tmp_path / "out.gguf", "f16"),
@@ -108,7 +108,7 @@ def test_gguf_paths_dispatch_to_the_gguf_module(fake_gguf, tmp_path, gpt2_dir):
 
 def test_gguf_save_refuses_other_dtypes(fake_gguf, tmp_path, gpt2_dir):
     with pytest.raises(InputError, match=r"dtype=torch.bfloat16 is not one of f32, f16$"):
-        anatomy.save("a model", tmp_path / "x.gguf", dtype=torch.bfloat16)
+        anatomy.save(gpt2_dir[0], tmp_path / "x.gguf", dtype=torch.bfloat16)
     with pytest.raises(InputError, match=r"the model's weights are bf16.*pass dtype= one of f32, f16"):
         anatomy.save(gpt2_dir[0].bfloat16(), tmp_path / "x.gguf")
 
@@ -161,3 +161,25 @@ def test_installed_gguf_config_is_the_preset():
     except CheckpointError as e:
         pytest.skip(str(e))
     assert config.replace(pad_token_id=None) == anatomy.get_preset("smollm2-135m")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: anatomy.load(123), "expected a model name or a path, got int: 123"),
+    (lambda: anatomy.load_config(None), "expected a model name or a path, got NoneType"),
+    (lambda: anatomy.load_tokenizer(["x"]), "expected a model name or a path, got list"),
+    (lambda: anatomy.save("a model", "x.gguf"), r"save\(\) writes an anatomy model .*got str"),
+])
+def test_wrong_argument_types_are_input_errors(call, message):
+    with pytest.raises(InputError, match=message):
+        call()
+
+
+@pytest.mark.parametrize("name", ["m.gguf", "hf"])
+def test_unwritable_destination_is_an_input_error_naming_it(gpt2_dir, tmp_path, name):
+    (tmp_path / "afile").write_text("")
+    missing = tmp_path / "no" / "such" / "dir"
+    with pytest.raises(InputError, match=f"{tmp_path / 'afile' / name}: cannot write it"):
+        anatomy.save(gpt2_dir[0], tmp_path / "afile" / name)
+    if name.endswith(".gguf"):
+        with pytest.raises(InputError, match=f"{missing / name}: cannot write it: the directory {missing} does not"):
+            anatomy.save(gpt2_dir[0], missing / name)
