@@ -137,6 +137,10 @@ def test_tokenizer_config_special_tokens_and_template(tmp_path, minilm_dir):
     (tmp_path / "tokenizer_config.json").write_text("{oops")
     with pytest.raises(CheckpointError, match="tokenizer_config.json: not valid JSON"):
         anatomy.load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    (tmp_path / "chat_template.jinja").write_bytes(b"{{ bos_token }}\xff")
+    with pytest.raises(CheckpointError, match="chat_template.jinja: not UTF-8 text"):
+        anatomy.load_tokenizer(tmp_path)
 
 
 @pytest.fixture(scope="module")

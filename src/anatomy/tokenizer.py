@@ -297,7 +297,10 @@ def _chat_template(config: dict[str, Any], config_path: Path) -> str | None:
     list of {"name", "template"} of which "default" is taken."""
     jinja_file = config_path.parent / "chat_template.jinja"
     if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
+        try:
+            return jinja_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise CheckpointError(f"{jinja_file}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     template = config.get("chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}

@@ -45,7 +45,7 @@ def test_tables_from_stdin_lines():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args, stdin, message", [
-    (["-"], b"caf\xe9 latin-1\n", "stdin is not UTF-8 text (byte 0xe9 at offset 3)"),
+    (["-"], b"caf\xe9 latin-1\n", "stdin is not valid UTF-8: byte 0xe9 at offset 3"),
     ([], b"\n  \n", "no texts to embed"),
     (["x", "--model", "no-such-model"], b"", "'no-such-model' is neither an existing file"),
 ])

@@ -218,7 +218,7 @@ def test_bad_inputs_fail_before_any_step(corpus, tmp_path, capsys):
     (["--nproc", "0"], "--nproc 0 must be a positive integer"),
     (["--grad-clip", "-1"], "--grad-clip -1.0 must be a number >= 0"),
     (["--steps", "ten"], "argument --steps: invalid int value: 'ten'"),
-    (["--model", "NOTJSON"], "--model NOTJSON: not readable JSON"),
+    (["--model", "NOTJSON"], "--model NOTJSON: not UTF-8 text (byte 1"),
     (["--model", "LISTJSON"], "--model LISTJSON: expected a JSON object"),
     (["--tokenizer", "MISSING/tokenizer.json"], "MISSING/tokenizer.json: no such file or directory"),
     (["--out", "AFILE"], "--out AFILE: cannot write it: a file is in the way"),

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import anatomy
-from anatomy.errors import InputError
+from anatomy.errors import CheckpointError, InputError
 from anatomy.inference.embed import load_embedder
 
 TEXTS = [
@@ -122,3 +122,17 @@ def test_decoder_model_is_refused():
     _, tokenizer, _ = load_embedder("all-minilm-l6-v2")
     with pytest.raises(InputError, match="need an encoder model"):
         anatomy.embed((decoder, tokenizer), ["x"])
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"[256]", "sentence_bert_config.json: expected a JSON object, got list"),
+    (b"{\xff", "sentence_bert_config.json: not valid UTF-8 JSON"),
+    (b'{"max_seq_length": 100000}', r"max_seq_length=100000 must be an integer in \[3, 512\]"),
+])
+def test_bad_sentence_bert_config_is_a_checkpoint_error(tmp_path, minilm_dir, content, message):
+    for f in minilm_dir.iterdir():
+        if f.is_file() and f.name != "sentence_bert_config.json":
+            (tmp_path / f.name).symlink_to(f)
+    (tmp_path / "sentence_bert_config.json").write_bytes(content)
+    with pytest.raises(CheckpointError, match=message):
+        anatomy.embed(str(tmp_path), ["x"])

@@ -18,6 +18,7 @@ import torch
 
 from anatomy import dtypes
 from anatomy.errors import InputError
+from anatomy.text_file import read_text
 
 
 @dataclass(frozen=True)
@@ -80,11 +81,9 @@ def load_hardware_json(path: Path) -> Hardware:
     if not path.is_file():
         raise InputError(f"hardware file {path} does not exist")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"hardware file {path} is not valid UTF-8 JSON: {exc}") from None
-    except OSError as exc:
-        raise InputError(f"hardware file {path} cannot be read: {exc.strerror or exc}") from None
+        data = json.loads(read_text(path, label="hardware file"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"hardware file {path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InputError(f"hardware file {path} must hold a JSON object")
     peak = data.get("peak_flops")

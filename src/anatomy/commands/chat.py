@@ -12,6 +12,7 @@ import sys
 
 from anatomy.commands.generate import (
     add_model_options, add_sampling_options, check_options, load, print_stats, start)
+from anatomy.commands.common import not_utf8
 from anatomy.errors import InputError
 
 HELP = "commands: /reset forgets the conversation, /exit leaves (or Ctrl-D); Ctrl-C stops a reply"
@@ -65,7 +66,7 @@ def _read(interactive: bool) -> str | None:
         print(file=sys.stderr)
         return ""
     except UnicodeDecodeError as exc:
-        raise InputError(f"stdin is not valid UTF-8: byte 0x{exc.object[exc.start]:02x} ({exc.reason})") from None
+        raise not_utf8(exc) from None
 
 
 def _reply(model, tokenizer, history: list[dict[str, str]], args: argparse.Namespace) -> str | None:

@@ -13,6 +13,7 @@ import threading
 from typing import Any, Iterator
 
 from anatomy import dtypes
+from anatomy.commands.common import read_stdin
 from anatomy.errors import InputError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -112,12 +113,7 @@ def as_chat(prompt: str, system: str | None) -> list[dict[str, str]]:
 
 def read_prompt(prompt: str) -> str:
     if prompt == "-":
-        data = sys.stdin.buffer.read()
-        try:
-            prompt = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InputError(f"stdin is not valid UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start}") from None
-        prompt = prompt.rstrip("\r\n")  # the newline that ends a piped line is not part of the question
+        prompt = read_stdin().rstrip("\r\n")  # the newline that ends a piped line is not part of the question
     if not prompt.strip():
         raise InputError("the prompt is empty")
     return prompt

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from anatomy import dtypes
-from anatomy.commands.options import add_old_name
+from anatomy.commands.common import add_old_name
 from anatomy.config import ModelConfig
 from anatomy.deprecation import deprecated
 from anatomy.errors import CheckpointError, InputError

@@ -165,9 +165,12 @@ def _max_length(path: Path, encoder: Encoder) -> int:
     if not config_path.is_file():
         return limit
     try:
-        value = json.loads(config_path.read_text(encoding="utf-8")).get("max_seq_length", limit)
-    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
-        raise CheckpointError(f"{config_path}: not a valid JSON object: {exc}") from None
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{config_path}: not valid UTF-8 JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_path}: expected a JSON object, got {type(config).__name__}")
+    value = config.get("max_seq_length", limit)
     if isinstance(value, bool) or not isinstance(value, int) or not 2 < value <= limit:
         raise CheckpointError(f"{config_path}: max_seq_length={value!r} must be an integer in [3, {limit}]")
     return value

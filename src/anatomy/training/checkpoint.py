@@ -145,11 +145,13 @@ def prune(root: Path, *, keep: int) -> None:
 
 
 def _val_loss(directory: Path) -> float:
+    """The val loss a checkpoint recorded; inf when it has none (or its trainer.json is unreadable)."""
     try:
-        value = json.loads((directory / "trainer.json").read_text()).get("val_loss")
+        trainer = json.loads((directory / "trainer.json").read_text())
     except (OSError, ValueError):
         return float("inf")
-    return float("inf") if value is None else float(value)
+    value = trainer.get("val_loss") if isinstance(trainer, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("inf")
 
 
 def _write_bytes(path: Path, data: bytes) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from anatomy.errors import InputError
+from anatomy.text_file import read_text
 from anatomy.tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
@@ -79,23 +80,13 @@ def data_files(path: Path) -> list[Path]:
     return files
 
 
-def read_text(path: Path) -> str:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"--data {path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
-    except OSError as exc:
-        raise InputError(f"--data {path}: cannot read it ({exc.strerror})") from exc
-    return text
-
-
 def prepare(data: Path, tokenizer_spec: str, *, cache_dir: Path, val_fraction: float = 0.1,
             progress: bool = True) -> Dataset:
     """Tokenize once (or find the cached result) and open the memmaps."""
     if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
         raise InputError(f"val_fraction={val_fraction!r} must be in [0, 1)")
     files = data_files(Path(data))
-    texts = {f: read_text(f) for f in files}
+    texts = {f: read_text(f, label="--data") for f in files}
     if not any(t.strip() for t in texts.values()):
         raise InputError(f"--data {data}: the text is empty")
     pairs = len(files) == 1 and files[0].suffix.lower() == ".tsv"
@@ -210,7 +201,31 @@ def _write_pairs(tmp: Path, item: tuple[Path, str], tok: Tokenizer, *, dtype: ty
 
 
 def open_dataset(directory: Path, tok: Tokenizer) -> Dataset:
-    meta = json.loads((directory / "meta.json").read_text())
+    """The memmaps of a cache entry; a damaged entry (a file missing, cut short or rewritten) is
+    an InputError that says to delete it."""
+    try:
+        return _open(directory, tok, _read_meta(directory))
+    except OSError as exc:
+        raise _damaged(directory, exc) from exc
+
+
+def _read_meta(directory: Path) -> dict:
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise _damaged(directory, exc) from exc
+    if not isinstance(meta, dict) or meta.get("kind") not in ("text", "pairs") \
+            or meta.get("dtype") not in ("uint16", "uint32"):
+        raise _damaged(directory, "meta.json does not describe a cache entry")
+    return meta
+
+
+def _damaged(directory: Path, why: object) -> InputError:
+    return InputError(f"the tokenized-data cache {directory} is damaged ({why}): "
+                      "delete that directory and it is tokenized again")
+
+
+def _open(directory: Path, tok: Tokenizer, meta: dict) -> Dataset:
     dtype = np.dtype(meta["dtype"])
 
     def memmap(name: str, dt: np.dtype = dtype) -> np.ndarray:

@@ -7,6 +7,7 @@ from pathlib import Path
 from anatomy.atomic import write_errors_named
 from anatomy.errors import InputError
 from anatomy.figures import image_format, pyplot, save_figure
+from anatomy.text_file import read_text
 from anatomy.training.metrics import is_number, parse_record
 
 
@@ -16,12 +17,8 @@ def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise InputError(f"{path}: no such file (is {run_dir} a run directory of `anatomy train`?)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     train, evals = [], []
-    for record in filter(None, map(parse_record, text.splitlines())):
+    for record in filter(None, map(parse_record, read_text(path, label="metrics").splitlines())):
         if is_number(record.get("val_loss")):
             evals.append(record)
         elif is_number(record.get("loss")):

@@ -17,6 +17,7 @@ from anatomy.config import ModelConfig
 from anatomy.errors import ConfigError, InputError
 from anatomy.models import build_model
 from anatomy.presets import PRESETS, get_preset
+from anatomy.text_file import read_text
 from anatomy.tokenizer import Tokenizer
 from anatomy.training.loop import compute_dtype
 
@@ -49,9 +50,9 @@ def _fresh_config(spec: str, *, overrides: dict[str, Any], tok: Tokenizer, seq_l
 
 def _config_file(path: Path) -> ModelConfig:
     try:
-        values = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"--model {path}: not readable JSON ({exc})") from exc
+        values = json.loads(read_text(path, label="--model"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--model {path}: not readable JSON ({exc})") from None
     if not isinstance(values, dict):
         raise InputError(f"--model {path}: expected a JSON object")
     return ModelConfig.from_dict(values) if "d_model" in values else config_from_hf(values)
