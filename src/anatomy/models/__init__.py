@@ -71,7 +71,8 @@ def set_activation_checkpointing(model: nn.Module, enabled: bool = True) -> None
 class _SkipInitOnMeta(TorchFunctionMode):
     """The layers' constructors initialise their weights (nn.init); on the meta device there are no
     values to fill, and torch's meta kernels for the random fills import torch._dynamo on first use
-    (~2.5 s). Skip those calls while building. A mode is local to this thread, unlike a patch of nn.init."""
+    (seconds, once per process). Skip those calls while building. A mode is local to this thread,
+    unlike a patch of nn.init."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
