@@ -69,7 +69,7 @@ def sampling_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def check_options(args: argparse.Namespace) -> None:
-    """Bad sampling options and dtypes fail before the model is loaded."""
+    """Bad sampling options and dtypes fail before the model is loaded (--dtype becomes its canonical name)."""
     from anatomy.inference.sampling import SamplingParams
 
     SamplingParams(**sampling_options(args))
@@ -125,7 +125,7 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
     from anatomy.inference.generate import load_named
 
     with delayed_status(f"loading {args.model}"):
-        named = load_named(args.model, dtypes.torch_dtype(args.dtype, option="--dtype"))
+        named = load_named(args.model, args.dtype)
         if named.model.config.is_decoder:
             return named.engine(compile=args.compile), named.tokenizer
         return named.model, named.tokenizer

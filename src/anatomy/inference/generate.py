@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from anatomy.dtypes import torch_dtype
 from anatomy.errors import CheckpointError, InputError
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.metrics import StepClock
@@ -266,8 +267,9 @@ def resolve_model(model: Any, tokenizer: Any, *, compile: bool = False
     return engine_view(model), tokenizer, None
 
 
-def load_named(name: str, dtype: torch.dtype = torch.float32) -> NamedModel:
+def load_named(name: str, dtype: str | torch.dtype = "f32") -> NamedModel:
     """The model and tokenizer of a name / .gguf path / HF directory, loaded once (anatomy.loaded_models)."""
+    dtype = torch_dtype(dtype)
     return loaded_models.get(("generate", name, dtype), lambda: _load_named(name, dtype))
 
 
