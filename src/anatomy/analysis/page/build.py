@@ -133,10 +133,14 @@ def tree_items(report: dict[str, Any], parts: dict[str, Part]) -> list[charts.Tr
     stacked = report["model"]["architecture"] == "encoder-decoder"
     items = []
     for r in rows:
-        label = f"{r['name']} ({r['stack']})" if stacked and r.get("stack") in ("encoder", "decoder") else r["name"]
-        tip = (f"{label}\n{r['formula']}\n{r['per_copy']:,} × {r['copies']} = {r['total']:,} parameters "
+        where = f" ({r['stack']})" if stacked and r.get("stack") in ("encoder", "decoder") else ""
+        tip = (f"{r['name']}{where}\n{r['formula']}\n{r['per_copy']:,} × {r['copies']} = {r['total']:,} parameters "
                f"({r['share']:.2%})")
-        items.append(charts.TreeItem(label, r["total"], r["kind"], tip, r["part"]))
+        abbreviated = (r["name"].split(" (")[0].replace("cross-attention ", "cross ").replace("attention ", "attn ")
+                       .replace("embedding", "emb."))
+        short_where = {" (encoder)": " (enc)", " (decoder)": " (dec)"}.get(where, "")
+        labels = (r["name"] + where, abbreviated + short_where, abbreviated)
+        items.append(charts.TreeItem(labels, r["total"], r["kind"], tip, r["part"]))
     return items
 
 

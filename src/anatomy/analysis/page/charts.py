@@ -35,7 +35,7 @@ def roofline_svg(hardware: dict[str, Any], points: list[RoofPoint], *, dtype: st
     sx = _log_scale(x_lo, x_hi, LEFT, W - RIGHT)
     sy = _log_scale(y_lo, y_hi, H - BOTTOM, TOP)
     out = [f'<svg class="chart roofline" viewBox="0 0 {W} {H}" role="img" '
-           f'aria-label="roofline on {esc(hardware["name"])}" xmlns="http://www.w3.org/2000/svg">']
+           f'aria-label="roofline on {esc(hardware["name"])}">']
     out += _log_axes(sx, sy, x_lo, x_hi, y_lo, y_hi)
     out.append(f'<text class="axis-title" x="{(LEFT + W - RIGHT) / 2}" y="{H - 12}" text-anchor="middle">'
                "arithmetic intensity (FLOP / byte)</text>")
@@ -117,7 +117,7 @@ TREE_W, TREE_H = 600, 300
 
 @dataclass(frozen=True)
 class TreeItem:
-    label: str
+    labels: tuple[str, ...]  # the longest first: a cell shows the first that fits
     value: int
     kind: str
     tip: str
@@ -127,8 +127,7 @@ class TreeItem:
 def treemap_svg(items: list[TreeItem], *, total: int) -> str:
     items = sorted((i for i in items if i.value > 0), key=lambda i: -i.value)
     rects = squarify([i.value for i in items], 0, 0, TREE_W, TREE_H)
-    out = [f'<svg class="chart treemap" viewBox="0 0 {TREE_W} {TREE_H}" role="img" aria-label="parameter treemap" '
-           'xmlns="http://www.w3.org/2000/svg">']
+    out = [f'<svg class="chart treemap" viewBox="0 0 {TREE_W} {TREE_H}" role="img" aria-label="parameter treemap">']
     for item, (x, y, w, h) in zip(items, rects):
         share = item.value / total
         out.append(f'<g class="cell-group" data-part="{esc(item.part or "")}" data-value="{item.value}">'
@@ -141,11 +140,11 @@ def treemap_svg(items: list[TreeItem], *, total: int) -> str:
 
 
 def _tree_labels(item: TreeItem, share: float, x: float, y: float, w: float, h: float) -> str:
-    first, second = item.label, f"{share:.1%} · {short(item.value)}"
-    if w < text_width(first, 12, bold=True) + 12 or h < 22:
-        first = ""
-    if not first:
+    second = f"{share:.1%} · {short(item.value)}"
+    fits = [label for label in item.labels if label and text_width(label, 12, bold=True) + 12 <= w]
+    if not fits or h < 22:
         return ""
+    first = fits[0]
     out = f'<text x="{x + 7:.1f}" y="{y + 17:.1f}">{esc(first)}</text>'
     if w >= text_width(second, 12) + 12 and h >= 40:
         out += f'<text class="small" x="{x + 7:.1f}" y="{y + 33:.1f}">{esc(second)}</text>'
@@ -208,8 +207,7 @@ def bars_svg(bars: list[Bar], *, width: int = 600, row: int = 28, label_width: f
     x0, x1 = label_w, width - value_w
     sx = lambda v: x0 + (v - lo) / (hi - lo) * (x1 - x0)  # noqa: E731
     height = row * len(bars) + 8
-    out = [f'<svg class="chart bars" viewBox="0 0 {width} {height}" role="img" aria-label="{esc(title or "bars")}" '
-           'xmlns="http://www.w3.org/2000/svg">']
+    out = [f'<svg class="chart bars" viewBox="0 0 {width} {height}" role="img" aria-label="{esc(title or "bars")}">']
     for k, b in enumerate(bars):
         y = 4 + k * row
         a, z = sorted((sx(b.start), sx(b.start + b.value)))

@@ -77,7 +77,7 @@ def composition_svg(reports: dict[str, dict[str, Any]], *, width: int = 900, row
     x0, x1 = label_w, width - total_w
     height = row * len(reports) + 6
     out = [f'<svg class="chart composition" viewBox="0 0 {width} {height}" role="img" '
-           'aria-label="parameter composition" xmlns="http://www.w3.org/2000/svg">']
+           'aria-label="parameter composition">']
     for k, (name, r) in enumerate(reports.items()):
         y = 3 + k * row
         total = r["params"]["total"]

@@ -65,7 +65,7 @@ def diagram_svg(report: dict[str, Any], *, parts: dict[str, Part] | None = None,
     legend = "" if compact else _legend(report, height)
     height += 0 if compact else 34
     out = [f'<svg class="diagram" viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" height="{height:.0f}" '
-           f'role="img" aria-label="block diagram of {esc(report["model"]["name"])}" xmlns="http://www.w3.org/2000/svg">',
+           f'role="img" aria-label="block diagram of {esc(report["model"]["name"])}">',
            "<defs>", arrow_marker(f"arrow-{uid}", "arrowhead"), arrow_marker(f"memory-{uid}", "arrowhead memory"),
            "</defs>"]
     for col in columns:
@@ -125,7 +125,7 @@ def _place(columns: list[_Column]) -> None:
     for col in columns:
         boxes = [i.part for i in col.items if i.kind == "box"]
         sides = [s.part for i in col.items for s in i.attached]
-        col.width = max([230.0] + [_box_width(p) for p in boxes])
+        col.width = max([206.0] + [_box_width(p) for p in boxes])
         col.side_width = max([0.0] + [_box_width(p, side=True) for p in sides])
         col.cx = x + LANE + 18 + col.width / 2
         y = 22.0 if len(columns) == 1 else 34.0
@@ -134,7 +134,7 @@ def _place(columns: list[_Column]) -> None:
                 y += 22  # room for the block frame and its label
             item.y = y
             y += item.h + (GAP if item.kind != "split" else 10)
-        x = col.cx + col.width / 2 + (col.side_width + SIDE_GAP if col.side_width else 0) + 64
+        x = col.cx + col.width / 2 + (col.side_width + SIDE_GAP if col.side_width else 0) + 40
 
 
 def _box_width(part: Part, *, side: bool = False) -> float:

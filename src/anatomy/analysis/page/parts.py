@@ -53,7 +53,7 @@ def diagram_parts(report: dict[str, Any]) -> dict[str, Part]:
         if c["position"] != "none":
             parts[prefix + "positions"] = _positions(c, stack)
         if "segment embedding" in names:
-            parts[prefix + "segments"] = Part(prefix + "segments", "segment embedding", "type_vocab_size × D",
+            parts[prefix + "segments"] = Part(prefix + "segments", "segments", "learned, type_vocab_size × D",
                                               "embedding", "adds a learned vector per segment id (sentence A / B)",
                                               ["token_type_ids [B, S] → [B, S, D]"])
         if "embedding norm" in names:
@@ -100,10 +100,10 @@ def _positions(c: dict[str, Any], stack: str) -> Part:
                     "adds −slope_h · distance to every score of head h; no parameters",
                     ["bias [1, H, S, S_k] added to the scores"])
     if kind == "sinusoidal":
-        return Part(pid, "sinusoidal positions", f"max_seq_len {c['max_seq_len']:,} × D {D:,}, fixed", "position",
+        return Part(pid, "positions", f"sinusoidal, {c['max_seq_len']:,} × {D:,}", "position",
                     "adds sin/cos of position · 10000^(−2i/D) to the token embeddings; a fixed table, no parameters",
                     ["position_ids [B, S] → [B, S, D], added to x"])
-    return Part(pid, "learned positions", f"max_seq_len {c['max_seq_len']:,} × D {D:,}", "embedding",
+    return Part(pid, "positions", f"learned, {c['max_seq_len']:,} × {D:,}", "embedding",
                 "adds a learned vector per position to the token embeddings",
                 ["position_ids [B, S] → [B, S, D], added to x"])
 
