@@ -181,8 +181,9 @@
     }
 
     function tokens(i) {
-      qSpans.forEach(function (s) { s.style.background = ""; s.classList.remove("src"); });
-      if (keyStrip) kSpans.forEach(function (s) { s.style.background = ""; });
+      qSpans.concat(keyStrip ? kSpans : []).forEach(function (s) {
+        s.style.background = ""; s.style.color = ""; s.classList.remove("src");
+      });
       if (i === null) return;
       qSpans[i].classList.add("src");
       kSpans.forEach(function (s, j) {
