@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from anatomy.inference.engine import DecoderEngine, PaddedBatch
+from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.sampling import SamplingParams
 
 from .conftest import llama_tiny
@@ -17,14 +17,6 @@ PROMPTS = [[5, 17, 33, 2, 9, 41, 8], [60, 3], [11, 12, 13, 14]]
 def run(engine: DecoderEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
     steps = torch.stack(list(engine.tokens(prompts, params)), dim=1)  # [B, max_new_tokens]
     return steps.tolist()
-
-
-def test_padded_batch_left_pads_and_masks():
-    batch = PaddedBatch.of([[1, 2, 3], [4]], pad_id=0)
-    assert batch.ids.tolist() == [[1, 2, 3], [0, 0, 4]]
-    assert batch.slot_mask(5).tolist() == [[True] * 5, [False, False, True, True, True]]
-    assert batch.positions(torch.tensor([3])).tolist() == [[3], [1]]
-    assert PaddedBatch.of([[1], [2]]).slot_mask(4) is None
 
 
 def test_greedy_batch_equals_each_prompt_alone(decoder_tiny):

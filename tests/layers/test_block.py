@@ -61,7 +61,7 @@ def test_matches_hf_llama_decoder_layer():
     with torch.no_grad():
         expected = ref(x, attention_mask=causal, position_embeddings=(cos, sin), position_ids=pos)
         expected = expected[0] if isinstance(expected, tuple) else expected
-        assert (ours(x, Context(rope=(cos, sin))) - expected).abs().max() <= 1e-5
+        assert (ours(x, Context(rope=(cos[:, :, None], sin[:, :, None]))) - expected).abs().max() <= 1e-5
 
 
 def test_cross_attention_block_reads_the_memory():

@@ -46,13 +46,13 @@ def test_rope_matches_hf():
     c = config(d_model=64, n_heads=4, position="rope", rope_theta=5000.0)
     pos = torch.tensor([[0, 1, 2, 9, 31], [3, 4, 5, 6, 7]])
     q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
-    ref_cos, ref_sin = llama.LlamaRotaryEmbedding(hf_config)(q, pos)
-    cos, sin = Rotary(c)(pos)
-    assert (cos - ref_cos).abs().max() <= 1e-6 and (sin - ref_sin).abs().max() <= 1e-6
+    ref_cos, ref_sin = llama.LlamaRotaryEmbedding(hf_config)(q, pos)  # [B, S, d_h]
+    cos, sin = Rotary(c)(pos)  # [B, S, 1, d_h]: for q/k laid out [B, S, heads, d_h]
+    assert (cos[:, :, 0] - ref_cos).abs().max() <= 1e-6 and (sin[:, :, 0] - ref_sin).abs().max() <= 1e-6
     ref_q, _ = llama.apply_rotary_pos_emb(q, q, ref_cos, ref_sin)
     ref_k, _ = llama.apply_rotary_pos_emb(k, k, ref_cos, ref_sin)
-    assert (apply_rope(q, cos, sin) - ref_q).abs().max() <= 1e-5
-    assert (apply_rope(k, cos, sin) - ref_k).abs().max() <= 1e-5
+    assert (apply_rope(q.transpose(1, 2), cos, sin).transpose(1, 2) - ref_q).abs().max() <= 1e-5
+    assert (apply_rope(k.transpose(1, 2), cos, sin).transpose(1, 2) - ref_k).abs().max() <= 1e-5
 
 
 def test_rope_scores_depend_only_on_distance():

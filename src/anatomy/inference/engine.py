@@ -13,7 +13,6 @@ same shape at every step, so `compile=True` compiles the step once per (B, T).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -22,42 +21,10 @@ from torch import Tensor, nn
 from anatomy.inference.chunked_linear import use_chunked_linears
 from anatomy.inference.kv_cache import KVCache
 from anatomy.inference.sampling import SamplingParams, make_generator, next_tokens
+from anatomy.inference.steps import DecodeSteps, PaddedBatch
 from anatomy.inference.view import engine_view
 
 COMPILE_BUCKET = 256  # a compiled step is specialised to T: round T up so few sizes occur
-
-
-@dataclass(frozen=True)
-class PaddedBatch:
-    """Prompts left-padded to one length: ids [B, P], padding [B] (pad slots at the start of each row)."""
-
-    ids: Tensor
-    padding: Tensor
-
-    @classmethod
-    def of(cls, prompts: list[list[int]], *, pad_id: int = 0, device: torch.device | str = "cpu") -> PaddedBatch:
-        P = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, P - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-        padding = torch.tensor([P - len(p) for p in prompts], dtype=torch.long)
-        return cls(ids.to(device), padding.to(device))
-
-    @property
-    def padded(self) -> bool:
-        return bool(self.padding.any())
-
-    def slot_mask(self, max_len: int) -> Tensor | None:
-        """attention_mask [B, T]: False on each row's padding slots; None when nothing is padded."""
-        if not self.padded:
-            return None
-        return torch.arange(max_len, device=self.ids.device)[None] >= self.padding[:, None]
-
-    def positions(self, slots: Tensor) -> Tensor | None:
-        """position_ids [B, S] of the tokens at `slots` [S]; None when nothing is padded."""
-        if not self.padded:
-            return None
-        return slots[None] - self.padding[:, None]
 
 
 class DecoderEngine:
@@ -73,13 +40,18 @@ class DecoderEngine:
         self.model = engine_view(model)
         use_chunked_linears(self.model)
         self.compiled = compile
-        self._step = _compiled(self._forward) if compile else self._forward
+        self._step = _compiled(self._forward_step) if compile else self._forward_step
         self._caches: dict[tuple[int, int], KVCache] = {}
         self.last_cache: KVCache | None = None  # the latest call's cache, for inspection
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' dtype (that of the token embeddings)."""
+        return self.model.stack.embed.dtype
 
     def tokens(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[Tensor]:
         config = self.model.config
@@ -88,37 +60,38 @@ class DecoderEngine:
         B, P = batch.ids.shape
         cache = self._cache_for(B, P + params.max_new_tokens)
         self.last_cache = cache
-        mask = batch.slot_mask(cache.max_len)
+        steps = DecodeSteps(self.model.stack, batch, max_len=cache.max_len, dtype=self.dtype)
         generator = make_generator(params.seed, self.device)
         seen = self._seen(batch) if params.repetition_penalty != 1.0 else None
 
-        prompt_slots = torch.arange(P, device=self.device)
-        logits = self._prefill(batch.ids, mask, batch.positions(prompt_slots), cache, prompt_slots)
+        logits = self._prefill(batch, cache)
         token = self._choose(logits, params, seen, generator)
         yield token
         slot = torch.tensor([P], device=self.device)
         for _ in range(params.max_new_tokens - 1):
-            logits = self._decode(token[:, None], mask, batch.positions(slot), cache, slot)
+            logits = self._decode(token, slot, steps, cache)
             token = self._choose(logits, params, seen, generator)
             yield token
             slot = slot + 1
 
     @torch.inference_mode()
-    def _prefill(self, ids: Tensor, mask: Tensor | None, positions: Tensor | None, cache: KVCache,
-                 slots: Tensor) -> Tensor:
-        return self._forward(ids, mask, positions, cache, slots)
+    def _prefill(self, batch: PaddedBatch, cache: KVCache) -> Tensor:
+        """The prompts [B, P] into cache slots 0..P-1 through the model's checked forward -> logits [B, V]."""
+        slots = torch.arange(batch.ids.shape[1], device=self.device)
+        logits = self.model(batch.ids, attention_mask=batch.slot_mask(cache.max_len), position_ids=batch.positions(slots),
+                            cache=cache, input_pos=slots, last_only=True)
+        return logits[:, -1]  # [B, 1, V] -> [B, V]
 
     @torch.inference_mode()
-    def _decode(self, ids: Tensor, mask: Tensor | None, positions: Tensor | None, cache: KVCache,
-                slot: Tensor) -> Tensor:
-        return self._step(ids, mask, positions, cache, slot)
+    def _decode(self, token: Tensor, slot: Tensor, steps: DecodeSteps, cache: KVCache) -> Tensor:
+        return self._step(token, slot, steps, cache)
 
-    def _forward(self, ids: Tensor, mask: Tensor | None, positions: Tensor | None, cache: KVCache,
-                 slots: Tensor) -> Tensor:
-        """ids [B, S] at cache slots [S] -> logits of the last position [B, V]."""
-        logits = self.model(ids, attention_mask=mask, position_ids=positions, cache=cache, input_pos=slots,
-                            last_only=True)
-        return logits[:, -1]  # [B, 1, V] -> [B, V]
+    def _forward_step(self, token: Tensor, slot: Tensor, steps: DecodeSteps, cache: KVCache) -> Tensor:
+        """One decode step, nothing checked (the tokens are the engine's own): token [B] written at
+        cache slot `slot` [1] -> logits [B, V]."""
+        ctx, positions = steps.context(slot)
+        hidden = self.model.stack.run(token[:, None], ctx, position_ids=positions, cache=cache)  # [B, 1, D]
+        return self.model.lm_head(hidden[:, -1])  # [B, V]
 
     @torch.inference_mode()
     def _choose(self, logits: Tensor, params: SamplingParams, seen: Tensor | None,
@@ -138,7 +111,7 @@ class DecoderEngine:
     def _cache_for(self, batch: int, max_len: int) -> KVCache:
         """A cache of exactly the needed length (eager); compiled, one kept per (batch, bucketed length),
         so that the compiled step always sees the same cache objects and is not compiled again."""
-        dtype = next(self.model.parameters()).dtype
+        dtype = self.dtype
         if not self.compiled:
             return KVCache(self.model.config, batch=batch, max_len=max_len, dtype=dtype, device=self.device)
         max_len = min(-(-max_len // COMPILE_BUCKET) * COMPILE_BUCKET, self.model.config.max_seq_len)

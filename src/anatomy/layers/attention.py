@@ -70,7 +70,8 @@ class Attention(nn.Module):
         input_pos: Tensor | None = None,
         return_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """x [B, S, D]; mask bool [B|1, 1, S, S_k] (True attends); bias [B|1, H, S, S_k].
+        """x [B, S, D]; rope (cos, sin) [B, S, 1, d_h]; mask [B|1, 1, S, S_k], bool (True attends) or
+        float (added to the scores); bias [B|1, H, S, S_k].
 
         With no mask, a causal layer without a cache masks the future itself.
         """
@@ -79,9 +80,7 @@ class Attention(nn.Module):
             q = self.q(x).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, S, d_h]
             k, v = memory_kv if memory_kv is not None else self.project_memory(x)
         else:
-            q, k, v = self._project_self(x)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            q, k, v = self._project_self(x, rope)
         if cache is not None:
             k, v = cache.update(input_pos, k, v)  # [B, H_kv, T, d_h]
         is_causal = self.causal and mask is None and cache is None
@@ -92,14 +91,16 @@ class Attention(nn.Module):
         out = self.out(out.transpose(1, 2).reshape(B, S, -1))  # [B, H, S, d_h] -> [B, S, H*d_h] -> [B, S, D]
         return (out, weights) if return_weights else out
 
-    def _project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _project_self(self, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+        """q [B, H, S, d_h], k and v [B, H_kv, S, d_h] from one fused projection; q and k rotated together."""
         B, S, _ = x.shape
-        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        q, k, v = self.qkv(x).split([q_dim, kv_dim, kv_dim], dim=-1)  # [B, S, H*d_h + 2*H_kv*d_h]
-        q = q.view(B, S, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, S, d_h]
-        k = k.view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, H_kv, S, d_h]
-        v = v.view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, H_kv, S, d_h]
-        return q, k, v
+        H, H_kv = self.n_heads, self.n_kv_heads
+        qkv = self.qkv(x).view(B, S, H + 2 * H_kv, self.head_dim)  # [B, S, H + 2*H_kv, d_h]
+        qk, v = qkv.split([H + H_kv, H_kv], dim=2)
+        if rope is not None:
+            qk = apply_rope(qk, *rope)
+        q, k = qk.split([H, H_kv], dim=2)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, S, d_h]
 
     def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention keys and values of the encoder output [B, S_m, D], computed once."""
@@ -121,7 +122,9 @@ def attend(
     dropout: float = 0.0,
     return_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """softmax(q k^T / sqrt(d_h) + bias, masked) v for q [B, H, S, d_h] and k/v [B, H_kv, S_k, d_h]."""
+    """softmax(q k^T / sqrt(d_h) + bias, masked) v for q [B, H, S, d_h] and k/v [B, H_kv, S_k, d_h].
+
+    mask [B|1, 1, S, S_k] is bool (True attends) or float (added to the scores)."""
     check_backend(backend)
     B, H, S, d_h = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
@@ -134,14 +137,16 @@ def attend(
         if mask is not None and mask.shape[-2] > 1:  # a [B, 1, 1, S_k] padding mask broadcasts as is
             mask = mask.repeat(1, 1, rep, 1)  # [B|1, 1, rep*S, S_k]
         bias = bias.reshape(bias.shape[0], H_kv, rep * S, S_k) if bias is not None else None
-    attn_mask = _merge(mask, bias, q.dtype)
     if backend == "sdpa" and not return_weights:
+        attn_mask = mask if bias is None else _with_bias(mask, bias, q.dtype)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal)
         weights = None
     else:
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(d_h)  # [B, H_kv, rep*S, S_k]
-        if attn_mask is not None:
-            scores = scores + attn_mask
+        if bias is not None:
+            scores = scores + bias
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
         weights = scores.softmax(dim=-1)
         out = F.dropout(weights, dropout) @ v if dropout else weights @ v  # [B, H_kv, rep*S, d_h]
         weights = weights.reshape(B, H, S, S_k)
@@ -154,11 +159,9 @@ def check_backend(backend: str) -> str:
     return backend
 
 
-def _merge(mask: Tensor | None, bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    """One additive float mask (0 / -inf, plus bias), or the bool mask alone, or None."""
-    if bias is None:
-        if mask is None:
-            return None
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+def _with_bias(mask: Tensor | None, bias: Tensor, dtype: torch.dtype) -> Tensor:
+    """One additive float mask: the bias, -inf where a bool mask forbids, plus a float mask."""
     bias = bias.to(dtype)
-    return bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+    if mask is None:
+        return bias
+    return bias.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else bias + mask

@@ -67,18 +67,19 @@ class Rotary(nn.Module):
         exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device="cpu").float() / self.head_dim
         self.inv_freq = 1.0 / (self.theta ** exponents)
 
-    def forward(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, position_ids: Tensor, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+        """(cos, sin), each [B, S, 1, d_h] in `dtype`, of the angles of position_ids [B, S]: they
+        broadcast over the heads of q and k laid out [B, S, heads, d_h]."""
         angles = position_ids[..., None].float() * self.inv_freq  # [B, S, d_h/2]
-        angles = torch.cat([angles, angles], dim=-1)  # [B, S, d_h]
-        return angles.cos(), angles.sin()
+        angles = torch.cat([angles, angles], dim=-1)[:, :, None]  # [B, S, 1, d_h]
+        return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x [B, H, S, d_h] by the angles cos/sin [B, S, d_h]."""
-    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)  # [B, 1, S, d_h]
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    """Rotate x [..., d_h] by the angles cos/sin (broadcastable to x): x * cos + rotate_half(x) * sin,
+    where rotate_half pairs dimension i with i + d_h/2: (x1, x2) -> (-x2, x1)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 def alibi_slopes(n_heads: int) -> Tensor:

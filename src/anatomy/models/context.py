@@ -37,11 +37,13 @@ class PositionContext(nn.Module):
         explicit: bool = False,
         input_pos: Tensor | None = None,
         memory_mask: Tensor | None = None,
+        dtype: torch.dtype = torch.float32,
     ) -> Context:
         """position_ids [B, S]; q_slots [S] and k_slots [S_k] index the sequence (or the KV cache);
         key_valid [B, S_k] marks real (non-padding) keys. `explicit` forces a mask (cache in use).
-        input_pos and memory_mask [B, 1, 1, S_m] are passed through to the blocks."""
-        rope = self.rotary(position_ids) if self.rotary is not None else None
+        input_pos and memory_mask [B, 1, 1, S_m] are passed through to the blocks; the RoPE angles
+        come in `dtype`, the dtype of the activations they rotate."""
+        rope = self.rotary(position_ids, dtype) if self.rotary is not None else None
         bias = alibi_bias(self.slopes, q_slots, k_slots, causal=self.causal) if self.slopes is not None else None
         mask = None
         if key_valid is not None or (explicit and self.causal):

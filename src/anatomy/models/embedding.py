@@ -27,6 +27,11 @@ class Embeddings(nn.Module):
         self.token_types = nn.Embedding(config.type_vocab_size, config.d_model) if config.type_vocab_size else None
         self.norm = make_norm(config) if config.embedding_norm else None
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the vectors this produces (the activations' dtype)."""
+        return self.tokens.weight.dtype
+
     def forward(self, input_ids: Tensor, position_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         x = self.tokens(input_ids)  # [B, S] -> [B, S, D]
         if self.scale != 1.0:

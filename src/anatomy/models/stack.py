@@ -110,7 +110,8 @@ class Stack(nn.Module):
         check_positions(position_ids, self.config)
         memory = memory_mask.bool()[:, None, None, :] if memory_mask is not None else None  # [B, 1, 1, S_m]
         ctx = self.context(position_ids, q_slots=q_slots, k_slots=k_slots, key_valid=attention_mask,
-                           explicit=cache is not None, input_pos=input_pos, memory_mask=memory)
+                           explicit=cache is not None, input_pos=input_pos, memory_mask=memory,
+                           dtype=self.embed.dtype)
         return ctx, position_ids
 
     def run(self, input_ids: Tensor, ctx: Context, *, position_ids: Tensor, token_type_ids: Tensor | None = None,

@@ -1,0 +1,83 @@
+"""The inputs of each step of a generation: the left-padded prompt batch, and the Context of
+every decode step, built from tables made once per generation.
+
+    prompts -> PaddedBatch: ids [B, P] (left padding), padding [B]
+    decode step at cache slot s -> Context: rope (cos, sin) [B, 1, 1, d_h] looked up in a table of
+        the T positions, mask [B, 1, 1, T] additive (0 where a key slot is real and <= s, -inf
+        elsewhere), input_pos [1] = s
+
+A model's own forward builds the same Context from scratch and checks every input (a host sync);
+a decode step only indexes the tables, so it costs a handful of small ops, none of them per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from anatomy.layers.context import Context
+from anatomy.layers.position import alibi_bias
+from anatomy.models.stack import Stack
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """Prompts left-padded to one length: ids [B, P], padding [B] (pad slots at the start of each row)."""
+
+    ids: Tensor
+    padding: Tensor
+
+    @classmethod
+    def of(cls, prompts: list[list[int]], *, pad_id: int = 0, device: torch.device | str = "cpu") -> PaddedBatch:
+        P = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, P - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+        padding = torch.tensor([P - len(p) for p in prompts], dtype=torch.long)
+        return cls(ids.to(device), padding.to(device))
+
+    @property
+    def padded(self) -> bool:
+        return bool(self.padding.any())
+
+    def slot_mask(self, max_len: int) -> Tensor | None:
+        """attention_mask [B, T]: False on each row's padding slots; None when nothing is padded."""
+        if not self.padded:
+            return None
+        return torch.arange(max_len, device=self.ids.device)[None] >= self.padding[:, None]
+
+    def positions(self, slots: Tensor) -> Tensor | None:
+        """position_ids [B, S] of the tokens at `slots` [S]; None when nothing is padded."""
+        if not self.padded:
+            return None
+        return slots[None] - self.padding[:, None]
+
+
+class DecodeSteps:
+    """The Context of each decode step of one generation over a cache of `max_len` slots."""
+
+    def __init__(self, stack: Stack, batch: PaddedBatch, *, max_len: int, dtype: torch.dtype) -> None:
+        device = batch.ids.device
+        self.slots = torch.arange(max_len, device=device)  # [T]
+        self.padding = batch.padding[:, None]  # [B, 1]
+        self.valid = batch.slot_mask(max_len)  # [B, T] or None
+        context = stack.context
+        rotary = context.rotary
+        angles = rotary(self.slots[None], dtype) if rotary is not None else None  # 2 x [1, T, 1, d_h]
+        self.cos, self.sin = (angles[0][0], angles[1][0]) if angles else (None, None)  # [T, 1, d_h]
+        self.slopes = context.slopes
+        self.open, self.closed = torch.zeros((), dtype=dtype, device=device), torch.tensor(float("-inf"), dtype=dtype,
+                                                                                             device=device)
+
+    def context(self, slot: Tensor) -> tuple[Context, Tensor]:
+        """(the Context, position_ids [B, 1]) of the tokens written at cache slot `slot` [1]."""
+        positions = slot[None] - self.padding  # [B, 1]
+        rope = (self.cos[positions], self.sin[positions]) if self.cos is not None else None  # [B, 1, 1, d_h]
+        allowed = self.slots <= slot  # [T]
+        if self.valid is not None:
+            allowed = allowed & self.valid  # [B, T]
+        mask = torch.where(allowed, self.open, self.closed).view(-1, 1, 1, self.slots.numel())  # [B|1, 1, 1, T]
+        bias = alibi_bias(self.slopes, slot, self.slots, causal=True) if self.slopes is not None else None
+        return Context(rope=rope, mask=mask, bias=bias, input_pos=slot), positions
