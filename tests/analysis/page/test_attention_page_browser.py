@@ -64,7 +64,8 @@ def test_decoder_attention_page(browser, tmp_path, smollm2, smollm2_tokenizer):
         assert _hover_cell(page, section, 2, 5, S, S).endswith("masked")  # a causal map hides the future
 
         section.locator('canvas.cell[data-layer="7"][data-head="4"]').click()
-        assert section.locator(".pick-layer").input_value() == "7" and section.locator(".pick-head").input_value() == "4"
+        assert section.locator(".pick-layer").input_value() == "7"
+        assert section.locator(".pick-head").input_value() == "4"
         tip = _hover_cell(page, section, i, j, S, S)
         assert tip.startswith("layer 7, head 4")
         assert float(tip.rsplit(": ", 1)[1]) == pytest.approx(g.weights[7, 4, i, j].item(), abs=1e-4)

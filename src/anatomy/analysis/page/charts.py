@@ -130,9 +130,9 @@ def treemap_svg(items: list[TreeItem], *, total: int) -> str:
     out = [f'<svg class="chart treemap" viewBox="0 0 {TREE_W} {TREE_H}" role="img" aria-label="parameter treemap">']
     for item, (x, y, w, h) in zip(items, rects):
         share = item.value / total
+        rect = attrs(x=f"{x:.2f}", y=f"{y:.2f}", width=f"{w:.2f}", height=f"{h:.2f}")
         out.append(f'<g class="cell-group" data-part="{esc(item.part or "")}" data-value="{item.value}">'
-                   f'<rect class="cell fill-{esc(item.kind)}" {attrs(x=f"{x:.2f}", y=f"{y:.2f}", width=f"{w:.2f}", height=f"{h:.2f}")} '
-                   f'data-tip="{esc(item.tip)}"/>')
+                   f'<rect class="cell fill-{esc(item.kind)}" {rect} data-tip="{esc(item.tip)}"/>')
         out.append(_tree_labels(item, share, x, y, w, h))
         out.append("</g>")
     out.append("</svg>")
@@ -213,8 +213,9 @@ def bars_svg(bars: list[Bar], *, width: int = 600, row: int = 28, label_width: f
         a, z = sorted((sx(b.start), sx(b.start + b.value)))
         out.append(f'<text class="bar-label" x="{label_w - 10:.1f}" y="{y + row / 2 + 4:.1f}" text-anchor="end">'
                    f"{esc(b.label)}</text>")
+        tip = b.tip or f"{b.label}: {b.text or short(b.value)}"
         out.append(f'<rect class="bar {esc(b.css)}" x="{a:.1f}" y="{y + 5:.1f}" width="{max(z - a, 1.5):.1f}" '
-                   f'height="{row - 10}" rx="3" data-tip="{esc(b.tip or b.label + ": " + (b.text or short(b.value)))}"/>')
+                   f'height="{row - 10}" rx="3" data-tip="{esc(tip)}"/>')
         out.append(f'<text class="value-label" x="{max(a, z) + 6:.1f}" y="{y + row / 2 + 4:.1f}">'
                    f"{esc(b.text or short(b.value))}</text>")
     out.append("</svg>")

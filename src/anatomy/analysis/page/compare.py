@@ -38,7 +38,8 @@ def compare_context(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
     first = next(iter(reports.values()))
     hardware = first["roofline"]["hardware"]
     points = [charts.RoofPoint(f"{name} {phase}", phase, r["roofline"][phase], series=k)
-              for k, (name, r) in enumerate(reports.items()) for phase in ("prefill", "decode") if phase in r["roofline"]]
+              for k, (name, r) in enumerate(reports.items())
+              for phase in ("prefill", "decode") if phase in r["roofline"]]
     return {
         "title": "anatomy compare: " + " vs ".join(names),
         "names": names,

@@ -74,7 +74,8 @@ def diagram_svg(report: dict[str, Any], *, parts: dict[str, Part] | None = None,
         out.append(_memory_path(columns[0], columns[1]))
     out.append(legend)
     out.append("</svg>")
-    return "\n".join(out).replace("url(#arrow)", f"url(#arrow-{uid})").replace("url(#arrow-memory)", f"url(#memory-{uid})")
+    svg = "\n".join(out)  # the drawing refers to #arrow and #arrow-memory: this diagram's own markers
+    return svg.replace("url(#arrow)", f"url(#arrow-{uid})").replace("url(#arrow-memory)", f"url(#memory-{uid})")
 
 
 # -- layout -------------------------------------------------------------------------------------
@@ -192,7 +193,8 @@ def _draw_item(item: _Item, col: _Column) -> list[str]:
         w = max(150.0, text_width(item.label, 12.5) + 28)
         rect = attrs(x=f"{cx - w / 2:.1f}", y=f"{item.y:.1f}", width=f"{w:.1f}", height=item.h, rx=item.h / 2)
         return [f'<g class="io"><rect {rect}/>'
-                f'<text x="{cx:.1f}" y="{item.y + item.h / 2 + 4.5:.1f}" text-anchor="middle">{esc(item.label)}</text></g>']
+                f'<text x="{cx:.1f}" y="{item.y + item.h / 2 + 4.5:.1f}" text-anchor="middle">'
+                f"{esc(item.label)}</text></g>"]
     if item.kind == "split":
         return [f'<circle class="split" cx="{cx:.1f}" cy="{item.y:.1f}" r="3.2"/>']
     out = []

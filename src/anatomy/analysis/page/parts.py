@@ -53,7 +53,9 @@ def diagram_parts(report: dict[str, Any]) -> dict[str, Part]:
         if c["position"] != "none":
             parts[prefix + "positions"] = _positions(c, stack)
         if "segment embedding" in names:
-            parts[prefix + "segments"] = Part(prefix + "segments", "segments", "learned, type_vocab_size × D",
+            segments = next(comp for comp in components if comp["name"] == "segment embedding")
+            size = f"{segments['per_copy'] // c['d_model']:,} × {c['d_model']:,}"
+            parts[prefix + "segments"] = Part(prefix + "segments", "segments", f"learned, {size}",
                                               "embedding", "adds a learned vector per segment id (sentence A / B)",
                                               ["token_type_ids [B, S] → [B, S, D]"])
         if "embedding norm" in names:
@@ -204,5 +206,6 @@ def _add_flops(parts: dict[str, Part], report: dict[str, Any]) -> None:
             ffn.flops = [("FFN matmuls", per_layer["ffn"])]
     cross = parts.get("decoder.cross_attn")
     if cross is not None:
-        labels = {"cross_projections": "Q, K/V and output projections", "cross_attention_matmuls": "Q Kᵀ and weights · V"}
+        labels = {"cross_projections": "Q, K/V and output projections",
+                  "cross_attention_matmuls": "Q Kᵀ and weights · V"}
         cross.flops = [(label, per_layer[key]) for key, label in labels.items() if key in per_layer]
