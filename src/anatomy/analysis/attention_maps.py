@@ -119,14 +119,14 @@ def attention_weights(model: nn.Module, input_ids: Tensor, *, target_ids: Tensor
         model.train(was_training)
 
 
-def attention(model: str | os.PathLike[str] | nn.Module = DEFAULT_MODEL, text: str | Sequence[int] = "", *,
+def attention(model: str | os.PathLike[str] | nn.Module, text: str | Sequence[int], *,
               tokenizer: Any = None, target: str | Sequence[int] | None = None, layer: int | None = None,
               head: int | None = None, truncate: bool = False, max_tokens: int = MAX_TOKENS,
               max_new_tokens: int = TARGET_TOKENS, name: str | None = None) -> AttentionMaps:
     """Run `model` on `text` and keep its attention weights (see the module docstring).
 
     model: a loaded model, or a name or path for `anatomy.load` (its tokenizer is loaded too, when
-    it has one). text: a string, or token ids. Text longer than the model's context or than
+    it has one; DEFAULT_MODEL is the command line's default). text: a string, or token ids. Text longer than the model's context or than
     max_tokens raises InputError unless truncate=True (the first tokens are kept). `layer` and
     `head` restrict the maps to one layer and/or one head; for an encoder-decoder, `target` is the
     decoder's input (default: the model's own greedy output, up to max_new_tokens tokens).

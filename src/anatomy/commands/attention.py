@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         if not config.is_seq2seq:
             raise InputError("--target is for an encoder-decoder model; this one is a "
                              f"{config.architecture}")
-        fit_tokens([0, *token_ids(args.target, tokenizer, config, what="target")], limit, why,
+        start = 0  # a stand-in: the decoder's input is its start token, then the target
+        fit_tokens([start, *token_ids(args.target, tokenizer, config, what="target")], limit, why,
                    truncate=args.truncate, what="target", option="--truncate")
     maps = attention(model, text, tokenizer=tokenizer, target=args.target, layer=args.layer, head=args.head,
                      truncate=args.truncate, max_tokens=args.max_tokens, name=model_name)

@@ -76,8 +76,7 @@ def inspect_page(report: dict[str, Any]) -> str:
         "flops_bars": _flops_bars(report),
         "memory_bars": _memory_bars(report),
         "roofline": _roofline(report),
-        "tables": {t.title.split(" (")[0].split(" on ")[0]: t for t in render.tables(report)
-                   if not t.title.startswith("Shape trace") and not t.title.startswith("Parameter")},
+        "tables": _tables(report),
     }
     return _env().get_template("inspect.html.j2").render(**context)
 
@@ -94,6 +93,13 @@ def render_template(name: str, **context: Any) -> str:
 
 
 # -- pieces -------------------------------------------------------------------------------------
+
+def _tables(report: dict[str, Any]) -> dict[str, render.TableSpec]:
+    """The terminal's FLOPs, memory, roofline and training tables, by section."""
+    sections = {"FLOPs": "FLOPs", "Memory": "Memory", "Roofline": "Roofline", "Training": "Training time"}
+    return {key: spec for spec in render.tables(report) for prefix, key in sections.items()
+            if spec.title.startswith(prefix)}
+
 
 def summary(report: dict[str, Any]) -> str:
     c, arch = report["model"]["config"], report["model"]["architecture"]
@@ -220,5 +226,5 @@ def write_page(html: str, path: str | os.PathLike[str], *, option: str = "--html
 def notebook_frame(html: str, *, height: int = 860) -> str:
     """A page for a notebook cell: inside an iframe, so its styles and script stay its own."""
     return (f'<iframe srcdoc="{escape(html, quote=True)}" style="width: 100%; height: {height}px; border: 1px solid '
-            f'#dde1e8; border-radius: 8px" sandbox="allow-scripts allow-popups" loading="lazy" '
+            f'#dde1e8; border-radius: 8px" sandbox="allow-scripts" loading="lazy" '
             f'title="anatomy page"></iframe>')
