@@ -136,7 +136,8 @@ def test_user_text_is_escaped(reports):
 def test_compare_page_has_every_model(reports):
     trimmed = {name: {k: v for k, v in r.items() if k != "trace"} for name, r in reports.items()}
     page = compare_page(trimmed)
-    assert page.count('<div class="cell" data-model=') == 3
+    assert len(re.findall(r'<div class="cell( wide)?" data-model=', page)) == 3
+    assert '<div class="cell wide" data-model="transformer-base">' in page  # two stacks: two columns
     assert len(re.findall(r'<g class="point (?:prefill|decode) series', page)) == 2 + 1 + 2  # bert: no decode
     assert f"{reports['bert-base']['params']['total']:,}" in page
 
@@ -191,3 +192,18 @@ def test_a_70b_page_stays_small():
     page = anatomy.inspect("llama-70b").html()
     assert len(page.encode()) < 512 * 1024
     assert "68,976,648,192" in page
+
+
+def test_a_kind_of_parameter_the_page_does_not_know_is_drawn_as_other(reports):
+    """A new family may bring new ledger kinds (experts, routers): they still land in a part and
+    in the treemap, coloured as "other"."""
+    report = json.loads(json.dumps(reports["smollm2-135m"]))
+    extra = {"name": "router", "formula": "D*E", "kind": "router", "stack": "decoder", "per_copy": 576 * 8,
+             "copies": 30, "total": 576 * 8 * 30}
+    report["params"]["components"].append(extra)
+    report["params"]["by_kind"]["router"] = extra["total"]
+    report["params"]["total"] += extra["total"]
+    parts = diagram_parts(report)
+    assert sum(p.params for p in parts.values()) == report["params"]["total"]
+    page = inspect_page(report)
+    assert 'class="cell fill-other"' in page and 'class="swatch kind-other"' in page

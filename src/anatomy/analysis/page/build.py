@@ -22,13 +22,18 @@ KIND_LABELS = {"embedding": "embeddings", "position": "positions", "attention": 
                "cross_attention": "cross-attention", "ffn": "FFN", "norm": "norms", "head": "head", "other": "other"}
 
 
+def kind_class(kind: str) -> str:
+    """The colour class of a ledger kind; a kind the page does not know yet is drawn as "other"."""
+    return kind if kind in KIND_LABELS else "other"
+
+
 @functools.lru_cache(maxsize=1)
 def _env():
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(count=lambda n: f"{int(n):,}", short=svg.short, si=svg.si, binary=svg.binary,
+    env.filters.update(kind_class=kind_class, count=lambda n: f"{int(n):,}", short=svg.short, si=svg.si, binary=svg.binary,
                        pct=_pct, difference_label=lambda k: charts.DIFFERENCE_LABELS.get(k, k.replace("_", " ")),
                        numeric=_numeric)
     env.globals.update(asset=_asset, version=_version(), kind_labels=KIND_LABELS)
@@ -146,13 +151,13 @@ def tree_items(report: dict[str, Any], parts: dict[str, Part]) -> list[charts.Tr
                        .replace("embedding", "emb."))
         short_where = {" (encoder)": " (enc)", " (decoder)": " (dec)"}.get(where, "")
         labels = (r["name"] + where, abbreviated + short_where, abbreviated)
-        items.append(charts.TreeItem(labels, r["total"], r["kind"], tip, r["part"]))
+        items.append(charts.TreeItem(labels, r["total"], kind_class(r["kind"]), tip, r["part"]))
     return items
 
 
 def _kinds_present(report: dict[str, Any], parts: dict[str, Part]) -> list[str]:
     kinds = {p.kind for p in parts.values()} | {c["kind"] for c in report["params"]["components"]}
-    return [k for k in KIND_LABELS if k in kinds]
+    return [k for k in KIND_LABELS if k in {kind_class(kind) for kind in kinds}]
 
 
 def _flops_bars(report: dict[str, Any]) -> dict[str, str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from anatomy.analysis.page import charts, svg
-from anatomy.analysis.page.build import KIND_LABELS, summary
+from anatomy.analysis.page.build import KIND_LABELS, kind_class, summary
 from anatomy.analysis.page.diagram import diagram_svg
 
 # (label, path into the report, format)
@@ -51,7 +51,8 @@ def compare_context(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "composition": composition_svg(reports),
         "roofline": charts.roofline_svg(hardware, points, dtype=first["options"]["compute_dtype"]),
         "hardware": hardware,
-        "kinds": [k for k in KIND_LABELS if any(r["params"]["by_kind"].get(k) for r in reports.values())],
+        "kinds": [k for k in KIND_LABELS if any(v for r in reports.values() for kind, v in r["params"]["by_kind"].items()
+                                                if kind_class(kind) == k)],
     }
 
 
@@ -90,7 +91,7 @@ def composition_svg(reports: dict[str, dict[str, Any]], *, width: int = 900, row
                 continue
             w = value / total * (x1 - x0)
             tip = f"{name}: {KIND_LABELS.get(kind, kind)} {value:,} ({value / total:.1%})"
-            out.append(f'<rect class="bar fill-{svg.esc(kind)}" x="{x:.2f}" y="{y + 5}" width="{w:.2f}" '
+            out.append(f'<rect class="bar fill-{kind_class(kind)}" x="{x:.2f}" y="{y + 5}" width="{w:.2f}" '
                        f'height="{row - 10}" data-tip="{svg.esc(tip)}"/>')
             if w > svg.text_width(f"{value / total:.0%}", 11.5) + 8:
                 out.append(f'<text class="segment-label" x="{x + w / 2:.1f}" y="{y + row / 2 + 4:.1f}" '
