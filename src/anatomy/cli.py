@@ -30,6 +30,7 @@ COMMANDS = {
     "embed": "sentence embeddings (all-MiniLM-L6-v2 by default), with --similarity the cosine matrix",
     "inspect": "shapes, parameters, FLOPs, memory, roofline and training time of a model",
     "compare": "several models side by side (parameters, FLOPs, memory, roofline)",
+    "attention": "attention weights of a real model over a text: heatmaps per layer and head",
     "train": "train or fine-tune a model (causal LM, masked LM, seq2seq)",
     "plot": "draw the training and validation loss curves of runs to a PNG",
     "presets": "list the named model configurations with their parameter counts",

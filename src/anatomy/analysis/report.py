@@ -55,7 +55,8 @@ def build_report(config: ModelConfig, *, name: str, options: Options, hardware: 
 
 def _config_summary(c: ModelConfig) -> dict[str, Any]:
     keys = ("vocab_size", "d_model", "n_layers", "n_decoder_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
-            "norm", "norm_position", "ffn", "activation", "position", "max_seq_len", "tie_embeddings")
+            "norm", "norm_position", "ffn", "activation", "position", "max_seq_len", "tie_embeddings",
+            "rope_theta", "embedding_scale")
     return {k: getattr(c, k) for k in keys}
 
 
@@ -69,8 +70,8 @@ def _params(ledger: params.Ledger) -> dict[str, Any]:
     out = {
         "total": ledger.total,
         "per_layer": ledger.per_layer(),
-        "components": [{"name": p.name, "formula": p.formula, "kind": p.kind, "per_copy": p.per_copy,
-                        "copies": p.copies, "total": p.total} for p in ledger.components],
+        "components": [{"name": p.name, "formula": p.formula, "kind": p.kind, "stack": p.stack,
+                        "per_copy": p.per_copy, "copies": p.copies, "total": p.total} for p in ledger.components],
         "by_kind": ledger.by_kind(),
         "approx_12ld2": ledger.approx_12ld2,
         "difference": ledger.total - ledger.approx_12ld2,

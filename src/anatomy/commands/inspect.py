@@ -28,6 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--markdown", action="store_true", help="print the report as Markdown")
     p.add_argument("--plot", metavar="FILE.png", help="write the parameter breakdown and roofline chart")
     p.add_argument("--mermaid", action="store_true", help="print only the block as a Mermaid flowchart")
+    p.add_argument("--html", metavar="FILE.html", help="write the report as one self-contained page (diagram, "
+                   "ledger, shape trace, FLOPs, memory, roofline)")
     p.set_defaults(run=run)
 
 
@@ -110,12 +112,21 @@ def run(args: argparse.Namespace) -> int:
         image_format(args.plot, option="--plot")  # before any work
     config = resolve_config(name)
     options = options_from_args(args, config)
+    if args.html:
+        from anatomy.analysis.page import check_output_path
+
+        check_output_path(args.html)  # before the work: a bad path fails fast
     if args.mermaid:
         print(diagram.mermaid(diagram.describe(config)))
         return 0
     report = build_report(config, name=name, options=options, hardware=get_hardware(args.hardware))
     if args.plot:
         save_plot(report, args.plot)
+    if args.html:
+        from anatomy.analysis.page import inspect_page, write_page
+
+        write_page(inspect_page(report), args.html)
+        print(f"wrote {args.html}", file=sys.stderr)
     if args.json:
         print(json.dumps(report, indent=2))
     elif args.markdown:
