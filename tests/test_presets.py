@@ -72,6 +72,10 @@ def test_overrides_and_unknown_names():
         get_preset("llama-8b")
     with pytest.raises(ConfigError, match="n_heads=12 is not divisible by n_kv_heads=5"):
         get_preset("gpt2", n_kv_heads=5)
+    with pytest.raises(ConfigError, match=r"unknown ModelConfig field\(s\) \['heads'\]"):
+        get_preset("gpt2", heads=5)
+    with pytest.raises(ConfigError, match="a preset name is a string, got int"):
+        get_preset(7)
 
 
 def test_presets_are_only_field_values():

@@ -220,6 +220,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
+        if not isinstance(values, dict):
+            raise ConfigError(f"a ModelConfig is made from a dict of its fields, got {type(values).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

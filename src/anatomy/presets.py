@@ -104,8 +104,10 @@ def preset_names() -> list[str]:
 
 def get_preset(name: str, **overrides: Any) -> ModelConfig:
     """The ModelConfig of a named preset, with optional field overrides."""
+    if not isinstance(name, str):
+        raise ConfigError(f"a preset name is a string, got {type(name).__name__}: {name!r:.80}")
     if name not in PRESETS:
         close = difflib.get_close_matches(name, PRESETS, n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ConfigError(f"unknown preset {name!r}{hint} (presets: {', '.join(preset_names())})")
-    return ModelConfig(**{**PRESETS[name], **overrides})
+    return ModelConfig.from_dict({**PRESETS[name], **overrides})

@@ -50,7 +50,7 @@ def test_gqa_rows_name_the_logical_score_shape():
 
 
 def test_views_move_no_bytes_and_matmuls_move_their_operands():
-    rows = trace(get_preset("gpt2"), phase="prefill", batch=1, seq=8, context=8, dtype="fp32")
+    rows = trace(get_preset("gpt2"), phase="prefill", batch=1, seq=8, context=8, dtype="f32")
     assert all(r.bytes == 0 for r in rows if r.op in ("view", "transpose", "split"))
     qkv = next(r for r in rows if r.module == "stack.blocks.0.attn.qkv")
     assert qkv.bytes == 4 * (8 * 768 + 768 * 2304 + 2304 + 8 * 2304)  # x, W, b read; y written

@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from anatomy import ModelConfig, build_model
 from anatomy.training.data import TokenSplit
 from anatomy.training.objectives import IGNORE, CausalLM, MaskedLM, Seq2Seq, mask_tokens
-from anatomy.training.tokens import char_tokenizer
+from anatomy.tokenizer_chars import chars_tokenizer
 
 
 def test_mlm_masking_statistics_and_specials_never_masked():
-    tok = char_tokenizer("abcdefghij")
+    tok = chars_tokenizer("abcdefghij")
     rng = np.random.default_rng(0)
     B, S = 400, 256
     ids = rng.integers(0, tok.vocab_size, size=(B, S))  # specials (0-3) included on purpose

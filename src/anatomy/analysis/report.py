@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from anatomy import dtypes
 from anatomy.analysis import diagram, flops, memory, params, roofline, trace
 from anatomy.analysis.hardware import Hardware
 from anatomy.config import ModelConfig
@@ -54,7 +55,8 @@ def build_report(config: ModelConfig, *, name: str, options: Options, hardware: 
 
 def _config_summary(c: ModelConfig) -> dict[str, Any]:
     keys = ("vocab_size", "d_model", "n_layers", "n_decoder_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
-            "norm", "norm_position", "ffn", "activation", "position", "max_seq_len", "tie_embeddings")
+            "norm", "norm_position", "ffn", "activation", "position", "max_seq_len", "tie_embeddings",
+            "rope_theta", "embedding_scale")
     extras = ("sliding_window", "n_experts", "n_experts_per_token", "d_ff_expert", "d_ff_shared_expert")
     return {k: getattr(c, k) for k in keys} | {k: getattr(c, k) for k in extras if getattr(c, k)}
 
@@ -69,8 +71,8 @@ def _params(ledger: params.Ledger) -> dict[str, Any]:
     out = {
         "total": ledger.total,
         "per_layer": ledger.per_layer(),
-        "components": [{"name": p.name, "formula": p.formula, "kind": p.kind, "per_copy": p.per_copy,
-                        "copies": p.copies, "total": p.total} for p in ledger.components],
+        "components": [{"name": p.name, "formula": p.formula, "kind": p.kind, "stack": p.stack,
+                        "per_copy": p.per_copy, "copies": p.copies, "total": p.total} for p in ledger.components],
         "by_kind": ledger.by_kind(),
         "approx_12ld2": ledger.approx_12ld2,
         "difference": ledger.total - ledger.approx_12ld2,
@@ -125,7 +127,7 @@ def _memory(config: ModelConfig, ledger: params.Ledger, o: Options) -> dict[str,
     eager = memory.training_activations(config, batch=o.batch, seq=o.seq, dtype=o.compute_dtype, backend="eager")
     out = {
         "weights_bytes": memory.weights_bytes(ledger.total, o.dtype),
-        "weights_bytes_by_dtype": {d: memory.weights_bytes(ledger.total, d) for d in memory.DTYPE_BITS},
+        "weights_bytes_by_dtype": {d: memory.weights_bytes(ledger.total, d) for d in dtypes.ALL},
         "kv_cache_bytes_per_token": memory.kv_bytes_per_token(config, o.cache_dtype),
         "kv_cache_bytes": memory.kv_cache_bytes(config, batch=o.batch, tokens=o.context, kv_dtype=o.cache_dtype),
         "naive_scores_bytes_per_layer": memory.naive_scores_bytes(config, batch=o.batch, seq=o.seq,
@@ -136,7 +138,7 @@ def _memory(config: ModelConfig, ledger: params.Ledger, o: Options) -> dict[str,
             "naive_attention": {"total": eager.total, "per_block": eager.per_block,
                                 "checkpointed": eager.checkpointed},
         },
-        "training_state_bytes": ledger.total * memory.ADAM_MIXED_PRECISION_BYTES,
+        "training_state_bytes": memory.training_state(ledger.total, dtype=o.compute_dtype).total,
     }
     if config.sliding_window is not None:  # what a cache keeping every position would hold instead
         out["kv_cache_bytes_without_windows"] = memory.kv_cache_bytes(config, batch=o.batch, tokens=o.context,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from anatomy.analysis.flops import decode_flops, forward_flops
 from anatomy.analysis.hardware import Hardware
-from anatomy.analysis.memory import DTYPE_BITS, kv_bytes_per_token, kv_cache_bytes
+from anatomy.analysis.memory import kv_bytes_per_token, kv_cache_bytes, weights_bytes
 from anatomy.analysis.params import Ledger
 from anatomy.config import ModelConfig
 
@@ -88,7 +88,7 @@ def weights_read_bytes(ledger: Ledger, dtype: str, *, decode: bool = False, toke
     if c.n_experts and tokens is not None:
         resident = ledger.expert_params()
         params -= round(resident * (1 - experts_touched(c, tokens) / c.n_experts))
-    return params * DTYPE_BITS[dtype] // 8
+    return weights_bytes(params, dtype)
 
 
 def prefill_point(config: ModelConfig, ledger: Ledger, hardware: Hardware, *, batch: int, seq: int,

@@ -146,7 +146,7 @@ def attend(
     B, H, S, d_h = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
     rep = H // H_kv
-    if is_causal and (rep > 1 or backend == "eager" or bias is not None or softcap is not None):
+    if is_causal and (rep > 1 or backend == "eager" or bias is not None or return_weights or softcap is not None):
         mask = torch.ones(S, S_k, dtype=torch.bool, device=q.device).tril(S_k - S)[None, None]
         is_causal = False
     if rep > 1:  # fold the query heads of each kv group into the sequence axis

@@ -26,7 +26,7 @@ from anatomy.config import ModelConfig
 from anatomy.errors import InputError
 from anatomy.layers.moe import load_balancing_loss
 from anatomy.training.data import Dataset, PairSplit, TokenSplit
-from anatomy.training.tokens import TrainTokenizer
+from anatomy.tokenizer import Tokenizer
 
 IGNORE = -100
 OBJECTIVES = ("auto", "clm", "mlm", "seq2seq")
@@ -97,9 +97,9 @@ def mask_tokens(ids: np.ndarray, *, select: np.ndarray, action: np.ndarray, repl
 class MaskedLM:
     name = "mlm"
 
-    def __init__(self, seq_len: int, tok: TrainTokenizer, prob: float = 0.15) -> None:
+    def __init__(self, seq_len: int, tok: Tokenizer, prob: float = 0.15) -> None:
         if tok.mask_id is None:
-            raise InputError(f"the tokenizer {tok.name!r} has no mask token ([MASK] or <mask>): MLM needs one")
+            raise InputError(f"the tokenizer {tok.source!r} has no mask token ([MASK] or <mask>): MLM needs one")
         self.seq_len, self.prob, self.mask_id = seq_len, prob, tok.mask_id
         self.special = np.asarray(tok.special_ids, dtype=np.int64)
         self.ordinary = np.setdiff1d(np.arange(tok.vocab_size), self.special)  # random replacements
@@ -181,6 +181,6 @@ def make_objective(name: str, *, config: ModelConfig, data: Dataset, seq_len: in
     start = config.decoder_start_token_id if config.decoder_start_token_id is not None else tok.bos_id
     eos = config.eos_token_id if config.eos_token_id is not None else tok.eos_id
     if None in (pad, start, eos):
-        raise InputError(f"seq2seq needs pad, start and eos token ids; the tokenizer {tok.name!r} and the "
+        raise InputError(f"seq2seq needs pad, start and eos token ids; the tokenizer {tok.source!r} and the "
                          f"config give pad={pad}, start={start}, eos={eos}")
     return Seq2Seq(seq_len, pad_id=pad, start_id=start, eos_id=eos)
