@@ -65,6 +65,15 @@ class WeightFormat(nn.Module):
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """The weight W [N, K] this format stands for, computed in float32, returned in `dtype`."""
+        return self._values(*self.buffers()).to(dtype)
+
+    def rows(self, index: Tensor) -> Tensor:
+        """Rows `index` [...] of W as float32 [..., K] (an embedding lookup in a tied matrix)."""
+        flat = index.reshape(-1)
+        return self._values(*(b[flat] for b in self.buffers())).view(*index.shape, self.shape[1])
+
+    def _values(self, *stored: Tensor) -> Tensor:
+        """float32 [n, K] from the buffers (in registration order) of n rows."""
         raise NotImplementedError
 
     def take_rows(self, index: Tensor) -> WeightFormat:
@@ -125,6 +134,9 @@ class FloatWeight(WeightFormat):
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         return self.weight.to(dtype)
 
+    def _values(self, weight: Tensor) -> Tensor:
+        return weight.float()
+
 
 class Int8Weight(WeightFormat):
     """int8 weight-only, symmetric per output channel: W[n, k] = codes[n, k] * scale[n]."""
@@ -147,8 +159,8 @@ class Int8Weight(WeightFormat):
         codes = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
         return cls(codes, scale, label=label)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        return (self.codes.float() * self.scale.float()[:, None]).to(dtype)
+    def _values(self, codes: Tensor, scale: Tensor) -> Tensor:
+        return codes.float() * scale.float()[:, None]
 
 
 class Int8GroupWeight(WeightFormat):
@@ -174,10 +186,10 @@ class Int8GroupWeight(WeightFormat):
         codes = torch.round(g / scale.float()[..., None]).clamp_(-127, 127).to(torch.int8)
         return cls(codes.reshape(N, K), scale, label=label)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        N, K = self.shape
-        q = self.codes.reshape(N, K // self.group, self.group).float()  # [N, K/g, g]
-        return (q * self.scale.float()[..., None]).reshape(N, K).to(dtype)
+    def _values(self, codes: Tensor, scale: Tensor) -> Tensor:
+        n, K = codes.shape
+        q = codes.reshape(n, K // self.group, self.group).float()  # [n, K/g, g]
+        return (q * scale.float()[..., None]).reshape(n, K)
 
 
 class Int4Weight(WeightFormat):
@@ -219,11 +231,11 @@ class Int4Weight(WeightFormat):
         """q [N, K] uint8, 0..15."""
         return unpack_nibbles(self.codes)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        N, K = self.shape
-        q = self.codes_unpacked().reshape(N, K // self.group, self.group).float()  # [N, K/g, g]
-        w = q * self.scale.float()[..., None] + self.offset.float()[..., None]  # two roundings, as ggml's
-        return w.reshape(N, K).to(dtype)
+    def _values(self, codes: Tensor, scale: Tensor, offset: Tensor) -> Tensor:
+        n, K = codes.shape[0], self.shape[1]
+        q = unpack_nibbles(codes).reshape(n, K // self.group, self.group).float()  # [n, K/g, g]
+        w = q * scale.float()[..., None] + offset.float()[..., None]  # two roundings, as ggml's
+        return w.reshape(n, K)
 
 
 def pack_nibbles(q: Tensor) -> Tensor:
@@ -269,8 +281,8 @@ def _check_matrix(w: Tensor, label: str) -> None:
 def _check_grouped(w: Tensor, group: int, label: str, name: str) -> None:
     _check_matrix(w, label)
     if group <= 0 or group % 2 or w.shape[1] % group:
-        raise InputError(f"{label} {list(w.shape)}: {name} stores one scale per group of {group} inputs, so K="
-                         f"{w.shape[1]} must be a multiple of the group size (an even number)")
+        raise InputError(f"{label} {list(w.shape)}: {name} stores one scale per group of {group} inputs: K="
+                         f"{w.shape[1]} must be a multiple of the group size {group} (an even number)")
 
 
 # -- GGUF blocks, carried over without requantizing ----------------------------------------------

@@ -177,7 +177,7 @@ def _chunks(N: int) -> int:
 def _bind_int4pack(p: Prepared) -> Callable[[Tensor], Tensor]:
     packed, sz = p
     group = _group_of(packed, sz)
-    return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, sz)
+    return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), packed, group, sz)
 
 
 def _bind_int4x2(p: Prepared) -> Callable[[Tensor], Tensor]:
@@ -192,7 +192,7 @@ def _group_of(packed: Tensor, sz: Tensor) -> int:
 
 def _bind_int8pack(p: Prepared) -> Callable[[Tensor], Tensor]:
     codes, scale = p
-    return lambda x: torch._weight_int8pack_mm(x, codes, scale)
+    return lambda x: torch._weight_int8pack_mm(x.contiguous(), codes, scale)
 
 
 def _bind_fbgemm(p: Prepared) -> Callable[[Tensor], Tensor]:

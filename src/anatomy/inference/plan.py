@@ -1,0 +1,335 @@
+"""The measured kernel plan: which kernel computes each linear layer's product, per phase.
+
+    plan = make_plan({"blocks.0.attn.qkv": fmt, ...}, model_id="smollm2-135m-instruct:<digest>", weights="gguf")
+    print("\\n".join(plan.describe()))      # decode int4[960,576]g32 x30: int4pack 0.021 ms beat f16/fbgemm 0.048 ms, ...
+    layer = planned_linear(fmt, plan.for_layer("blocks.0.attn.qkv"))   # see planned_linear.py
+
+Weights of the same signature (format, shape, group) are measured once, on the first of them.
+For each phase (decode: 1 row, batch: 8, prefill: 128 by default) every candidate kernel of the
+format is checked against the float64 product (relative error at most `threshold`, else it is
+never chosen) and timed (plan_timing). Per signature the fastest decode kernel's layout is held;
+a later phase whose fastest kernel needs another layout (e.g. a bf16 copy for prefill GEMMs next
+to int4 for decode) gets it only when that is at least MIN_GAIN faster than the best kernel on the
+held layout and the extra bytes fit the memory budget (the largest relative gains per byte are
+served first); otherwise it uses the held layout. Every decision is recorded with the timings and
+errors behind it, and the plan is cached on disk (plan_cache) so that a model loads without
+measuring again on the same machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from anatomy.errors import InputError
+from anatomy.inference import plan_cache
+from anatomy.inference.formats import WeightFormat
+from anatomy.inference.kernels import KERNELS, Kernel
+from anatomy.inference.plan_timing import Measurement, Phase, measure_weight
+
+DECODE = Phase("decode", rows=1, max_rows=4)
+BATCH = Phase("batch", rows=8, max_rows=32)
+PREFILL = Phase("prefill", rows=128, max_rows=None)
+DEFAULT_PHASES = (DECODE, BATCH, PREFILL)
+ERROR_THRESHOLD = 1e-2  # relative (Frobenius) error of a kernel's output against the float64 product
+MIN_GAIN = 0.10  # a second layout must make a phase at least this much faster
+NOISE_LIMIT = 0.5  # a plan whose typical measurement spread exceeds this is used but not cached
+REPEATS = 5
+
+
+@dataclass
+class WeightPlan:
+    """The plan for one weight signature: chosen kernel per phase, layouts held, and why."""
+
+    signature: str
+    layers: list[str]
+    nbytes: int  # bytes of the stored format, per layer
+    choices: dict[str, str]  # phase -> kernel name
+    forms: list[str]  # layouts held per layer, the decode one first
+    form_bytes: dict[str, int]  # layout -> bytes per layer
+    measurements: dict[str, list[Measurement]]  # phase -> every candidate
+    reasons: dict[str, str] = field(default_factory=dict)  # phase -> why this layout
+
+    def seconds(self, phase: str) -> float:
+        """Measured seconds per call of the chosen kernel at `phase`."""
+        return _by_kernel(self.measurements[phase])[self.choices[phase]].seconds or 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"signature": self.signature, "layers": self.layers, "nbytes": self.nbytes, "choices": self.choices,
+                "forms": self.forms, "form_bytes": self.form_bytes, "reasons": self.reasons,
+                "measurements": {p: [m.to_json() for m in ms] for p, ms in self.measurements.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> WeightPlan:
+        return cls(signature=str(d["signature"]), layers=[str(x) for x in d["layers"]], nbytes=int(d["nbytes"]),
+                   choices={str(p): str(k) for p, k in d["choices"].items()}, forms=[str(f) for f in d["forms"]],
+                   form_bytes={str(f): int(b) for f, b in d["form_bytes"].items()},
+                   measurements={str(p): [Measurement.from_json(m) for m in ms] for p, ms in d["measurements"].items()},
+                   reasons={str(p): str(r) for p, r in d["reasons"].items()})
+
+
+@dataclass
+class KernelPlan:
+    """A plan for a whole model: a WeightPlan per signature, the phases, the memory decision."""
+
+    phases: tuple[Phase, ...]
+    weights: dict[str, WeightPlan]  # signature -> plan
+    threshold: float
+    budget_bytes: int
+    extra_bytes: int  # bytes of second layouts, all layers
+    measure_seconds: float  # how long measuring took
+    noise: float = 0.0  # median spread (slowest - fastest round) / median over the timed candidates
+    from_cache: bool = False
+    path: Path | None = None
+
+    def for_layer(self, name: str) -> WeightPlan:
+        for w in self.weights.values():
+            if name in w.layers:
+                return w
+        raise InputError(f"layer {name!r} is not in this kernel plan ({sum(len(w.layers) for w in self.weights.values())}"
+                         " layers)")
+
+    def describe(self) -> list[str]:
+        """One line per phase and signature: the choice, what it beat, what was rejected and why."""
+        lines = []
+        for phase in self.phases:
+            for w in self.weights.values():
+                lines.append(f"{phase.name:8} {w.signature} x{len(w.layers)}: {_explain(w, phase.name)}")
+        mib = self.extra_bytes / 2 ** 20
+        lines.append(f"second layouts: {mib:.1f} MiB of a {self.budget_bytes / 2 ** 20:.0f} MiB budget; measured in "
+                     f"{self.measure_seconds:.1f} s, typical spread between rounds {self.noise:.0%}"
+                     + (f"; loaded from {self.path}" if self.from_cache else "")
+                     + ("; too noisy to cache (is something else running?)" if self.noise > NOISE_LIMIT else ""))
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        return {"phases": [[p.name, p.rows, p.max_rows] for p in self.phases], "threshold": self.threshold,
+                "budget_bytes": self.budget_bytes, "extra_bytes": self.extra_bytes, "noise": self.noise,
+                "measure_seconds": self.measure_seconds, "weights": [w.to_json() for w in self.weights.values()]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> KernelPlan:
+        weights = [WeightPlan.from_json(w) for w in d["weights"]]
+        return cls(phases=tuple(Phase(str(n), int(r), None if m is None else int(m)) for n, r, m in d["phases"]),
+                   weights={w.signature: w for w in weights}, threshold=float(d["threshold"]),
+                   budget_bytes=int(d["budget_bytes"]), extra_bytes=int(d["extra_bytes"]),
+                   measure_seconds=float(d["measure_seconds"]), noise=float(d["noise"]))
+
+
+def _explain(w: WeightPlan, phase: str) -> str:
+    ms = w.measurements[phase]
+    chosen = _by_kernel(ms)[w.choices[phase]]
+    timed = sorted((m for m in ms if m.eligible and m.kernel != chosen.kernel), key=lambda m: m.seconds)
+    text = f"{chosen.kernel} ({_ms(chosen)}, err {chosen.error:.0e})"
+    faster = [m for m in timed if m.seconds < chosen.seconds]
+    if faster:
+        text += " on the held layout; faster elsewhere: " + ", ".join(f"{m.kernel} ({_ms(m)})" for m in faster)
+    slower = [m for m in timed if m.seconds >= chosen.seconds]
+    if slower:
+        text += " beat " + ", ".join(f"{m.kernel} ({_ms(m)})" for m in slower)
+    rejected = [f"{m.kernel} ({m.note.split(':')[0]})" for m in ms if not m.eligible]
+    if rejected:
+        text += "; rejected " + ", ".join(rejected)
+    if phase in w.reasons:
+        text += f" [{w.reasons[phase]}]"
+    return text
+
+
+def _ms(m: Measurement) -> str:
+    return f"{m.seconds * 1e3:.3f} ms" + (" pruned" if m.note.startswith("pruned") else "")
+
+
+def _by_kernel(ms: list[Measurement]) -> dict[str, Measurement]:
+    return {m.kernel: m for m in ms}
+
+
+# -- making a plan -------------------------------------------------------------------------------
+
+def make_plan(linears: Mapping[str, WeightFormat], *, model_id: str, weights: str,
+              phases: tuple[Phase, ...] = DEFAULT_PHASES, kernels: tuple[Kernel, ...] = KERNELS,
+              threshold: float = ERROR_THRESHOLD, memory_budget: int | None = None,
+              samples: Mapping[str, Tensor] | None = None, repeats: int = REPEATS,
+              cache: bool | str | Path = True) -> KernelPlan:
+    """The kernel plan for `linears` ({layer name: its weight format}), from the cache when a plan
+    with the same key is stored there, else measured now (and stored unless cache=False).
+
+    model_id: identifies the model's weights (e.g. name + file digest); weights: the weights choice
+    ("gguf", "f16", ...). memory_budget: bytes allowed for second layouts over the whole model
+    (default a quarter of physical memory). samples: optional activations [S, K] per layer name for
+    the accuracy check (standard normal ones otherwise). cache: True (the default directory), a
+    directory, or False.
+    """
+    _check_phases(phases)
+    budget = default_budget() if memory_budget is None else int(memory_budget)
+    groups = _group(linears)
+    key = _key(groups, model_id=model_id, weights=weights, phases=phases, kernels=kernels, threshold=threshold,
+               budget=budget)
+    path = None if cache is False else plan_cache.plan_path(key, None if cache is True else Path(cache))
+    if path is not None:
+        stored = plan_cache.load_entry(path, key)
+        plan = _valid_plan(stored, groups, phases, kernels) if stored is not None else None
+        if plan is not None:
+            plan.from_cache, plan.path = True, path
+            return plan
+    plan = measure_plan(groups, phases=phases, kernels=kernels, threshold=threshold, budget=budget,
+                        samples=samples, repeats=repeats)
+    if path is not None and plan.noise <= NOISE_LIMIT:
+        plan_cache.save_entry(path, key, plan.to_json())
+        plan.path = path
+    return plan
+
+
+def _check_phases(phases: tuple[Phase, ...]) -> None:
+    limits = [p.max_rows for p in phases]
+    ok = phases and all(p.rows >= 1 for p in phases) and None not in limits[:-1] and \
+        all(p.max_rows is None or p.rows <= p.max_rows for p in phases) and \
+        all(a < b for a, b in zip(limits[:-1], limits[1:]) if b is not None)
+    if not ok:
+        raise InputError(f"phases {phases}: each must measure rows >= 1 within its max_rows, with max_rows "
+                         "increasing and only the last one unbounded (None)")
+
+
+def default_budget() -> int:
+    """A quarter of the machine's physical memory (1 GiB where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (AttributeError, ValueError, OSError):
+        return 2 ** 30
+
+
+def _group(linears: Mapping[str, WeightFormat]) -> dict[str, list[tuple[str, WeightFormat]]]:
+    """{signature: [(layer name, format), ...]} in first-seen order."""
+    if not linears:
+        raise InputError("make_plan needs at least one linear layer")
+    groups: dict[str, list[tuple[str, WeightFormat]]] = {}
+    for name, fmt in linears.items():
+        if not isinstance(fmt, WeightFormat):
+            raise InputError(f"layer {name!r}: expected a WeightFormat, got {type(fmt).__name__}")
+        groups.setdefault(fmt.signature, []).append((name, fmt))
+    return groups
+
+
+def _key(groups: dict[str, list[tuple[str, WeightFormat]]], *, model_id: str, weights: str,
+         phases: tuple[Phase, ...], kernels: tuple[Kernel, ...], threshold: float, budget: int) -> dict[str, Any]:
+    key = {"machine": plan_cache.machine_key(), "model": model_id, "weights": weights,
+           "phases": [[p.name, p.rows, p.max_rows] for p in phases], "threshold": threshold,
+           "kernels": [k.name for k in kernels], "budget_bytes": budget,
+           "layers": {sig: [name for name, _ in members] for sig, members in groups.items()}}
+    return json.loads(json.dumps(key))  # the form it has after a round trip through the file
+
+
+def _valid_plan(stored: dict[str, Any], groups: dict[str, list[tuple[str, WeightFormat]]],
+                phases: tuple[Phase, ...], kernels: tuple[Kernel, ...]) -> KernelPlan | None:
+    """The stored plan if it is well formed and every choice is a kernel that supports its format now."""
+    try:
+        plan = KernelPlan.from_json(stored)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    by_name = {k.name: k for k in kernels}
+    if plan.phases != tuple(phases) or set(plan.weights) != set(groups):
+        return None
+    for sig, members in groups.items():
+        w = plan.weights[sig]
+        fmt = members[0][1]
+        if set(w.choices) != {p.name for p in phases} or w.layers != [n for n, _ in members]:
+            return None
+        if not all(k in by_name and by_name[k].supports(fmt) for k in w.choices.values()):
+            return None
+    return plan
+
+
+def measure_plan(groups: dict[str, list[tuple[str, WeightFormat]]], *, phases: tuple[Phase, ...],
+                 kernels: tuple[Kernel, ...], threshold: float, budget: int,
+                 samples: Mapping[str, Tensor] | None = None, repeats: int = REPEATS) -> KernelPlan:
+    """Measure every signature's candidates now and decide (no cache)."""
+    start = time.perf_counter()
+    plans = {}
+    for sig, members in groups.items():
+        name, fmt = members[0]
+        sample = (samples or {}).get(name)
+        ms = measure_weight(fmt, phases=phases, kernels=kernels, threshold=threshold, repeats=repeats, sample=sample)
+        plans[sig] = _fastest_layouts(sig, members, ms, phases, kernels)
+    extra = _allot_second_layouts(plans, phases, budget, {k.name: k.form.name for k in kernels})
+    spreads = [m.spread for w in plans.values() for ms in w.measurements.values() for m in ms if m.spread is not None]
+    return KernelPlan(phases=tuple(phases), weights=plans, threshold=threshold, budget_bytes=budget,
+                      extra_bytes=extra, measure_seconds=time.perf_counter() - start,
+                      noise=statistics.median(spreads) if spreads else 0.0)
+
+
+def _fastest_layouts(sig: str, members: list[tuple[str, WeightFormat]], ms: dict[str, list[Measurement]],
+                     phases: tuple[Phase, ...], kernels: tuple[Kernel, ...]) -> WeightPlan:
+    """Every phase on the decode phase's layout (second layouts are allotted later)."""
+    fmt = members[0][1]
+    forms = {k.name: k.form.name for k in kernels}
+    first = _fastest(ms[phases[0].name], forms, None)
+    if first is None:
+        raise InputError(f"{sig} ({members[0][0]}): no kernel computed it accurately at phase {phases[0].name!r}: "
+                         + "; ".join(f"{m.kernel}: {m.note}" for m in ms[phases[0].name]))
+    w = WeightPlan(signature=sig, layers=[n for n, _ in members], nbytes=fmt.nbytes, choices={},
+                   forms=[forms[first.kernel]], measurements=ms,
+                   form_bytes={k.form.name: k.form.nbytes(fmt) for k in kernels if k.supports(fmt)})
+    for phase in phases:
+        on_held = _fastest(ms[phase.name], forms, set(w.forms))
+        best = _fastest(ms[phase.name], forms, None)
+        if on_held is None and best is None:
+            raise InputError(f"{sig}: no kernel computed it accurately at phase {phase.name!r}")
+        w.choices[phase.name] = (on_held or best).kernel
+        if on_held is None:
+            w.forms.append(forms[best.kernel])
+            w.reasons[phase.name] = "needs a second layout: no kernel on the decode layout serves these rows"
+    return w
+
+
+def _fastest(ms: list[Measurement], forms: dict[str, str], allowed: set[str] | None) -> Measurement | None:
+    """The fastest eligible measurement whose kernel's layout (forms: kernel -> layout) is allowed."""
+    ok = [m for m in ms if m.eligible and m.kernel in forms and (allowed is None or forms[m.kernel] in allowed)]
+    return min(ok, key=lambda m: m.seconds, default=None)
+
+
+def _allot_second_layouts(plans: dict[str, WeightPlan], phases: tuple[Phase, ...], budget: int,
+                          forms: dict[str, str]) -> int:
+    """Give signatures a second layout where it pays (per signature the layout of the largest gain;
+    across signatures the largest gain per byte first, while the budget lasts); -> extra bytes held."""
+    offers = []
+    for w in plans.values():
+        if len(w.forms) > 1:
+            continue  # already holds two
+        options = {forms.get(m.kernel) for ms in w.measurements.values() for m in ms if m.eligible}
+        gains = [(*_gain(w, phases, form, forms), form) for form in options - {w.forms[0], None}]
+        gain, moves, form = max(gains, key=lambda g: (g[0], -w.form_bytes[g[2]]), default=(0.0, {}, None))
+        if moves:
+            cost = w.form_bytes[form] * len(w.layers)
+            offers.append((gain / max(cost, 1), gain, cost, w, form, moves))
+    spent = sum(w.form_bytes[f] * len(w.layers) for w in plans.values() for f in w.forms[1:])
+    for _, gain, cost, w, form, moves in sorted(offers, key=lambda o: -o[0]):
+        if spent + cost > budget:
+            for phase in moves:
+                w.reasons[phase] = f"{moves[phase]} on a second layout {form} would be faster; its " \
+                                   f"{cost / 2 ** 20:.1f} MiB do not fit the memory budget"
+            continue
+        spent += cost
+        w.forms.append(form)
+        for phase, kernel in moves.items():
+            w.choices[phase] = kernel
+            w.reasons[phase] = f"second layout {form}: {cost / 2 ** 20:.1f} MiB over {len(w.layers)} layers"
+    return spent
+
+
+def _gain(w: WeightPlan, phases: tuple[Phase, ...], form: str, forms: dict[str, str]) -> tuple[float, dict[str, str]]:
+    """(summed relative time saved over the later phases, {phase: kernel} it would switch) by adding `form`."""
+    gain, moves = 0.0, {}
+    for phase in phases[1:]:
+        current = w.seconds(phase.name)
+        best = _fastest(w.measurements[phase.name], forms, {form})
+        if best is not None and current > 0 and best.seconds < (1 - MIN_GAIN) * current:
+            gain += 1 - best.seconds / current
+            moves[phase.name] = best.kernel
+    return gain, moves
