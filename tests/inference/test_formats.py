@@ -135,5 +135,22 @@ def test_row_operations_and_embedding_rows():
 def test_nibble_packing_round_trips():
     q = torch.randint(0, 16, (5, 64), dtype=torch.uint8)
     packed = pack_nibbles(q)
-    assert packed.shape == (5, 32) and torch.equal(packed[:, 0] & 15, q[:, 0]) and torch.equal(packed[:, 0] >> 4, q[:, 1])
+    assert packed.shape == (5, 32)  # ggml's order: byte j of a block of 32 holds values j and j + 16
+    assert torch.equal(packed[:, 0] & 15, q[:, 0]) and torch.equal(packed[:, 0] >> 4, q[:, 16])
+    assert torch.equal(packed[:, 17] & 15, q[:, 33]) and torch.equal(packed[:, 17] >> 4, q[:, 49])
     assert torch.equal(unpack_nibbles(packed), q)
+
+
+def test_matrix_formats_of_the_shipped_file_equal_the_loaded_model(smollm2_gguf_path, smollm2):
+    """Fused q|k|v and gate|up, rotary rows reordered, tied embedding: the same values the loader gives."""
+    from anatomy.checkpoints.gguf_reader import read_gguf
+    from anatomy.inference.gguf_formats import matrix_formats
+
+    formats = matrix_formats(read_gguf(smollm2_gguf_path))
+    assert len(formats) == 1 + 4 * 30 and "lm_head.weight" not in formats  # tied: embed.tokens is the head
+    state = smollm2.state_dict()
+    for name in ("embed.tokens.weight", "blocks.0.attn.qkv.weight", "blocks.0.ffn.gate_up.weight",
+                 "blocks.29.attn.out.weight", "blocks.29.ffn.down.weight"):
+        assert torch.equal(formats[name].dequantize(), state[name]), name
+    assert formats["blocks.0.attn.qkv.weight"].signature == "int4[960,576]g32"
+    assert formats["embed.tokens.weight"].signature == "int8g[49152,576]g32"

@@ -14,7 +14,9 @@ whatever layout a matrix-product routine wants; the format itself stays portable
     int4     codes 0..15 [N, K] two per byte, scale and offset   codes * scale[n, k // g] + offset[n, k // g]
              [N, K/g]                                            (GGUF Q4_0, Q4_1, Q4_K, g = 32)
 
-int4 packs value k of a row into byte k // 2 (even k in the low nibble). Scales and offsets are
+int4 keeps ggml's Q4_0/Q4_1 nibble order: per block of 32 values, byte j holds value j in its low
+nibble and value j + 16 in its high one, so a Q4_0/Q4_1 tensor's codes are copied, not unpacked
+and repacked (the layout a kernel wants is built later, once, by the kernel's form). Scales and offsets are
 kept in float16 when every one of them is exactly a float16 (Q4_0, Q4_1), otherwise float32
 (Q4_K's d * scale needs up to 17 bits): dequantize() computes in float32, the arithmetic
 llama.cpp's reference dequantization (checkpoints.gguf_dequant) does, so a GGUF file carried into
@@ -38,6 +40,7 @@ from anatomy.checkpoints.gguf_types import TensorType
 from anatomy.errors import InputError
 
 GROUP = 32  # inputs per scale in the grouped formats (GGUF's block and K-quant sub-block size)
+CODE_BLOCK = 32  # int4 codes are laid out in blocks of 32 values (ggml's order)
 FLOAT_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
@@ -195,7 +198,8 @@ class Int8GroupWeight(WeightFormat):
 class Int4Weight(WeightFormat):
     """int4 asymmetric per group: W[n, k] = q[n, k] * scale[n, k // group] + offset[n, k // group], q in 0..15.
 
-    `codes` [N, K/2] uint8 holds q[n, 2i] in the low nibble of byte i and q[n, 2i + 1] in the high one.
+    `codes` [N, K/2] uint8 in ggml's order: per block of 32 values, byte j holds q[j] (low nibble) and
+    q[j + 16] (high nibble). The group is a multiple of 32.
     """
 
     name = "int4"
@@ -217,7 +221,7 @@ class Int4Weight(WeightFormat):
     @classmethod
     def from_float(cls, w: Tensor, *, group: int = GROUP, label: str = "weight") -> Int4Weight:
         """Round to nearest on 16 levels from min to max of each group (float16 scale and offset)."""
-        _check_grouped(w, group, label, "int4")
+        _check_grouped(w, group, label, "int4", multiple=CODE_BLOCK)
         N, K = w.shape
         g = w.detach().float().reshape(N, K // group, group)  # [N, K/g, g]
         lo, hi = g.amin(dim=2), g.amax(dim=2)  # [N, K/g]
@@ -239,14 +243,17 @@ class Int4Weight(WeightFormat):
 
 
 def pack_nibbles(q: Tensor) -> Tensor:
-    """q [N, K] of 0..15 -> [N, K/2] uint8: q[:, 2i] low nibble, q[:, 2i + 1] high."""
-    q = q.to(torch.uint8)
-    return q[:, 0::2] | (q[:, 1::2] << 4)
+    """q [N, K] of 0..15 -> [N, K/2] uint8 in ggml's order (per 32 values: byte j = q[j] | q[j + 16] << 4)."""
+    N, K = q.shape
+    halves = q.to(torch.uint8).reshape(N, K // CODE_BLOCK, 2, CODE_BLOCK // 2)  # [N, blocks, low/high, 16]
+    return (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(N, K // 2)
 
 
 def unpack_nibbles(codes: Tensor) -> Tensor:
     """[N, K/2] uint8 -> q [N, K] uint8 (the inverse of pack_nibbles)."""
-    return torch.stack([codes & 0x0F, codes >> 4], dim=-1).reshape(codes.shape[0], -1)
+    N = codes.shape[0]
+    c = codes.reshape(N, -1, 1, CODE_BLOCK // 2)  # [N, blocks, 1, 16]
+    return torch.cat([c & 0x0F, c >> 4], dim=2).reshape(N, -1)
 
 
 def compact_float(t: Tensor) -> Tensor:
@@ -278,11 +285,13 @@ def _check_matrix(w: Tensor, label: str) -> None:
         raise InputError(f"{label}: a linear weight is a non-empty matrix [N, K], got shape {list(w.shape)}")
 
 
-def _check_grouped(w: Tensor, group: int, label: str, name: str) -> None:
+def _check_grouped(w: Tensor, group: int, label: str, name: str, *, multiple: int = 1) -> None:
     _check_matrix(w, label)
-    if group <= 0 or group % 2 or w.shape[1] % group:
+    if group <= 0 or group % multiple:
+        raise InputError(f"{label}: {name} needs a group size that is a positive multiple of {multiple}, got {group}")
+    if w.shape[1] % group:
         raise InputError(f"{label} {list(w.shape)}: {name} stores one scale per group of {group} inputs: K="
-                         f"{w.shape[1]} must be a multiple of the group size {group} (an even number)")
+                         f"{w.shape[1]} must be a multiple of the group size {group}")
 
 
 # -- GGUF blocks, carried over without requantizing ----------------------------------------------
@@ -317,10 +326,9 @@ def _f16(blocks: np.ndarray, start: int) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(blocks[..., start:start + 2]).view(np.float16)[..., 0])
 
 
-def _q32_nibbles(qs: np.ndarray) -> Tensor:
-    """Q4_0/Q4_1 nibbles [N, nb, 16] (byte j: value j low, value j + 16 high) -> q [N, nb * 32] uint8."""
-    qs = torch.from_numpy(np.ascontiguousarray(qs))
-    return torch.cat([qs & 0x0F, qs >> 4], dim=-1).reshape(qs.shape[0], -1)
+def _q32_codes(qs: np.ndarray) -> Tensor:
+    """Q4_0/Q4_1 nibbles [N, nb, 16] -> codes [N, nb * 16]: the same order, copied out of the blocks."""
+    return torch.from_numpy(np.ascontiguousarray(qs).reshape(qs.shape[0], -1))
 
 
 def _q8_0(blocks: np.ndarray, label: str) -> Int8GroupWeight:
@@ -330,11 +338,11 @@ def _q8_0(blocks: np.ndarray, label: str) -> Int8GroupWeight:
 
 def _q4_0(blocks: np.ndarray, label: str) -> Int4Weight:
     d = _f16(blocks, 0).float()  # [N, nb]
-    return Int4Weight.from_codes(_q32_nibbles(blocks[..., 2:]), d, -8 * d, label=label)  # q*d - 8d == (q-8)*d exactly
+    return Int4Weight(_q32_codes(blocks[..., 2:]), _f16(blocks, 0), compact_float(-8 * d), label=label)  # exact
 
 
 def _q4_1(blocks: np.ndarray, label: str) -> Int4Weight:
-    return Int4Weight.from_codes(_q32_nibbles(blocks[..., 4:]), _f16(blocks, 0), _f16(blocks, 2), label=label)
+    return Int4Weight(_q32_codes(blocks[..., 4:]), _f16(blocks, 0), _f16(blocks, 2), label=label)
 
 
 def _q4_k(blocks: np.ndarray, label: str) -> Int4Weight:
@@ -342,11 +350,20 @@ def _q4_k(blocks: np.ndarray, label: str) -> Int4Weight:
     N, nb, _ = blocks.shape
     sc, mn = (torch.from_numpy(a) for a in _k4_scales(blocks[..., 4:16].reshape(N * nb, 12)))  # [N*nb, 8]
     d, dmin = _f16(blocks, 0).float().reshape(-1, 1), _f16(blocks, 2).float().reshape(-1, 1)
-    qs = torch.from_numpy(np.ascontiguousarray(blocks[..., 16:])).reshape(N * nb, 4, 1, 32)  # 4 chunks of 32 bytes
-    q = torch.cat([qs & 0x0F, qs >> 4], dim=2)  # [N*nb, 4, 2, 32]: group 2c low nibbles, group 2c + 1 high
     scale, offset = (d * sc).reshape(N, nb * 8), (-(dmin * mn)).reshape(N, nb * 8)
-    return Int4Weight.from_codes(q.reshape(N, -1), scale, offset, label=label)
+    return Int4Weight(_k4_codes(blocks[..., 16:]), compact_float(scale), compact_float(offset), label=label)
 
+
+def _k4_codes(qs: np.ndarray) -> Tensor:
+    """Q4_K nibbles [N, nb, 128] -> codes [N, nb * 128] in ggml's Q4_0 order.
+
+    Each 32 bytes b of a super-block hold group 2c in their low nibbles and group 2c + 1 in their
+    high ones (value j of a group in byte j); Q4_0's order puts values j and j + 16 in byte j."""
+    b = np.ascontiguousarray(qs).reshape(qs.shape[0], -1, 4, 2, 16)  # [N, nb, chunk, bytes 0-15 / 16-31, 16]
+    first, second = b[:, :, :, 0], b[:, :, :, 1]
+    even = (first & 0x0F) | ((second & 0x0F) << 4)  # group 2c
+    odd = (first >> 4) | (second & 0xF0)  # group 2c + 1
+    return torch.from_numpy(np.stack([even, odd], axis=3).reshape(qs.shape[0], -1))  # [N, nb, 4, 2, 16]
 
 
 _BLOCKS = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}
