@@ -3,8 +3,9 @@ held only when it pays and fits the memory budget; plans are cached per machine 
 corrupt, truncated or foreign cache file is measured again, never trusted. PlannedLinear runs the
 chosen kernel per number of rows with the documented dtype contract.
 
-Most tests use fake kernels whose speed is set by sleeping, so that the decisions are
-deterministic; timings of the real kernels are never asserted."""
+Most tests use fake kernels that compute the right (or a wrong) product and advance a virtual
+clock by a set cost, so that the decisions are deterministic whatever else the machine runs;
+timings of the real kernels are never asserted."""
 
 from __future__ import annotations
 
@@ -25,12 +26,25 @@ from anatomy.inference.plan_timing import Phase
 from anatomy.inference.planned_linear import PlannedLinear
 
 PHASES = (Phase("decode", 1, 4), Phase("batch", 8, 32), Phase("prefill", 64, None))
-SLOW = 0.003  # seconds a fake kernel sleeps when it is meant to be slow
+FAST, SLOW = 1e-5, 3e-3  # virtual seconds a fake kernel takes
+
+
+class VirtualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+CLOCK = VirtualClock()
 
 
 @pytest.fixture(autouse=True)
-def _small_pools(monkeypatch, tmp_path):
+def _deterministic(monkeypatch, tmp_path):
     monkeypatch.setattr(plan_timing, "MAX_COPIES", 2)
+    monkeypatch.setattr(plan_timing, "PASS_SECONDS", 1e-4)  # ten fast calls a pass
+    monkeypatch.setattr(plan_timing, "clock", CLOCK)
     monkeypatch.setattr(plan_module, "NOISE_LIMIT", float("inf"))  # other processes' noise must not stop caching
     monkeypatch.setenv("ANATOMY_CACHE_DIR", str(tmp_path / "cache"))
 
@@ -41,7 +55,8 @@ def _form(name: str) -> Form:
 
 def _fake(name: str, form: Form, *, slow_above: int | None = None, slow_upto: int | None = None,
           wrong: bool = False, fails: bool = False, calls: list | None = None) -> Kernel:
-    """A kernel computing F.linear in f32 that sleeps SLOW when the rows are above/up to a limit."""
+    """A kernel computing F.linear in f32 that takes SLOW (virtual) seconds when the rows are above/up to a
+    limit, FAST otherwise."""
 
     def bind(p):
         (w,) = p
@@ -52,8 +67,8 @@ def _fake(name: str, form: Form, *, slow_above: int | None = None, slow_upto: in
                 calls.append((name, rows))
             if fails:
                 raise RuntimeError("this kernel does not work here")
-            if (slow_above is not None and rows > slow_above) or (slow_upto is not None and rows <= slow_upto):
-                time.sleep(SLOW)
+            slow = (slow_above is not None and rows > slow_above) or (slow_upto is not None and rows <= slow_upto)
+            CLOCK.now += SLOW if slow else FAST
             return torch.zeros(rows, w.shape[0]) if wrong else F.linear(x, w)
 
         return run
@@ -183,7 +198,8 @@ def test_planned_linear_routes_by_rows():
     assert set(layer.layouts) == {"a", "b"}
 
 
-def test_planned_linear_with_real_kernels_and_dtype_contract():
+def test_planned_linear_with_real_kernels_and_dtype_contract(monkeypatch):
+    monkeypatch.setattr(plan_timing, "clock", time.perf_counter)  # real kernels, real time
     lin = {"q": Int4Weight.from_float(torch.randn(64, 128)), "o": FloatWeight.from_float(torch.randn(64, 128))}
     plan = make_plan(lin, model_id="real", weights="mixed", phases=DEFAULT_PHASES, kernels=KERNELS, repeats=1,
                      cache=False)
@@ -198,3 +214,22 @@ def test_planned_linear_with_real_kernels_and_dtype_contract():
                 assert y.dtype == dtype and y.shape == (*shape[:-1], 64)
                 ref = x.double() @ w.double().T + bias.double()
                 assert relative_error(y, ref) < 1e-2, (name, dtype, shape)
+
+
+def test_phases_of_limits_a_layer_and_its_last_phase_takes_any_rows():
+    calls = []
+    kernels = (_fake("fast-decode", A, slow_above=4, calls=calls), _fake("fast-gemm", B, slow_upto=4, calls=calls))
+    lin = {**_linears(1), "lm_head": FloatWeight.from_float(torch.randn(32, 64))}  # same signature, fewer phases
+    plan = _plan(linears=lin, kernels=kernels, phases_of={"lm_head": ["decode"]})
+    head = plan.for_layer("lm_head")
+    assert head.phases == ["decode"] and head is not plan.for_layer("blocks.0.ffn.down")
+    assert not any(line.startswith("prefill") and "x1" in line for line in plan.describe())
+    layer = PlannedLinear.from_plan(plan, "lm_head", lin["lm_head"], kernels=kernels)
+    calls.clear()
+    layer(torch.randn(50, 64))
+    assert calls == [("fast-decode", 50)]
+    assert _plan(linears=lin, kernels=kernels, phases_of={"lm_head": ["decode"]}).from_cache
+    with pytest.raises(InputError, match="phases_of"):
+        _plan(linears=lin, kernels=kernels, phases_of={"lm_head": ["generate"]})
+    with pytest.raises(InputError, match="not given"):
+        _plan(linears=lin, kernels=kernels, phases_of={"blocks.9.ffn.down": ["decode"]})

@@ -5,7 +5,8 @@
     layer = planned_linear(fmt, plan.for_layer("blocks.0.attn.qkv"))   # see planned_linear.py
 
 Weights of the same signature (format, shape, group) are measured once, on the first of them.
-For each phase (decode: 1 row, batch: 8, prefill: 128 by default) every candidate kernel of the
+For each phase (decode: 1 row, batch: 8, prefill: 128 by default; `phases_of` limits a layer to
+some of them, e.g. an LM head that only ever sees the last position) every candidate kernel of the
 format is checked against the float64 product (relative error at most `threshold`, else it is
 never chosen) and timed (plan_timing). Per signature the fastest decode kernel's layout is held;
 a later phase whose fastest kernel needs another layout (e.g. a bf16 copy for prefill GEMMs next
@@ -22,7 +23,7 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,13 +48,15 @@ REPEATS = 5
 
 @dataclass
 class WeightPlan:
-    """The plan for one weight signature: chosen kernel per phase, layouts held, and why."""
+    """The plan for the weights of one signature (and phase set): chosen kernel per phase, layouts held, and why."""
 
+    key: str  # the signature, with the phases when a layer was limited to some
     signature: str
+    phases: list[str]  # the phases measured for these layers, in order
     layers: list[str]
     nbytes: int  # bytes of the stored format, per layer
     choices: dict[str, str]  # phase -> kernel name
-    forms: list[str]  # layouts held per layer, the decode one first
+    forms: list[str]  # layouts held per layer, the first phase's first
     form_bytes: dict[str, int]  # layout -> bytes per layer
     measurements: dict[str, list[Measurement]]  # phase -> every candidate
     reasons: dict[str, str] = field(default_factory=dict)  # phase -> why this layout
@@ -63,13 +66,15 @@ class WeightPlan:
         return _by_kernel(self.measurements[phase])[self.choices[phase]].seconds or 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"signature": self.signature, "layers": self.layers, "nbytes": self.nbytes, "choices": self.choices,
-                "forms": self.forms, "form_bytes": self.form_bytes, "reasons": self.reasons,
+        return {"key": self.key, "signature": self.signature, "phases": self.phases, "layers": self.layers,
+                "nbytes": self.nbytes, "choices": self.choices, "forms": self.forms, "form_bytes": self.form_bytes,
+                "reasons": self.reasons,
                 "measurements": {p: [m.to_json() for m in ms] for p, ms in self.measurements.items()}}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> WeightPlan:
-        return cls(signature=str(d["signature"]), layers=[str(x) for x in d["layers"]], nbytes=int(d["nbytes"]),
+        return cls(key=str(d["key"]), signature=str(d["signature"]), phases=[str(p) for p in d["phases"]],
+                   layers=[str(x) for x in d["layers"]], nbytes=int(d["nbytes"]),
                    choices={str(p): str(k) for p, k in d["choices"].items()}, forms=[str(f) for f in d["forms"]],
                    form_bytes={str(f): int(b) for f, b in d["form_bytes"].items()},
                    measurements={str(p): [Measurement.from_json(m) for m in ms] for p, ms in d["measurements"].items()},
@@ -81,7 +86,7 @@ class KernelPlan:
     """A plan for a whole model: a WeightPlan per signature, the phases, the memory decision."""
 
     phases: tuple[Phase, ...]
-    weights: dict[str, WeightPlan]  # signature -> plan
+    weights: dict[str, WeightPlan]  # WeightPlan.key -> plan
     threshold: float
     budget_bytes: int
     extra_bytes: int  # bytes of second layouts, all layers
@@ -97,12 +102,16 @@ class KernelPlan:
         raise InputError(f"layer {name!r} is not in this kernel plan ({sum(len(w.layers) for w in self.weights.values())}"
                          " layers)")
 
+    def phases_of(self, w: WeightPlan) -> list[Phase]:
+        return [p for p in self.phases if p.name in w.phases]
+
     def describe(self) -> list[str]:
         """One line per phase and signature: the choice, what it beat, what was rejected and why."""
         lines = []
         for phase in self.phases:
             for w in self.weights.values():
-                lines.append(f"{phase.name:8} {w.signature} x{len(w.layers)}: {_explain(w, phase.name)}")
+                if phase.name in w.phases:
+                    lines.append(f"{phase.name:8} {w.signature} x{len(w.layers)}: {_explain(w, phase.name)}")
         mib = self.extra_bytes / 2 ** 20
         lines.append(f"second layouts: {mib:.1f} MiB of a {self.budget_bytes / 2 ** 20:.0f} MiB budget; measured in "
                      f"{self.measure_seconds:.1f} s, typical spread between rounds {self.noise:.0%}"
@@ -119,7 +128,7 @@ class KernelPlan:
     def from_json(cls, d: dict[str, Any]) -> KernelPlan:
         weights = [WeightPlan.from_json(w) for w in d["weights"]]
         return cls(phases=tuple(Phase(str(n), int(r), None if m is None else int(m)) for n, r, m in d["phases"]),
-                   weights={w.signature: w for w in weights}, threshold=float(d["threshold"]),
+                   weights={w.key: w for w in weights}, threshold=float(d["threshold"]),
                    budget_bytes=int(d["budget_bytes"]), extra_bytes=int(d["extra_bytes"]),
                    measure_seconds=float(d["measure_seconds"]), noise=float(d["noise"]))
 
@@ -153,23 +162,34 @@ def _by_kernel(ms: list[Measurement]) -> dict[str, Measurement]:
 
 # -- making a plan -------------------------------------------------------------------------------
 
+@dataclass
+class _Group:
+    """Layers measured together: one signature, one set of phases."""
+
+    signature: str
+    phases: tuple[Phase, ...]
+    members: list[tuple[str, WeightFormat]]
+
+
 def make_plan(linears: Mapping[str, WeightFormat], *, model_id: str, weights: str,
-              phases: tuple[Phase, ...] = DEFAULT_PHASES, kernels: tuple[Kernel, ...] = KERNELS,
-              threshold: float = ERROR_THRESHOLD, memory_budget: int | None = None,
-              samples: Mapping[str, Tensor] | None = None, repeats: int = REPEATS,
-              cache: bool | str | Path = True) -> KernelPlan:
+              phases: tuple[Phase, ...] = DEFAULT_PHASES, phases_of: Mapping[str, Sequence[str]] | None = None,
+              kernels: tuple[Kernel, ...] = KERNELS, threshold: float = ERROR_THRESHOLD,
+              memory_budget: int | None = None, samples: Mapping[str, Tensor] | None = None,
+              repeats: int = REPEATS, cache: bool | str | Path = True) -> KernelPlan:
     """The kernel plan for `linears` ({layer name: its weight format}), from the cache when a plan
-    with the same key is stored there, else measured now (and stored unless cache=False).
+    with the same key is stored there, else measured now (and stored unless cache=False or the
+    measurement was too noisy to trust later).
 
     model_id: identifies the model's weights (e.g. name + file digest); weights: the weights choice
-    ("gguf", "f16", ...). memory_budget: bytes allowed for second layouts over the whole model
-    (default a quarter of physical memory). samples: optional activations [S, K] per layer name for
-    the accuracy check (standard normal ones otherwise). cache: True (the default directory), a
-    directory, or False.
+    ("gguf", "f16", ...). phases_of: {layer name: names of the phases it sees} for layers that do
+    not see all (the last of its phases serves any larger number of rows). memory_budget: bytes
+    allowed for second layouts over the whole model (default a quarter of physical memory).
+    samples: activations [S, K] per layer name for the accuracy check (standard normal ones
+    otherwise). cache: True (the default directory), a directory, or False.
     """
     _check_phases(phases)
     budget = default_budget() if memory_budget is None else int(memory_budget)
-    groups = _group(linears)
+    groups = _group(linears, phases, phases_of or {})
     key = _key(groups, model_id=model_id, weights=weights, phases=phases, kernels=kernels, threshold=threshold,
                budget=budget)
     path = None if cache is False else plan_cache.plan_path(key, None if cache is True else Path(cache))
@@ -191,10 +211,11 @@ def _check_phases(phases: tuple[Phase, ...]) -> None:
     limits = [p.max_rows for p in phases]
     ok = phases and all(p.rows >= 1 for p in phases) and None not in limits[:-1] and \
         all(p.max_rows is None or p.rows <= p.max_rows for p in phases) and \
-        all(a < b for a, b in zip(limits[:-1], limits[1:]) if b is not None)
+        all(a < b for a, b in zip(limits[:-1], limits[1:]) if b is not None) and \
+        len({p.name for p in phases}) == len(phases)
     if not ok:
-        raise InputError(f"phases {phases}: each must measure rows >= 1 within its max_rows, with max_rows "
-                         "increasing and only the last one unbounded (None)")
+        raise InputError(f"phases {phases}: each must measure rows >= 1 within its max_rows, with distinct names, "
+                         "max_rows increasing and only the last one unbounded (None)")
 
 
 def default_budget() -> int:
@@ -205,86 +226,104 @@ def default_budget() -> int:
         return 2 ** 30
 
 
-def _group(linears: Mapping[str, WeightFormat]) -> dict[str, list[tuple[str, WeightFormat]]]:
-    """{signature: [(layer name, format), ...]} in first-seen order."""
+def _group(linears: Mapping[str, WeightFormat], phases: tuple[Phase, ...],
+           phases_of: Mapping[str, Sequence[str]]) -> dict[str, _Group]:
+    """{group key: _Group} in first-seen order; the key is the signature (+ the phases when limited)."""
     if not linears:
         raise InputError("make_plan needs at least one linear layer")
-    groups: dict[str, list[tuple[str, WeightFormat]]] = {}
+    unknown = sorted(set(phases_of) - set(linears))
+    if unknown:
+        raise InputError(f"phases_of names layers that are not given: {unknown}")
+    groups: dict[str, _Group] = {}
     for name, fmt in linears.items():
         if not isinstance(fmt, WeightFormat):
             raise InputError(f"layer {name!r}: expected a WeightFormat, got {type(fmt).__name__}")
-        groups.setdefault(fmt.signature, []).append((name, fmt))
+        own = _own_phases(name, phases, phases_of)
+        key = fmt.signature if own == phases else f"{fmt.signature} ({'+'.join(p.name for p in own)})"
+        groups.setdefault(key, _Group(fmt.signature, own, [])).members.append((name, fmt))
     return groups
 
 
-def _key(groups: dict[str, list[tuple[str, WeightFormat]]], *, model_id: str, weights: str,
-         phases: tuple[Phase, ...], kernels: tuple[Kernel, ...], threshold: float, budget: int) -> dict[str, Any]:
+def _own_phases(name: str, phases: tuple[Phase, ...], phases_of: Mapping[str, Sequence[str]]) -> tuple[Phase, ...]:
+    if name not in phases_of:
+        return phases
+    wanted = list(phases_of[name])
+    own = tuple(p for p in phases if p.name in wanted)
+    if not own or len(own) != len(set(wanted)):
+        raise InputError(f"phases_of[{name!r}] = {wanted}: must name some of the phases {[p.name for p in phases]}")
+    return own
+
+
+def _key(groups: dict[str, _Group], *, model_id: str, weights: str, phases: tuple[Phase, ...],
+         kernels: tuple[Kernel, ...], threshold: float, budget: int) -> dict[str, Any]:
     key = {"machine": plan_cache.machine_key(), "model": model_id, "weights": weights,
            "phases": [[p.name, p.rows, p.max_rows] for p in phases], "threshold": threshold,
            "kernels": [k.name for k in kernels], "budget_bytes": budget,
-           "layers": {sig: [name for name, _ in members] for sig, members in groups.items()}}
+           "layers": {k: [name for name, _ in g.members] for k, g in groups.items()}}
     return json.loads(json.dumps(key))  # the form it has after a round trip through the file
 
 
-def _valid_plan(stored: dict[str, Any], groups: dict[str, list[tuple[str, WeightFormat]]],
-                phases: tuple[Phase, ...], kernels: tuple[Kernel, ...]) -> KernelPlan | None:
+def _valid_plan(stored: dict[str, Any], groups: dict[str, _Group], phases: tuple[Phase, ...],
+                kernels: tuple[Kernel, ...]) -> KernelPlan | None:
     """The stored plan if it is well formed and every choice is a kernel that supports its format now."""
     try:
         plan = KernelPlan.from_json(stored)
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     by_name = {k.name: k for k in kernels}
-    if plan.phases != tuple(phases) or set(plan.weights) != set(groups):
+    if plan.phases != tuple(phases) or list(plan.weights) != list(groups):
         return None
-    for sig, members in groups.items():
-        w = plan.weights[sig]
-        fmt = members[0][1]
-        if set(w.choices) != {p.name for p in phases} or w.layers != [n for n, _ in members]:
+    for key, g in groups.items():
+        w, fmt = plan.weights[key], g.members[0][1]
+        names = [p.name for p in g.phases]
+        if w.phases != names or set(w.choices) != set(names) or w.layers != [n for n, _ in g.members]:
             return None
         if not all(k in by_name and by_name[k].supports(fmt) for k in w.choices.values()):
+            return None
+        if not all(phase in w.measurements and k in _by_kernel(w.measurements[phase]) for phase, k in w.choices.items()):
             return None
     return plan
 
 
-def measure_plan(groups: dict[str, list[tuple[str, WeightFormat]]], *, phases: tuple[Phase, ...],
-                 kernels: tuple[Kernel, ...], threshold: float, budget: int,
-                 samples: Mapping[str, Tensor] | None = None, repeats: int = REPEATS) -> KernelPlan:
-    """Measure every signature's candidates now and decide (no cache)."""
+def measure_plan(groups: dict[str, _Group], *, phases: tuple[Phase, ...], kernels: tuple[Kernel, ...],
+                 threshold: float, budget: int, samples: Mapping[str, Tensor] | None = None,
+                 repeats: int = REPEATS) -> KernelPlan:
+    """Measure every group's candidates now and decide (no cache)."""
     start = time.perf_counter()
     plans = {}
-    for sig, members in groups.items():
-        name, fmt = members[0]
+    for key, g in groups.items():
+        name, fmt = g.members[0]
         sample = (samples or {}).get(name)
-        ms = measure_weight(fmt, phases=phases, kernels=kernels, threshold=threshold, repeats=repeats, sample=sample)
-        plans[sig] = _fastest_layouts(sig, members, ms, phases, kernels)
-    extra = _allot_second_layouts(plans, phases, budget, {k.name: k.form.name for k in kernels})
+        ms = measure_weight(fmt, phases=g.phases, kernels=kernels, threshold=threshold, repeats=repeats, sample=sample)
+        plans[key] = _fastest_layouts(key, g, ms, kernels)
+    extra = _allot_second_layouts(plans, budget, {k.name: k.form.name for k in kernels})
     spreads = [m.spread for w in plans.values() for ms in w.measurements.values() for m in ms if m.spread is not None]
     return KernelPlan(phases=tuple(phases), weights=plans, threshold=threshold, budget_bytes=budget,
                       extra_bytes=extra, measure_seconds=time.perf_counter() - start,
                       noise=statistics.median(spreads) if spreads else 0.0)
 
 
-def _fastest_layouts(sig: str, members: list[tuple[str, WeightFormat]], ms: dict[str, list[Measurement]],
-                     phases: tuple[Phase, ...], kernels: tuple[Kernel, ...]) -> WeightPlan:
-    """Every phase on the decode phase's layout (second layouts are allotted later)."""
-    fmt = members[0][1]
+def _fastest_layouts(key: str, g: _Group, ms: dict[str, list[Measurement]], kernels: tuple[Kernel, ...]) -> WeightPlan:
+    """Every phase on the first phase's layout (second layouts are allotted later)."""
+    fmt = g.members[0][1]
     forms = {k.name: k.form.name for k in kernels}
-    first = _fastest(ms[phases[0].name], forms, None)
+    names = [p.name for p in g.phases]
+    first = _fastest(ms[names[0]], forms, None)
     if first is None:
-        raise InputError(f"{sig} ({members[0][0]}): no kernel computed it accurately at phase {phases[0].name!r}: "
-                         + "; ".join(f"{m.kernel}: {m.note}" for m in ms[phases[0].name]))
-    w = WeightPlan(signature=sig, layers=[n for n, _ in members], nbytes=fmt.nbytes, choices={},
-                   forms=[forms[first.kernel]], measurements=ms,
+        raise InputError(f"{g.signature} ({g.members[0][0]}): no kernel computed it accurately at phase {names[0]!r}: "
+                         + "; ".join(f"{m.kernel}: {m.note}" for m in ms[names[0]]))
+    w = WeightPlan(key=key, signature=g.signature, phases=names, layers=[n for n, _ in g.members], nbytes=fmt.nbytes,
+                   choices={}, forms=[forms[first.kernel]], measurements=ms,
                    form_bytes={k.form.name: k.form.nbytes(fmt) for k in kernels if k.supports(fmt)})
-    for phase in phases:
-        on_held = _fastest(ms[phase.name], forms, set(w.forms))
-        best = _fastest(ms[phase.name], forms, None)
-        if on_held is None and best is None:
-            raise InputError(f"{sig}: no kernel computed it accurately at phase {phase.name!r}")
-        w.choices[phase.name] = (on_held or best).kernel
+    for phase in names:
+        on_held = _fastest(ms[phase], forms, set(w.forms))
+        best = _fastest(ms[phase], forms, None)
+        if best is None:
+            raise InputError(f"{g.signature}: no kernel computed it accurately at phase {phase!r}")
+        w.choices[phase] = (on_held or best).kernel
         if on_held is None:
             w.forms.append(forms[best.kernel])
-            w.reasons[phase.name] = "needs a second layout: no kernel on the decode layout serves these rows"
+            w.reasons[phase] = "needs a second layout: no kernel on the first layout serves these rows"
     return w
 
 
@@ -294,16 +333,15 @@ def _fastest(ms: list[Measurement], forms: dict[str, str], allowed: set[str] | N
     return min(ok, key=lambda m: m.seconds, default=None)
 
 
-def _allot_second_layouts(plans: dict[str, WeightPlan], phases: tuple[Phase, ...], budget: int,
-                          forms: dict[str, str]) -> int:
-    """Give signatures a second layout where it pays (per signature the layout of the largest gain;
-    across signatures the largest gain per byte first, while the budget lasts); -> extra bytes held."""
+def _allot_second_layouts(plans: dict[str, WeightPlan], budget: int, forms: dict[str, str]) -> int:
+    """Give weights a second layout where it pays (per weight the layout of the largest gain; across
+    weights the largest gain per byte first, while the budget lasts); -> extra bytes held."""
     offers = []
     for w in plans.values():
         if len(w.forms) > 1:
             continue  # already holds two
         options = {forms.get(m.kernel) for ms in w.measurements.values() for m in ms if m.eligible}
-        gains = [(*_gain(w, phases, form, forms), form) for form in options - {w.forms[0], None}]
+        gains = [(*_gain(w, form, forms), form) for form in options - {w.forms[0], None}]
         gain, moves, form = max(gains, key=lambda g: (g[0], -w.form_bytes[g[2]]), default=(0.0, {}, None))
         if moves:
             cost = w.form_bytes[form] * len(w.layers)
@@ -323,13 +361,13 @@ def _allot_second_layouts(plans: dict[str, WeightPlan], phases: tuple[Phase, ...
     return spent
 
 
-def _gain(w: WeightPlan, phases: tuple[Phase, ...], form: str, forms: dict[str, str]) -> tuple[float, dict[str, str]]:
+def _gain(w: WeightPlan, form: str, forms: dict[str, str]) -> tuple[float, dict[str, str]]:
     """(summed relative time saved over the later phases, {phase: kernel} it would switch) by adding `form`."""
     gain, moves = 0.0, {}
-    for phase in phases[1:]:
-        current = w.seconds(phase.name)
-        best = _fastest(w.measurements[phase.name], forms, {form})
+    for phase in w.phases[1:]:
+        current = w.seconds(phase)
+        best = _fastest(w.measurements[phase], forms, {form})
         if best is not None and current > 0 and best.seconds < (1 - MIN_GAIN) * current:
             gain += 1 - best.seconds / current
-            moves[phase.name] = best.kernel
+            moves[phase] = best.kernel
     return gain, moves

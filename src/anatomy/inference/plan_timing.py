@@ -6,11 +6,12 @@ error exceeds the threshold, or that raises, is recorded with the reason and nev
 others are timed in interleaved rounds (the machine's noise falls on all of them alike) and the
 median per call is kept.
 
-A decode step reads each weight once, after ~200 other weights have gone through the cache, so a
-candidate is timed cycling through a pool of copies of its layout that together exceed the
-last-level cache (bounded by MAX_COPIES): timing one small weight over and over would measure the
-cache, not the memory. A candidate several times slower than the fastest in the first pass is
-not timed further (its first-pass time is kept, marked "pruned").
+A decode step reads each weight once, after ~200 other weights have gone through the cache, so
+at few rows (at most POOL_ROWS) a candidate is timed cycling through a pool of copies of its
+layout that together exceed the last-level cache (bounded by MAX_COPIES): timing one small weight
+over and over would measure the cache, not the memory. Products of many rows are compute-bound
+and are timed on the one layout. A candidate several times slower than the fastest in the first
+pass is not timed further (its first-pass time is kept, marked "pruned").
 """
 
 from __future__ import annotations
@@ -25,13 +26,16 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from anatomy.inference.formats import WeightFormat
+from anatomy.inference.formats import FloatWeight, WeightFormat
 from anatomy.inference.kernels import Kernel, Prepared, candidates, reference_product, relative_error
 
 MAX_COPIES = 64
+POOL_ROWS = 32  # phases of up to this many rows are timed on a cache-exceeding pool of copies
 PASS_SECONDS = 0.002  # a timed pass makes this many seconds of calls (at least one call)
+MAX_CALLS = 10_000  # and at most this many
 PRUNE_FACTOR = 6.0
 DEFAULT_LLC_BYTES = 32 * 2 ** 20
+clock = time.perf_counter  # the timer (tests substitute a virtual one)
 
 
 @dataclass(frozen=True)
@@ -88,9 +92,10 @@ def measure_weight(fmt: WeightFormat, *, phases: tuple[Phase, ...], kernels: tup
         x = _activations(sample, phase.rows, fmt.shape[1])  # [M, K] float32
         checked, timed = _check(fmt, runnable, built, failed, x, threshold)
         for k, _ in timed:
-            if k.form.name not in pools:
+            if phase.rows <= POOL_ROWS and k.form.name not in pools:
                 pools[k.form.name] = _pool(fmt, k, built[k.form.name])
-        times = _time([(k, [k.bind(p) for p in pools[k.form.name]], xk) for k, xk in timed], repeats)
+        layouts = {k.name: pools[k.form.name] if phase.rows <= POOL_ROWS else [built[k.form.name]] for k, _ in timed}
+        times = _time([(k, [k.bind(p) for p in layouts[k.name]], xk) for k, xk in timed], repeats)
         out[phase.name] = [_finish(m, times.get(m.kernel)) for m in checked]
     return out
 
@@ -143,13 +148,10 @@ def _check(fmt: WeightFormat, kernels: list[Kernel], built: dict[str, Prepared],
 def _pool(fmt: WeightFormat, kernel: Kernel, prepared: Prepared) -> list[Prepared]:
     """Copies of a built form that together exceed the last-level cache (at most MAX_COPIES)."""
     n = max(1, min(MAX_COPIES, math.ceil(2 * llc_bytes() / max(1, kernel.form.nbytes(fmt)))))
-    return [prepared] + [_copy(fmt, kernel, prepared) for _ in range(n - 1)]
-
-
-def _copy(fmt: WeightFormat, kernel: Kernel, prepared: Prepared) -> Prepared:
     if all(isinstance(t, Tensor) for t in prepared):
-        return tuple(t.clone() for t in prepared)
-    return kernel.form.build(fmt)  # opaque packed objects: build another
+        return [prepared] + [tuple(t.clone() for t in prepared) for _ in range(n - 1)]
+    dense = FloatWeight(fmt.dequantize())  # opaque packed objects (FBGEMM's): built again, from one dequantization
+    return [prepared] + [kernel.form.build(dense) for _ in range(n - 1)]
 
 
 def _time(entries: list[tuple[Kernel, list[Callable[[Tensor], Tensor]], Tensor]],
@@ -159,12 +161,13 @@ def _time(entries: list[tuple[Kernel, list[Callable[[Tensor], Tensor]], Tensor]]
         return {}
     for _, fns, x in entries:
         fns[0](x)  # first-call costs (primitive creation, page faults) stay out of the timing
-    first = {k.name: _pass(fns, x, 0, len(fns)) for k, fns, x in entries}
+    firsts = {k.name: _first_pass(fns, x) for k, fns, x in entries}
+    first = {name: seconds for name, (seconds, _) in firsts.items()}
     best = min(first.values())
-    calls = {k.name: max(1, round(PASS_SECONDS / max(first[k.name], 1e-9))) for k, _, _ in entries}
+    calls = {k.name: max(1, min(MAX_CALLS, round(PASS_SECONDS / max(first[k.name], 1e-9)))) for k, _, _ in entries}
     live = [e for e in entries if first[e[0].name] <= PRUNE_FACTOR * best]
     samples: dict[str, list[float]] = {k.name: [] for k, _, _ in live}
-    start = {k.name: 0 for k, _, _ in live}
+    start = {k.name: firsts[k.name][1] % len(fns) for k, fns, _ in live}  # go on where the first pass stopped
     for r in range(repeats):
         for k, fns, x in live[r % len(live):] + live[:r % len(live)]:  # a different order each round
             samples[k.name].append(_pass(fns, x, start[k.name], calls[k.name]))
@@ -179,13 +182,24 @@ def _summary(s: list[float]) -> tuple[float, float]:
     return median, (max(s) - min(s)) / median if median > 0 else 0.0
 
 
+def _first_pass(fns: list[Callable[[Tensor], Tensor]], x: Tensor) -> tuple[float, int]:
+    """(seconds per call, calls) of calls through fns until the pool or PASS_SECONDS is exhausted."""
+    t0 = now = clock()
+    calls = 0
+    while calls < len(fns) and (calls == 0 or now - t0 < PASS_SECONDS):
+        fns[calls](x)
+        calls += 1
+        now = clock()
+    return (now - t0) / calls, calls
+
+
 def _pass(fns: list[Callable[[Tensor], Tensor]], x: Tensor, start: int, calls: int) -> float:
     """Seconds per call of `calls` consecutive calls cycling through fns from `start`."""
     n = len(fns)
-    t0 = time.perf_counter()
+    t0 = clock()
     for i in range(calls):
         fns[(start + i) % n](x)
-    return (time.perf_counter() - t0) / calls
+    return (clock() - t0) / calls
 
 
 def _finish(m: Measurement, timing: tuple[float, float | None] | None) -> Measurement:

@@ -53,7 +53,7 @@ class PlannedLinear(nn.Module):
         if fmt.signature != w.signature:
             raise InputError(f"layer {name!r}: the plan is for {w.signature}, the weight given is {fmt.signature}")
         by_name = {k.name: k for k in kernels}
-        chosen = [(phase, by_name[w.choices[phase.name]]) for phase in plan.phases]
+        chosen = [(phase, by_name[w.choices[phase.name]]) for phase in plan.phases_of(w)]
         layouts = {k.form.name: k.form.build(fmt) for _, k in chosen if k.form.name in w.forms}
         routes = [(sys.maxsize if i == len(chosen) - 1 else phase.max_rows, k.act_dtype, k.bind(layouts[k.form.name]))
                   for i, (phase, k) in enumerate(chosen)]
