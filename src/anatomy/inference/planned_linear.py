@@ -62,6 +62,17 @@ class PlannedLinear(nn.Module):
         return cls(routes, in_features=K, out_features=N, bias=bias, dtype=dtype, layouts=layouts,
                    description=f"{w.signature}: {text}")
 
+    @classmethod
+    def with_kernel(cls, kernel: Kernel, fmt: WeightFormat, *, bias: Tensor | None = None,
+                    dtype: torch.dtype = torch.float32) -> PlannedLinear:
+        """One kernel for every number of rows, unmeasured (comparisons, quality checks)."""
+        if not kernel.supports(fmt):
+            raise InputError(f"kernel {kernel.name!r} cannot compute with {fmt.signature} on this machine")
+        layout = kernel.form.build(fmt)
+        N, K = fmt.shape
+        return cls([(sys.maxsize, kernel.act_dtype, kernel.bind(layout))], in_features=K, out_features=N, bias=bias,
+                   dtype=dtype, layouts={kernel.form.name: layout}, description=f"{fmt.signature}: {kernel.name}")
+
     def forward(self, x: Tensor) -> Tensor:
         K = self.in_features
         rows = x.numel() // K
