@@ -97,3 +97,18 @@ def test_chunked_handles_non_divisible_rows_and_views():
     q = KERNELS_BY_NAME["int4pack"]
     w4 = Int4Weight.from_float(torch.randn(32, 64))
     assert relative_error(q.bind(q.form.build(w4))(x.bfloat16()), reference_product(w4, x)) < 8e-3
+
+
+@pytest.mark.slow
+def test_compilable_kernels_compile():
+    """The kernels marked `compiles` run inside torch.compile(fullgraph=True) and give the eager result."""
+    from anatomy.inference.kernels import COMPILABLE_KERNELS
+    from anatomy.inference.planned_linear import PlannedLinear
+
+    fmts = [Int4Weight.from_float(torch.randn(64, 128)), Int8GroupWeight.from_float(torch.randn(64, 128))]
+    x = torch.randn(1, 1, 128)
+    for fmt in fmts:
+        for k in candidates(fmt, COMPILABLE_KERNELS):
+            layer = PlannedLinear.with_kernel(k, fmt)
+            with torch.inference_mode():
+                torch.testing.assert_close(torch.compile(layer, fullgraph=True)(x), layer(x), rtol=1e-2, atol=1e-2)

@@ -16,7 +16,9 @@ activations of one dtype; `kernel.bind(prepared)` gives the function `x [M, K] -
     int8pack        int8pack     bf16         torch's _weight_int8pack_mm, per-channel scale
 
 `candidates(fmt)` lists the kernels available for a format on this machine; which one is fastest
-is never assumed here: inference.plan measures them.
+is never assumed here: inference.plan measures them. COMPILABLE_KERNELS are those that work inside
+torch.compile (the oneDNN and FBGEMM ones do not: pass kernels=COMPILABLE_KERNELS to the plan of
+a model whose decode step is compiled).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class Kernel:
     bind: Callable[[Prepared], Callable[[Tensor], Tensor]]
     max_rows: int | None = None  # None: any number of rows
     accepts: Callable[[WeightFormat], bool] = lambda fmt: True  # beyond what the form accepts
+    compiles: bool = True  # works inside torch.compile(fullgraph=True) (torch 2.13, checked by a slow test)
 
     def supports(self, fmt: WeightFormat) -> bool:
         return self.form.accepts(fmt) and self.accepts(fmt)
@@ -216,13 +219,14 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("f16/chunked", DENSE[torch.float16], torch.float16, _bind_chunked, CHUNKED_MAX_ROWS, _chunkable),
     Kernel("bf16", DENSE[torch.bfloat16], torch.bfloat16, _bind_linear),
     Kernel("bf16/chunked", DENSE[torch.bfloat16], torch.bfloat16, _bind_chunked, CHUNKED_MAX_ROWS, _chunkable),
-    Kernel("bf16/onednn", ONEDNN_BF16, torch.bfloat16, _bind_onednn),
-    Kernel("f16/fbgemm", FBGEMM_F16, torch.float32, _bind_fbgemm),
+    Kernel("bf16/onednn", ONEDNN_BF16, torch.bfloat16, _bind_onednn, compiles=False),  # inductor lowering fails
+    Kernel("f16/fbgemm", FBGEMM_F16, torch.float32, _bind_fbgemm, compiles=False),  # an opaque packed object
     Kernel("int4pack", INT4PACK, torch.bfloat16, _bind_int4pack),
     Kernel("int8g/int4x2", INT4X2, torch.bfloat16, _bind_int4x2),
     Kernel("int8pack", INT8PACK, torch.bfloat16, _bind_int8pack),
 )
 KERNELS_BY_NAME = {k.name: k for k in KERNELS}
+COMPILABLE_KERNELS = tuple(k for k in KERNELS if k.compiles)  # for a plan whose layers will be compiled
 
 
 def candidates(fmt: WeightFormat, kernels: tuple[Kernel, ...] = KERNELS) -> list[Kernel]:
