@@ -111,4 +111,6 @@ def test_compilable_kernels_compile():
         for k in candidates(fmt, COMPILABLE_KERNELS):
             layer = PlannedLinear.with_kernel(k, fmt)
             with torch.inference_mode():
-                torch.testing.assert_close(torch.compile(layer, fullgraph=True)(x), layer(x), rtol=1e-2, atol=1e-2)
+                y = torch.compile(layer, fullgraph=True)(x)
+            # compiled code may order the sums differently: the outputs agree to the kernel's precision
+            assert relative_error(y, layer(x).double()) < 1e-2, k.name
