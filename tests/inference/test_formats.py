@@ -75,12 +75,12 @@ def test_real_q4_1_and_q8_0_tensors_of_the_shipped_file(smollm2_gguf_path):
         assert fmt.nbytes == t.nbytes
 
 
-@pytest.mark.parametrize("type_name, dtype", [("F32", torch.float32), ("F16", torch.float16)])
+@pytest.mark.parametrize("type_name, dtype", [("F32", torch.float32), ("F16", torch.float16), ("BF16", torch.bfloat16)])
 def test_float_types_are_views(type_name, dtype):
     w = torch.randn(8, 32).to(dtype)
     raw = w.view(torch.uint8).reshape(-1).numpy()
     fmt = format_from_gguf(raw, TENSOR_TYPES_BY_NAME[type_name], (8, 32))
-    assert isinstance(fmt, FloatWeight) and fmt.name == {"F32": "f32", "F16": "f16"}[type_name]
+    assert isinstance(fmt, FloatWeight) and fmt.name == type_name.lower()
     assert torch.equal(fmt.weight, w) and fmt.weight.data_ptr() == raw.ctypes.data
 
 
@@ -130,6 +130,9 @@ def test_row_operations_and_embedding_rows():
     assert torch.equal(fused.take_rows(torch.tensor([3, 1])).dequantize(), fused.dequantize()[[3, 1]])
     with pytest.raises(InputError, match="cannot fuse"):
         WeightFormat.cat_rows([a, Int8GroupWeight.from_float(torch.randn(16, 64))])
+    wide = Int4Weight(a.codes, a.scale.float() / 3, a.offset.float())  # float32 scales (Q4_K-like)
+    mixed = WeightFormat.cat_rows([a, wide])
+    assert mixed.scale.dtype == torch.float32 and torch.equal(mixed.dequantize()[16:], wide.dequantize())
 
 
 def test_nibble_packing_round_trips():

@@ -16,8 +16,8 @@ whatever layout a matrix-product routine wants; the format itself stays portable
 
 int4 keeps ggml's Q4_0/Q4_1 nibble order: per block of 32 values, byte j holds value j in its low
 nibble and value j + 16 in its high one, so a Q4_0/Q4_1 tensor's codes are copied, not unpacked
-and repacked (the layout a kernel wants is built later, once, by the kernel's form). Scales and offsets are
-kept in float16 when every one of them is exactly a float16 (Q4_0, Q4_1), otherwise float32
+and repacked (the layout a kernel wants is built later, once, by the kernel's form). Scales and
+offsets are kept in float16 when every one of them is exactly a float16 (Q4_0, Q4_1), otherwise float32
 (Q4_K's d * scale needs up to 17 bits): dequantize() computes in float32, the arithmetic
 llama.cpp's reference dequantization (checkpoints.gguf_dequant) does, so a GGUF file carried into
 these formats dequantizes to the same float32 values, bit for bit.
@@ -45,7 +45,7 @@ FLOAT_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16
 
 
 class WeightFormat(nn.Module):
-    """A weight W [N, K] in some storage. Subclasses set `name` and implement dequantize()."""
+    """A weight W [N, K] in some storage. Subclasses set `name` and implement `_values`."""
 
     name: ClassVar[str]
     group: int = 0  # inputs per scale (0: not grouped)
@@ -90,14 +90,14 @@ class WeightFormat(nn.Module):
     def cat_rows(cls, parts: list[WeightFormat], *, label: str = "weight") -> WeightFormat:
         """One weight whose rows are those of `parts` in order (fusing q, k, v or gate, up)."""
         first = parts[0]
-        bad = [p.signature for p in parts if type(p) is not type(first) or p.group != first.group
-               or p.shape[1] != first.shape[1] or _buffer_dtypes(p) != _buffer_dtypes(first)]
+        bad = [p.signature for p in parts if p.signature.split("[")[0] != first.signature.split("[")[0]
+               or p.group != first.group or p.shape[1] != first.shape[1]]
         if bad:
             raise InputError(f"{label}: cannot fuse {[p.signature for p in parts]} along rows: the parts need one "
-                             f"format, group, K and storage dtypes ({bad} differ from {first.signature})")
+                             f"format, group and K ({bad} differ from {first.signature})")
         out = first._like(sum(p.shape[0] for p in parts), label=label)
         for name, _ in first.named_buffers():
-            setattr(out, name, torch.cat([getattr(p, name) for p in parts]))
+            out.register_buffer(name, _cat([getattr(p, name) for p in parts]))
         return out
 
     def _like(self, rows: int, *, label: str | None = None) -> WeightFormat:
@@ -112,8 +112,11 @@ class WeightFormat(nn.Module):
         return f"{self.signature}, {self.nbytes / 2 ** 20:.2f} MiB, {self.label!r}"
 
 
-def _buffer_dtypes(f: WeightFormat) -> list[torch.dtype]:
-    return [b.dtype for b in f.buffers()]
+def _cat(tensors: list[Tensor]) -> Tensor:
+    """Concatenated rows; float scales of different widths (f16 and f32) meet in float32."""
+    if len({t.dtype for t in tensors}) > 1:
+        tensors = [t.float() for t in tensors]
+    return torch.cat(tensors)
 
 
 class FloatWeight(WeightFormat):
