@@ -133,8 +133,8 @@ def _why(m: Measurement | None) -> str:
 def step_estimates(results: dict[str, dict[str, dict[int, Measurement]]]) -> list[str]:
     """Decode-step linear time at 1 and 8 rows: blocks with each kernel x LM head with each kernel."""
     lines = ["\n### a decode step's linears: 30 x (qkv + o + gate_up + down) + LM head, ms\n",
-             "| blocks kernel | blocks, 1 row | blocks, 8 rows | LM head kernel | head, 1 row | head, 8 rows |"
-             " step, batch 1 | step, batch 8 (per token) |", "|---|---|---|---|---|---|---|---|"]
+             ("| blocks kernel | blocks, 1 row | blocks, 8 rows | LM head kernel | head, 1 row | head, 8 rows |"
+              " step, batch 1 | step, batch 8 (per token) |"), "|---|---|---|---|---|---|---|---|"]
     block_kernels = set.intersection(*(set(results[s]) for s in BLOCK))
     blocks = {k: [LAYERS * sum(_seconds(results[s][k].get(r)) for s in BLOCK) for r in (1, 8)] for k in block_kernels}
     heads = {k: [_seconds(v.get(r)) for r in (1, 8)] for k, v in results["head"].items()}

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from anatomy.errors import InputError
 from anatomy.inference import plan as plan_module
-from anatomy.inference import plan_timing
+from anatomy.inference import plan_record, plan_timing
 from anatomy.inference.formats import FloatWeight, Int4Weight
 from anatomy.inference.kernels import KERNELS, Form, Kernel, relative_error
 from anatomy.inference.plan import DEFAULT_PHASES, KernelPlan, make_plan
@@ -45,7 +45,7 @@ def _deterministic(monkeypatch, tmp_path):
     monkeypatch.setattr(plan_timing, "MAX_COPIES", 2)
     monkeypatch.setattr(plan_timing, "PASS_SECONDS", 1e-4)  # ten fast calls a pass
     monkeypatch.setattr(plan_timing, "clock", CLOCK)
-    monkeypatch.setattr(plan_module, "NOISE_LIMIT", float("inf"))  # other processes' noise must not stop caching
+    monkeypatch.setattr(plan_record, "NOISE_LIMIT", float("inf"))  # other processes' noise must not stop caching
     monkeypatch.setenv("ANATOMY_CACHE_DIR", str(tmp_path / "cache"))
 
 
@@ -170,7 +170,7 @@ def test_cache_directory_default_and_overrides(tmp_path, monkeypatch):
 
 
 def test_noisy_plan_is_not_cached(monkeypatch):
-    monkeypatch.setattr(plan_module, "NOISE_LIMIT", -1.0)
+    monkeypatch.setattr(plan_record, "NOISE_LIMIT", -1.0)
     plan = _plan()
     assert plan.path is None and "too noisy to cache" in plan.describe()[-1]
 

@@ -1,8 +1,9 @@
 """The measured kernel plan: which kernel computes each linear layer's product, per phase.
 
-    plan = make_plan({"blocks.0.attn.qkv": fmt, ...}, model_id="smollm2-135m-instruct:<digest>", weights="gguf")
-    print("\\n".join(plan.describe()))      # decode int4[960,576]g32 x30: int4pack 0.021 ms beat f16/fbgemm 0.048 ms, ...
-    layer = planned_linear(fmt, plan.for_layer("blocks.0.attn.qkv"))   # see planned_linear.py
+    plan = make_plan(formats, model_id="smollm2-135m-instruct:<file digest>", weights="gguf",
+                     phases_of={"embed.tokens.weight": ["decode", "batch"]})    # formats: {layer: WeightFormat}
+    print("\\n".join(plan.describe()))   # decode int4[960,576]g32 x30: int4pack (0.040 ms, err 3e-03) beat f16 ...
+    layer = PlannedLinear.from_plan(plan, "blocks.0.attn.qkv.weight", formats["blocks.0.attn.qkv.weight"])
 
 Weights of the same signature (format, shape, group) are measured once, on the first of them.
 For each phase (decode: 1 row, batch: 8, prefill: 128 by default; `phases_of` limits a layer to
@@ -19,12 +20,13 @@ measuring again on the same machine.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from anatomy.errors import InputError
 from anatomy.inference import plan_cache
 from anatomy.inference.formats import WeightFormat
 from anatomy.inference.kernels import KERNELS, Kernel
+from anatomy.inference.plan_record import KernelPlan, WeightPlan, by_kernel
 from anatomy.inference.plan_timing import Measurement, Phase, measure_weight
 
 DECODE = Phase("decode", rows=1, max_rows=4)
@@ -42,122 +45,7 @@ PREFILL = Phase("prefill", rows=128, max_rows=None)
 DEFAULT_PHASES = (DECODE, BATCH, PREFILL)
 ERROR_THRESHOLD = 1e-2  # relative (Frobenius) error of a kernel's output against the float64 product
 MIN_GAIN = 0.10  # a second layout must make a phase at least this much faster
-NOISE_LIMIT = 0.5  # a plan whose typical measurement spread exceeds this is used but not cached
 REPEATS = 5
-
-
-@dataclass
-class WeightPlan:
-    """The plan for the weights of one signature (and phase set): chosen kernel per phase, layouts held, and why."""
-
-    key: str  # the signature, with the phases when a layer was limited to some
-    signature: str
-    phases: list[str]  # the phases measured for these layers, in order
-    layers: list[str]
-    nbytes: int  # bytes of the stored format, per layer
-    choices: dict[str, str]  # phase -> kernel name
-    forms: list[str]  # layouts held per layer, the first phase's first
-    form_bytes: dict[str, int]  # layout -> bytes per layer
-    measurements: dict[str, list[Measurement]]  # phase -> every candidate
-    reasons: dict[str, str] = field(default_factory=dict)  # phase -> why this layout
-
-    def seconds(self, phase: str) -> float:
-        """Measured seconds per call of the chosen kernel at `phase`."""
-        return _by_kernel(self.measurements[phase])[self.choices[phase]].seconds or 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "signature": self.signature, "phases": self.phases, "layers": self.layers,
-                "nbytes": self.nbytes, "choices": self.choices, "forms": self.forms, "form_bytes": self.form_bytes,
-                "reasons": self.reasons,
-                "measurements": {p: [m.to_json() for m in ms] for p, ms in self.measurements.items()}}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> WeightPlan:
-        return cls(key=str(d["key"]), signature=str(d["signature"]), phases=[str(p) for p in d["phases"]],
-                   layers=[str(x) for x in d["layers"]], nbytes=int(d["nbytes"]),
-                   choices={str(p): str(k) for p, k in d["choices"].items()}, forms=[str(f) for f in d["forms"]],
-                   form_bytes={str(f): int(b) for f, b in d["form_bytes"].items()},
-                   measurements={str(p): [Measurement.from_json(m) for m in ms] for p, ms in d["measurements"].items()},
-                   reasons={str(p): str(r) for p, r in d["reasons"].items()})
-
-
-@dataclass
-class KernelPlan:
-    """A plan for a whole model: a WeightPlan per signature, the phases, the memory decision."""
-
-    phases: tuple[Phase, ...]
-    weights: dict[str, WeightPlan]  # WeightPlan.key -> plan
-    threshold: float
-    budget_bytes: int
-    extra_bytes: int  # bytes of second layouts, all layers
-    measure_seconds: float  # how long measuring took
-    noise: float = 0.0  # median spread (slowest - fastest round) / median over the timed candidates
-    from_cache: bool = False
-    path: Path | None = None
-
-    def for_layer(self, name: str) -> WeightPlan:
-        for w in self.weights.values():
-            if name in w.layers:
-                return w
-        raise InputError(f"layer {name!r} is not in this kernel plan ({sum(len(w.layers) for w in self.weights.values())}"
-                         " layers)")
-
-    def phases_of(self, w: WeightPlan) -> list[Phase]:
-        return [p for p in self.phases if p.name in w.phases]
-
-    def describe(self) -> list[str]:
-        """One line per phase and signature: the choice, what it beat, what was rejected and why."""
-        lines = []
-        for phase in self.phases:
-            for w in self.weights.values():
-                if phase.name in w.phases:
-                    lines.append(f"{phase.name:8} {w.signature} x{len(w.layers)}: {_explain(w, phase.name)}")
-        mib = self.extra_bytes / 2 ** 20
-        lines.append(f"second layouts: {mib:.1f} MiB of a {self.budget_bytes / 2 ** 20:.0f} MiB budget; measured in "
-                     f"{self.measure_seconds:.1f} s, typical spread between rounds {self.noise:.0%}"
-                     + (f"; loaded from {self.path}" if self.from_cache else "")
-                     + ("; too noisy to cache (is something else running?)" if self.noise > NOISE_LIMIT else ""))
-        return lines
-
-    def to_json(self) -> dict[str, Any]:
-        return {"phases": [[p.name, p.rows, p.max_rows] for p in self.phases], "threshold": self.threshold,
-                "budget_bytes": self.budget_bytes, "extra_bytes": self.extra_bytes, "noise": self.noise,
-                "measure_seconds": self.measure_seconds, "weights": [w.to_json() for w in self.weights.values()]}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> KernelPlan:
-        weights = [WeightPlan.from_json(w) for w in d["weights"]]
-        return cls(phases=tuple(Phase(str(n), int(r), None if m is None else int(m)) for n, r, m in d["phases"]),
-                   weights={w.key: w for w in weights}, threshold=float(d["threshold"]),
-                   budget_bytes=int(d["budget_bytes"]), extra_bytes=int(d["extra_bytes"]),
-                   measure_seconds=float(d["measure_seconds"]), noise=float(d["noise"]))
-
-
-def _explain(w: WeightPlan, phase: str) -> str:
-    ms = w.measurements[phase]
-    chosen = _by_kernel(ms)[w.choices[phase]]
-    timed = sorted((m for m in ms if m.eligible and m.kernel != chosen.kernel), key=lambda m: m.seconds)
-    text = f"{chosen.kernel} ({_ms(chosen)}, err {chosen.error:.0e})"
-    faster = [m for m in timed if m.seconds < chosen.seconds]
-    if faster:
-        text += " on the held layout; faster elsewhere: " + ", ".join(f"{m.kernel} ({_ms(m)})" for m in faster)
-    slower = [m for m in timed if m.seconds >= chosen.seconds]
-    if slower:
-        text += " beat " + ", ".join(f"{m.kernel} ({_ms(m)})" for m in slower)
-    rejected = [f"{m.kernel} ({m.note.split(':')[0]})" for m in ms if not m.eligible]
-    if rejected:
-        text += "; rejected " + ", ".join(rejected)
-    if phase in w.reasons:
-        text += f" [{w.reasons[phase]}]"
-    return text
-
-
-def _ms(m: Measurement) -> str:
-    return f"{m.seconds * 1e3:.3f} ms" + (" pruned" if m.note.startswith("pruned") else "")
-
-
-def _by_kernel(ms: list[Measurement]) -> dict[str, Measurement]:
-    return {m.kernel: m for m in ms}
 
 
 # -- making a plan -------------------------------------------------------------------------------
@@ -201,7 +89,7 @@ def make_plan(linears: Mapping[str, WeightFormat], *, model_id: str, weights: st
             return plan
     plan = measure_plan(groups, phases=phases, kernels=kernels, threshold=threshold, budget=budget,
                         samples=samples, repeats=repeats)
-    if path is not None and plan.noise <= NOISE_LIMIT:
+    if path is not None and plan.trusted:
         plan_cache.save_entry(path, key, plan.to_json())
         plan.path = path
     return plan
@@ -211,7 +99,7 @@ def _check_phases(phases: tuple[Phase, ...]) -> None:
     limits = [p.max_rows for p in phases]
     ok = phases and all(p.rows >= 1 for p in phases) and None not in limits[:-1] and \
         all(p.max_rows is None or p.rows <= p.max_rows for p in phases) and \
-        all(a < b for a, b in zip(limits[:-1], limits[1:]) if b is not None) and \
+        all(a < b for a, b in itertools.pairwise(limits) if b is not None) and \
         len({p.name for p in phases}) == len(phases)
     if not ok:
         raise InputError(f"phases {phases}: each must measure rows >= 1 within its max_rows, with distinct names, "
@@ -280,7 +168,7 @@ def _valid_plan(stored: dict[str, Any], groups: dict[str, _Group], phases: tuple
             return None
         if not all(k in by_name and by_name[k].supports(fmt) for k in w.choices.values()):
             return None
-        if not all(phase in w.measurements and k in _by_kernel(w.measurements[phase]) for phase, k in w.choices.items()):
+        if not all(phase in w.measurements and k in by_kernel(w.measurements[phase]) for phase, k in w.choices.items()):
             return None
     return plan
 

@@ -19,7 +19,7 @@ state dict; save the format, not this module. CPU only.
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from anatomy.errors import InputError
 from anatomy.inference.formats import WeightFormat
 from anatomy.inference.kernels import KERNELS, Kernel, Prepared
-from anatomy.inference.plan import KernelPlan
+from anatomy.inference.plan_record import KernelPlan
 
 Route = tuple[int, torch.dtype, Callable[[Tensor], Tensor]]  # (max rows, activation dtype, x [M, K] -> [M, N])
 
