@@ -12,13 +12,17 @@ those a plan decides on. Memory bandwidth (torch sum over 256 MiB) is measured i
     rows 1, 8:     G weights/s, GB/s of the layout read, % of the measured bandwidth
     rows 128, 512: GFLOP/s (2 * rows * N * K per call)
 
-Then the decode step (batch 1 and 8): 30 x (qkv + o + gate_up + down) + LM head, per choice.
+Then the decode step (batch 1 and 8): 30 x (qkv + o + gate_up + down) + LM head, per choice,
+estimated from those per-shape times; and measured: all 121 layers of the model as PlannedLinear
+(the plan's choices, made in this run) called in model order on one token's rows, eager, with
+float32 and with bfloat16 activations in and out (the casts a float32 model pays included).
 
     python -m benchmarks kernels        (ANATOMY_BENCH_REPEATS=5)
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -28,7 +32,9 @@ from anatomy.checkpoints.registry import resolve
 from anatomy.inference.formats import Int4Weight, Int8Weight, WeightFormat
 from anatomy.inference.gguf_formats import matrix_formats
 from anatomy.inference.kernels import KERNELS, KERNELS_BY_NAME
+from anatomy.inference.plan import make_plan
 from anatomy.inference.plan_timing import Measurement, Phase, measure_weight
+from anatomy.inference.planned_linear import PlannedLinear
 from benchmarks.timing import median_seconds
 
 MODEL = "smollm2-135m-instruct"
@@ -147,6 +153,32 @@ def step_estimates(results: dict[str, dict[str, dict[int, Measurement]]]) -> lis
     return lines
 
 
+def planned_step(bw: float) -> list[str]:
+    """All linear layers as PlannedLinear from a fresh plan, called in model order: ms per step."""
+    formats = matrix_formats(read_gguf(resolve(MODEL)))
+    plan = make_plan(formats, model_id=MODEL, weights="gguf", phases_of={HEAD: ["decode", "batch"]}, cache=False)
+    lines = ["\n### the plan made in this run\n", *plan.describe(),
+             "\n### a decode step's linears measured: 121 PlannedLinear layers in model order, eager, ms\n",
+             "| activations | batch 1 | batch 8 | batch 8 per token |", "|---|---|---|---|"]
+    for dtype in (torch.float32, torch.bfloat16):
+        layers = [(PlannedLinear.from_plan(plan, name, fmt, dtype=dtype), fmt.shape[1]) for name, fmt in formats.items()]
+        step = {}
+        for rows in (1, 8):
+            xs = {K: torch.randn(rows, 1, K, dtype=dtype) for _, K in layers}
+            with torch.inference_mode():
+                step[rows] = median_seconds(functools.partial(_call_all, layers, xs), REPEATS + 2, warmup=True)
+        lines.append(f"| {dtype} | {step[1] * 1e3:.2f} | {step[8] * 1e3:.2f} | {step[8] * 1e3 / 8:.2f} |")
+    read = sum(plan.for_layer(n).form_bytes[plan.for_layer(n).forms[0]] for n in formats)
+    lines.append(f"\ndecode layouts read per token: {read / 1e6:.1f} MB ({read / bw / 1e6:.2f} ms at the measured "
+                 f"{bw:.1f} GB/s)")
+    return lines
+
+
+def _call_all(layers: list[tuple[PlannedLinear, int]], xs: dict[int, torch.Tensor]) -> None:
+    for layer, K in layers:
+        layer(xs[K])
+
+
 def main() -> None:
     torch.manual_seed(0)
     bw = bandwidth_gbs()
@@ -160,6 +192,7 @@ def main() -> None:
             results[short].update(measure(fmt, ROWS if short != "head" else (1, 8, 128)))
         print("\n".join(table(short, fmts[0], results[short], bw)), flush=True)
     print("\n".join(step_estimates(results)))
+    print("\n".join(planned_step(bw)))
 
 
 if __name__ == "__main__":
