@@ -43,7 +43,7 @@ class PlannedLinear(nn.Module):
         self._routes = routes
         self.layouts = layouts or {}  # layout name -> prepared tensors (kept alive; for inspection)
         self.description = description
-        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype), persistent=False)
+        self.bias = None if bias is None else bias.detach().to(dtype)  # a plain attribute: read per call, cheaply
 
     @classmethod
     def from_plan(cls, plan: KernelPlan, name: str, fmt: WeightFormat, *, bias: Tensor | None = None,
