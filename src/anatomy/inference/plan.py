@@ -39,8 +39,10 @@ from anatomy.inference.kernels import KERNELS, Kernel
 from anatomy.inference.plan_record import KernelPlan, WeightPlan, by_kernel
 from anatomy.inference.plan_timing import Measurement, Phase, measure_weight
 
+# torch's int4pack kernel dequantizes its weights once per block of 4 rows: 1-4 rows cost alike, 5-8
+# about twice that, and from ~12 rows a GEMM on a dense bf16 copy is faster (bench_kernels)
 DECODE = Phase("decode", rows=1, max_rows=4)
-BATCH = Phase("batch", rows=8, max_rows=32)
+BATCH = Phase("batch", rows=8, max_rows=8)
 PREFILL = Phase("prefill", rows=128, max_rows=None)
 DEFAULT_PHASES = (DECODE, BATCH, PREFILL)
 ERROR_THRESHOLD = 1e-2  # relative (Frobenius) error of a kernel's output against the float64 product
