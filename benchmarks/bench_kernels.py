@@ -153,6 +153,21 @@ def step_estimates(results: dict[str, dict[str, dict[int, Measurement]]]) -> lis
     return lines
 
 
+def rows_scaling(fmt: WeightFormat) -> list[str]:
+    """ms per call of the few-row contenders on one weight as the number of rows grows."""
+    rows = (1, 2, 4, 5, 8, 12, 16, 32)
+    names = ("int4pack", "bf16/onednn", "f16/fbgemm", "f16")
+    ms = measure_weight(fmt, phases=tuple(Phase(str(r), r, None) for r in rows),
+                        kernels=tuple(KERNELS_BY_NAME[n] for n in names), threshold=1e-2, repeats=REPEATS)
+    lines = [f"\n### {fmt.signature}: ms per call by rows\n", "| rows | " + " | ".join(names) + " |",
+             "|---|" + "---|" * len(names)]
+    for r in rows:
+        by = {m.kernel: m for m in ms[str(r)]}
+        lines.append(f"| {r} | " + " | ".join(f"{by[n].seconds * 1e3:.3f}{_mark(by[n])}" if n in by and by[n].seconds
+                                            else "-" for n in names) + " |")
+    return lines
+
+
 def planned_step(bw: float) -> list[str]:
     """All linear layers as PlannedLinear from a fresh plan, called in model order: ms per step."""
     formats = matrix_formats(read_gguf(resolve(MODEL)))
@@ -186,12 +201,15 @@ def main() -> None:
           f"{torch.backends.cpu.get_cpu_capability()}; memory bandwidth (sum over 256 MiB) {bw:.1f} GB/s; "
           f"repeats {REPEATS}; * = pruned after the first pass (over 6x the fastest)")
     results: dict[str, dict[str, dict[int, Measurement]]] = {}
-    for short, fmts in weights().items():
+    all_weights = weights()
+    formats_gate_up = all_weights["gate_up"][0]
+    for short, fmts in all_weights.items():
         results[short] = {}
         for fmt in fmts:
             results[short].update(measure(fmt, ROWS if short != "head" else (1, 8, 128)))
         print("\n".join(table(short, fmts[0], results[short], bw)), flush=True)
     print("\n".join(step_estimates(results)))
+    print("\n".join(rows_scaling(formats_gate_up)))
     print("\n".join(planned_step(bw)))
 
 
