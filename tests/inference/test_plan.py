@@ -233,3 +233,15 @@ def test_phases_of_limits_a_layer_and_its_last_phase_takes_any_rows():
         _plan(linears=lin, kernels=kernels, phases_of={"lm_head": ["generate"]})
     with pytest.raises(InputError, match="not given"):
         _plan(linears=lin, kernels=kernels, phases_of={"blocks.9.ffn.down": ["decode"]})
+
+
+def test_file_identity_changes_with_the_file(tmp_path):
+    from anatomy.inference.plan_cache import file_identity
+
+    f = tmp_path / "model.gguf"
+    f.write_bytes(b"x" * 10)
+    first = file_identity(f)
+    assert first == file_identity(f) and str(f.resolve()) in first
+    f.write_bytes(b"x" * 11)
+    assert file_identity(f) != first
+    assert file_identity(tmp_path) != file_identity(f)  # a directory: its files together

@@ -67,6 +67,15 @@ def _capability() -> str:
         return "unknown"
 
 
+def file_identity(path: str | Path) -> str:
+    """A model_id for a checkpoint file or directory: its resolved path, size and modification time
+    (a rewritten or replaced file gets a new plan; hashing ~100 MB on every load would cost more)."""
+    path = Path(path).resolve()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    stats = [(p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    return f"{path}:{sum(s for s, _ in stats)}:{max((t for _, t in stats), default=0)}"
+
+
 def plan_path(key: dict[str, Any], directory: Path | None = None) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     return (directory or cache_dir()) / "plans" / f"{digest}.json"
