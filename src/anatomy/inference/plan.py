@@ -168,7 +168,8 @@ def _valid_plan(stored: dict[str, Any], groups: dict[str, _Group], phases: tuple
         names = [p.name for p in g.phases]
         if w.phases != names or set(w.choices) != set(names) or w.layers != [n for n, _ in g.members]:
             return None
-        if not all(k in by_name and by_name[k].supports(fmt) for k in w.choices.values()):
+        if not all(k in by_name and by_name[k].supports(fmt) and by_name[k].form.name in w.forms
+                   for k in w.choices.values()):
             return None
         if not all(phase in w.measurements and k in by_kernel(w.measurements[phase]) for phase, k in w.choices.items()):
             return None

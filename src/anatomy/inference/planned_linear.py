@@ -1,6 +1,6 @@
 """PlannedLinear: a linear layer that runs the kernel a KernelPlan chose for the number of rows.
 
-    layer = PlannedLinear.from_plan(plan, "blocks.0.attn.qkv", fmt)      # fmt: the layer's WeightFormat
+    layer = PlannedLinear.from_plan(plan, "blocks.0.attn.qkv.weight", fmt)   # fmt: the layer's WeightFormat
     y = layer(x)                                                          # x [..., K] -> y [..., N]
 
 Dtype contract: x may be any float dtype; it is cast to the chosen kernel's activation dtype
@@ -54,7 +54,8 @@ class PlannedLinear(nn.Module):
             raise InputError(f"layer {name!r}: the plan is for {w.signature}, the weight given is {fmt.signature}")
         by_name = {k.name: k for k in kernels}
         chosen = [(phase, by_name[w.choices[phase.name]]) for phase in plan.phases_of(w)]
-        layouts = {k.form.name: k.form.build(fmt) for _, k in chosen if k.form.name in w.forms}
+        forms = {k.form.name: k.form for _, k in chosen}  # the plan's w.forms
+        layouts = {name: form.build(fmt) for name, form in forms.items()}  # each built once
         routes = [(sys.maxsize if i == len(chosen) - 1 else phase.max_rows, k.act_dtype, k.bind(layouts[k.form.name]))
                   for i, (phase, k) in enumerate(chosen)]
         text = ", ".join(f"{phase.name} {k.name}" for phase, k in chosen)
