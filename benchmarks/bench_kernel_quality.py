@@ -23,14 +23,14 @@ import anatomy
 from anatomy.checkpoints.gguf_reader import read_gguf
 from anatomy.checkpoints.registry import resolve
 from anatomy.inference.formats import Int4Weight, Int8Weight, WeightFormat
-from anatomy.inference.gguf_formats import matrix_formats
+from anatomy.inference.gguf_formats import matrix_formats, named
 from anatomy.inference.kernels import KERNELS_BY_NAME
 from anatomy.inference.planned_linear import PlannedLinear
 
 MODEL = "smollm2-135m-instruct"
 TOKENS = int(os.environ.get("ANATOMY_BENCH_TOKENS", "2048"))
 ROOT = Path(__file__).resolve().parent.parent
-HEAD = "embed.tokens.weight"
+HEAD = "embed.tokens.weight"  # name suffix: the tied embedding is the LM head
 
 # (label, kernel for the blocks, kernel for the LM head, how the LM head is stored)
 CONFIGS = [
@@ -59,11 +59,12 @@ def mean_nll(model: nn.Module, ids: torch.Tensor) -> float:
 def swap(model: nn.Module, formats: dict[str, WeightFormat], block_kernel: str, head_kernel: str,
          head_storage: str) -> None:
     """Replace every linear module by a PlannedLinear fixed to one kernel."""
+    head_name = named(formats, HEAD)
     for name, fmt in formats.items():
-        if name == HEAD:
+        if name == head_name:
             continue
         _set(model, name.removesuffix(".weight"), PlannedLinear.with_kernel(KERNELS_BY_NAME[block_kernel], fmt))
-    head = formats[HEAD]
+    head = formats[head_name]
     if head_storage == "int8":
         head = Int8Weight.from_float(head.dequantize(), label="lm_head int8")
     elif head_storage == "int4":

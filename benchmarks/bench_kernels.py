@@ -30,7 +30,7 @@ import torch
 from anatomy.checkpoints.gguf_reader import read_gguf
 from anatomy.checkpoints.registry import resolve
 from anatomy.inference.formats import Int4Weight, Int8Weight, WeightFormat
-from anatomy.inference.gguf_formats import matrix_formats
+from anatomy.inference.gguf_formats import matrix_formats, named
 from anatomy.inference.kernels import KERNELS, KERNELS_BY_NAME
 from anatomy.inference.plan import make_plan
 from anatomy.inference.plan_timing import Measurement, Phase, measure_weight
@@ -42,7 +42,7 @@ REPEATS = int(os.environ.get("ANATOMY_BENCH_REPEATS", "5"))
 ROWS = (1, 8, 128, 512)
 LAYERS = 30
 BLOCK = {"qkv": "blocks.0.attn.qkv.weight", "o": "blocks.0.attn.out.weight",
-         "gate_up": "blocks.0.ffn.gate_up.weight", "down": "blocks.0.ffn.down.weight"}
+         "gate_up": "blocks.0.ffn.gate_up.weight", "down": "blocks.0.ffn.down.weight"}  # name suffixes
 HEAD = "embed.tokens.weight"
 
 
@@ -55,8 +55,8 @@ def weights() -> dict[str, list[WeightFormat]]:
     """{shape name: [the file's format, int8 per-channel, (LM head) int4 requantized]}."""
     formats = matrix_formats(read_gguf(resolve(MODEL)))
     out = {}
-    for short, name in [*BLOCK.items(), ("head", HEAD)]:
-        fmt = formats[name]
+    for short, suffix in [*BLOCK.items(), ("head", HEAD)]:
+        fmt = formats[named(formats, suffix)]
         w = fmt.dequantize()
         out[short] = [fmt, Int8Weight.from_float(w, label=f"{short} int8")]
         if short == "head":
@@ -171,7 +171,8 @@ def rows_scaling(fmt: WeightFormat) -> list[str]:
 def planned_step(bw: float) -> list[str]:
     """All linear layers as PlannedLinear from a fresh plan, called in model order: ms per step."""
     formats = matrix_formats(read_gguf(resolve(MODEL)))
-    plan = make_plan(formats, model_id=MODEL, weights="gguf", phases_of={HEAD: ["decode", "batch"]}, cache=False)
+    head = named(formats, HEAD)
+    plan = make_plan(formats, model_id=MODEL, weights="gguf", phases_of={head: ["decode", "batch"]}, cache=False)
     lines = ["\n### the plan made in this run\n", *plan.describe(),
              "\n### a decode step's linears measured: 121 PlannedLinear layers in model order, eager, ms\n",
              "| activations | batch 1 | batch 8 | batch 8 per token |", "|---|---|---|---|"]

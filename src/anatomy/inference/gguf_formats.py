@@ -1,8 +1,8 @@
 """A GGUF file's matrices as weight formats, under the model's own parameter names.
 
     formats = matrix_formats(read_gguf(path))
-    formats["blocks.0.attn.qkv.weight"]   -> Int4Weight int4[960,576]g32 (q, k, v fused, rotary rows in HF order)
-    formats["embed.tokens.weight"]        -> Int8GroupWeight int8g[49152,576]g32 (also the LM head when tied)
+    formats["...blocks.0.attn.qkv.weight"]  -> Int4Weight int4[960,576]g32 (q, k, v fused, rotary rows in HF order)
+    formats["...embed.tokens.weight"]       -> Int8GroupWeight int8g[49152,576]g32 (also the LM head when tied)
 
 The same mapping as checkpoints.gguf's loader (tensor_plan: which GGUF tensors fill which rows),
 except that the blocks are kept, not dequantized: rows are whole blocks, so fusing and the
@@ -32,11 +32,20 @@ def matrix_formats(f: GGUFFile) -> dict[str, WeightFormat]:
     plan = tensor_plan(shapes, config, gguf_architecture(f))
     out = {}
     for name, parts in plan.items():
-        if len(shapes[name]) != 2:
-            continue
+        if len(shapes[name]) != 2 or any(getattr(p, "experts", 0) or getattr(p, "offset", 0.0) for p in parts):
+            continue  # norms, biases, stacked experts, values stored with an offset: not a plain linear weight
         fmts = [_part_format(f, p, shapes[name][1]) for p in parts]
         out[name] = fmts[0] if len(fmts) == 1 else WeightFormat.cat_rows(fmts, label=name)
     return out
+
+
+def named(formats: dict[str, WeightFormat], suffix: str) -> str:
+    """The one name in `formats` ending with `suffix` (e.g. "blocks.0.attn.qkv.weight"), whatever prefix
+    the model puts before its parameter names."""
+    found = [n for n in formats if n == suffix or n.endswith("." + suffix)]
+    if len(found) != 1:
+        raise KeyError(f"{len(found)} weights end with {suffix!r}")
+    return found[0]
 
 
 def _part_format(f: GGUFFile, part: Part, K: int) -> WeightFormat:
