@@ -76,3 +76,12 @@ def float_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict
 def inside_compact(key: str, modules: dict[str, nn.Module]) -> bool:
     """Is state-dict entry `key` a stored part of one of the compact `modules` ({name: module})?"""
     return any(key.startswith(f"{name}.compact.") for name in modules)
+
+
+def stored_bytes(model: nn.Module) -> int:
+    """Bytes the model's tensors occupy, each storage counted once (a tied table and head, views)."""
+    storages = {}
+    for t in (*model.parameters(), *model.buffers()):
+        if not t.is_meta:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
