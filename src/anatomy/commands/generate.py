@@ -119,7 +119,7 @@ def print_stats(gen: Any, *, verbose: bool = False) -> None:
     rate = f" -> {read / r.tpot_s / 1e9:.1f} GB/s of weights" if r.tpot_s > 0 else ""
     print(f"[activations {dtypes.name_of(engine.dtype)}; {'; '.join(engine.kernel_summary())}; "
           f"a decode step reads {read / 1e6:.0f} MB of weights{rate}]", file=sys.stderr, flush=True)
-    if verbose:
+    if verbose and engine.plan is not None:
         print("\n".join(engine.plan.describe()), file=sys.stderr, flush=True)
 
 

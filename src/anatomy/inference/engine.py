@@ -55,7 +55,7 @@ class DecoderEngine:
     @property
     def decode_weight_bytes(self) -> int:
         """Bytes of weights a batch-1 decode step reads (each linear layer's decode layout)."""
-        return decode_weight_bytes(self.plan)
+        return decode_weight_bytes(self.plan, self.model)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -36,10 +36,14 @@ HEAD_PHASES = ("decode", "batch")  # the LM head computes the last position of e
 HEAD_THRESHOLD = 1e-3  # its products are the logits: near-ties between tokens are decided there
 
 
-def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True) -> KernelPlan:
+def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True) -> KernelPlan | None:
     """Measure (or load) the kernel plan of the view's linear layers and swap them for PlannedLinear
-    layers in the activations' dtype (the view's embedding dtype). Returns the plan."""
+    layers in the activations' dtype (the view's embedding dtype). Returns the plan; None on a GPU,
+    where every layer is a dense product (accelerator_view)."""
     layers = linear_layers(view)
+    if next(view.parameters()).device.type != "cpu":
+        accelerator_view(view, layers)
+        return None
     formats = {name: fmt for name, (fmt, _) in layers.items()}
     plan = make_plan(formats, model_id=model_id(view), weights=_weights_label(formats),
                      phases_of={name: HEAD_PHASES for name in layers if name == "lm_head.weight"},
@@ -49,6 +53,16 @@ def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True) -> 
     for name, (fmt, bias) in layers.items():
         view.set_submodule(name.removesuffix(".weight"), PlannedLinear.from_plan(plan, name, fmt, bias=bias, dtype=dtype))
     return plan
+
+
+def accelerator_view(view: nn.Module, layers: dict[str, tuple[WeightFormat, torch.Tensor | None]]) -> None:
+    """On a GPU the kernels are the vendor's dense GEMMs: every layer a dense product in the
+    activations' dtype (compact formats dequantized once), nothing measured. Untested here: no GPU
+    was at hand when this was written."""
+    dtype = view.stack.embed.dtype
+    kernel = KERNELS_BY_NAME[{torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]]
+    for name, (fmt, bias) in layers.items():
+        view.set_submodule(name.removesuffix(".weight"), PlannedLinear.with_kernel(kernel, fmt, bias=bias, dtype=dtype))
 
 
 def linear_layers(model: nn.Module) -> dict[str, tuple[WeightFormat, torch.Tensor | None]]:
@@ -62,8 +76,10 @@ def linear_layers(model: nn.Module) -> dict[str, tuple[WeightFormat, torch.Tenso
     return out
 
 
-def kernel_summary(plan: KernelPlan) -> list[str]:
+def kernel_summary(plan: KernelPlan | None) -> list[str]:
     """Per phase, the kernels chosen and for how many layers, e.g. 'decode: int4pack x120, int8g/int4x2 x1'."""
+    if plan is None:
+        return ["every phase: the accelerator's dense GEMM (not measured)"]
     lines = []
     for phase in plan.phases:
         counts: Counter[str] = Counter()
@@ -74,8 +90,11 @@ def kernel_summary(plan: KernelPlan) -> list[str]:
     return lines
 
 
-def decode_weight_bytes(plan: KernelPlan) -> int:
+def decode_weight_bytes(plan: KernelPlan | None, view: nn.Module) -> int:
     """Bytes of the layouts a batch-1 decode step reads: every linear layer's decode layout once."""
+    if plan is None:  # one dense layout per layer
+        return sum(t.nbytes for m in view.modules() if isinstance(m, PlannedLinear)
+                   for layout in m.layouts.values() for t in layout if isinstance(t, torch.Tensor))
     total = 0
     for w in plan.weights.values():
         form = KERNELS_BY_NAME[w.choices[w.phases[0]]].form.name
