@@ -3,7 +3,8 @@
 An eager decode step of a small model is bound by the host, not the kernels: SmolLM2-135M's 30
 blocks dispatch ~1,200 operators per token, and the Python around each one (module calls, the
 planned layer's routing, RoPE, the cache write) costs more than the matrix products it feeds.
-Recording the step once with `torch.jit.trace` turns it into a graph that TorchScript's C++
+Recording the step once with `torch.jit.trace` (then `torch.jit.freeze`, which inlines the
+weights as constants and drops the attribute lookups) turns it into a graph that TorchScript's C++
 interpreter replays: the same operators on the same tensors in the same order (the outputs are
 bit-identical to the eager step's, which the tests check), without the Python between them.
 
@@ -79,7 +80,7 @@ def capture(stack: Stack, cache: nn.Module, ids: Tensor, positions: Tensor, ctx:
     if not capturable(stack) or ctx.router_logits is not None:
         return None
     fields = tuple(f for f in FIELDS if getattr(ctx, f) is not None)
-    body = Body(stack, cache, fields, ctx.rope is not None)
+    body = Body(stack, cache, fields, ctx.rope is not None).eval()
     with warnings.catch_warnings():
         # deprecated for torch.compile; the route a planned layer picks by its row count is fixed by the shapes
         warnings.simplefilter("ignore")
@@ -87,4 +88,4 @@ def capture(stack: Stack, cache: nn.Module, ids: Tensor, positions: Tensor, ctx:
             traced = torch.jit.trace(body, (ids, positions, *arguments(ctx)), check_trace=False)
         except RuntimeError:  # a layer holds an object a trace cannot (e.g. a packed-weight handle)
             return None
-    return Captured(traced)
+    return Captured(torch.jit.freeze(traced))
