@@ -11,7 +11,7 @@ import torch
 
 from anatomy import build_model, get_preset
 from anatomy.inference import engine as engine_module
-from anatomy.inference.engine import DecoderEngine
+from anatomy.inference.engine import CAPTURE_AFTER, DecoderEngine
 from anatomy.inference.sampling import SamplingParams
 from anatomy.weights.choice import compact_formats, install
 
@@ -65,7 +65,6 @@ def eager_twin(engine: DecoderEngine) -> DecoderEngine:
     """The same engine (same view, same measured kernel plan) with capture switched off."""
     twin = copy.copy(engine)
     twin.captured, twin._caches, twin._bodies = False, {}, {}
-    twin._step = twin._forward_step  # bound to the twin, not the original
     return twin
 
 
@@ -105,3 +104,11 @@ def test_captured_engine_keeps_a_cache_per_bucket_and_eager_one_of_the_exact_len
         list(engine.tokens(PROMPTS, SamplingParams(max_new_tokens=5)))
     assert eager.last_cache.max_len == 7 + 5 and eager.last_cache[0].k.shape[0] == 3
     assert captured.last_cache.max_len == model.config.max_seq_len  # 12 rounded up to the bucket, capped at 64
+
+
+def test_a_short_generation_is_not_captured_and_a_longer_one_is_from_its_33rd_step():
+    engine = DecoderEngine(llama_tiny())
+    list(engine.tokens(PROMPTS, SamplingParams(max_new_tokens=CAPTURE_AFTER)))
+    assert engine._bodies == {}  # a short answer does not pay for the recording
+    list(engine.tokens(PROMPTS, SamplingParams(max_new_tokens=CAPTURE_AFTER + 2)))
+    assert len(engine._bodies) == 1 and None not in engine._bodies.values()

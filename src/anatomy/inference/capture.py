@@ -70,7 +70,10 @@ class Captured:
         self.traced = traced
 
     def __call__(self, ids: Tensor, positions: Tensor, ctx: Context) -> Tensor:
-        return self.traced(ids, positions, *arguments(ctx))
+        # replayed as recorded: the graph executor's profiling and optimising passes cost ~0.4 s on
+        # the first two calls and gain nothing here (no fuser runs on a CPU by default)
+        with torch.jit.optimized_execution(False):
+            return self.traced(ids, positions, *arguments(ctx))
 
 
 def capture(stack: Stack, cache: nn.Module, ids: Tensor, positions: Tensor, ctx: Context) -> Captured | None:

@@ -28,6 +28,8 @@ from anatomy.inference.steps import DecodeSteps, PaddedBatch
 from anatomy.inference.view import engine_view
 
 BUCKET = 256  # a compiled or captured step is specialised to T: round T up so few sizes occur
+CAPTURE_AFTER = 32  # eager decode steps of a generation before its shape is captured: a short answer
+                    # does not pay for the recording (~0.7 s for SmolLM2, ~140 steps' worth of the gain)
 
 
 class DecoderEngine:
@@ -50,7 +52,7 @@ class DecoderEngine:
         self.branch_dtype = branch_dtype(self.plan, self.dtype)  # RoPE, the KV cache and attention compute in it
         self.compiled = compile
         self.captured = capture and not compile and self.device.type == "cpu"
-        self._step = _compiled(self._forward_step) if compile else self._forward_step
+        self._compiled_step = _compiled(self._forward_step) if compile else None
         self._caches: dict[tuple[int, int], KVCache] = {}
         self._bodies: dict[tuple, Captured | None] = {}  # (B, T, Context fields) -> the captured blocks
         self.last_cache: KVCache | None = None  # the latest call's cache, for inspection
@@ -88,8 +90,8 @@ class DecoderEngine:
         token = self._choose(logits, params, seen, generator)
         yield token
         slot = torch.tensor([P], device=self.device)
-        for _ in range(params.max_new_tokens - 1):
-            logits = self._decode(token, slot, steps, cache)
+        for step in range(params.max_new_tokens - 1):
+            logits = self._decode(token, slot, steps, cache, record=step >= CAPTURE_AFTER)
             token = self._choose(logits, params, seen, generator)
             yield token
             slot = slot + 1
@@ -103,27 +105,32 @@ class DecoderEngine:
         return logits[:, -1]  # [B, 1, V] -> [B, V]
 
     @torch.inference_mode()
-    def _decode(self, token: Tensor, slot: Tensor, steps: DecodeSteps, cache: KVCache) -> Tensor:
-        return self._step(token, slot, steps, cache)
+    def _decode(self, token: Tensor, slot: Tensor, steps: DecodeSteps, cache: KVCache, record: bool = True) -> Tensor:
+        """One decode step: compiled, captured (recording this shape first when `record`), or eager."""
+        if self._compiled_step is not None:
+            return self._compiled_step(token, slot, steps, cache)
+        return self._forward_step(token, slot, steps, cache, record)
 
-    def _forward_step(self, token: Tensor, slot: Tensor, steps: DecodeSteps, cache: KVCache) -> Tensor:
+    def _forward_step(self, token: Tensor, slot: Tensor, steps: DecodeSteps, cache: KVCache,
+                      record: bool = False) -> Tensor:
         """One decode step, nothing checked (the tokens are the engine's own): token [B] written at
         cache slot `slot` [1] -> logits [B, V]."""
         ctx, positions = steps.context(slot)
         ids = token[:, None]  # [B, 1]
-        body = self._body(cache, ids, positions, ctx) if self.captured else None
+        body = self._body(cache, ids, positions, ctx, record) if self.captured else None
         if body is not None:
             hidden = body(ids, positions, ctx)  # [B, D]
         else:
             hidden = self.model.stack.run(ids, ctx, position_ids=positions, cache=cache)[:, -1]  # [B, D]
         return self.model.lm_head(hidden)  # [B, V]
 
-    def _body(self, cache: KVCache, ids: Tensor, positions: Tensor, ctx) -> Captured | None:
-        """The captured blocks for this cache and Context fields (traced on first use; None: not capturable)."""
+    def _body(self, cache: KVCache, ids: Tensor, positions: Tensor, ctx, record: bool) -> Captured | None:
+        """The captured blocks for this cache and Context fields, recorded now if `record` and not yet
+        (None: not recorded yet, or not capturable)."""
         key = (ids.shape[0], cache.max_len, id(cache), signature(ctx))
-        if key not in self._bodies:
+        if key not in self._bodies and record:
             self._bodies[key] = capture(self.model.stack, cache, ids, positions, ctx)
-        return self._bodies[key]
+        return self._bodies.get(key)
 
     @torch.inference_mode()
     def _choose(self, logits: Tensor, params: SamplingParams, seen: Tensor | None,
