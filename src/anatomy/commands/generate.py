@@ -14,6 +14,8 @@ from typing import Any, Iterator
 
 from anatomy import dtypes
 from anatomy.commands.common import read_stdin
+from anatomy.commands.speculative_options import (
+    add_speculative_options, check_speculative_options, speculative_options)
 from anatomy.errors import InputError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -30,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--system", default=None, help="a system message before the prompt (chat template only)")
     add_model_options(p)
     add_sampling_options(p, max_new_tokens=256)
+    add_speculative_options(p)
     p.set_defaults(run=run)
 
 
@@ -78,6 +81,7 @@ def check_options(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_options(args)
+    check_speculative_options(args)
     prompt = read_prompt(args.prompt)
     model, tokenizer = load(args)
     messages = prompt if args.raw or tokenizer.chat_template is None else as_chat(prompt, args.system)
@@ -97,7 +101,7 @@ def start(model: Any, tokenizer: Any, prompt: Any, args: argparse.Namespace) -> 
     from anatomy.inference.generate import Generation
 
     return Generation.start(model, prompt, tokenizer=tokenizer, compile=args.compile, truncate=args.truncate,
-                            sampling=sampling_options(args))
+                            sampling=sampling_options(args), speculative=speculative_options(args, tokenizer))
 
 
 def print_stats(gen: Any) -> None:
@@ -105,6 +109,8 @@ def print_stats(gen: Any) -> None:
     print(f"[{r.prompt_tokens} prompt tokens, {len(r.token_ids)} new ({r.finish_reason}); "
           f"TTFT {r.ttft_s * 1e3:.0f} ms, TPOT {r.tpot_s * 1e3:.1f} ms, {r.tokens_per_s:.1f} tok/s]",
           file=sys.stderr, flush=True)
+    if r.speculative is not None:
+        print(f"[{r.speculative.summary()}]", file=sys.stderr, flush=True)
 
 
 def as_chat(prompt: str, system: str | None) -> list[dict[str, str]]:

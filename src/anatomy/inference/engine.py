@@ -91,7 +91,14 @@ class DecoderEngine:
         cache slot `slot` [1] -> logits [B, V]."""
         ctx, positions = steps.context(slot)
         hidden = self.model.stack.run(token[:, None], ctx, position_ids=positions, cache=cache)  # [B, 1, D]
-        return self.model.lm_head(hidden[:, -1])  # [B, V]
+        return self.head(hidden[:, -1])  # [B, V]
+
+    def head(self, hidden: Tensor) -> Tensor:
+        """Final hidden states [..., D] -> logits [..., V]: the LM head and the model's soft cap, if any
+        (as the model's own forward, which the prefill runs)."""
+        logits = self.model.lm_head(hidden)
+        cap = self.model.config.logit_softcap
+        return torch.tanh(logits / cap) * cap if cap is not None else logits
 
     @torch.inference_mode()
     def _choose(self, logits: Tensor, params: SamplingParams, seen: Tensor | None,

@@ -1,0 +1,116 @@
+"""How many tokens to propose next: adaptive k, and plain decoding when speculation does not pay.
+
+If each proposed token is kept with probability a (independently), a round proposing k tokens
+emits E(a, k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a) tokens for one target forward over
+k + 1 rows and k proposer steps. The policy picks the k in 0..k_max with the most tokens per second,
+
+    k* = argmax_k  E(a, k) / (t_target(k + 1) + k * t_draft)        (k = 0: a plain decode step)
+
+from two running estimates: a, the acceptance rate (kept / tried over recent rounds, older rounds
+weighing less), and the measured seconds of a target forward by number of rows and of a draft
+step. When acceptance falls, k shrinks; once no k beats a plain step, decoding falls back to
+plain steps. An n-gram proposal costs nothing to make, so during the fallback its proposals are
+still scored against the tokens the target then emits (never verified), and speculation resumes
+when they would pay; a draft model's proposals cost forwards, so the fallback probes one round
+after 8 plain steps, then 16, 32, ... while probes keep failing.
+
+`FixedK` always proposes k (benchmarks, and tests that need the same rounds every run).
+"""
+
+from __future__ import annotations
+
+PROBE_FIRST, PROBE_MAX = 8, 256
+
+
+class FixedK:
+    """Propose k tokens every round (fewer near the end of the generation)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def next_k(self) -> int:
+        return self.k
+
+    def kept(self, tried: int, accepted: int) -> None:
+        pass
+
+    def target_time(self, rows: int, seconds: float) -> None:
+        pass
+
+    def draft_time(self, seconds: float) -> None:
+        pass
+
+
+class AdaptiveK:
+    """The k with the most expected tokens per second, from measured acceptance and step times."""
+
+    def __init__(self, k_max: int, *, free: bool, forget: float = 0.8, time_forget: float = 0.7) -> None:
+        self.k_max, self.free = k_max, free
+        self.forget, self.time_forget = forget, time_forget
+        self.kept_sum, self.tried_sum = 1.0, 2.0  # prior: a = 0.5, worth two tries
+        self.times: dict[int, float] = {}  # rows -> seconds of a target forward (running average)
+        self.draft_s = 0.0
+        self.plain_rounds, self.probe_after = 0, PROBE_FIRST
+
+    @property
+    def acceptance(self) -> float:
+        return self.kept_sum / self.tried_sum
+
+    def kept(self, tried: int, accepted: int) -> None:
+        """A round proposed `tried` tokens and the target kept the first `accepted` of them: that
+        is accepted successes and (if one was rejected) one failure of the acceptance coin."""
+        failures = 1 if accepted < tried else 0
+        self.kept_sum = self.forget * self.kept_sum + accepted
+        self.tried_sum = self.forget * self.tried_sum + accepted + failures
+
+    def target_time(self, rows: int, seconds: float) -> None:
+        old = self.times.get(rows)
+        self.times[rows] = seconds if old is None else self.time_forget * old + (1 - self.time_forget) * seconds
+
+    def draft_time(self, seconds: float) -> None:
+        self.draft_s = seconds if self.draft_s == 0 else self.time_forget * self.draft_s + (1 - self.time_forget) * seconds
+
+    def next_k(self) -> int:
+        k = self.best_k()
+        if k > 0:
+            self.plain_rounds, self.probe_after = 0, PROBE_FIRST
+            return k
+        self.plain_rounds += 1
+        if self.free or self.plain_rounds < self.probe_after:
+            return 0  # (the decoder still scores a free proposer's guesses)
+        self.plain_rounds, self.probe_after = 0, min(2 * self.probe_after, PROBE_MAX)
+        return max(range(1, self.k_max + 1), key=self.rate)  # a probe: the best speculative round
+
+    def best_k(self) -> int:
+        return max(range(self.k_max + 1), key=self.rate)
+
+    def rate(self, k: int) -> float:
+        """Expected tokens per second of a round proposing k tokens."""
+        return expected_tokens(self.acceptance, k) / (self.forward_s(k + 1) + k * self.draft_s)
+
+    def forward_s(self, rows: int) -> float:
+        """Measured seconds of a target forward over `rows` rows; unmeasured row counts are read off
+        the straight line through the measured ones (flat when fewer than two are measured: decode
+        is bound by the weight reads, which do not grow with the rows)."""
+        if rows in self.times:
+            return self.times[rows]
+        if not self.times:
+            return 1.0
+        if len(self.times) == 1:
+            return next(iter(self.times.values()))
+        slope, intercept = _line(self.times)
+        return max(intercept + slope * rows, min(self.times.values()))
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Tokens a round of k proposals emits when each is kept with probability a: 1 + a + ... + a^k."""
+    return float(k + 1) if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def _line(points: dict[int, float]) -> tuple[float, float]:
+    """Least-squares (slope >= 0, intercept) through (x, y) points."""
+    n = len(points)
+    mx, my = sum(points) / n, sum(points.values()) / n
+    sxx = sum((x - mx) ** 2 for x in points)
+    slope = max(0.0, sum((x - mx) * (y - my) for x, y in points.items()) / sxx) if sxx else 0.0
+    return slope, my - slope * mx
