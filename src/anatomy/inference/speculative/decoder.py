@@ -43,7 +43,7 @@ class SpeculativeDecoder:
 
     def __init__(self, engine: DecoderEngine, proposer: Proposer, *, k: int, adaptive: bool = True) -> None:
         self.engine, self.proposer, self.k = engine, proposer, k
-        self.policy = AdaptiveK(k, free=proposer.free) if adaptive else FixedK(k)
+        self.adaptive = adaptive
         self.stats = SpeculativeStats(proposer.name, k)
 
     def tokens(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[Tensor]:
@@ -58,6 +58,8 @@ class SpeculativeDecoder:
         self.seen = e._seen(batch) if params.repetition_penalty != 1.0 else None
         self.proposer.start(batch, params, self.generator)
         self.shadow: _Shadow | None = None
+        self.stats = SpeculativeStats(self.proposer.name, self.k)
+        self.policy = AdaptiveK(self.k, free=self.proposer.free) if self.adaptive else FixedK(self.k)
 
         token = e._choose(e._prefill(batch, self.cache), params, self.seen, self.generator)
         self.proposer.advance(token[:, None], 0)

@@ -6,8 +6,8 @@ k + 1 rows and k proposer steps. The policy picks the k in 0..k_max with the mos
 
     k* = argmax_k  E(a, k) / (t_target(k + 1) + k * t_draft)        (k = 0: a plain decode step)
 
-from two running estimates: a, the acceptance rate (kept / tried over recent rounds, older rounds
-weighing less), and the measured seconds of a target forward by number of rows and of a draft
+from two running estimates: a, the acceptance rate (kept / tried over the last few proposed tokens,
+older ones weighing less), and the measured seconds of a target forward by number of rows and of a draft
 step. When acceptance falls, k shrinks; once no k beats a plain step, decoding falls back to
 plain steps. An n-gram proposal costs nothing to make, so during the fallback its proposals are
 still scored against the tokens the target then emits (never verified), and speculation resumes
@@ -32,7 +32,12 @@ class FixedK:
         return self.k
 
     def kept(self, tried: int, accepted: int) -> None:
-        pass
+        """A round proposed `tried` tokens and the target kept the first `accepted` of them: that is
+        `accepted` successes of the acceptance coin and, if one was rejected, a failure. Each toss
+        weighs `forget` times the one after it, so a (about 1 / (1 - forget) tosses long) memory."""
+        for success in [1] * accepted + ([0] if accepted < tried else []):
+            self.kept_sum = self.forget * self.kept_sum + success
+            self.tried_sum = self.forget * self.tried_sum + 1
 
     def target_time(self, rows: int, seconds: float) -> None:
         pass
