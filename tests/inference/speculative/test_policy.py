@@ -17,7 +17,8 @@ def test_expected_tokens_per_round():
 def timed(policy: AdaptiveK, per_row: float, base: float = 1.0) -> AdaptiveK:
     """Target forwards measured at 1..k_max+1 rows: base + per_row * (rows - 1) seconds."""
     for rows in range(1, policy.k_max + 2):
-        policy.target_time(rows, base + per_row * (rows - 1))
+        for _ in range(2):
+            policy.target_time(rows, base + per_row * (rows - 1))
     return policy
 
 
@@ -31,7 +32,7 @@ def test_high_acceptance_and_flat_cost_propose_the_most():
 def test_k_shrinks_as_acceptance_falls_and_plain_steps_take_over():
     policy = timed(AdaptiveK(8, free=True), per_row=0.1)
     ks = []
-    for accepted in (8, 8, 4, 2, 1) + (0,) * 20:
+    for accepted in (8, 8, 4, 2, 1) + (0,) * 10:
         policy.kept(8, accepted)
         ks.append(policy.next_k())
     assert ks[0] >= 6 and ks == sorted(ks, reverse=True) and ks[-1] == 0
@@ -66,10 +67,16 @@ def test_a_free_proposer_is_never_probed():
     assert policy.next_k() > 0
 
 
-def test_unmeasured_row_counts_are_read_off_a_line():
+def test_times_are_medians_and_unmeasured_row_counts_are_read_off_a_line():
     policy = AdaptiveK(8, free=True)
     assert policy.forward_s(3) == 1.0  # nothing measured: flat
-    policy.target_time(1, 2.0)
-    assert policy.forward_s(5) == 2.0  # one point: flat
     policy.target_time(3, 3.0)
-    assert policy.forward_s(5) == pytest.approx(4.0)  # 2 + 0.5 per row
+    assert policy.forward_s(3) == 1.0  # one measurement is not enough
+    for seconds in (3.0, 50.0, 3.2):  # an outlier
+        policy.target_time(3, seconds)
+    assert policy.forward_s(3) == pytest.approx(3.1)
+    assert policy.forward_s(1) == pytest.approx(3.1)  # a plain step: no dearer than the cheapest known
+    policy.target_time(5, 4.1)
+    policy.target_time(5, 4.1)
+    assert policy.forward_s(7) == pytest.approx(5.1)  # 3.1 + 0.5 per row
+    assert policy.forward_s(1) == pytest.approx(3.1)  # never below the cheapest measured

@@ -22,7 +22,7 @@ a batch gains only as much as its least predictable row.
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -41,9 +41,11 @@ class SpeculativeDecoder:
     """`for tokens in SpeculativeDecoder(engine, proposer, k=5).tokens(prompts, params)` yields [B]
     token tensors, as DecoderEngine.tokens does; `stats` counts what speculation did."""
 
-    def __init__(self, engine: DecoderEngine, proposer: Proposer, *, k: int, adaptive: bool = True) -> None:
+    def __init__(self, engine: DecoderEngine, proposer: Proposer, *, k: int, adaptive: bool = True,
+                 policy: Callable[[], AdaptiveK | FixedK] | None = None) -> None:
+        """`policy` makes each generation's policy (default: AdaptiveK, or FixedK(k) if not adaptive)."""
         self.engine, self.proposer, self.k = engine, proposer, k
-        self.adaptive = adaptive
+        self.make_policy = policy or ((lambda: AdaptiveK(k, free=proposer.free)) if adaptive else (lambda: FixedK(k)))
         self.stats = SpeculativeStats(proposer.name, k)
 
     def tokens(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[Tensor]:
@@ -59,7 +61,7 @@ class SpeculativeDecoder:
         self.proposer.start(batch, params, self.generator)
         self.shadow: _Shadow | None = None
         self.stats = SpeculativeStats(self.proposer.name, self.k)
-        self.policy = AdaptiveK(self.k, free=self.proposer.free) if self.adaptive else FixedK(self.k)
+        self.policy = self.make_policy()
 
         token = e._choose(e._prefill(batch, self.cache), params, self.seen, self.generator)
         self.proposer.advance(token[:, None], 0)

@@ -6,20 +6,26 @@ k + 1 rows and k proposer steps. The policy picks the k in 0..k_max with the mos
 
     k* = argmax_k  E(a, k) / (t_target(k + 1) + k * t_draft)        (k = 0: a plain decode step)
 
-from two running estimates: a, the acceptance rate (kept / tried over the last few proposed tokens,
-older ones weighing less), and the measured seconds of a target forward by number of rows and of a draft
-step. When acceptance falls, k shrinks; once no k beats a plain step, decoding falls back to
-plain steps. An n-gram proposal costs nothing to make, so during the fallback its proposals are
-still scored against the tokens the target then emits (never verified), and speculation resumes
-when they would pay; a draft model's proposals cost forwards, so the fallback probes one round
-after 8 plain steps, then 16, 32, ... while probes keep failing.
+where a k > 0 must beat the plain step by MARGIN (5%: equal costs measured with noise must not
+look like a gain). Both terms are running estimates: a, kept / tried over the last few proposed
+tokens (older ones weighing less), and the measured seconds of a target forward by number of rows
+and of a draft step. When acceptance falls, k shrinks; once no k beats a plain step, decoding
+falls back to plain steps. An n-gram proposal costs nothing to make, so during the fallback its
+proposals are still scored against the tokens the target then emits (never verified), and
+speculation resumes when they would pay; a draft model's proposals cost forwards, so the fallback
+probes one round after 8 plain steps, then 16, 32, ... while probes keep failing.
 
 `FixedK` always proposes k (benchmarks, and tests that need the same rounds every run).
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
+
 PROBE_FIRST, PROBE_MAX = 8, 256
+MARGIN = 0.05  # speculation must promise this much more than a plain step
+WINDOW = 5  # a time is the median of its last WINDOW measurements (a loaded machine has wild outliers)
 
 
 class FixedK:
@@ -32,12 +38,7 @@ class FixedK:
         return self.k
 
     def kept(self, tried: int, accepted: int) -> None:
-        """A round proposed `tried` tokens and the target kept the first `accepted` of them: that is
-        `accepted` successes of the acceptance coin and, if one was rejected, a failure. Each toss
-        weighs `forget` times the one after it, so a (about 1 / (1 - forget) tosses long) memory."""
-        for success in [1] * accepted + ([0] if accepted < tried else []):
-            self.kept_sum = self.forget * self.kept_sum + success
-            self.tried_sum = self.forget * self.tried_sum + 1
+        pass
 
     def target_time(self, rows: int, seconds: float) -> None:
         pass
@@ -49,12 +50,11 @@ class FixedK:
 class AdaptiveK:
     """The k with the most expected tokens per second, from measured acceptance and step times."""
 
-    def __init__(self, k_max: int, *, free: bool, forget: float = 0.8, time_forget: float = 0.7) -> None:
-        self.k_max, self.free = k_max, free
-        self.forget, self.time_forget = forget, time_forget
+    def __init__(self, k_max: int, *, free: bool, forget: float = 0.8) -> None:
+        self.k_max, self.free, self.forget = k_max, free, forget
         self.kept_sum, self.tried_sum = 1.0, 2.0  # prior: a = 0.5, worth two tries
-        self.times: dict[int, float] = {}  # rows -> seconds of a target forward (running average)
-        self.draft_s = 0.0
+        self.times: dict[int, deque[float]] = {}  # rows -> the latest seconds of a target forward
+        self.draft_times: deque[float] = deque(maxlen=WINDOW)
         self.plain_rounds, self.probe_after = 0, PROBE_FIRST
 
     @property
@@ -62,18 +62,22 @@ class AdaptiveK:
         return self.kept_sum / self.tried_sum
 
     def kept(self, tried: int, accepted: int) -> None:
-        """A round proposed `tried` tokens and the target kept the first `accepted` of them: that
-        is accepted successes and (if one was rejected) one failure of the acceptance coin."""
-        failures = 1 if accepted < tried else 0
-        self.kept_sum = self.forget * self.kept_sum + accepted
-        self.tried_sum = self.forget * self.tried_sum + accepted + failures
+        """A round proposed `tried` tokens and the target kept the first `accepted` of them: that is
+        `accepted` successes of the acceptance coin and, if one was rejected, a failure. Each toss
+        weighs `forget` times the one after it, so a (about 1 / (1 - forget) tosses long) memory."""
+        for success in [1] * accepted + ([0] if accepted < tried else []):
+            self.kept_sum = self.forget * self.kept_sum + success
+            self.tried_sum = self.forget * self.tried_sum + 1
 
     def target_time(self, rows: int, seconds: float) -> None:
-        old = self.times.get(rows)
-        self.times[rows] = seconds if old is None else self.time_forget * old + (1 - self.time_forget) * seconds
+        self.times.setdefault(rows, deque(maxlen=WINDOW)).append(seconds)
 
     def draft_time(self, seconds: float) -> None:
-        self.draft_s = seconds if self.draft_s == 0 else self.time_forget * self.draft_s + (1 - self.time_forget) * seconds
+        self.draft_times.append(seconds)
+
+    @property
+    def draft_s(self) -> float:
+        return statistics.median(self.draft_times) if self.draft_times else 0.0
 
     def next_k(self) -> int:
         k = self.best_k()
@@ -87,24 +91,28 @@ class AdaptiveK:
         return max(range(1, self.k_max + 1), key=self.rate)  # a probe: the best speculative round
 
     def best_k(self) -> int:
-        return max(range(self.k_max + 1), key=self.rate)
+        """The fastest k, or 0 when no k beats a plain step by MARGIN (within the timing noise)."""
+        k = max(range(1, self.k_max + 1), key=self.rate)
+        return k if self.rate(k) > (1 + MARGIN) * self.rate(0) else 0
 
     def rate(self, k: int) -> float:
         """Expected tokens per second of a round proposing k tokens."""
         return expected_tokens(self.acceptance, k) / (self.forward_s(k + 1) + k * self.draft_s)
 
     def forward_s(self, rows: int) -> float:
-        """Measured seconds of a target forward over `rows` rows; unmeasured row counts are read off
-        the straight line through the measured ones (flat when fewer than two are measured: decode
-        is bound by the weight reads, which do not grow with the rows)."""
-        if rows in self.times:
-            return self.times[rows]
-        if not self.times:
+        """Seconds of a target forward over `rows` rows: the median of its latest measurements once
+        there are two; otherwise read off the straight line through the row counts that have them,
+        a plain step (1 row) taken as no dearer than the cheapest of them, and all flat when fewer
+        than two are known (decode is bound by the weight reads, which do not grow with the rows)."""
+        known = {r: statistics.median(t) for r, t in self.times.items() if len(t) >= 2}
+        if rows in known:
+            return known[rows]
+        if not known:
             return 1.0
-        if len(self.times) == 1:
-            return next(iter(self.times.values()))
-        slope, intercept = _line(self.times)
-        return max(intercept + slope * rows, min(self.times.values()))
+        if rows == 1 or len(known) == 1:
+            return min(known.values())
+        slope, intercept = _line(known)
+        return max(intercept + slope * rows, min(known.values()))
 
 
 def expected_tokens(a: float, k: int) -> float:
