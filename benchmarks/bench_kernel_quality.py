@@ -22,8 +22,8 @@ from torch import nn
 import anatomy
 from anatomy.checkpoints.gguf_reader import read_gguf
 from anatomy.checkpoints.registry import resolve
-from anatomy.inference.formats import Int4Weight, Int8Weight, WeightFormat
-from anatomy.inference.gguf_formats import matrix_formats, named
+from anatomy.weights.formats import Int4Weight, Int8Weight, WeightFormat
+from anatomy.weights.gguf import matrix_formats, named
 from anatomy.inference.kernels import KERNELS_BY_NAME
 from anatomy.inference.planned_linear import PlannedLinear
 

@@ -29,8 +29,8 @@ import torch
 
 from anatomy.checkpoints.gguf_reader import read_gguf
 from anatomy.checkpoints.registry import resolve
-from anatomy.inference.formats import Int4Weight, Int8Weight, WeightFormat
-from anatomy.inference.gguf_formats import matrix_formats, named
+from anatomy.weights.formats import Int4Weight, Int8Weight, WeightFormat
+from anatomy.weights.gguf import matrix_formats, named
 from anatomy.inference.kernels import KERNELS, KERNELS_BY_NAME
 from anatomy.inference.plan import make_plan
 from anatomy.inference.plan_timing import Measurement, Phase, measure_weight

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from anatomy.inference.formats import FloatWeight, Int4Weight, Int8GroupWeight, Int8Weight
+from anatomy.weights.formats import FloatWeight, Int4Weight, Int8GroupWeight, Int8Weight
 from anatomy.inference.kernels import KERNELS_BY_NAME, candidates, reference_product, relative_error
 
 # relative (Frobenius) error allowed per activation dtype: bf16 keeps 8 mantissa bits, f16 11
@@ -77,7 +77,7 @@ def test_int8_codes_split_into_two_int4_halves_exactly():
 
 def test_int4pack_on_real_q4_1_weights(smollm2_gguf_path):
     from anatomy.checkpoints.gguf_reader import read_gguf
-    from anatomy.inference.formats import format_from_gguf
+    from anatomy.weights.formats import format_from_gguf
 
     f = read_gguf(smollm2_gguf_path)
     t = f.tensors["blk.3.ffn_gate.weight"]

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from anatomy.errors import InputError
 from anatomy.inference import plan as plan_module
 from anatomy.inference import plan_record, plan_timing
-from anatomy.inference.formats import FloatWeight, Int4Weight
+from anatomy.weights.formats import FloatWeight, Int4Weight
 from anatomy.inference.kernels import KERNELS, Form, Kernel, relative_error
 from anatomy.inference.plan import DEFAULT_PHASES, KernelPlan, make_plan
 from anatomy.inference.plan_timing import Phase

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from anatomy.inference.formats import FloatWeight, Int4Weight, Int8GroupWeight, Int8Weight, WeightFormat
+from anatomy.weights.formats import FloatWeight, Int4Weight, Int8GroupWeight, Int8Weight, WeightFormat
 
 Prepared = tuple[Any, ...]  # what a form builds: tensors (and FBGEMM's packed-parameter object)
 CHUNKED_MAX_ROWS = 16  # the chunk-parallel bmm is for decode products; above this a GEMM is threaded anyway
@@ -47,6 +47,7 @@ class Form:
     build: Callable[[WeightFormat], Prepared]
     accepts: Callable[[WeightFormat], bool]
     nbytes: Callable[[WeightFormat], int]  # bytes the built form holds
+    keeps: Callable[[WeightFormat], bool] = lambda fmt: True  # holds a float weight without rounding it
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,14 @@ def _dense_form(dtype: torch.dtype) -> Form:
         return (fmt.dequantize(dtype).contiguous(),)  # [N, K]
 
     name = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
-    return Form(name, build, lambda fmt: True, lambda fmt: fmt.shape[0] * fmt.shape[1] * dtype.itemsize)
+    return Form(name, build, lambda fmt: True, lambda fmt: fmt.shape[0] * fmt.shape[1] * dtype.itemsize,
+                keeps=lambda fmt: _holds(dtype, fmt))
+
+
+def _holds(dtype: torch.dtype, fmt: WeightFormat) -> bool:
+    """Does a `dtype` layout hold every value of `fmt` exactly? (float32 holds every float format;
+    a narrower one only its own; quantized formats are rounded already.)"""
+    return not isinstance(fmt, FloatWeight) or dtype in (torch.float32, fmt.weight.dtype)
 
 
 def _int4pack_ok(fmt: WeightFormat) -> bool:
@@ -148,8 +156,10 @@ INT4X2 = Form("int4x2", _build_int4x2, lambda f: isinstance(f, Int8GroupWeight) 
               lambda f: _numel(f) + _numel(f) // f.group * 8)
 INT8PACK = Form("int8pack", _build_int8pack, lambda f: isinstance(f, Int8Weight) and _has_op("_weight_int8pack_mm"),
                 lambda f: _numel(f) + f.shape[0] * 2)
-FBGEMM_F16 = Form("fbgemm-f16", _build_fbgemm, _fbgemm_ok, lambda f: _numel(f) * 2)
-ONEDNN_BF16 = Form("onednn-bf16", _build_onednn, _onednn_ok, lambda f: _numel(f) * 2)
+FBGEMM_F16 = Form("fbgemm-f16", _build_fbgemm, _fbgemm_ok, lambda f: _numel(f) * 2,
+                  keeps=lambda f: _holds(torch.float16, f))
+ONEDNN_BF16 = Form("onednn-bf16", _build_onednn, _onednn_ok, lambda f: _numel(f) * 2,
+                   keeps=lambda f: _holds(torch.bfloat16, f))
 
 
 # -- kernels -------------------------------------------------------------------------------------
@@ -231,8 +241,11 @@ COMPILABLE_KERNELS = tuple(k for k in KERNELS if k.compiles)  # for a plan whose
 
 
 def candidates(fmt: WeightFormat, kernels: tuple[Kernel, ...] = KERNELS) -> list[Kernel]:
-    """The kernels that can compute with `fmt` on this machine (CPU)."""
-    return [k for k in kernels if k.supports(fmt)]
+    """The kernels that can compute with `fmt` on this machine (CPU). A dense float weight runs only
+    on layouts that hold it exactly (Form.keeps): the precision a user chose (weights="f32", an f32
+    checkpoint) is the precision that runs; a quantized format may run on any layout whose products
+    pass the plan's accuracy check (its own rounding dominates)."""
+    return [k for k in kernels if k.supports(fmt) and k.form.keeps(fmt)]
 
 
 def reference_product(fmt: WeightFormat, x: Tensor) -> Tensor:

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from anatomy.errors import InputError
 from anatomy.inference import plan_cache
-from anatomy.inference.formats import WeightFormat
+from anatomy.weights.formats import WeightFormat
 from anatomy.inference.kernels import KERNELS, Kernel
 from anatomy.inference.plan_record import KernelPlan, WeightPlan, by_kernel
 from anatomy.inference.plan_timing import Measurement, Phase, measure_weight

@@ -4,7 +4,8 @@ For each phase (a number of rows), every candidate first computes the product on
 activations and is compared with the float64 product on the dequantized weight: one whose relative
 error exceeds the threshold, or that raises, is recorded with the reason and never timed. The
 others are timed in interleaved rounds (the machine's noise falls on all of them alike) and the
-median per call is kept.
+fastest round's time per call is kept: other work on the machine can only slow a round down, so
+the fastest is the closest to what the kernel costs.
 
 A decode step reads each weight once, after ~200 other weights have gone through the cache, so
 at few rows (at most POOL_ROWS) a candidate is timed cycling through a pool of copies of its
@@ -17,7 +18,6 @@ pass is not timed further (its first-pass time is kept, marked "pruned").
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from anatomy.inference.formats import FloatWeight, WeightFormat
+from anatomy.weights.formats import FloatWeight, WeightFormat
 from anatomy.inference.kernels import Kernel, Prepared, candidates, reference_product, relative_error
 
 MAX_COPIES = 64
@@ -52,10 +52,10 @@ class Measurement:
     """One candidate kernel on one weight shape at one phase."""
 
     kernel: str
-    seconds: float | None  # median seconds per call; None when not timed
+    seconds: float | None  # seconds per call in the fastest round; None when not timed
     error: float | None  # relative error against the float64 reference; None when it did not run
     note: str = ""  # "", "pruned: ...", "inaccurate: ...", "failed: ..."
-    spread: float | None = None  # (slowest - fastest round) / median: the noise it was measured under
+    spread: float | None = None  # (slowest - fastest round) / fastest: the noise it was measured under
 
     @property
     def eligible(self) -> bool:
@@ -156,7 +156,7 @@ def _pool(fmt: WeightFormat, kernel: Kernel, prepared: Prepared) -> list[Prepare
 
 def _time(entries: list[tuple[Kernel, list[Callable[[Tensor], Tensor]], Tensor]],
           repeats: int) -> dict[str, tuple[float, float | None]]:
-    """{kernel name: (median seconds per call, spread of the rounds; None when pruned)} over interleaved rounds."""
+    """{kernel name: (seconds per call in the fastest round, spread of the rounds; None when pruned)}."""
     if not entries:
         return {}
     for _, fns, x in entries:
@@ -178,8 +178,8 @@ def _time(entries: list[tuple[Kernel, list[Callable[[Tensor], Tensor]], Tensor]]
 
 
 def _summary(s: list[float]) -> tuple[float, float]:
-    median = statistics.median(s)
-    return median, (max(s) - min(s)) / median if median > 0 else 0.0
+    fastest = min(s)
+    return fastest, (max(s) - fastest) / fastest if fastest > 0 else 0.0
 
 
 def _first_pass(fns: list[Callable[[Tensor], Tensor]], x: Tensor) -> tuple[float, int]:

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.errors import InputError
-from anatomy.inference.formats import WeightFormat
+from anatomy.weights.formats import WeightFormat
 from anatomy.inference.kernels import KERNELS, Kernel, Prepared
 from anatomy.inference.plan_record import KernelPlan
 

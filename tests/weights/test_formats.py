@@ -11,7 +11,7 @@ import torch
 from anatomy.checkpoints.gguf_dequant import dequantize
 from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME
 from anatomy.errors import InputError
-from anatomy.inference.formats import (
+from anatomy.weights.formats import (
     FloatWeight,
     Int4Weight,
     Int8GroupWeight,
@@ -147,7 +147,7 @@ def test_nibble_packing_round_trips():
 def test_matrix_formats_of_the_shipped_file_equal_the_loaded_model(smollm2_gguf_path, smollm2):
     """Fused q|k|v and gate|up, rotary rows reordered, tied embedding: the same values the loader gives."""
     from anatomy.checkpoints.gguf_reader import read_gguf
-    from anatomy.inference.gguf_formats import matrix_formats, named
+    from anatomy.weights.gguf import matrix_formats, named
 
     formats = matrix_formats(read_gguf(smollm2_gguf_path))
     assert len(formats) == 1 + 4 * 30 and not any("lm_head" in n for n in formats)  # tied: the embedding is the head

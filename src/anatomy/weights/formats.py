@@ -302,6 +302,11 @@ def _check_grouped(w: Tensor, group: int, label: str, name: str, *, multiple: in
 _FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
+def has_lossless_format(ttype: TensorType) -> bool:
+    """Does GGUF type `ttype` have a format here that holds it exactly?"""
+    return ttype.name in _FLOAT_TYPES or ttype.name in _BLOCKS
+
+
 def format_from_gguf(raw: np.ndarray, ttype: TensorType, shape: tuple[int, int], *,
                      label: str = "weight") -> WeightFormat:
     """The weight [N, K] stored in `raw` (uint8 bytes of GGUF type `ttype`), in the format that
@@ -310,7 +315,7 @@ def format_from_gguf(raw: np.ndarray, ttype: TensorType, shape: tuple[int, int],
     if len(shape) != 2:
         raise InputError(f"{label}: a linear weight is a matrix [N, K], got shape {list(shape)}")
     N, K = shape
-    if ttype.name not in _FLOAT_TYPES and ttype.name not in _BLOCKS:
+    if not has_lossless_format(ttype):
         raise InputError(f"{label}: GGUF type {ttype.name} has no lossless compact format here (supported: "
                          f"{', '.join([*_FLOAT_TYPES, *_BLOCKS])}); dequantize it to float instead")
     if K % ttype.block_size or raw.size != ttype.nbytes(N * K):
