@@ -4,6 +4,8 @@ exactly as without speculation; the counts add up."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -19,31 +21,39 @@ from .conftest import KINDS, gpt2_tiny, tiny
 PROMPTS = [[5, 17, 33, 2, 9, 41, 8, 5, 17, 33, 2, 9, 41], [60, 3, 60, 3, 60], [11, 12, 13, 14, 11, 12]]
 
 
-def proposers(model) -> dict:
-    return {"ngram": lambda: NgramProposer(),
-            "draft-first-layer": lambda: DraftProposer(DecoderEngine(first_layers(model, 1))),
-            "draft-itself": lambda: DraftProposer(DecoderEngine(model))}
+@functools.cache
+def engine_of(kind: str, layers: int | None = None) -> DecoderEngine:
+    """One engine per tiny model (an engine measures its kernel plan when made); `layers`: a draft
+    of the model's first blocks."""
+    model = gpt2_tiny() if kind == "gpt2" else tiny(kind)
+    return DecoderEngine(first_layers(model, layers) if layers else model)
+
+
+def proposer_of(kind: str, proposer: str):
+    if proposer == "ngram":
+        return NgramProposer()
+    return DraftProposer(engine_of(kind, 1 if proposer == "draft-first-layer" else None))
 
 
 def run(decoder_or_engine, prompts, params) -> list[list[int]]:
     return torch.stack(list(decoder_or_engine.tokens(prompts, params)), dim=1).tolist()
 
 
-@pytest.mark.parametrize("kind", [*KINDS, "gpt2"])
-@pytest.mark.parametrize("proposer", ["ngram", "draft-first-layer", "draft-itself"])
+@pytest.mark.parametrize("kind, proposer", [*((kind, "ngram") for kind in [*KINDS, "gpt2"]),
+                                            ("rope-gqa", "draft-first-layer"), ("gpt2", "draft-first-layer"),
+                                            ("sliding-window", "draft-itself"), ("dynamic-ntk", "draft-itself")])
 def test_greedy_output_is_plain_greedy_output(kind, proposer):
-    model = gpt2_tiny() if kind == "gpt2" else tiny(kind)
-    engine = DecoderEngine(model)
+    engine = engine_of(kind)
     params = SamplingParams(max_new_tokens=20)
     for prompts in (PROMPTS[:1], PROMPTS):  # alone and as a padded batch
-        decoder = SpeculativeDecoder(engine, proposers(model)[proposer](), k=4, adaptive=False)
+        decoder = SpeculativeDecoder(engine, proposer_of(kind, proposer), k=4, adaptive=False)
         assert run(decoder, prompts, params) == run(engine, prompts, params)
         assert decoder.stats.verifications > 0
 
 
 def test_a_draft_that_is_the_target_keeps_everything():
-    model = tiny()
-    decoder = SpeculativeDecoder(DecoderEngine(model), DraftProposer(DecoderEngine(model)), k=3, adaptive=False)
+    engine = engine_of("rope-gqa")
+    decoder = SpeculativeDecoder(engine, DraftProposer(engine), k=3, adaptive=False)
     run(decoder, PROMPTS[:1], SamplingParams(max_new_tokens=21))
     s = decoder.stats
     assert s.accepted == s.proposed == 15 and s.tokens_per_forward == 4.0 and s.rejections == 0
@@ -52,36 +62,34 @@ def test_a_draft_that_is_the_target_keeps_everything():
 
 
 def test_the_repetition_penalty_sees_the_proposed_tokens_before_each_position():
-    model = tiny()
-    engine = DecoderEngine(model)
+    engine = engine_of("rope-gqa")
     params = SamplingParams(max_new_tokens=24, repetition_penalty=1.8)
-    decoder = SpeculativeDecoder(engine, DraftProposer(DecoderEngine(model)), k=4, adaptive=False)
+    decoder = SpeculativeDecoder(engine, DraftProposer(engine), k=4, adaptive=False)
     assert run(decoder, PROMPTS, params) == run(engine, PROMPTS, params)
 
 
 @pytest.mark.parametrize("new", [1, 2, 3, 7])
 def test_exactly_max_new_tokens_however_the_rounds_fall(new):
-    model = tiny()
-    decoder = SpeculativeDecoder(DecoderEngine(model), DraftProposer(DecoderEngine(model)), k=5, adaptive=False)
+    engine = engine_of("rope-gqa")
+    decoder = SpeculativeDecoder(engine, DraftProposer(engine), k=5, adaptive=False)
     out = run(decoder, PROMPTS[:1], SamplingParams(max_new_tokens=new))
-    assert len(out[0]) == new and out == run(DecoderEngine(model), PROMPTS[:1], SamplingParams(max_new_tokens=new))
+    assert len(out[0]) == new and out == run(engine, PROMPTS[:1], SamplingParams(max_new_tokens=new))
 
 
 def test_generate_stops_inside_a_round_as_without_speculation():
     """A stop id among the tokens of one verification ends the text there, as it does token by token."""
-    model = tiny()
-    plain = anatomy.generate(model, PROMPTS[0], max_new_tokens=20)
+    engine = engine_of("rope-gqa")
+    plain = anatomy.generate(engine, PROMPTS[0], max_new_tokens=20)
     stop = plain.token_ids[6]
-    want = anatomy.generate(model, PROMPTS[0], max_new_tokens=20, stop_ids=[stop])
-    got = anatomy.generate(model, PROMPTS[0], max_new_tokens=20, stop_ids=[stop], speculative="draft",
-                           draft_model=model, num_speculative_tokens=4)
+    want = anatomy.generate(engine, PROMPTS[0], max_new_tokens=20, stop_ids=[stop])
+    got = anatomy.generate(engine, PROMPTS[0], max_new_tokens=20, stop_ids=[stop], speculative="draft",
+                           draft_model=engine, num_speculative_tokens=4)
     assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason == "stop"
     assert got.speculative.method == "draft" and want.speculative is None
 
 
 def test_sampling_is_reproducible_with_a_seed_when_k_is_fixed():
-    model = tiny()
-    engine = DecoderEngine(model)
+    engine = engine_of("rope-gqa")
     params = SamplingParams(max_new_tokens=16, temperature=0.9, top_k=20, seed=5)
     runs = [run(SpeculativeDecoder(engine, NgramProposer(), k=3, adaptive=False), PROMPTS, params) for _ in range(2)]
     assert runs[0] == runs[1]
@@ -116,8 +124,7 @@ class Wrong:
 def test_adaptive_speculation_falls_back_to_plain_steps_when_guesses_fail():
     """Every guess rejected: after a few rounds the policy decodes plainly, verifying only the probes
     (after 8, 16, 32 plain steps), and the output is plain greedy's."""
-    model = tiny()
-    engine = DecoderEngine(model)
+    engine = engine_of("rope-gqa")
     params = SamplingParams(max_new_tokens=60)
     truth = run(engine, PROMPTS[:1], params)
     assert all(b != (a + 1) % 97 for a, b in zip(truth[0], truth[0][1:]))
