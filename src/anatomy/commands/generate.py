@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args.prompt)
     model, tokenizer = load(args)
     messages = prompt if args.raw or tokenizer.chat_template is None else as_chat(prompt, args.system)
-    gen = start(model, tokenizer, messages, args)
+    gen = start(model, tokenizer, messages, args, speculative_options(args, tokenizer))
     for _, delta in gen.deltas():
         sys.stdout.write(delta)
         sys.stdout.flush()
@@ -96,12 +96,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def start(model: Any, tokenizer: Any, prompt: Any, args: argparse.Namespace) -> Any:
-    """A Generation of one prompt with the command line's options; iterate `.deltas()`."""
+def start(model: Any, tokenizer: Any, prompt: Any, args: argparse.Namespace,
+          speculative: dict[str, Any] | None = None) -> Any:
+    """A Generation of one prompt with the command line's options (`speculative`: what
+    speculative_options made of them); iterate `.deltas()`."""
     from anatomy.inference.generate import Generation
 
     return Generation.start(model, prompt, tokenizer=tokenizer, compile=args.compile, truncate=args.truncate,
-                            sampling=sampling_options(args), speculative=speculative_options(args, tokenizer))
+                            sampling=sampling_options(args), speculative=speculative)
 
 
 def print_stats(gen: Any) -> None:

@@ -1,4 +1,4 @@
-"""`anatomy generate`'s speculative-decoding options:
+"""The speculative-decoding options of `anatomy generate` and `anatomy chat`:
 
     --speculative ngram                         prompt lookup: no second model
     --speculative draft --draft-model NAME      a smaller model with the same tokenizer
@@ -35,7 +35,7 @@ def add_speculative_options(p: argparse.ArgumentParser) -> None:
 def check_speculative_options(args: argparse.Namespace) -> None:
     """Bad combinations fail before any model is loaded."""
     if args.num_speculative_tokens is not None and args.num_speculative_tokens < 1:
-        raise InputError(f"num_speculative_tokens={args.num_speculative_tokens} must be an integer >= 1")
+        raise InputError(f"--num-speculative-tokens {args.num_speculative_tokens} must be an integer >= 1")
     drafting = [name for name, value in (("--draft-model", args.draft_model), ("--draft-layers", args.draft_layers),
                                          ("--draft-dtype", args.draft_dtype)) if value is not None]
     if drafting and args.speculative != "draft":
@@ -52,13 +52,15 @@ def check_speculative_options(args: argparse.Namespace) -> None:
 
 
 def speculative_options(args: argparse.Namespace, tokenizer: Any = None) -> dict[str, Any]:
-    """generate()'s speculative, draft_model and num_speculative_tokens from the command line (the
-    draft loaded here: a named model once per process, then its first N blocks if asked); a draft
-    whose tokenizer has another vocabulary than the target's `tokenizer` is refused."""
+    """generate()'s speculative, draft_model and num_speculative_tokens from the command line, made
+    once per command (a chat's every reply shares the draft's engine): a named model loaded once per
+    process, then its first N blocks if asked; a draft whose tokenizer has another vocabulary than
+    the target's `tokenizer` is refused."""
     if getattr(args, "speculative", None) is None:
         return {}
     draft = None
     if args.speculative == "draft":
+        from anatomy.inference.engine import DecoderEngine
         from anatomy.inference.generate import load_named
         from anatomy.inference.speculative import first_layers
         from anatomy.inference.speculative.setup import same_vocabulary
@@ -68,5 +70,6 @@ def speculative_options(args: argparse.Namespace, tokenizer: Any = None) -> dict
         if tokenizer is not None and not same_vocabulary(tokenizer, named.tokenizer):
             raise InputError(f"the draft model {name!r} has another tokenizer vocabulary than the target's: "
                              "speculative decoding needs one tokenizer for both")
-        draft = first_layers(named.model, args.draft_layers) if args.draft_layers is not None else named.engine()
+        draft = DecoderEngine(first_layers(named.model, args.draft_layers)) if args.draft_layers is not None \
+            else named.engine()
     return dict(speculative=args.speculative, draft_model=draft, num_speculative_tokens=args.num_speculative_tokens)
