@@ -56,6 +56,7 @@ def test_a_draft_with_another_vocabulary_is_refused(capsys):
     (["--speculative", "draft"], "--speculative draft needs a draft: --draft-model NAME, --draft-layers N"),
     (["--speculative", "draft", "--draft-layers", "0"], "--draft-layers 0 must be an integer >= 1"),
     (["--speculative", "draft", "--draft-dtype", "q4"], "--draft-dtype 'q4' is not one of f32, f16, bf16"),
+    (["--speculative", "draft", "--draft-weights", "q3"], "--draft-weights 'q3' is not one of f32, f16, bf16, int8, int4"),
     (["--speculative", "beam"], "argument --speculative: invalid choice: 'beam'"),
 ])
 @pytest.mark.parametrize("command", ["generate", "chat"])

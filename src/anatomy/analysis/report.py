@@ -36,7 +36,8 @@ class Options:
         return self.kv_dtype or self.compute_dtype
 
 
-def build_report(config: ModelConfig, *, name: str, options: Options, hardware: Hardware) -> dict[str, Any]:
+def build_report(config: ModelConfig, *, name: str, options: Options, hardware: Hardware,
+                 stored: dict[str, Any] | None = None) -> dict[str, Any]:
     ledger = params.parameter_ledger(config)
     report = {
         "model": {"name": name, "architecture": config.architecture, "config": _config_summary(config)},
@@ -56,6 +57,8 @@ def build_report(config: ModelConfig, *, name: str, options: Options, hardware: 
         report["speculative"] = speculative_report(config, hardware, options.speculative, context=options.context,
                                                    weight_dtype=options.dtype, kv_dtype=options.cache_dtype,
                                                    compute_dtype=options.compute_dtype)
+    if stored is not None:  # the real bytes of a checkpoint or loaded model, next to the analytic ones
+        report["memory"]["stored_weights"] = stored
     return report
 
 

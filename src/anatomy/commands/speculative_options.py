@@ -3,7 +3,8 @@
     --speculative ngram                         prompt lookup: no second model
     --speculative draft --draft-model NAME      a smaller model with the same tokenizer
     --speculative draft --draft-layers 8        self-speculation: the target's first 8 blocks
-    --speculative draft --draft-dtype f16       the target with cheaper weights
+    --speculative draft --draft-weights int4    the target with int4 weights (or int8, a GGUF file's own blocks: auto)
+    --speculative draft --draft-dtype f16       the target in float16
     --num-speculative-tokens K                  at most K proposed tokens per target forward (default 5)
 """
 
@@ -28,8 +29,11 @@ def add_speculative_options(p: argparse.ArgumentParser) -> None:
                         "(default: the target model itself, with --draft-layers or --draft-dtype)")
     g.add_argument("--draft-layers", type=int, default=None, metavar="N",
                    help="use only the draft's first N blocks (self-speculation when the draft is the target)")
+    g.add_argument("--draft-weights", default=None,
+                   help="the format of the draft's matrices, as --weights: auto, f32, f16, bf16, int8, int4 "
+                        "(default: --weights)")
     g.add_argument("--draft-dtype", default=None,
-                   help=f"the draft's weight dtype: {', '.join(dtypes.FLOATS)} (default: --dtype)")
+                   help=f"the draft's other tensors' dtype: {', '.join(dtypes.FLOATS)} (default: --dtype)")
 
 
 def check_speculative_options(args: argparse.Namespace) -> None:
@@ -37,18 +41,23 @@ def check_speculative_options(args: argparse.Namespace) -> None:
     if args.num_speculative_tokens is not None and args.num_speculative_tokens < 1:
         raise InputError(f"--num-speculative-tokens {args.num_speculative_tokens} must be an integer >= 1")
     drafting = [name for name, value in (("--draft-model", args.draft_model), ("--draft-layers", args.draft_layers),
-                                         ("--draft-dtype", args.draft_dtype)) if value is not None]
+                                         ("--draft-weights", args.draft_weights), ("--draft-dtype", args.draft_dtype))
+                if value is not None]
     if drafting and args.speculative != "draft":
         raise InputError(f"{drafting[0]} needs --speculative draft")
     if args.num_speculative_tokens is not None and args.speculative is None:
         raise InputError("--num-speculative-tokens needs --speculative ngram or draft")
-    if args.speculative == "draft" and args.draft_model is None and args.draft_layers is None \
-            and args.draft_dtype is None:
-        raise InputError("--speculative draft needs a draft: --draft-model NAME, --draft-layers N or --draft-dtype")
+    if args.speculative == "draft" and not drafting:
+        raise InputError("--speculative draft needs a draft: --draft-model NAME, --draft-layers N, --draft-weights "
+                         "or --draft-dtype")
     if args.draft_layers is not None and args.draft_layers < 1:
         raise InputError(f"--draft-layers {args.draft_layers} must be an integer >= 1")
     if args.draft_dtype is not None:
         args.draft_dtype = dtypes.parse(args.draft_dtype, option="--draft-dtype").name
+    if args.draft_weights not in (None, "auto"):
+        from anatomy.weights.choice import CHOICES
+
+        args.draft_weights = dtypes.parse(args.draft_weights, option="--draft-weights", choices=CHOICES[1:]).name
 
 
 def speculative_options(args: argparse.Namespace, tokenizer: Any = None) -> dict[str, Any]:
@@ -66,7 +75,7 @@ def speculative_options(args: argparse.Namespace, tokenizer: Any = None) -> dict
         from anatomy.inference.speculative.setup import same_vocabulary
 
         name = args.draft_model or args.model
-        named = load_named(name, args.draft_dtype or args.dtype)
+        named = load_named(name, args.draft_dtype or args.dtype, args.draft_weights or args.weights)
         if tokenizer is not None and not same_vocabulary(tokenizer, named.tokenizer):
             raise InputError(f"the draft model {name!r} has another tokenizer vocabulary than the target's: "
                              "speculative decoding needs one tokenizer for both")
