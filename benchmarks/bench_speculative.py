@@ -106,9 +106,8 @@ def _llama(gguf: Path, tokenizer, results: dict[tuple[str, str], list]) -> dict[
 
 
 def _llama_lookup(path: Path, draft):
-    from llama_cpp import Llama
-
     import torch
+    from llama_cpp import Llama
 
     return Llama(model_path=str(path), n_ctx=1024, n_batch=512, n_threads=torch.get_num_threads(), verbose=False,
                  draft_model=draft)

@@ -1,8 +1,13 @@
 """The prompts of `python -m benchmarks speculative` (and the real-model speculative tests).
 
-Input-grounded tasks copy from a long context: a passage of Lewis Carroll's "Alice's Adventures in
-Wonderland" (1865, public domain; chapter I, as Project Gutenberg's text #11 has it) to be copied
-with an edit, quoted, or answered from. Open-ended chat has nothing to copy from.
+Input-grounded tasks copy from their context: a passage of Lewis Carroll's "Alice's Adventures in
+Wonderland" (1865, public domain; chapter I, as Project Gutenberg's text #11 has it) rewritten with
+another name or with its spelling mistakes corrected, and a small Python module with a variable
+renamed. Open-ended chat has nothing to copy from.
+
+These are tasks SmolLM2-135M-Instruct really answers by copying (tried on it): asked to repeat the
+whole passage word for word, to quote from it or to answer from it, it paraphrases or tells its own
+story instead, and a prompt-lookup proposer has nothing to find.
 """
 
 from __future__ import annotations
@@ -29,16 +34,33 @@ ALICE = (
 )
 
 
+PARAGRAPHS = ALICE.split("\n\n")
+MISSPELT = PARAGRAPHS[0].replace("beginning", "begining").replace("sister", "sistr", 1).replace("pictures", "pictrues", 1)
+CODE = """def mean(values):
+    total = 0
+    for value in values:
+        total += value
+    return total / len(values)
+
+
+def variance(values):
+    m = mean(values)
+    total = 0
+    for value in values:
+        total += (value - m) ** 2
+    return total / len(values)
+"""
+
+
 def user(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
 
 
 GROUNDED = {
-    "copy-edit": user("Copy the following text exactly, word for word, but write Mary instead of Alice:\n\n" + ALICE),
-    "quote": user(ALICE + "\n\nQuote, word for word, the three sentences of the text above that tell what the "
-                          "White Rabbit did."),
-    "answer": user(ALICE + "\n\nUsing only the text above, explain in detail what Alice saw and what she did "
-                           "next. Use the words of the text."),
+    "copy-edit": user("Rewrite this text with Mary instead of Alice:\n\n" + "\n\n".join(PARAGRAPHS[:2])),
+    "fix-typos": user("Correct the spelling mistakes in this text:\n\n" + MISSPELT),
+    "code-edit": user("Rename the variable `total` to `acc` in this Python code and show the whole code:\n\n"
+                      "```python\n" + CODE + "```"),
 }
 
 CHAT = {

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from anatomy.cli import main
-from benchmarks.speculative_prompts import ALICE
+from benchmarks.speculative_prompts import GROUNDED
 
-COPY = "Repeat the following text word for word:\n\n" + ALICE.split("\n\n")[0]
+COPY = GROUNDED["copy-edit"][0]["content"].replace("\n\n", " ")  # a rewrite that copies: guesses get verified
 FP32 = ["--weights", "f32", "--max-new-tokens", "24"]  # fp32: the identity with plain greedy is exact
 
 
@@ -28,13 +28,14 @@ def test_ngram_and_layer_draft_print_the_plain_text_and_their_stats(capsys):
                                 "3", "--stats")
     assert ngram == plain and draft == plain
     assert "speculative ngram (k <= 5):" in ngram_err and "tokens per target forward" in ngram_err
+    assert "(0 verifications" not in ngram_err and "(0 verifications" not in draft_err
     assert "speculative draft (k <= 3):" in draft_err and "draft forwards" in draft_err
 
 
 @pytest.mark.slow
 def test_chat_speculates_every_reply(monkeypatch, capsys):
     def chat(*args: str) -> str:
-        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f"{COPY}\n".encode().replace(b"\n\n", b" "))))
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f"{COPY}\n".encode())))
         assert main(["chat", *FP32, *args]) == 0
         return capsys.readouterr().out
 

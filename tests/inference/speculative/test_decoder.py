@@ -12,8 +12,8 @@ import torch
 import anatomy
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.sampling import SamplingParams
-from anatomy.inference.speculative.policy import AdaptiveK
 from anatomy.inference.speculative import DraftProposer, NgramProposer, Proposal, SpeculativeDecoder, first_layers
+from anatomy.inference.speculative.policy import AdaptiveK
 
 from .conftest import KINDS, gpt2_tiny, tiny
 

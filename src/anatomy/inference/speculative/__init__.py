@@ -23,5 +23,13 @@ from anatomy.inference.speculative.proposal import Proposal, Proposer
 from anatomy.inference.speculative.setup import Speculation
 from anatomy.inference.speculative.stats import SpeculativeStats
 
-__all__ = ["Speculation", "SpeculativeDecoder", "SpeculativeStats", "NgramProposer", "DraftProposer", "Proposal",
-           "Proposer", "first_layers"]
+__all__ = [
+           "DraftProposer",
+           "NgramProposer",
+           "Proposal",
+           "Proposer",
+           "Speculation",
+           "SpeculativeDecoder",
+           "SpeculativeStats",
+           "first_layers",
+]

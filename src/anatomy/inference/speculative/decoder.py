@@ -22,7 +22,7 @@ a batch gains only as much as its least predictable row.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
