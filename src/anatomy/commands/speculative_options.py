@@ -72,13 +72,14 @@ def speculative_options(args: argparse.Namespace, tokenizer: Any = None) -> dict
         from anatomy.inference.engine import DecoderEngine
         from anatomy.inference.generate import load_named
         from anatomy.inference.speculative import first_layers
-        from anatomy.inference.speculative.setup import same_vocabulary
+        from anatomy.inference.speculative.setup import decoder_only, same_vocabulary
 
         name = args.draft_model or args.model
         named = load_named(name, args.draft_dtype or args.dtype, args.draft_weights or args.weights)
         if tokenizer is not None and not same_vocabulary(tokenizer, named.tokenizer):
             raise InputError(f"the draft model {name!r} has another tokenizer vocabulary than the target's: "
                              "speculative decoding needs one tokenizer for both")
+        decoder_only(named.model.config, f"the draft {name!r}")
         draft = DecoderEngine(first_layers(named.model, args.draft_layers)) if args.draft_layers is not None \
             else named.engine()
     return dict(speculative=args.speculative, draft_model=draft, num_speculative_tokens=args.num_speculative_tokens)

@@ -63,7 +63,7 @@ class Speculation:
     def check(self, target: ModelConfig, *, prompt_len: int = 0, max_new_tokens: int = 0) -> None:
         """The target and draft can do this: both decoder-only, k below the context, one vocabulary,
         the generation within the draft's context too."""
-        _decoder_only(target, "the target")
+        decoder_only(target, "the target")
         k = self.num_speculative_tokens
         if k >= target.max_seq_len:
             raise InputError(f"num_speculative_tokens={k} is beyond the model's context of {target.max_seq_len} "
@@ -71,7 +71,7 @@ class Speculation:
         if self.draft is None:
             return
         draft = self.draft.model.config
-        _decoder_only(draft, "the draft")
+        decoder_only(draft, "the draft")
         if draft.vocab_size != target.vocab_size:
             raise InputError(f"the draft model's vocabulary ({draft.vocab_size} tokens) differs from the target's "
                              f"({target.vocab_size}): speculative decoding needs one tokenizer for both")
@@ -110,12 +110,12 @@ def draft_engine(draft: Any, tokenizer: Any = None) -> DecoderEngine:
         if tokenizer is not None and named.tokenizer is not None and not same_vocabulary(tokenizer, named.tokenizer):
             raise InputError(f"the draft model {str(draft)!r} has another tokenizer vocabulary than the target's: "
                              "speculative decoding needs one tokenizer for both")
-        _decoder_only(named.model.config, f"the draft {str(draft)!r}")
+        decoder_only(named.model.config, f"the draft {str(draft)!r}")
         return named.engine()
     if not isinstance(draft, nn.Module) or not hasattr(draft, "config"):
         raise InputError(f"draft_model must be an anatomy model, a DecoderEngine or a model name/path, "
                          f"got {type(draft).__name__}")
-    _decoder_only(draft.config, "the draft")
+    decoder_only(draft.config, "the draft")
     return DecoderEngine(draft)
 
 
@@ -124,7 +124,7 @@ def same_vocabulary(a: Any, b: Any) -> bool:
     return a.backend.get_vocab(with_added_tokens=True) == b.backend.get_vocab(with_added_tokens=True)
 
 
-def _decoder_only(config: ModelConfig, what: str) -> None:
+def decoder_only(config: ModelConfig, what: str) -> None:
     if not config.is_decoder:
         raise InputError(f"speculative decoding needs decoder-only models; {what} has architecture="
                          f"{config.architecture!r}")
