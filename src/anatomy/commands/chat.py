@@ -12,7 +12,7 @@ import sys
 
 from anatomy.commands.generate import (
     add_model_options, add_sampling_options, check_options, load, print_stats, start)
-from anatomy.commands.common import not_utf8
+from anatomy.commands.common import DefaultsHelpFormatter, not_utf8
 from anatomy.commands.speculative_options import (
     add_speculative_options, check_speculative_options, speculative_options)
 from anatomy.errors import InputError
@@ -23,7 +23,7 @@ HELP = "commands: /reset forgets the conversation, /exit leaves (or Ctrl-D); Ctr
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chat", help="chat with a model interactively (history, /reset, /exit)",
                        description="An interactive chat. " + HELP + ".",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("--system", default=None, help="a system message that starts every conversation")
     add_model_options(p)
     add_sampling_options(p, max_new_tokens=512)

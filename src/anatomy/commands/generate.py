@@ -13,7 +13,7 @@ import threading
 from typing import Any, Iterator
 
 from anatomy import dtypes
-from anatomy.commands.common import read_stdin
+from anatomy.commands.common import DefaultsHelpFormatter, read_stdin
 from anatomy.commands.speculative_options import (
     add_speculative_options, check_speculative_options, speculative_options)
 from anatomy.errors import InputError
@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "generate", help="generate text from a prompt (streams to stdout)",
         description="Generate a continuation of PROMPT with the static-KV-cache engine and stream it to stdout. "
                     "Instruct models get the prompt as a user message through their chat template (--raw: as is).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("prompt", nargs="?", default="-", help="the prompt; '-' or nothing reads it from stdin (UTF-8)")
     p.add_argument("--raw", action="store_true", help="feed the prompt as plain text, without the chat template")
     p.add_argument("--system", default=None, help="a system message before the prompt (chat template only)")

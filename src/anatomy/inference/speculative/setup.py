@@ -80,7 +80,7 @@ class Speculation:
                              f"than the {prompt_len}-token prompt + {max_new_tokens} new tokens")
 
 
-def speculation_of(speculative: Any, *, draft_model: Any = None, num_speculative_tokens: int | None = None,
+def speculation_of(speculative: Any = None, *, draft_model: Any = None, num_speculative_tokens: int | None = None,
                    tokenizer: Any = None) -> Speculation | None:
     """generate()'s three options -> a Speculation (None: no speculation). A draft given by name is
     loaded once (anatomy.loaded_models); its tokenizer must have the target's vocabulary."""
