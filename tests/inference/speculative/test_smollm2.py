@@ -40,8 +40,8 @@ def test_ngram_speculation_gives_the_plain_greedy_tokens(target, plain, smollm2_
 def test_an_int4_draft_of_the_same_model_gives_the_plain_greedy_tokens(target, plain, smollm2_tokenizer,
                                                                        smollm2_gguf_path):
     draft = DecoderEngine(anatomy.load(smollm2_gguf_path, weights="auto"))  # the file's Q4_1 blocks, kept
-    for name, prompt in PROMPTS.items():
-        r = anatomy.generate(target, prompt, tokenizer=smollm2_tokenizer, max_new_tokens=NEW, speculative="draft",
+    for name in ("copy-edit", "story"):  # a grounded and an open-ended prompt (each costs a draft prefill too)
+        r = anatomy.generate(target, PROMPTS[name], tokenizer=smollm2_tokenizer, max_new_tokens=NEW, speculative="draft",
                              draft_model=draft, num_speculative_tokens=4)
         assert r.token_ids == plain[name].token_ids, name
         assert r.speculative.draft_forwards > 0 and r.speculative.acceptance_rate > 0.5, r.speculative
