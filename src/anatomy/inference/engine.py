@@ -122,7 +122,7 @@ class DecoderEngine:
             hidden = body(ids, positions, ctx)  # [B, D]
         else:
             hidden = self.model.stack.run(ids, ctx, position_ids=positions, cache=cache)[:, -1]  # [B, D]
-        return self.model.lm_head(hidden)  # [B, V]
+        return self.head(hidden)  # [B, V]
 
     def _body(self, cache: KVCache, ids: Tensor, positions: Tensor, ctx, record: bool) -> Captured | None:
         """The captured blocks for this cache and Context fields, recorded now if `record` and not yet
@@ -131,6 +131,13 @@ class DecoderEngine:
         if key not in self._bodies and record:
             self._bodies[key] = capture(self.model.stack, cache, ids, positions, ctx)
         return self._bodies.get(key)
+
+    def head(self, hidden: Tensor) -> Tensor:
+        """Final hidden states [..., D] -> logits [..., V]: the LM head and the model's soft cap, if any
+        (as the model's own forward, which the prefill runs)."""
+        logits = self.model.lm_head(hidden)
+        cap = self.model.config.logit_softcap
+        return torch.tanh(logits / cap) * cap if cap is not None else logits
 
     @torch.inference_mode()
     def _choose(self, logits: Tensor, params: SamplingParams, seen: Tensor | None,

@@ -123,15 +123,26 @@ def filter_min_p(logits: Tensor, p: float) -> Tensor:
 def next_tokens(logits: Tensor, params: SamplingParams, *, seen: Tensor | None = None,
                 generator: torch.Generator | None = None) -> Tensor:
     """logits [B, V] (any float dtype) -> next token ids [B]."""
+    logits = penalized(logits, params, seen)
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    return torch.multinomial(sampling_probs(logits, params), 1, generator=generator)[:, 0]
+
+
+def penalized(logits: Tensor, params: SamplingParams, seen: Tensor | None = None) -> Tensor:
+    """logits [..., V] in float32 after the repetition penalty (seen bool [..., V]), when one is set."""
     logits = logits.float()
     if params.repetition_penalty != 1.0 and seen is not None:
         logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
-    if params.greedy:
-        return logits.argmax(dim=-1)
+    return logits
+
+
+def sampling_probs(logits: Tensor, params: SamplingParams) -> Tensor:
+    """The distribution a sampled token is drawn from: penalized float32 logits [..., V] / temperature,
+    top-k, top-p, min-p, softmax -> probabilities [..., V] (not for greedy: temperature 0)."""
     logits = logits / params.temperature
     logits = filter_min_p(filter_top_p(filter_top_k(logits, params.top_k), params.top_p), params.min_p)
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return logits.softmax(dim=-1)
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
