@@ -1,0 +1,297 @@
+"""`anatomy profile`: the run in front of you, taken apart by the positions of the decoder's map.
+
+    report = profile(model, options=ProfileOptions(batch=1, prompt_len=128, new_tokens=16))
+    report["phases"]["decode"]["positions"]     # seconds per step at each position of seed 003's map
+    report["phases"]["decode"]["ops"]           # per op: shapes, FLOPs, bytes, time, roofline, verdict
+
+For each phase (prefill, decode) the real steps run twice over, without and with torch.profiler
+(analysis/profile_run.py); every timed op is put under its module and matched to its row of the
+shape trace `anatomy inspect` prints (profile_match.py); FLOPs and bytes come from those rows, the
+roofs from this machine measured in the same run (analysis/hardware.measure_local), and each op
+gets its roofline time and verdict (profile_rows.py).
+
+Reconciliation: a profiled step's time = the ops' rows (the modules' Python between their ops
+included, as rows of their own) + `unattributed_s` (the step's time outside every module and
+op: the engine's Python between them). The profiler's own cost is the profiled step against the
+same step unprofiled; tok/s is measured unprofiled.
+
+The prediction: every row at its roofline time, except those whose verdict is `overhead`, which
+keep their measured time (no roof predicts dispatch and Python), plus the unattributed time, with
+the profiler's cost taken out in proportion. What the prediction misses is carried by the rows
+whose measured time is furthest above their roofline time: `miss` lists them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from anatomy import dtypes
+from anatomy.analysis import trace as shape_trace
+from anatomy.analysis.hardware import Hardware, measure_local
+from anatomy.analysis.profile_calls import take_apart
+from anatomy.analysis.profile_match import TraceIndex, layer_kinds
+from anatomy.analysis.profile_positions import POSITIONS, module_positions
+from anatomy.analysis.profile_rows import Roofs, Row, build_rows, middle_steps, row_dict, weights_of
+from anatomy.analysis.profile_run import NamedRanges, run_phase
+from anatomy.analysis.profile_workloads import Shape, workload
+from anatomy.config import ModelConfig
+from anatomy.errors import InputError
+
+MISS_ROWS = 5
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    batch: int = 1
+    prompt_len: int = 128
+    context: int | None = None  # default: prompt_len + warmup + new_tokens + 1
+    new_tokens: int = 16  # measured decode steps (and prefills: prefill_runs)
+    warmup: int = 2
+    prefill_runs: int = 6
+    rounds: int = 2  # alternations of unprofiled and profiled runs
+    phases: tuple[str, ...] = ("prefill", "decode")  # those the model has are run
+    attention: str | None = None  # the attention backend of the engine's view ("sdpa", "eager"); None: as built
+
+    def context_for(self, config: ModelConfig) -> int:
+        if self.context is not None:
+            return self.context
+        if config.is_encoder:
+            return self.prompt_len
+        return self.prompt_len + self.warmup + self.new_tokens + 1
+
+
+def profile(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), name: str = "",
+            machine: Hardware | None = None, hardware: Hardware | None = None) -> dict[str, Any]:
+    """Profile `model` (the caller's model is left as it was: the steps run on a view of it).
+    `machine`: this machine's roofs (measured now when None); `hardware`: a named accelerator whose
+    prediction is added next to the measurement."""
+    config = model.config
+    shape = Shape(options.batch, options.prompt_len, options.context_for(config))
+    check_shape(config, shape, options)  # the caller checks memory (check_run) before loading
+    compute = dtypes.name_of(_activation_dtype(model))
+    machine = machine or measure_local(compute_dtypes=(compute,))
+    work = workload(model, shape, attention=options.attention)
+    positions = module_positions(work.model)
+    weights = weights_of(work.model)
+    roofs = Roofs(machine.peak(compute), machine.bandwidth)
+    ranges = NamedRanges(work.model)
+    phases = {}
+    for phase, make_steps in work.phases.items():
+        if phase not in options.phases:
+            continue
+        index = _trace_index(config, phase, shape, compute, work.model, backend=_backend(work.model))
+        count = options.new_tokens if phase == "decode" else options.prefill_runs
+        warmup = options.warmup + (1 if phase == "decode" else 0)  # a decode iterator's first step is its prefill
+        timed = run_phase(make_steps, ranges, phase=phase, warmup=warmup, count=count, rounds=options.rounds)
+        phases[phase] = _phase(timed, index, positions, weights, roofs, tokens=work.tokens[phase],
+                               element_size=dtypes.parse(compute).torch.itemsize)
+    report = {
+        "model": {"name": name, "architecture": config.architecture, "parameters": _parameters(work.model)},
+        "options": {"batch": shape.batch, "prompt_len": shape.prompt_len, "context": shape.context,
+                    "new_tokens": options.new_tokens, "prefill_runs": options.prefill_runs,
+                    "compute_dtype": compute, "threads": torch.get_num_threads()},
+        "machine": _machine(machine, compute),
+        "positions": {k: {"label": label, "serves": serves} for k, (label, serves) in POSITIONS.items()},
+        "phases": phases,
+    }
+    if hardware is not None:
+        report["hardware"] = named_prediction(config, hardware, shape, compute, phases)
+    return report
+
+
+def check_run(config: ModelConfig, options: ProfileOptions, weights: str, *, option: str | None = None,
+              resident_bytes: int = 0) -> None:
+    """A run that cannot fit the model's context or this machine's memory: a one-line InputError
+    naming the limit, before anything runs. `option` names what asked for the run (a sweep value);
+    `resident_bytes`: memory already taken by other models of the same command."""
+    check_shape(config, Shape(options.batch, options.prompt_len, options.context_for(config)), options, option=option)
+    needed = run_bytes(config, options, weights)
+    available = _available_bytes()
+    if available is not None and sum(needed.values()) + resident_bytes > available:
+        parts = ", ".join(f"{k} {v / 2 ** 30:.2f} GiB" for k, v in needed.items())
+        what = option or f"--batch-size {options.batch} with --context {options.context_for(config)}"
+        raise InputError(f"{what} needs about {(sum(needed.values()) + resident_bytes) / 2 ** 30:.2f} GiB "
+                         f"({parts}) but this machine has {available / 2 ** 30:.2f} GiB available")
+
+
+def check_shape(config: ModelConfig, shape: Shape, options: ProfileOptions, *, option: str | None = None) -> None:
+    """Sizes the model's context cannot hold: a one-line InputError naming the limit."""
+    prefix = f"{option}: " if option else ""
+    for name, value in (("batch-size", shape.batch), ("prompt-len", shape.prompt_len),
+                        ("new-tokens", options.new_tokens), ("context", shape.context)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InputError(f"{prefix}--{name} {value!r} must be a positive integer")
+    limit = config.max_seq_len
+    if shape.prompt_len > limit:
+        raise InputError(f"{prefix}--prompt-len {shape.prompt_len} exceeds the model's context of {limit} tokens "
+                         "(max_seq_len)")
+    if config.is_encoder:
+        return
+    if shape.context > limit:
+        raise InputError(f"{prefix}--context {shape.context} exceeds the model's context of {limit} tokens "
+                         "(max_seq_len)")
+    prompt = shape.prompt_len if config.is_decoder else 0
+    needed = prompt + options.warmup + options.new_tokens + 1
+    if shape.context < needed:
+        what = f"--prompt-len {shape.prompt_len} + " if prompt else ""
+        raise InputError(f"{prefix}--context {shape.context} is too small: {what}{options.warmup} warm-up + "
+                         f"--new-tokens {options.new_tokens} decode steps + 1 need {needed} cache slots")
+
+
+def run_bytes(config: ModelConfig, options: ProfileOptions, weights: str) -> dict[str, int]:
+    """What a run holds at once, about: the weights, the KV cache of B x T slots, the prefill's
+    largest activations (the widest projection's output, a few [B, S, D] tensors, the eager
+    score matrix) and the logits."""
+    from anatomy.analysis.memory import kv_cache_bytes
+    from anatomy.analysis.params import parameter_ledger
+
+    dtype = dtypes.parse(weights, choices=dtypes.FLOATS)
+    B, S, T = options.batch, options.prompt_len, options.context_for(config)
+    widest = max(config.q_dim + 2 * config.kv_dim, 2 * max(config.d_ff, config.d_ff_expert or 0))
+    scores = B * config.n_heads * S * S if options.attention == "eager" else 0
+    return {"weights": dtype.nbytes(parameter_ledger(config).total),
+            "KV cache": 0 if config.is_encoder else kv_cache_bytes(config, batch=B, tokens=T, kv_dtype=dtype.name,
+                                                                     windowed=False),
+            "activations": dtype.nbytes(B * S * (widest + 4 * config.d_model) + scores) + 4 * B * config.vocab_size}
+
+
+def _available_bytes() -> int | None:
+    """Memory the OS can give now (Linux: MemAvailable, free pages plus reclaimable cache; elsewhere
+    the free pages); None where it cannot say."""
+    import os
+
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _activation_dtype(model: nn.Module) -> torch.dtype:
+    emb = getattr(model, "token_embedding", None)
+    weight = getattr(emb, "weight", None)
+    return weight.dtype if weight is not None else next(model.parameters()).dtype
+
+
+def _parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def _backend(model: nn.Module) -> str:
+    from anatomy.layers.attention import Attention
+
+    return next((m.backend for m in model.modules() if isinstance(m, Attention)), "sdpa")
+
+
+def _trace_index(config: ModelConfig, phase: str, shape: Shape, compute: str, model: nn.Module, *,
+                 backend: str) -> TraceIndex:
+    """The trace rows of each kind of layer, for the phase's shapes (a seq2seq prefill encodes one source)."""
+    from anatomy.models import MaskedLM
+
+    first_of_kind, kind_of_layer = layer_kinds(config)
+    batch = 1 if config.is_seq2seq and phase == "prefill" else shape.batch
+    head = "mlm" if isinstance(model, MaskedLM) else "auto"
+    rows = {kind: shape_trace.trace(config, phase=phase, batch=batch, seq=shape.prompt_len, context=shape.context,
+                                    dtype=compute, head=head, attention=backend, layer=layer)
+            for kind, layer in first_of_kind.items()}
+    return TraceIndex(rows, kind_of_layer)
+
+
+def _phase(timed, index: TraceIndex, positions: dict[str, str], weights, roofs: Roofs, *, tokens: int,
+           element_size: int) -> dict[str, Any]:
+    steps = middle_steps([take_apart(e) for e in timed.events])
+    rows = build_rows(steps, index, positions, weights, element_size=element_size)
+    ops = [row_dict(r, roofs) for r in rows]
+    step_s = statistics.fmean(s.seconds for s in steps)
+    unattributed = statistics.fmean(s.unattributed_s for s in steps)
+    ops_s = sum(r.time_s for r in rows)
+    plain = _middle_mean(timed.plain_s)
+    overhead = step_s - plain
+    predicted = _predicted_s(ops, unattributed, step_s, plain)
+    return {
+        "step_s": step_s, "ops_s": ops_s, "unattributed_s": unattributed,
+        "unprofiled_step_s": plain, "profiler_overhead_s": overhead,
+        "profiler_events_per_step": statistics.fmean(s.events for s in steps),
+        "tokens_per_step": tokens, "tok_per_s": tokens / plain,
+        "predicted_step_s": predicted, "predicted_tok_per_s": tokens / predicted,
+        "roofline_step_s": sum(o["roofline_s"] or 0.0 for o in ops),
+        "positions": _positions(rows),
+        "bounds": _by(ops, "bound"),
+        "steps_measured": len(timed.events), "steps_used": len(steps),
+        "miss": _miss(ops, predicted, plain),
+        "ops": ops,
+    }
+
+
+def _middle_mean(values: list[float]) -> float:
+    ranked = sorted(values)
+    q = len(ranked) // 4 if len(ranked) >= 4 else 0
+    return statistics.fmean(ranked[q:len(ranked) - q])
+
+
+def _predicted_s(ops: list[dict], unattributed: float, step_s: float, plain: float) -> float:
+    """Roofline time of the rows a roof bounds + measured time of the overhead rows and the
+    unattributed time, those two scaled by unprofiled / profiled (the profiler's cost lands on them)."""
+    roofed = sum(o["roofline_s"] for o in ops if o["bound"] != "overhead")
+    measured = sum(o["time_s"] for o in ops if o["bound"] == "overhead") + unattributed
+    return roofed + measured * min(1.0, plain / step_s)
+
+
+def _positions(rows: list[Row]) -> dict[str, float]:
+    out = {k: 0.0 for k in POSITIONS}
+    for row in rows:
+        out[row.position] = out.get(row.position, 0.0) + row.time_s
+    return out
+
+
+def _by(ops: list[dict], key: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for o in ops:
+        out[o[key]] = out.get(o[key], 0.0) + o["time_s"]
+    return out
+
+
+def _miss(ops: list[dict], predicted: float, measured: float) -> dict[str, Any]:
+    """Measured against predicted, and the rows a roof bounds whose time is furthest above it."""
+    excess = sorted((o for o in ops if o["bound"] != "overhead"), key=lambda o: o["roofline_s"] - o["time_s"])
+    return {"measured_s": measured, "predicted_s": predicted, "ratio": measured / predicted,
+            "rows": [{"module": o["module"], "op": o["op"], "time_s": o["time_s"], "roofline_s": o["roofline_s"],
+                      "excess_s": o["time_s"] - o["roofline_s"]} for o in excess[:MISS_ROWS]]}
+
+
+def _machine(machine: Hardware, compute: str) -> dict[str, Any]:
+    return {"name": machine.name, "bandwidth_bytes_per_s": machine.bandwidth,
+            "peak_flops_per_s": machine.peak(compute), "peak_flops_per_s_by_dtype": dict(machine.peak_flops),
+            "ridge_flops_per_byte": machine.peak(compute) / machine.bandwidth, "source": machine.source}
+
+
+def named_prediction(config: ModelConfig, hardware: Hardware, shape: Shape, compute: str,
+                     phases: dict[str, Any]) -> dict[str, Any]:
+    """The same steps on a named accelerator: inspect's roofline points (analysis/roofline.py)."""
+    from anatomy.analysis import roofline
+    from anatomy.analysis.params import parameter_ledger
+
+    ledger = parameter_ledger(config)
+    common = {"weight_dtype": compute, "kv_dtype": compute, "compute_dtype": compute}
+    out = {"name": hardware.name, "peak_flops_per_s": hardware.peak(compute),
+           "bandwidth_bytes_per_s": hardware.bandwidth, "source": hardware.source}
+    points = {"prefill": roofline.prefill_point(config, ledger, hardware, batch=shape.batch, seq=shape.prompt_len,
+                                                **common)}
+    if "decode" in phases:
+        points["decode"] = roofline.decode_point(config, ledger, hardware, batch=shape.batch, context=shape.context,
+                                                 source_len=shape.prompt_len, **common)
+    for phase, p in points.items():
+        out[phase] = {"step_s": p.time_s, "tok_per_s": p.tokens_per_s, "bound": p.bound,
+                      "measured_here_tok_per_s": phases[phase]["tok_per_s"]}
+    return out
