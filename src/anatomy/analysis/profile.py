@@ -15,10 +15,10 @@ included, as rows of their own) + `unattributed_s` (the step's time outside ever
 op: the engine's Python between them). The profiler's own cost is the profiled step against the
 same step unprofiled; tok/s is measured unprofiled.
 
-The prediction: every row at its roofline time, except those whose verdict is `overhead`, which
-keep their measured time (no roof predicts dispatch and Python), plus the unattributed time, with
-the profiler's cost taken out in proportion. What the prediction misses is carried by the rows
-whose measured time is furthest above their roofline time: `miss` lists them.
+The prediction: every row a roof bounds at its roofline time; the rest of the step (the `overhead`
+rows, which no roof predicts: dispatch, Python, small-op latency; and the unattributed time) as
+measured, unprofiled. So the prediction misses by exactly the time the bound rows spend above their
+roofs, and `miss` lists the rows that carry most of it.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def profile(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), nam
     config = model.config
     shape = Shape(options.batch, options.prompt_len, options.context_for(config))
     check_shape(config, shape, options)  # the caller checks memory (check_run) before loading
-    compute = dtypes.name_of(_activation_dtype(model))
+    compute = dtypes.name_of(activation_dtype(model))
     machine = machine or measure_local(compute_dtypes=(compute,))
     work = workload(model, shape, attention=options.attention)
     positions = module_positions(work.model)
@@ -178,7 +178,8 @@ def _available_bytes() -> int | None:
         return None
 
 
-def _activation_dtype(model: nn.Module) -> torch.dtype:
+def activation_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype a model computes in: that of its token embedding (the engine's rule)."""
     emb = getattr(model, "token_embedding", None)
     weight = getattr(emb, "weight", None)
     return weight.dtype if weight is not None else next(model.parameters()).dtype
@@ -218,7 +219,7 @@ def _phase(timed, index: TraceIndex, positions: dict[str, str], weights, roofs: 
     ops_s = sum(r.time_s for r in rows)
     plain = _middle_mean(timed.plain_s)
     overhead = step_s - plain
-    predicted = _predicted_s(ops, unattributed, step_s, plain)
+    predicted = _predicted_s(ops, plain)
     return {
         "step_s": step_s, "ops_s": ops_s, "unattributed_s": unattributed,
         "unprofiled_step_s": plain, "profiler_overhead_s": overhead,
@@ -240,12 +241,13 @@ def _middle_mean(values: list[float]) -> float:
     return statistics.fmean(ranked[q:len(ranked) - q])
 
 
-def _predicted_s(ops: list[dict], unattributed: float, step_s: float, plain: float) -> float:
-    """Roofline time of the rows a roof bounds + measured time of the overhead rows and the
-    unattributed time, those two scaled by unprofiled / profiled (the profiler's cost lands on them)."""
-    roofed = sum(o["roofline_s"] for o in ops if o["bound"] != "overhead")
-    measured = sum(o["time_s"] for o in ops if o["bound"] == "overhead") + unattributed
-    return roofed + measured * min(1.0, plain / step_s)
+def _predicted_s(ops: list[dict], plain: float) -> float:
+    """The rows a roof bounds at their roofline time, everything else as measured: the unprofiled
+    step less the bound rows' measured time (so the profiler's own cost, which lands on the many
+    small ops and the Python between them, is not predicted either)."""
+    bound = [o for o in ops if o["bound"] != "overhead"]
+    roofed = sum(o["roofline_s"] for o in bound)
+    return roofed + max(0.0, plain - sum(o["time_s"] for o in bound))
 
 
 def _positions(rows: list[Row]) -> dict[str, float]:

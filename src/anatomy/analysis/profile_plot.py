@@ -11,15 +11,17 @@ from anatomy.figures import pyplot, save_figure
 
 
 def save_profile_plot(report: dict[str, Any], path: str | Path) -> Path:
-    panels = [("phase", p) for p in report["phases"]] + [("sweep", s) for s in report.get("sweeps", [])]
+    from anatomy.analysis.profile_render import sweep_keys
+
+    panels = [("phase", p) for p in report["phases"]] + [("sweep", k) for k in sweep_keys(report)]
     fig, axes = pyplot().subplots(1, len(panels), figsize=(6.2 * len(panels), 4.8), squeeze=False)
     for ax, (kind, what) in zip(axes[0], panels):
         if kind == "phase":
             _phase(ax, report, what)
-        elif what["key"] == "batch":
-            _batch(ax, what)
+        elif what == "batch":
+            _batch(ax, report)
         else:
-            _context(ax, what)
+            _context(ax, report)
     fig.suptitle(f"anatomy profile of {report['model']['name']}")
     fig.tight_layout()
     return save_figure(fig, path, option="--plot", dpi=120)
@@ -45,15 +47,15 @@ def _phase(ax, report: dict[str, Any], phase: str) -> None:
     ax.legend(loc="lower right")
 
 
-def _batch(ax, sweep: dict[str, Any]) -> None:
-    rows = sweep["rows"]
+def _batch(ax, report: dict[str, Any]) -> None:
+    rows = [r for r in report["sweep"] if r["sweep"] == "batch"]
     xs = [r["batch"] for r in rows]
     ax.loglog(xs, [r["tok_per_s"] for r in rows], "o-", color="tab:orange", label="measured")
     ax.loglog(xs, [r["predicted_tok_per_s"] for r in rows], "s--", color="tab:green", label="predicted (roofs + overhead)")
     roof = [(x, r["roofline_tok_per_s"]) for x, r in zip(xs, rows) if r["roofline_tok_per_s"]]
     if roof:
         ax.loglog(*zip(*roof), ":", color="tab:blue", label="roofline")
-    ridge = sweep.get("ridge", {})
+    ridge = report.get("ridge", {})
     if ridge.get("measured_batch"):
         ax.axvline(ridge["measured_batch"], color="tab:orange", alpha=0.5, label=f"measured ridge {ridge['measured_batch']:.3g}")
     if ridge.get("predicted_batch"):
@@ -64,8 +66,8 @@ def _batch(ax, sweep: dict[str, Any]) -> None:
     ax.legend(fontsize="small")
 
 
-def _context(ax, sweep: dict[str, Any]) -> None:
-    rows = sweep["rows"]
+def _context(ax, report: dict[str, Any]) -> None:
+    rows = [r for r in report["sweep"] if r["sweep"] == "context"]
     xs = [r["context"] for r in rows]
     ax.plot(xs, [r["attention_s"] * 1e3 for r in rows], "o-", color="tab:orange", label="attention, measured")
     ax.plot(xs, [r["attention_roofline_s"] * 1e3 for r in rows], "s--", color="tab:blue", label="attention, roofline")

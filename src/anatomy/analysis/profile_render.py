@@ -29,8 +29,8 @@ def tables(report: dict[str, Any]) -> list[TableSpec]:
     out = [_machine(report)]
     for phase, d in report["phases"].items():
         out += [_summary(phase, d, report), _positions(phase, d, report), _ops(phase, d), _miss(phase, d)]
-    for sweep in report.get("sweeps", []):
-        out.append(_sweep(sweep))
+    for key in sweep_keys(report):
+        out.append(_sweep(key, report))
     for what_if in report.get("what_if", []):
         out.append(_what_if(what_if, report))
     if "hardware" in report:
@@ -117,16 +117,20 @@ def _miss(phase: str, d: dict[str, Any]) -> TableSpec:
     return t
 
 
-def _sweep(s: dict[str, Any]) -> TableSpec:
-    t = TableSpec(f"Sweep over {s['key']}: decode", ["batch", "context", "tok/s measured", "tok/s predicted",
+def sweep_keys(report: dict[str, Any]) -> list[str]:
+    return list(dict.fromkeys(r["sweep"] for r in report.get("sweep", [])))
+
+
+def _sweep(key: str, report: dict[str, Any]) -> TableSpec:
+    t = TableSpec(f"Sweep over {key}: decode", ["batch", "context", "tok/s measured", "tok/s predicted",
                                                      "tok/s roofline", "GEMM ms", "GEMM bound", "attention ms",
                                                      "attention bytes", "KV writes ms"])
-    for p in s["rows"]:
+    for p in (r for r in report["sweep"] if r["sweep"] == key):
         t.rows.append([str(p["batch"]), str(p["context"]), f"{p['tok_per_s']:,.1f}", f"{p['predicted_tok_per_s']:,.1f}",
                        "-" if p["roofline_tok_per_s"] is None else f"{p['roofline_tok_per_s']:,.1f}", ms(p["gemm_s"]),
                        p["gemm_bound"] or "-", ms(p["attention_s"]), si(p["attention_bytes"], "B"), ms(p["kv_write_s"])])
-    if "ridge" in s:
-        r = s["ridge"]
+    if key == "batch" and "ridge" in report:
+        r = report["ridge"]
         measured = "not within the sweep" if r["measured_batch"] is None else f"{r['measured_batch']:.3g}"
         t.notes.append(f"decode stops being bandwidth-bound at batch {measured} measured (where the GEMM time's flat "
                        f"and rising lines meet), {r['predicted_batch']} predicted (the roofline on the measured roofs)")

@@ -18,6 +18,9 @@ not assumed: `Timed.plain_s` against the profiled steps' durations.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -110,14 +113,38 @@ def profile_steps(steps: Iterator, *, phase: str, warmup: int, count: int) -> tu
     for _ in range(warmup):
         next(steps)
     times = []
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU])
+    with _quiet_stderr():  # kineto prints a line to stderr at every start and stop
+        prof.start()
+    try:
         for _ in range(count):
             start = time.perf_counter()
             with record_function(STEP + phase):
                 next(steps)
             times.append(time.perf_counter() - start)
+    finally:
+        with _quiet_stderr():
+            prof.stop()
     events = [e for e in prof.events() if e.name == STEP + phase and e.cpu_parent is None]
     return events, times
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 pointed at the null device (the C++ side writes there directly)."""
+    sys.stderr.flush()
+    try:
+        saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:  # no descriptor 2 to redirect
+        yield
+        return
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def run_phase(make_steps: Callable[[], Iterator], ranges: NamedRanges, *, phase: str, warmup: int, count: int,

@@ -44,7 +44,8 @@ def parse_sweep(text: str) -> tuple[str, list[int]]:
 
 
 def run_sweep(model: nn.Module, key: str, values: list[int], *, options, machine: Hardware) -> dict[str, Any]:
-    """The decode step at each value of `key` ("batch" or "context"), the others as in `options`."""
+    """{"rows": the decode step at each value of `key` ("batch" or "context"), the others as in
+    `options`; "ridge": for a batch sweep, the measured and predicted ridge}."""
     import dataclasses
 
     from anatomy.analysis.profile import profile
@@ -53,19 +54,19 @@ def run_sweep(model: nn.Module, key: str, values: list[int], *, options, machine
     for value in values:
         changed = dataclasses.replace(options, phases=("decode",), **{key: value})
         report = profile(model, options=changed, machine=machine)
-        points.append(_point(report))
-    out: dict[str, Any] = {"key": key, "rows": points}
+        points.append(_point(key, report))
+    out: dict[str, Any] = {"rows": points}
     if key == "batch":
         out["ridge"] = ridge(model.config, points, machine, report["options"])
     return out
 
 
-def _point(report: dict[str, Any]) -> dict[str, Any]:
+def _point(key: str, report: dict[str, Any]) -> dict[str, Any]:
     d = report["phases"]["decode"]
     o = report["options"]
     attention = [r for r in d["ops"] if r["position"] == "rope_attention" and r["bytes"]]
     return {
-        "batch": o["batch"], "context": o["context"],
+        "sweep": key, "batch": o["batch"], "context": o["context"],
         "tok_per_s": d["tok_per_s"], "predicted_tok_per_s": d["predicted_tok_per_s"],
         "roofline_tok_per_s": o["batch"] / d["roofline_step_s"] if d["roofline_step_s"] else None,
         "step_s": d["unprofiled_step_s"], "gemm_s": sum(d["positions"][p] for p in GEMM_POSITIONS),

@@ -9,7 +9,6 @@ import json
 import sys
 
 from anatomy import dtypes
-from anatomy.errors import InputError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -47,10 +46,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from anatomy.analysis.hardware import get_hardware, measure_local
-    from anatomy.analysis.profile import ProfileOptions, profile
+    from anatomy.analysis.hardware import get_hardware
+    from anatomy.analysis.profile import ProfileOptions
     from anatomy.analysis.profile_sweep import parse_sweep
     from anatomy.analysis.profile_whatif import parse_what_if
+    from anatomy.analysis.profiling import run_session
     from anatomy.figures import image_format
 
     weights = dtypes.parse(args.weights, option="--weights").name
@@ -61,87 +61,14 @@ def run(args: argparse.Namespace) -> int:
     hardware = get_hardware(args.hardware) if args.hardware else None
     options = ProfileOptions(batch=args.batch_size, prompt_len=args.prompt_len, context=args.context,
                              new_tokens=args.new_tokens)
-    config = _config(args.model)
-    check_all(config, options, sweeps, what_ifs, weights)
-    model = load_model(args.model, weights)
-    machine = measure_local(compute_dtypes=tuple(dict.fromkeys([weights] + [v for k, v in what_ifs
-                                                                           if k == "weights"])))
-    report = profile(model, options=options, name=args.model, machine=machine, hardware=hardware)
-    report["options"]["weights"] = weights
-    report["sweeps"] = [_sweep(model, key, values, options, machine) for key, values in sweeps]
-    report["what_if"] = [_what_if(args.model, model, weights, key, value, options, machine, report)
-                         for key, value in what_ifs]
+    report = run_session(args.model, weights=weights, options=options, sweeps=sweeps, what_ifs=what_ifs,
+                         hardware=hardware, name=args.model)
     if args.plot:
         from anatomy.analysis.profile_plot import save_profile_plot
 
         save_profile_plot(report, args.plot)
     _print(report, args)
     return 0
-
-
-def _config(name: str):
-    from anatomy.commands.inspect import resolve_config
-
-    return resolve_config(name)
-
-
-def check_all(config, options, sweeps, what_ifs, weights: str) -> None:
-    """Every run the command will make, checked against the model's context and this machine's memory."""
-    import dataclasses
-
-    from anatomy.analysis.profile import check_run
-
-    check_run(config, options, weights)
-    for key, values in sweeps:
-        for value in values:
-            check_run(config, dataclasses.replace(options, **{key: value}), weights, option=f"--sweep {key}={value}")
-    for key, value in what_ifs:
-        if key == "batch":
-            check_run(config, dataclasses.replace(options, batch=int(value)), weights, option=f"--what-if batch={value}")
-        elif key == "weights":
-            dtypes.parse(value, option="--what-if weights")
-        elif key == "attention":
-            from anatomy.layers.attention import BACKENDS
-
-            if value not in BACKENDS:
-                raise InputError(f"--what-if attention={value}: the backends are {', '.join(BACKENDS)}")
-
-
-def load_model(name: str, weights: str):
-    """A preset is built with random weights; anything else is loaded (anatomy.load)."""
-    from anatomy.presets import PRESETS
-
-    if name in PRESETS:
-        from anatomy import build_model, get_preset
-
-        return build_model(get_preset(name), dtype=weights).eval()
-    import anatomy
-
-    return anatomy.load(name, dtype=weights)
-
-
-def _sweep(model, key: str, values: list[int], options, machine):
-    from anatomy.analysis.profile_sweep import run_sweep
-
-    if model.config.is_encoder:
-        raise InputError("--sweep measures decode steps: an encoder has none")
-    return run_sweep(model, key, values, options=options, machine=machine)
-
-
-def _what_if(name: str, model, weights: str, key: str, value: str, options, machine, base):
-    import dataclasses
-
-    from anatomy.analysis.profile import profile
-    from anatomy.analysis.profile_whatif import compare
-
-    if key == "weights":
-        other = load_model(name, dtypes.parse(value, option="--what-if weights").name)
-        after = profile(other, options=options, machine=machine)
-    elif key == "attention":
-        after = profile(model, options=dataclasses.replace(options, attention=value), machine=machine)
-    else:
-        after = profile(model, options=dataclasses.replace(options, batch=int(value)), machine=machine)
-    return compare(f"{key}={value}", base, after)
 
 
 def _print(report, args) -> None:
