@@ -11,6 +11,24 @@ from anatomy.figures import pyplot, save_figure
 
 
 def save_profile_plot(report: dict[str, Any], path: str | Path) -> Path:
+    return save_figure(figure(report), path, option="--plot", dpi=120)
+
+
+def png_bytes(report: dict[str, Any], *, dpi: int = 110) -> bytes:
+    """The same figure as PNG bytes (the page embeds it)."""
+    import io
+
+    fig = figure(report)
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=dpi)
+    finally:
+        pyplot().close(fig)
+    return buffer.getvalue()
+
+
+def figure(report: dict[str, Any]):
+    """One panel per phase (time per position, measured and at the roofs) and per sweep."""
     from anatomy.analysis.profile_render import sweep_keys
 
     panels = [("phase", p) for p in report["phases"]] + [("sweep", k) for k in sweep_keys(report)]
@@ -24,7 +42,7 @@ def save_profile_plot(report: dict[str, Any], path: str | Path) -> Path:
             _context(ax, report)
     fig.suptitle(f"anatomy profile of {report['model']['name']}")
     fig.tight_layout()
-    return save_figure(fig, path, option="--plot", dpi=120)
+    return fig
 
 
 def _phase(ax, report: dict[str, Any], phase: str) -> None:

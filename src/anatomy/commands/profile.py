@@ -42,6 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON (keys in docs/profile.md)")
     p.add_argument("--markdown", action="store_true", help="print the report as Markdown")
     p.add_argument("--plot", metavar="FILE.png", help="write the positions and the sweeps as a chart")
+    p.add_argument("--html", metavar="FILE.html", help="write the report as one self-contained page (positions, "
+                   "every op on this machine's roofline, sweeps, what-ifs)")
     p.set_defaults(run=run)
 
 
@@ -58,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
     what_ifs = [parse_what_if(w) for w in args.what_if]
     if args.plot:
         image_format(args.plot, option="--plot")
+    if args.html:
+        from anatomy.analysis.page import check_output_path
+
+        check_output_path(args.html)  # before the work: a bad path fails fast
     hardware = get_hardware(args.hardware) if args.hardware else None
     options = ProfileOptions(batch=args.batch_size, prompt_len=args.prompt_len, context=args.context,
                              new_tokens=args.new_tokens)
@@ -67,6 +73,12 @@ def run(args: argparse.Namespace) -> int:
         from anatomy.analysis.profile_plot import save_profile_plot
 
         save_profile_plot(report, args.plot)
+    if args.html:
+        from anatomy.analysis.page import write_page
+        from anatomy.analysis.page.profile import profile_page
+
+        write_page(profile_page(report), args.html)
+        print(f"wrote {args.html}", file=sys.stderr)
     _print(report, args)
     return 0
 
