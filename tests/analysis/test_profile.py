@@ -20,33 +20,24 @@ from anatomy.analysis.profile_sweep import fit_ridge, parse_sweep
 from anatomy.analysis.profile_whatif import parse_what_if
 from anatomy.errors import InputError
 
-SMALL = dict(vocab_size=97, d_model=64, n_heads=4, max_seq_len=64)
+from ..inference.conftest import SMALL, gpt2_tiny, llama_tiny, seq2seq_tiny
+
 MACHINE = Hardware("test", {"f32": 1e11, "bf16": 2e11, "any": 1e11}, 2e10)  # fixed roofs: nothing measured
 OPTIONS = ProfileOptions(prompt_len=8, new_tokens=4, warmup=1, prefill_runs=4)
 
 
-def llama():
-    return build_model(get_preset("llama-7b", **SMALL, n_layers=2, n_kv_heads=2, d_ff=96)).eval()
-
-
-def gpt2():
-    return build_model(get_preset("gpt2", **SMALL, n_layers=2, d_ff=128, bos_token_id=1, eos_token_id=2)).eval()
+llama = llama_tiny
 
 
 def bert():
     return build_model(get_preset("bert-base", **SMALL, n_layers=2, d_ff=128)).eval()
 
 
-def seq2seq():
-    return build_model(get_preset("transformer-base", **SMALL, n_layers=2, n_decoder_layers=2, d_ff=128,
-                                  dropout=0.0)).eval()
-
-
 @pytest.fixture(scope="module")
 def reports():
     torch.manual_seed(0)
     return {name: profile(make(), options=OPTIONS, machine=MACHINE, name=name)
-            for name, make in (("llama", llama), ("gpt2", gpt2), ("bert", bert), ("seq2seq", seq2seq))}
+            for name, make in (("llama", llama_tiny), ("gpt2", gpt2_tiny), ("bert", bert), ("seq2seq", seq2seq_tiny))}
 
 
 @pytest.mark.parametrize("family, phases", [("llama", {"prefill", "decode"}), ("gpt2", {"prefill", "decode"}),

@@ -33,6 +33,14 @@ def add_old_name(p: argparse.ArgumentParser, old: str, *, new: str, dest: str,
                    help=argparse.SUPPRESS)
 
 
+def add_report_options(p: argparse.ArgumentParser, *, docs: str, plot: str, html: str) -> None:
+    """--json, --markdown, --plot FILE.png and --html FILE.html of a command that prints a report."""
+    p.add_argument("--json", action="store_true", help=f"print the report as JSON (keys in {docs})")
+    p.add_argument("--markdown", action="store_true", help="print the report as Markdown")
+    p.add_argument("--plot", metavar="FILE.png", help=f"write {plot}")
+    p.add_argument("--html", metavar="FILE.html", help=f"write the report as one self-contained page ({html})")
+
+
 def read_stdin() -> str:
     """All of stdin as text; bytes that are not UTF-8 are an InputError naming the first one."""
     data = sys.stdin.buffer.read()

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from anatomy import dtypes
-from anatomy.commands.common import add_old_name
+from anatomy.commands.common import add_old_name, add_report_options
 from anatomy.config import ModelConfig
 from anatomy.deprecation import deprecated
 from anatomy.errors import CheckpointError, InputError
@@ -24,12 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="preset name, HF config.json or its directory, .gguf file, or installed model name")
     p.add_argument("old_model", nargs="?", default=None, metavar="MODEL", help=argparse.SUPPRESS)
     add_size_options(p)
-    p.add_argument("--json", action="store_true", help="print the report as JSON (keys in docs/anatomy.md)")
-    p.add_argument("--markdown", action="store_true", help="print the report as Markdown")
-    p.add_argument("--plot", metavar="FILE.png", help="write the parameter breakdown and roofline chart")
+    add_report_options(p, docs="docs/anatomy.md", plot="the parameter breakdown and roofline chart",
+                       html="diagram, ledger, shape trace, FLOPs, memory, roofline")
     p.add_argument("--mermaid", action="store_true", help="print only the block as a Mermaid flowchart")
-    p.add_argument("--html", metavar="FILE.html", help="write the report as one self-contained page (diagram, "
-                   "ledger, shape trace, FLOPs, memory, roofline)")
     p.set_defaults(run=run)
 
 

@@ -9,6 +9,7 @@ import json
 import sys
 
 from anatomy import dtypes
+from anatomy.commands.common import add_report_options
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -39,11 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the same run with weights=DTYPE, attention=sdpa|eager or batch=N: before/after per "
                         "position (repeatable)")
     p.add_argument("--hardware", default=None, help=f"add the prediction on {', '.join(hardware_names())}")
-    p.add_argument("--json", action="store_true", help="print the report as JSON (keys in docs/profile.md)")
-    p.add_argument("--markdown", action="store_true", help="print the report as Markdown")
-    p.add_argument("--plot", metavar="FILE.png", help="write the positions and the sweeps as a chart")
-    p.add_argument("--html", metavar="FILE.html", help="write the report as one self-contained page (positions, "
-                   "every op on this machine's roofline, sweeps, what-ifs)")
+    add_report_options(p, docs="docs/profile.md", plot="the positions and the sweeps as a chart",
+                       html="positions, every op on this machine's roofline, sweeps, what-ifs")
     p.set_defaults(run=run)
 
 
