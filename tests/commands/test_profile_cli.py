@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from anatomy import build_model, get_preset
 from anatomy.cli import main
 
-SMALL = dict(vocab_size=97, d_model=64, n_heads=4, max_seq_len=64, n_layers=2, n_kv_heads=2, d_ff=96)
+from ..inference.conftest import llama_tiny
+
 QUICK = ["--prompt-len", "8", "--new-tokens", "4"]
 
 
@@ -20,7 +20,7 @@ def tiny_dir(tmp_path_factory):
     import anatomy
 
     path = tmp_path_factory.mktemp("tiny") / "llama"
-    anatomy.save(build_model(get_preset("llama-7b", **SMALL)).eval(), path)
+    anatomy.save(llama_tiny(), path)
     return str(path)
 
 

@@ -90,7 +90,7 @@ def _seconds(event) -> float:
 
 
 def _short(name: str) -> str:
-    return name[6:] if name.startswith("aten::") else name
+    return name.removeprefix("aten::")
 
 
 def _count(event) -> int:

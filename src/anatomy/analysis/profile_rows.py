@@ -75,7 +75,7 @@ def build_rows(steps: list[Step], index: TraceIndex, positions: dict[str, str],
     """The rows of `steps` (already the chosen ones), averaged per step, in first-seen order.
     `weights`: {module path: (weight shape, real bytes)} of the modules whose weights a row reads;
     `element_size`: bytes per value of the dtype the trace was recorded in."""
-    new = lambda key, owner, trace_row: _new_row(key, owner, trace_row, positions, weights, element_size)  # noqa: E731
+    new = lambda key, owner, trace_row: _new_row(key, owner, trace_row, positions, weights, element_size)
     rows: dict[RowKey, Row] = {}
     n = len(steps)
     for step in steps:
@@ -158,4 +158,4 @@ def grouped(rows: list[Row], by: str = "position") -> dict[str, float]:
     return dict(out)
 
 
-__all__ = ["Row", "Roofs", "build_rows", "middle_steps", "row_dict", "weights_of", "grouped", "canonical"]
+__all__ = ["Roofs", "Row", "build_rows", "canonical", "grouped", "middle_steps", "row_dict", "weights_of"]

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import math
 import sys
 from pathlib import Path
 
 from anatomy import dtypes
-from anatomy.commands.common import add_old_name, add_report_options
+from anatomy.commands.common import add_old_name, add_report_options, print_report
 from anatomy.config import ModelConfig
 from anatomy.deprecation import deprecated
 from anatomy.errors import CheckpointError, InputError
@@ -124,10 +123,5 @@ def run(args: argparse.Namespace) -> int:
 
         write_page(inspect_page(report), args.html)
         print(f"wrote {args.html}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    elif args.markdown:
-        print(render.markdown(report))
-    else:
-        render.print_rich(report, width=None if sys.stdout.isatty() else 200)
+    print_report(report, args, render)
     return 0

@@ -5,11 +5,10 @@ measured roofs (analysis/profile.py; docs/profile.md)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from anatomy import dtypes
-from anatomy.commands.common import add_report_options
+from anatomy.commands.common import add_report_options, print_report
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -77,16 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
         write_page(profile_page(report), args.html)
         print(f"wrote {args.html}", file=sys.stderr)
-    _print(report, args)
-    return 0
-
-
-def _print(report, args) -> None:
     from anatomy.analysis import profile_render
 
-    if args.json:
-        print(json.dumps(report, indent=2))
-    elif args.markdown:
-        print(profile_render.markdown(report))
-    else:
-        profile_render.print_rich(report, width=None if sys.stdout.isatty() else 220)
+    print_report(report, args, profile_render, width=220)
+    return 0
