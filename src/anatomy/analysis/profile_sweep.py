@@ -26,6 +26,7 @@ from anatomy.analysis.hardware import Hardware
 from anatomy.errors import InputError
 
 SWEEP_KEYS = ("batch", "context")
+SWEEP_PROMPT = 8  # the prompt a decoder's sweep prefills before its decode steps
 GEMM_POSITIONS = ("qkv_ffn_gemm", "lm_head")
 
 
@@ -46,19 +47,27 @@ def parse_sweep(text: str) -> tuple[str, list[int]]:
 def run_sweep(model: nn.Module, key: str, values: list[int], *, options, machine: Hardware) -> dict[str, Any]:
     """{"rows": the decode step at each value of `key` ("batch" or "context"), the others as in
     `options`; "ridge": for a batch sweep, the measured and predicted ridge}."""
-    import dataclasses
-
     from anatomy.analysis.profile import profile
 
     points = []
     for value in values:
-        changed = dataclasses.replace(options, phases=("decode",), **{key: value})
-        report = profile(model, options=changed, machine=machine)
+        report = profile(model, options=sweep_options(model.config, options, key, value), machine=machine)
         points.append(_point(key, report))
     out: dict[str, Any] = {"rows": points}
     if key == "batch":
         out["ridge"] = ridge(model.config, points, machine, report["options"])
     return out
+
+
+def sweep_options(config, options, key: str, value: int):
+    """The options of one sweep point: decode only, `key` set to `value`. A decode step attends over
+    all T slots of the static cache wherever the prompt ends, so a decoder's point prefills a short
+    prompt (its warm-up) and keeps the main run's T unless T is what is swept."""
+    import dataclasses
+
+    short = {"prompt_len": min(options.prompt_len, SWEEP_PROMPT)} if config.is_decoder else {}
+    base = dataclasses.replace(options, context=options.context_for(config), phases=("decode",), **short)
+    return dataclasses.replace(base, **{key: value})
 
 
 def _point(key: str, report: dict[str, Any]) -> dict[str, Any]:

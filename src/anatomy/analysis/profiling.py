@@ -124,6 +124,7 @@ def check_all(config, options, sweeps, what_ifs, weights: str, *, loaded: bool =
     """Every run the session will make, checked against the model's context and this machine's memory
     (`loaded`: the model is in memory already, its weights are not asked for again)."""
     from anatomy.analysis.profile import check_run, run_bytes
+    from anatomy.analysis.profile_sweep import sweep_options
 
     resident = -run_bytes(config, options, weights)["weights"] if loaded else 0
     check_run(config, options, weights, resident_bytes=resident)
@@ -131,7 +132,7 @@ def check_all(config, options, sweeps, what_ifs, weights: str, *, loaded: bool =
         if config.is_encoder:
             raise InputError(f"--sweep {key}=...: a sweep measures decode steps, and an encoder has none")
         for value in values:
-            check_run(config, dataclasses.replace(options, **{key: value}), weights,
+            check_run(config, sweep_options(config, options, key, value), weights,
                       option=f"--sweep {key}={value}", resident_bytes=resident)
     for key, value in what_ifs:
         if key == "batch":
