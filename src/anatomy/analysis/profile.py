@@ -43,6 +43,7 @@ from anatomy.config import ModelConfig
 from anatomy.errors import InputError
 
 MISS_ROWS = 5
+BUSY_SHARE = 0.1  # other processes' share of the machine's CPU time above which the report warns
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ def profile(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), nam
     weights = weights_of(work.model)
     roofs = Roofs(machine.peak(compute), machine.bandwidth)
     ranges = NamedRanges(work.model)
+    load = _cpu_sample()
     phases = {}
     for phase, make_steps in work.phases.items():
         if phase not in options.phases:
@@ -95,7 +97,7 @@ def profile(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), nam
         "options": {"batch": shape.batch, "prompt_len": shape.prompt_len, "context": shape.context,
                     "new_tokens": options.new_tokens, "prefill_runs": options.prefill_runs,
                     "compute_dtype": compute, "threads": torch.get_num_threads()},
-        "machine": _machine(machine, compute),
+        "machine": {**_machine(machine, compute), "load": _load_note(load)},
         "positions": {k: {"label": label, "serves": serves} for k, (label, serves) in POSITIONS.items()},
         "phases": phases,
     }
@@ -270,6 +272,38 @@ def _miss(ops: list[dict], predicted: float, measured: float) -> dict[str, Any]:
     return {"measured_s": measured, "predicted_s": predicted, "ratio": measured / predicted,
             "rows": [{"module": o["module"], "op": o["op"], "time_s": o["time_s"], "roofline_s": o["roofline_s"],
                       "excess_s": o["time_s"] - o["roofline_s"]} for o in excess[:MISS_ROWS]]}
+
+
+def _cpu_sample() -> tuple[float, float, float] | None:
+    """(seconds of CPU time all processes used, of it this process, wall seconds): Linux's /proc/stat."""
+    import os
+    import time
+
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+    busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait
+    mine = os.times()
+    return busy / tick, mine.user + mine.system, time.monotonic()
+
+
+def _load_note(before: tuple[float, float, float] | None) -> dict[str, Any]:
+    """The share of the machine's CPU time other processes used during the run: they stretch every
+    step (and stall intra-op threads waiting for each other), so a shared machine's times are slower
+    than its speed."""
+    import os
+
+    after = _cpu_sample()
+    cores = os.cpu_count() or 1
+    if before is None or after is None or after[2] <= before[2]:
+        return {"cores": cores, "others_cpu_share": None, "note": ""}
+    others = max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / ((after[2] - before[2]) * cores)
+    note = (f"other processes used {others:.0%} of the {cores} cores' time during the run: times are inflated"
+            if others > BUSY_SHARE else "")
+    return {"cores": cores, "others_cpu_share": others, "note": note}
 
 
 def _machine(machine: Hardware, compute: str) -> dict[str, Any]:

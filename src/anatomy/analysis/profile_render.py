@@ -47,6 +47,8 @@ def _machine(report: dict[str, Any]) -> TableSpec:
     t.rows += [["ridge (peak / bandwidth)", f"{m['ridge_flops_per_byte']:.3g} FLOP/byte"]]
     o = report["options"]
     t.notes.append(f"{m['source']}; {o['threads']} threads; compute dtype {o['compute_dtype']}")
+    if m.get("load", {}).get("note"):
+        t.notes.append("warning: " + m["load"]["note"])
     return t
 
 
