@@ -121,20 +121,28 @@ def test_the_callers_model_is_untouched():
 
 
 def test_real_weight_bytes_replace_the_traced_ones():
-    """f16 weights under f32 activations: a linear row reads 2 bytes per weight, not 4."""
-    model = llama()
-    model.stack.blocks[0].attn.qkv.to(torch.float16)
-    model.stack.blocks[1].attn.qkv.to(torch.float16)
-    model.stack.blocks[0].attn.qkv.forward = lambda x, m=model.stack.blocks[0].attn.qkv: \
-        torch.nn.functional.linear(x, m.weight.float())
-    model.stack.blocks[1].attn.qkv.forward = lambda x, m=model.stack.blocks[1].attn.qkv: \
-        torch.nn.functional.linear(x, m.weight.float())
+    """int8 weights: a linear row reads what its planned kernel's layout holds, and shows the bytes
+    of the format as loaded beside it (codes + scales), not the trace's 4 bytes per weight."""
+    from anatomy.analysis.profile_workloads import engine_for
+    from anatomy.analysis.profiling import converted
+
+    model = converted(llama_tiny(), "int8")
     report = profile(model, options=ProfileOptions(prompt_len=8, new_tokens=2, warmup=1, prefill_runs=2, rounds=1,
                                                    phases=("decode",)), machine=MACHINE)
     row = next(o for o in report["phases"]["decode"]["ops"] if o["module"] == "stack.blocks.*.attn.qkv")
-    weight = model.stack.blocks[0].attn.qkv.weight
-    x, out = 64 * 4, weight.shape[0] * 4
-    assert row["bytes"] == 2 * (x + weight.numel() * 2 + out)
+    fmt = model.stack.blocks[0].attn.qkv.compact
+    assert row["weight_bytes"] == 2 * fmt.nbytes  # two layers
+    w = engine_for(model).plan.for_layer("stack.blocks.0.attn.qkv.weight")  # the engine the profile ran
+    kernel = w.choices["decode"]
+    assert row["kernel"] == kernel
+    from anatomy.inference.kernels import KERNELS_BY_NAME
+
+    read = w.form_bytes[KERNELS_BY_NAME[kernel].form.name]
+    assert row["kernel_weight_bytes"] == 2 * read
+    x, out = 64 * 4, fmt.shape[0] * 4  # f32 activations in the trace (the engine's dtype may differ)
+    element = 2 if report["options"]["compute_dtype"] == "bf16" else 4
+    x, out = x // 4 * element, out // 4 * element
+    assert row["bytes"] == 2 * (x + read + out)
 
 
 @pytest.mark.parametrize("flops_, bytes_, seconds, bound", [

@@ -23,6 +23,7 @@ roofs, and `miss` lists the rows that carry most of it.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -32,11 +33,12 @@ from torch import nn
 
 from anatomy import dtypes
 from anatomy.analysis import trace as shape_trace
-from anatomy.analysis.hardware import Hardware, measure_local
+from anatomy.analysis.hardware import Hardware, measure_local, measure_matmul_peak
 from anatomy.analysis.profile_calls import take_apart
 from anatomy.analysis.profile_match import TraceIndex, layer_kinds
 from anatomy.analysis.profile_positions import POSITIONS, module_positions
-from anatomy.analysis.profile_rows import Roofs, Row, build_rows, middle_steps, row_dict, weights_of
+from anatomy.analysis.profile_rows import Roofs, Row, build_rows, middle_steps, row_dict
+from anatomy.analysis.profile_weights import WeightTable
 from anatomy.analysis.profile_run import NamedRanges, run_phase
 from anatomy.analysis.profile_workloads import Shape, workload
 from anatomy.config import ModelConfig
@@ -66,19 +68,38 @@ class ProfileOptions:
         return self.prompt_len + self.warmup + self.new_tokens + 1
 
 
+class Machine:
+    """This machine's roofs, measured once: the read bandwidth, and the matmul peak of each compute
+    dtype the first time a run computes in it (a what-if in bf16 adds the bf16 peak). Given a
+    Hardware (a test's fixed roofs), it measures nothing."""
+
+    def __init__(self, hardware: Hardware | None = None) -> None:
+        self.hardware = hardware
+
+    def roofs(self, dtype: str) -> Hardware:
+        hw = self.hardware
+        if hw is None:
+            self.hardware = measure_local(compute_dtypes=(dtype,))
+        elif dtype not in hw.peak_flops and hw.name == "local":
+            peak = measure_matmul_peak(torch.device("cpu"), dtype=dtypes.torch_dtype(dtype))
+            self.hardware = dataclasses.replace(hw, peak_flops={**hw.peak_flops, dtype: peak},
+                                                source=hw.source.replace(" matmul", f"/{dtype} matmul", 1), notes="")
+        return self.hardware
+
+
 def profile(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), name: str = "",
-            machine: Hardware | None = None, hardware: Hardware | None = None) -> dict[str, Any]:
+            machine: Machine | Hardware | None = None, hardware: Hardware | None = None) -> dict[str, Any]:
     """Profile `model` (the caller's model is left as it was: the steps run on a view of it).
     `machine`: this machine's roofs (measured now when None); `hardware`: a named accelerator whose
     prediction is added next to the measurement."""
     config = model.config
     shape = Shape(options.batch, options.prompt_len, options.context_for(config))
     check_shape(config, shape, options)  # the caller checks memory (check_run) before loading
-    compute = dtypes.name_of(activation_dtype(model))
-    machine = machine or measure_local(compute_dtypes=(compute,))
     work = workload(model, shape, attention=options.attention)
+    compute = dtypes.name_of(work.dtype)
+    machine = (machine if isinstance(machine, Machine) else Machine(machine)).roofs(compute)
     positions = module_positions(work.model)
-    weights = weights_of(work.model)
+    weights = WeightTable(model, work.plan)
     roofs = Roofs(machine.peak(compute), machine.bandwidth)
     ranges = NamedRanges(work.model)
     load = _cpu_sample()
@@ -102,7 +123,8 @@ def profile(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), nam
         "phases": phases,
     }
     if hardware is not None:
-        report["hardware"] = named_prediction(config, hardware, shape, compute, phases)
+        report["hardware"] = named_prediction(config, hardware, shape, compute, phases,
+                                              weight_dtype=_weight_dtype(model, compute))
     return report
 
 
@@ -146,20 +168,22 @@ def check_shape(config: ModelConfig, shape: Shape, options: ProfileOptions, *, o
 
 
 def run_bytes(config: ModelConfig, options: ProfileOptions, weights: str) -> dict[str, int]:
-    """What a run holds at once, about: the weights, the KV cache of B x T slots, the prefill's
-    largest activations (the widest projection's output, a few [B, S, D] tensors, the eager
-    score matrix) and the logits."""
-    from anatomy.analysis.memory import kv_cache_bytes
+    """What a run holds at once, about: the weights (`weights`: anatomy.load's choice; "auto" counted
+    as f32, the most it can be), the KV cache of B x T slots, the prefill's largest activations (the
+    widest projection's output, a few [B, S, D] tensors, the eager score matrix) and the logits.
+    Activations and cache are counted in f32 for f32 weights, else in 16 bits (bf16 compute)."""
+    from anatomy.analysis.memory import compute_dtype, kv_cache_bytes
     from anatomy.analysis.params import parameter_ledger
 
-    dtype = dtypes.parse(weights, choices=dtypes.FLOATS)
+    stored = dtypes.parse("f32" if weights == "auto" else weights, choices=dtypes.ALL)
+    act = dtypes.parse(compute_dtype(stored.name))
     B, S, T = options.batch, options.prompt_len, options.context_for(config)
     widest = max(config.q_dim + 2 * config.kv_dim, 2 * max(config.d_ff, config.d_ff_expert or 0))
     scores = B * config.n_heads * S * S if options.attention == "eager" else 0
-    return {"weights": dtype.nbytes(parameter_ledger(config).total),
-            "KV cache": 0 if config.is_encoder else kv_cache_bytes(config, batch=B, tokens=T, kv_dtype=dtype.name,
+    return {"weights": stored.nbytes(parameter_ledger(config).total),
+            "KV cache": 0 if config.is_encoder else kv_cache_bytes(config, batch=B, tokens=T, kv_dtype=act.name,
                                                                      windowed=False),
-            "activations": dtype.nbytes(B * S * (widest + 4 * config.d_model) + scores) + 4 * B * config.vocab_size}
+            "activations": act.nbytes(B * S * (widest + 4 * config.d_model) + scores) + 4 * B * config.vocab_size}
 
 
 def _available_bytes() -> int | None:
@@ -178,13 +202,6 @@ def _available_bytes() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
-
-
-def activation_dtype(model: nn.Module) -> torch.dtype:
-    """The dtype a model computes in: that of its token embedding (the engine's rule)."""
-    emb = getattr(model, "token_embedding", None)
-    weight = getattr(emb, "weight", None)
-    return weight.dtype if weight is not None else next(model.parameters()).dtype
 
 
 def _parameters(model: nn.Module) -> int:
@@ -312,15 +329,32 @@ def _machine(machine: Hardware, compute: str) -> dict[str, Any]:
             "ridge_flops_per_byte": machine.peak(compute) / machine.bandwidth, "source": machine.source}
 
 
+def _weight_dtype(model: nn.Module, compute: str) -> str:
+    """The dtype most of the model's matrix bytes are held in (int8g counts as int8), for inspect's
+    roofline, which sizes every weight alike."""
+    from anatomy.weights.modules import compact_modules
+
+    held: dict[str, int] = {}
+    for module in {id(m.compact): m for m in compact_modules(model).values()}.values():
+        name = "int8" if module.compact.name.startswith("int8") else module.compact.name
+        held[name] = held.get(name, 0) + module.compact.nbytes
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and module.weight.is_floating_point():
+            name = dtypes.name_of(module.weight.dtype)
+            held[name] = held.get(name, 0) + module.weight.nbytes
+    return max(held, key=held.get) if held else compute
+
+
 def named_prediction(config: ModelConfig, hardware: Hardware, shape: Shape, compute: str,
-                     phases: dict[str, Any]) -> dict[str, Any]:
-    """The same steps on a named accelerator: inspect's roofline points (analysis/roofline.py)."""
+                     phases: dict[str, Any], *, weight_dtype: str | None = None) -> dict[str, Any]:
+    """The same steps on a named accelerator: inspect's roofline points (analysis/roofline.py), the
+    weights at `weight_dtype` (default: the compute dtype)."""
     from anatomy.analysis import roofline
     from anatomy.analysis.params import parameter_ledger
 
     ledger = parameter_ledger(config)
-    common = {"weight_dtype": compute, "kv_dtype": compute, "compute_dtype": compute}
-    out = {"name": hardware.name, "peak_flops_per_s": hardware.peak(compute),
+    common = {"weight_dtype": weight_dtype or compute, "kv_dtype": compute, "compute_dtype": compute}
+    out = {"name": hardware.name, "weight_dtype": common["weight_dtype"], "peak_flops_per_s": hardware.peak(compute),
            "bandwidth_bytes_per_s": hardware.bandwidth, "source": hardware.source}
     points = {"prefill": roofline.prefill_point(config, ledger, hardware, batch=shape.batch, seq=shape.prompt_len,
                                                 **common)}

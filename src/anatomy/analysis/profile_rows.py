@@ -21,6 +21,7 @@ from typing import Any
 from anatomy.analysis.profile_calls import Step
 from anatomy.analysis.profile_match import RowKey, TraceIndex, canonical
 from anatomy.analysis.profile_positions import position_of
+from anatomy.analysis.profile_weights import LinearWeight, WeightTable
 from anatomy.analysis.trace import TraceRow
 
 OVERHEAD_FACTOR = 4.0
@@ -36,11 +37,17 @@ class Row:
     calls: float = 0.0  # per step
     events: float = 0.0  # profiler events per step (for its cost)
     via: Counter = field(default_factory=Counter)
-    weight_delta: int = 0  # real bytes of the weight as loaded minus the bytes the trace counted for it
+    weight: LinearWeight | None = None  # a linear row's weight: its real bytes, as loaded and as read
+    weight_delta: int = 0  # real bytes the call reads for the weight minus the bytes the trace counted
 
     @property
     def flops(self) -> float | None:
         return None if self.trace is None else self.trace.flops * self.calls
+
+    def weight_per_step(self, field: str) -> float | None:
+        """A linear row's weight bytes (`field`: loaded_bytes, read_bytes) or plan seconds (plan_s) per step."""
+        value = None if self.weight is None else getattr(self.weight, field)
+        return None if value is None else value * self.calls
 
     @property
     def bytes(self) -> float | None:
@@ -70,11 +77,11 @@ def middle_steps(steps: list[Step]) -> list[Step]:
     return ranked[q:len(ranked) - q]
 
 
-def build_rows(steps: list[Step], index: TraceIndex, positions: dict[str, str],
-               weights: dict[str, tuple[tuple[int, ...], int]], *, element_size: int) -> list[Row]:
+def build_rows(steps: list[Step], index: TraceIndex, positions: dict[str, str], weights: WeightTable, *,
+               element_size: int) -> list[Row]:
     """The rows of `steps` (already the chosen ones), averaged per step, in first-seen order.
-    `weights`: {module path: (weight shape, real bytes)} of the modules whose weights a row reads;
-    `element_size`: bytes per value of the dtype the trace was recorded in."""
+    `weights`: the real bytes of the linear layers' weights; `element_size`: bytes per value of the
+    dtype the trace was recorded in."""
     new = lambda key, owner, trace_row: _new_row(key, owner, trace_row, positions, weights, element_size)
     rows: dict[RowKey, Row] = {}
     n = len(steps)
@@ -101,18 +108,17 @@ def build_rows(steps: list[Step], index: TraceIndex, positions: dict[str, str],
 
 
 def _new_row(key: RowKey, owner: str, trace_row: TraceRow | None, positions: dict[str, str],
-             weights: dict[str, tuple[tuple[int, ...], int]], element_size: int) -> Row:
-    """A row; a linear's weight bytes are replaced by the real bytes of the weight as loaded (a
-    quantized format's codes and scales, an f16 weight's 2 bytes per value under f32 activations)."""
-    weight = weights.get(owner)
-    delta = 0
-    if trace_row is not None and trace_row.op == "linear" and weight is not None and len(trace_row.inputs) > 1 \
-            and tuple(trace_row.inputs[1]) == weight[0]:
+             weights: WeightTable, element_size: int) -> Row:
+    """A row; a linear's weight bytes (the trace counts them at its dtype) are replaced by the real
+    bytes its kernel reads (profile_weights.py)."""
+    weight = weights.of(owner, trace_row) if trace_row is not None else None
+    row = Row(key, position_of(owner, key.op, positions), trace_row, weight=weight)
+    if weight is not None:
         numel = 1
-        for d in weight[0]:
+        for d in weight.shape:
             numel *= d
-        delta = weight[1] - numel * element_size
-    return Row(key, position_of(owner, key.op, positions), trace_row, weight_delta=delta)
+        row.weight_delta = weight.bytes - numel * element_size
+    return row
 
 
 def row_dict(row: Row, roofs: Roofs) -> dict[str, Any]:
@@ -133,21 +139,9 @@ def row_dict(row: Row, roofs: Roofs) -> dict[str, Any]:
         "bytes_per_s": nbytes / t if nbytes is not None and t > 0 else None,
         "roofline_s": roof, "bound": bound,
         "via": row.via.most_common(1)[0][0] if row.via else None,
+        "weight_bytes": row.weight_per_step("loaded_bytes"), "kernel": row.weight.kernel if row.weight else None,
+        "kernel_weight_bytes": row.weight_per_step("read_bytes"), "plan_time_s": row.weight_per_step("plan_s"),
     }
-
-
-def weights_of(model) -> dict[str, tuple[tuple[int, ...], int]]:
-    """{module path: (weight shape, real bytes as loaded)} of every module with a `weight`: a float
-    weight's numel * element_size; a format that stores something else reports its own `nbytes`."""
-    out = {}
-    for path, module in model.named_modules():
-        weight = getattr(module, "weight", None)
-        fmt = getattr(module, "format", None)
-        if fmt is not None and hasattr(fmt, "nbytes") and hasattr(fmt, "shape"):
-            out[path] = (tuple(fmt.shape), int(fmt.nbytes))
-        elif weight is not None and hasattr(weight, "shape") and hasattr(weight, "element_size"):
-            out[path] = (tuple(weight.shape), weight.numel() * weight.element_size())
-    return out
 
 
 def grouped(rows: list[Row], by: str = "position") -> dict[str, float]:
@@ -158,4 +152,4 @@ def grouped(rows: list[Row], by: str = "position") -> dict[str, float]:
     return dict(out)
 
 
-__all__ = ["Roofs", "Row", "build_rows", "canonical", "grouped", "middle_steps", "row_dict", "weights_of"]
+__all__ = ["Roofs", "Row", "build_rows", "canonical", "grouped", "middle_steps", "row_dict"]

@@ -22,7 +22,6 @@ from typing import Any
 
 from torch import nn
 
-from anatomy.analysis.hardware import Hardware
 from anatomy.errors import InputError
 
 SWEEP_KEYS = ("batch", "context")
@@ -44,11 +43,12 @@ def parse_sweep(text: str) -> tuple[str, list[int]]:
     return key, sorted(set(numbers))
 
 
-def run_sweep(model: nn.Module, key: str, values: list[int], *, options, machine: Hardware) -> dict[str, Any]:
+def run_sweep(model: nn.Module, key: str, values: list[int], *, options, machine) -> dict[str, Any]:
     """{"rows": the decode step at each value of `key` ("batch" or "context"), the others as in
     `options`; "ridge": for a batch sweep, the measured and predicted ridge}."""
-    from anatomy.analysis.profile import profile
+    from anatomy.analysis.profile import Machine, profile
 
+    machine = machine if isinstance(machine, Machine) else Machine(machine)
     points = []
     for value in values:
         report = profile(model, options=sweep_options(model.config, options, key, value), machine=machine)
@@ -83,6 +83,7 @@ def _point(key: str, report: dict[str, Any]) -> dict[str, Any]:
         "attention_bytes": sum(r["bytes"] for r in attention),
         "attention_roofline_s": sum(r["roofline_s"] or 0.0 for r in attention),
         "gemm_bound": _majority([r for r in d["ops"] if r["position"] in GEMM_POSITIONS]),
+        "weight_bytes": sum(r["kernel_weight_bytes"] or r["weight_bytes"] or 0 for r in d["ops"]),
         "positions": d["positions"],
     }
 
@@ -94,15 +95,17 @@ def _majority(rows: list[dict[str, Any]]) -> str | None:
     return max(time, key=time.get) if time else None
 
 
-def ridge(config, points: list[dict[str, Any]], machine: Hardware, options: dict[str, Any]) -> dict[str, Any]:
-    """Measured ridge (the fit of the GEMM times) against the predicted one (the roofline's)."""
+def ridge(config, points: list[dict[str, Any]], machine, options: dict[str, Any]) -> dict[str, Any]:
+    """Measured ridge (the fit of the GEMM times) against the predicted one (the roofline's, with the
+    weights' real bytes as the first point read them)."""
     from anatomy.analysis import roofline
     from anatomy.analysis.params import parameter_ledger
 
     dtype = options["compute_dtype"]
     predicted = roofline.decode_compute_bound_batch(
-        config, parameter_ledger(config), machine, context=options["context"], source_len=options["prompt_len"],
-        weight_dtype=dtype, kv_dtype=dtype, compute_dtype=dtype)
+        config, parameter_ledger(config), machine.roofs(dtype), context=options["context"],
+        source_len=options["prompt_len"], weight_dtype=dtype, kv_dtype=dtype, compute_dtype=dtype,
+        weight_bytes=points[0]["weight_bytes"] or None)
     measured = fit_ridge([p["batch"] for p in points], [p["gemm_s"] for p in points])
     return {"measured_batch": measured, "predicted_batch": predicted,
             "first_compute_bound_batch": next((p["batch"] for p in points if p["gemm_bound"] == "compute"), None)}

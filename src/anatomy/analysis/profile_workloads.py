@@ -13,6 +13,7 @@ measured step attends over the same T positions: the shape the trace's decode st
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -37,6 +38,8 @@ class Workload:
     model: nn.Module
     phases: dict[str, Callable[[], Iterator[None]]]
     tokens: dict[str, int]  # tokens each phase's step processes (prefill) or produces (decode)
+    dtype: torch.dtype  # the activations' dtype (the engine's choice, with its kernel plan)
+    plan: object = None  # the engine's KernelPlan (inference/plan.py), for a decoder
 
 
 def prompt_ids(vocab_size: int, shape: Shape) -> list[list[int]]:
@@ -56,21 +59,32 @@ def workload(model: nn.Module, shape: Shape, *, attention: str | None = None) ->
         work = _seq2seq(model, shape)
     else:
         work = _encoder(model, shape)
-    if attention is not None:
-        from anatomy.layers.attention import Attention, check_backend
+    from anatomy.layers.attention import Attention, check_backend
 
-        check_backend(attention)
-        for module in work.model.modules():
-            if isinstance(module, Attention):
-                module.backend = attention
+    for module in work.model.modules():
+        if isinstance(module, Attention):
+            module.__dict__.setdefault("_built_backend", module.backend)
+            module.backend = check_backend(attention) if attention is not None else module._built_backend
     return work
 
 
-def _decoder(model: nn.Module, shape: Shape) -> Workload:
+_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def engine_for(model: nn.Module):
+    """The DecoderEngine of `model`, made once per model: making one measures (or loads) its kernel
+    plan, which a sweep's points and a what-if's runs share."""
     from anatomy.inference.engine import DecoderEngine
 
-    engine = DecoderEngine(model)
-    engine._choose = named_stage("sampling", engine._choose)  # this engine's own instance only
+    if model not in _ENGINES:
+        engine = DecoderEngine(model)
+        engine._choose = named_stage("sampling", engine._choose)  # this engine's own instance only
+        _ENGINES[model] = engine
+    return _ENGINES[model]
+
+
+def _decoder(model: nn.Module, shape: Shape) -> Workload:
+    engine = engine_for(model)
     prompts = prompt_ids(model.config.vocab_size, shape)
     first = SamplingParams(max_new_tokens=1, ignore_eos=True)
     decode = SamplingParams(max_new_tokens=shape.context - shape.prompt_len, ignore_eos=True)
@@ -88,7 +102,7 @@ def _decoder(model: nn.Module, shape: Shape) -> Workload:
         raise RuntimeError("the decode steps outran the cache: context too small for the steps asked for")
 
     return Workload(engine.model, {"prefill": prefills, "decode": decodes},
-                    {"prefill": shape.batch * shape.prompt_len, "decode": shape.batch})
+                    {"prefill": shape.batch * shape.prompt_len, "decode": shape.batch}, engine.dtype, engine.plan)
 
 
 def _encoder(model: nn.Module, shape: Shape) -> Workload:
@@ -102,7 +116,7 @@ def _encoder(model: nn.Module, shape: Shape) -> Workload:
             view(ids)
             yield
 
-    return Workload(view, {"prefill": forwards}, {"prefill": shape.batch * shape.prompt_len})
+    return Workload(view, {"prefill": forwards}, {"prefill": shape.batch * shape.prompt_len}, view_dtype(view))
 
 
 def _seq2seq(model: nn.Module, shape: Shape) -> Workload:
@@ -128,7 +142,14 @@ def _seq2seq(model: nn.Module, shape: Shape) -> Workload:
         raise RuntimeError("the decode steps outran the cache: context too small for the steps asked for")
 
     return Workload(view, {"prefill": encodes, "decode": decodes},
-                    {"prefill": shape.prompt_len, "decode": shape.batch})
+                    {"prefill": shape.prompt_len, "decode": shape.batch}, view_dtype(view))
+
+
+def view_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype a model computes in without the engine's plan: that of its token embedding."""
+    from anatomy.models.embedding import Embeddings
+
+    return next(m for m in model.modules() if isinstance(m, Embeddings)).dtype
 
 
 def _device(model: nn.Module) -> torch.device:

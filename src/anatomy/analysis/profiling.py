@@ -52,7 +52,7 @@ def profile(model: str | os.PathLike[str] | nn.Module, *, weights: str = "f32", 
     from anatomy.analysis.hardware import get_hardware
     from anatomy.analysis.profile import ProfileOptions
 
-    weights = dtypes.parse(weights, option="weights").name
+    weights = parse_weights(weights)
     options = ProfileOptions(batch=batch_size, prompt_len=prompt_len, context=context, new_tokens=new_tokens)
     return ProfileReport(run_session(model, weights=weights, options=options, sweeps=[_sweep(s) for s in sweep],
                                      what_ifs=[_what_if(w) for w in what_if],
@@ -74,7 +74,7 @@ def _what_if(text: str) -> tuple[str, str]:
 def run_session(model: str | os.PathLike[str] | nn.Module, *, weights: str, options, sweeps, what_ifs,
                 hardware=None, name: str | None = None, machine=None) -> dict[str, Any]:
     """The whole report: checks, load, roofs, profile, sweeps, what-ifs."""
-    from anatomy.analysis.hardware import measure_local
+    from anatomy.analysis.profile import Machine
     from anatomy.analysis.profile import profile as profile_model
 
     label = name or (str(model) if not isinstance(model, nn.Module) else type(model).__name__)
@@ -85,10 +85,9 @@ def run_session(model: str | os.PathLike[str] | nn.Module, *, weights: str, opti
         model = load_model(str(model), weights)
     elif not hasattr(model, "config"):
         raise InputError(f"{type(model).__name__} has no anatomy ModelConfig in .config")
-    compute = [dtypes.name_of(_float_dtype(model))] + [v for k, v in what_ifs if k == "weights"]
-    machine = machine or measure_local(compute_dtypes=tuple(dict.fromkeys(compute)))
+    machine = machine if isinstance(machine, Machine) else Machine(machine)
     report = profile_model(model, options=options, name=label, machine=machine, hardware=hardware)
-    report["options"]["weights"] = compute[0]
+    report["options"]["weights"] = weights_label(model)
     report["sweep"] = []
     for key, values in sweeps:
         result = _run_sweep(model, key, values, options, machine)
@@ -97,6 +96,15 @@ def run_session(model: str | os.PathLike[str] | nn.Module, *, weights: str, opti
             report["ridge"] = result["ridge"]
     report["what_if"] = [_run_what_if(model, source, key, value, options, machine, report) for key, value in what_ifs]
     return report
+
+
+def parse_weights(value: str, *, option: str = "weights") -> str:
+    """A `weights=` choice of anatomy.load (auto, f32, f16, bf16, int8, int4); InputError naming `option`."""
+    from anatomy.weights.choice import CHOICES
+
+    if value == "auto":
+        return value
+    return dtypes.parse(value, option=option, choices=CHOICES[1:]).name
 
 
 def _checkpoint_name(model) -> str | None:
@@ -114,10 +122,14 @@ def _config_of(model):
     return resolve_config(str(model))
 
 
-def _float_dtype(model: nn.Module):
-    from anatomy.analysis.profile import activation_dtype
+def weights_label(model: nn.Module) -> str:
+    """The formats a model's matrices are held in, e.g. "int4+int8g" or "f32"."""
+    from anatomy.weights.modules import compact_modules
 
-    return activation_dtype(model)
+    names = {m.compact.name for m in compact_modules(model).values()}
+    dense = {dtypes.name_of(m.weight.dtype) for m in model.modules()
+             if isinstance(m, (nn.Linear, nn.Embedding)) and m.weight.is_floating_point()}
+    return "+".join(sorted(names | dense))
 
 
 def check_all(config, options, sweeps, what_ifs, weights: str, *, loaded: bool = False) -> None:
@@ -139,7 +151,7 @@ def check_all(config, options, sweeps, what_ifs, weights: str, *, loaded: bool =
             check_run(config, dataclasses.replace(options, batch=int(value)), weights,
                       option=f"--what-if batch={value}", resident_bytes=resident)
         elif key == "weights":
-            other = dtypes.parse(value, option="--what-if weights").name
+            other = parse_weights(value, option="--what-if weights")
             both = run_bytes(config, options, weights)["weights"] + resident
             check_run(config, options, other, option=f"--what-if weights={other}", resident_bytes=both)
         elif key == "attention":
@@ -152,16 +164,33 @@ def check_all(config, options, sweeps, what_ifs, weights: str, *, loaded: bool =
 
 
 def load_model(name: str, weights: str) -> nn.Module:
-    """A preset is built with random weights; anything else is loaded (anatomy.load)."""
+    """A preset is built with random weights (f32 for "auto"), converted to the `weights` choice;
+    anything else is loaded: anatomy.load(name, weights=...)."""
     from anatomy.presets import PRESETS
 
-    if name in PRESETS:
-        from anatomy import build_model, get_preset
+    if name not in PRESETS:
+        import anatomy
 
-        return build_model(get_preset(name), dtype=weights).eval()
-    import anatomy
+        return anatomy.load(name, weights=weights)
+    from anatomy import build_model, get_preset
 
-    return anatomy.load(name, dtype=weights)
+    return converted(build_model(get_preset(name)).eval(), weights)
+
+
+def converted(model: nn.Module, weights: str) -> nn.Module:
+    """An f32 model's matrices in the `weights` choice: a float dtype, or int8/int4 compact formats
+    (anatomy.weights.choice, as anatomy.load converts a checkpoint); "auto" leaves them."""
+    import torch
+
+    from anatomy.weights.choice import compact_formats, install
+
+    if weights in dtypes.FLOATS:
+        return model.to(dtypes.torch_dtype(weights))
+    if weights == "auto":
+        return model
+    formats = compact_formats(model, weights, dtype=torch.float32, lossless=lambda _: None,
+                              dense=lambda n: model.get_parameter(n).detach())
+    return install(model, formats, dtype=torch.float32)
 
 
 def _run_sweep(model: nn.Module, key: str, values: list[int], options, machine) -> dict[str, Any]:
@@ -176,7 +205,7 @@ def _run_what_if(model: nn.Module, source: str | None, key: str, value: str, opt
     from anatomy.analysis.profile_whatif import compare
 
     if key == "weights":
-        other = _with_weights(model, source, dtypes.parse(value, option="--what-if weights").name)
+        other = _with_weights(model, source, parse_weights(value, option="--what-if weights"))
         after = profile_model(other, options=options, machine=machine)
     elif key == "attention":
         after = profile_model(model, options=dataclasses.replace(options, attention=value), machine=machine)
@@ -190,6 +219,11 @@ def _with_weights(model: nn.Module, source: str | None, weights: str) -> nn.Modu
     from one, else (a preset's random weights, a model object) a converted copy of the same weights."""
     import copy
 
+    from anatomy.weights.modules import compact_modules
+
     if source is not None:
         return load_model(source, weights)
-    return copy.deepcopy(model).to(dtypes.torch_dtype(weights))
+    if compact_modules(model):
+        raise InputError("--what-if weights=...: a model object with compact weights can only be converted "
+                         "by loading it again: profile it by name")
+    return converted(copy.deepcopy(model).float(), weights)

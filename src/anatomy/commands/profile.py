@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from anatomy import dtypes
 from anatomy.commands.common import add_report_options, print_report
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -26,7 +25,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="an installed model name, a .gguf file, an HF model directory, or a preset (random weights)")
-    p.add_argument("--weights", default="f32", help=f"weights (and activations): {', '.join(dtypes.FLOATS)}")
+    p.add_argument("--weights", default="auto",
+                   help="the format of the matrices, as anatomy.load takes it: auto (a GGUF file's own blocks), "
+                        "f32, f16, bf16, int8, int4; the engine picks the activations' dtype with its kernel plan")
     p.add_argument("--batch-size", type=int, default=1, help="rows per step B")
     p.add_argument("--prompt-len", type=int, default=128, help="prompt (encoder: sequence; seq2seq: source) length S")
     p.add_argument("--context", type=int, default=None,
@@ -49,10 +50,10 @@ def run(args: argparse.Namespace) -> int:
     from anatomy.analysis.profile import ProfileOptions
     from anatomy.analysis.profile_sweep import parse_sweep
     from anatomy.analysis.profile_whatif import parse_what_if
-    from anatomy.analysis.profiling import run_session
+    from anatomy.analysis.profiling import parse_weights, run_session
     from anatomy.figures import image_format
 
-    weights = dtypes.parse(args.weights, option="--weights").name
+    weights = parse_weights(args.weights, option="--weights")
     sweeps = [parse_sweep(s) for s in args.sweep]
     what_ifs = [parse_what_if(w) for w in args.what_if]
     if args.plot:
