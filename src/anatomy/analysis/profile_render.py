@@ -104,10 +104,16 @@ def _ops(phase: str, d: dict[str, Any]) -> TableSpec:
         t.rows.append([o["position"], o["module"], o["op"], f"{o['calls']:g}", shown,
                        "-" if o["flops"] is None else si(o["flops"]), "-" if o["bytes"] is None else si(o["bytes"], "B"),
                        us(o["time_s"]), _rate(o["flops_per_s"], ""), _rate(o["bytes_per_s"], ""), us(o["roofline_s"]),
-                       o["bound"], o["via"] or ""])
-    t.notes.append("FLOPs and bytes: the shape trace's rows (anatomy inspect), a linear's weight at its real size; "
-                   "(python): the module's own Python between its ops; ran as: the op that did most of the work")
+                       o["bound"], _ran_as(o)])
+    t.notes.append("FLOPs and bytes: the shape trace's rows (anatomy inspect), a linear's weight at the real size of "
+                   "the layout its planned kernel reads; (python): the module's own Python between its ops; ran as: "
+                   "the planned kernel and the aten op that did most of the work")
     return t
+
+
+def _ran_as(o: dict[str, Any]) -> str:
+    via = o["via"] or ""
+    return f"{o['kernel']}: {via}" if o.get("kernel") else via
 
 
 def _miss(phase: str, d: dict[str, Any]) -> TableSpec:
