@@ -73,8 +73,16 @@ class Machine:
     dtype the first time a run computes in it (a what-if in bf16 adds the bf16 peak). Given a
     Hardware (a test's fixed roofs), it measures nothing."""
 
-    def __init__(self, hardware: Hardware | None = None) -> None:
+    def __init__(self, hardware: Hardware | None = None, *, op_latency_s: float | None = None) -> None:
         self.hardware = hardware
+        self._latency = op_latency_s
+
+    @property
+    def op_latency_s(self) -> float:
+        """The time one small op takes here (measured once): the floor under every op's time."""
+        if self._latency is None:
+            self._latency = measure_op_latency()
+        return self._latency
 
     def roofs(self, dtype: str) -> Hardware:
         hw = self.hardware
@@ -97,10 +105,11 @@ def profile(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), nam
     check_shape(config, shape, options)  # the caller checks memory (check_run) before loading
     work = workload(model, shape, attention=options.attention)
     compute = dtypes.name_of(work.dtype)
-    machine = (machine if isinstance(machine, Machine) else Machine(machine)).roofs(compute)
+    measured = machine if isinstance(machine, Machine) else Machine(machine)
+    machine = measured.roofs(compute)
     positions = module_positions(work.model)
     weights = WeightTable(model, work.plan)
-    roofs = Roofs(machine.peak(compute), machine.bandwidth)
+    roofs = Roofs(machine.peak(compute), machine.bandwidth, measured.op_latency_s)
     ranges = NamedRanges(work.model)
     load = _cpu_sample()
     phases = {}
@@ -118,7 +127,7 @@ def profile(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), nam
         "options": {"batch": shape.batch, "prompt_len": shape.prompt_len, "context": shape.context,
                     "new_tokens": options.new_tokens, "prefill_runs": options.prefill_runs,
                     "compute_dtype": compute, "threads": torch.get_num_threads()},
-        "machine": {**_machine(machine, compute), "load": _load_note(load)},
+        "machine": {**_machine(machine, compute), "op_latency_s": roofs.op_latency_s, "load": _load_note(load)},
         "positions": {k: {"label": label, "serves": serves} for k, (label, serves) in POSITIONS.items()},
         "phases": phases,
     }
@@ -126,6 +135,22 @@ def profile(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), nam
         report["hardware"] = named_prediction(config, hardware, shape, compute, phases,
                                               weight_dtype=_weight_dtype(model, compute))
     return report
+
+
+def measure_op_latency(*, calls: int = 2000, repeats: int = 5) -> float:
+    """Seconds one small op takes on this machine, dispatch included: the best of `repeats` means
+    over `calls` additions of two [1, 64] tensors (no profiler)."""
+    import time
+
+    a, b = torch.ones(1, 64), torch.ones(1, 64)
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(calls):
+                torch.add(a, b)
+            best = min(best, (time.perf_counter() - start) / calls)
+    return best
 
 
 def check_run(config: ModelConfig, options: ProfileOptions, weights: str, *, option: str | None = None,

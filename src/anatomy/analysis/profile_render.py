@@ -44,7 +44,8 @@ def _machine(report: dict[str, Any]) -> TableSpec:
     t.rows = [["memory read bandwidth", _rate(m["bandwidth_bytes_per_s"], "B/s")]]
     t.rows += [[f"matmul peak, {d}", _rate(v, "FLOP/s")] for d, v in m["peak_flops_per_s_by_dtype"].items()
                if d != "any"]
-    t.rows += [["ridge (peak / bandwidth)", f"{m['ridge_flops_per_byte']:.3g} FLOP/byte"]]
+    t.rows += [["ridge (peak / bandwidth)", f"{m['ridge_flops_per_byte']:.3g} FLOP/byte"],
+               ["one small op (dispatch latency)", f"{m['op_latency_s'] * 1e6:.2f} us"]]
     o = report["options"]
     t.notes.append(f"{m['source']}; {o['threads']} threads; compute dtype {o['compute_dtype']}")
     if m.get("load", {}).get("note"):

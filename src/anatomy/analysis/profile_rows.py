@@ -6,10 +6,12 @@ Steps are noisy on a shared machine; the rows are averaged over the steps whose 
 the middle half (the interquartile steps): robust against a step another process slowed, and
 still additive, so that the rows of a phase sum to its step time exactly.
 
-A row's verdict: `overhead` when its time is more than OVERHEAD_FACTOR times its roofline time (or
-it has no FLOPs and bytes to put on a roof: Python, views, the engine's glue): dispatch, Python
-and small-op latency rather than the machine's roofs; otherwise `compute` or `bandwidth`, the roof
-that bounds it (FLOPs / peak against bytes / bandwidth).
+A row's verdict: `overhead` when its work per call is too small for a roof to matter, its roofline
+time per call below the time one small op takes on this machine (measured: the dispatch latency),
+and its time is above its roofline time (or it has no FLOPs and bytes to put on a roof: Python,
+views, the engine's glue): dispatch, Python and small-op latency; otherwise `compute` or
+`bandwidth`, the roof that bounds it (FLOPs / peak against bytes / bandwidth), however far above
+it the op runs: a kernel reaching a fraction of its roof is what the prediction misses.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from anatomy.analysis.profile_positions import position_of
 from anatomy.analysis.profile_weights import LinearWeight, WeightTable
 from anatomy.analysis.trace import TraceRow
 
-OVERHEAD_FACTOR = 4.0
 PYTHON = "(python)"
 
 
@@ -60,6 +61,7 @@ class Row:
 class Roofs:
     peak_flops_per_s: float
     bandwidth_bytes_per_s: float
+    op_latency_s: float  # one small op's time: below this per call, no roof explains an op
 
     def time(self, flops: float, nbytes: float) -> float:
         return max(flops / self.peak_flops_per_s, nbytes / self.bandwidth_bytes_per_s)
@@ -125,7 +127,8 @@ def row_dict(row: Row, roofs: Roofs) -> dict[str, Any]:
     """A row as the --json `ops` entry."""
     flops, nbytes, t = row.flops, row.bytes, row.time_s
     roof = roofs.time(flops, nbytes) if flops is not None else None
-    if roof is None or not roof or t > OVERHEAD_FACTOR * roof:
+    per_call = roof / row.calls if roof is not None and row.calls else 0.0
+    if roof is None or (per_call < roofs.op_latency_s and t > roof):
         bound = "overhead"
     else:
         bound = roofs.bound(flops, nbytes)
