@@ -13,7 +13,8 @@ import torch
 from anatomy import build_model, get_preset
 from anatomy.analysis import flops, trace
 from anatomy.analysis.hardware import Hardware
-from anatomy.analysis.profile import ProfileOptions, check_run, profile
+from anatomy.analysis.profile import ProfileOptions, profile
+from anatomy.analysis.profile_checks import check_run
 from anatomy.analysis.profile_match import canonical, layer_kinds, op_name
 from anatomy.analysis.profile_rows import Roofs, Row, row_dict
 from anatomy.analysis.profile_sweep import fit_ridge, parse_sweep

@@ -69,15 +69,18 @@ def _batch(ax, report: dict[str, Any]) -> None:
     rows = [r for r in report["sweep"] if r["sweep"] == "batch"]
     xs = [r["batch"] for r in rows]
     ax.loglog(xs, [r["tok_per_s"] for r in rows], "o-", color="tab:orange", label="measured")
-    ax.loglog(xs, [r["predicted_tok_per_s"] for r in rows], "s--", color="tab:green", label="predicted (roofs + overhead)")
+    ax.loglog(xs, [r["predicted_tok_per_s"] for r in rows], "s--", color="tab:green",
+              label="predicted (roofs + overhead)")
     roof = [(x, r["roofline_tok_per_s"]) for x, r in zip(xs, rows) if r["roofline_tok_per_s"]]
     if roof:
         ax.loglog(*zip(*roof), ":", color="tab:blue", label="roofline")
     ridge = report.get("ridge", {})
     if ridge.get("measured_batch"):
-        ax.axvline(ridge["measured_batch"], color="tab:orange", alpha=0.5, label=f"measured ridge {ridge['measured_batch']:.3g}")
+        ax.axvline(ridge["measured_batch"], color="tab:orange", alpha=0.5,
+                   label=f"measured ridge {ridge['measured_batch']:.3g}")
     if ridge.get("predicted_batch"):
-        ax.axvline(ridge["predicted_batch"], color="tab:blue", alpha=0.5, label=f"predicted ridge {ridge['predicted_batch']}")
+        ax.axvline(ridge["predicted_batch"], color="tab:blue", alpha=0.5,
+                   label=f"predicted ridge {ridge['predicted_batch']}")
     ax.set_xlabel("batch")
     ax.set_ylabel("decode tok/s")
     ax.set_title("decode throughput against the batch")

@@ -64,7 +64,9 @@ def _ancestors(model: nn.Module, path: str) -> list[nn.Module]:
 
 
 def _position(module: nn.Module, ancestors: list[nn.Module]) -> str:
-    inside = lambda kinds: any(isinstance(a, kinds) for a in ancestors)
+    def inside(kinds) -> bool:
+        return any(isinstance(a, kinds) for a in ancestors)
+
     if isinstance(module, Embeddings) or inside(Embeddings) or isinstance(module, nn.Embedding):
         return "embedding"
     if isinstance(module, (Attention, PositionContext)) or inside((Attention, PositionContext)):

@@ -103,7 +103,8 @@ def _ops(phase: str, d: dict[str, Any]) -> TableSpec:
         shapes = o["shapes"]
         shown = "" if shapes is None else " ".join(str(s) for s in shapes["inputs"]) + f" -> {shapes['output']}"
         t.rows.append([o["position"], o["module"], o["op"], f"{o['calls']:g}", shown,
-                       "-" if o["flops"] is None else si(o["flops"]), "-" if o["bytes"] is None else si(o["bytes"], "B"),
+                       "-" if o["flops"] is None else si(o["flops"]),
+                       "-" if o["bytes"] is None else si(o["bytes"], "B"),
                        us(o["time_s"]), _rate(o["flops_per_s"], ""), _rate(o["bytes_per_s"], ""), us(o["roofline_s"]),
                        o["bound"], _ran_as(o)])
     t.notes.append("FLOPs and bytes: the shape trace's rows (anatomy inspect), a linear's weight at the real size of "
@@ -135,9 +136,11 @@ def _sweep(key: str, report: dict[str, Any]) -> TableSpec:
                                                      "tok/s roofline", "GEMM ms", "GEMM bound", "attention ms",
                                                      "attention bytes", "KV writes ms"])
     for p in (r for r in report["sweep"] if r["sweep"] == key):
-        t.rows.append([str(p["batch"]), str(p["context"]), f"{p['tok_per_s']:,.1f}", f"{p['predicted_tok_per_s']:,.1f}",
-                       "-" if p["roofline_tok_per_s"] is None else f"{p['roofline_tok_per_s']:,.1f}", ms(p["gemm_s"]),
-                       p["gemm_bound"] or "-", ms(p["attention_s"]), si(p["attention_bytes"], "B"), ms(p["kv_write_s"])])
+        t.rows.append([str(p["batch"]), str(p["context"]), f"{p['tok_per_s']:,.1f}",
+                       f"{p['predicted_tok_per_s']:,.1f}",
+                       "-" if p["roofline_tok_per_s"] is None else f"{p['roofline_tok_per_s']:,.1f}",
+                       ms(p["gemm_s"]), p["gemm_bound"] or "-", ms(p["attention_s"]), si(p["attention_bytes"], "B"),
+                       ms(p["kv_write_s"])])
     if key == "batch" and "ridge" in report:
         r = report["ridge"]
         measured = "not within the sweep" if r["measured_batch"] is None else f"{r['measured_batch']:.3g}"

@@ -84,7 +84,9 @@ def build_rows(steps: list[Step], index: TraceIndex, positions: dict[str, str], 
     """The rows of `steps` (already the chosen ones), averaged per step, in first-seen order.
     `weights`: the real bytes of the linear layers' weights; `element_size`: bytes per value of the
     dtype the trace was recorded in."""
-    new = lambda key, owner, trace_row: _new_row(key, owner, trace_row, positions, weights, element_size)
+    def new(key: RowKey, owner: str, trace_row: TraceRow | None) -> Row:
+        return _new_row(key, owner, trace_row, positions, weights, element_size)
+
     rows: dict[RowKey, Row] = {}
     n = len(steps)
     for step in steps:

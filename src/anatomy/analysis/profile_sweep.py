@@ -46,7 +46,8 @@ def parse_sweep(text: str) -> tuple[str, list[int]]:
 def run_sweep(model: nn.Module, key: str, values: list[int], *, options, machine) -> dict[str, Any]:
     """{"rows": the decode step at each value of `key` ("batch" or "context"), the others as in
     `options`; "ridge": for a batch sweep, the measured and predicted ridge}."""
-    from anatomy.analysis.profile import Machine, profile
+    from anatomy.analysis.profile import profile
+    from anatomy.analysis.profile_machine import Machine
 
     machine = machine if isinstance(machine, Machine) else Machine(machine)
     points = []

@@ -74,8 +74,8 @@ def _what_if(text: str) -> tuple[str, str]:
 def run_session(model: str | os.PathLike[str] | nn.Module, *, weights: str, options, sweeps, what_ifs,
                 hardware=None, name: str | None = None, machine=None) -> dict[str, Any]:
     """The whole report: checks, load, roofs, profile, sweeps, what-ifs."""
-    from anatomy.analysis.profile import Machine
     from anatomy.analysis.profile import profile as profile_model
+    from anatomy.analysis.profile_machine import Machine
 
     label = name or (str(model) if not isinstance(model, nn.Module) else type(model).__name__)
     source = _checkpoint_name(model)
@@ -135,7 +135,7 @@ def weights_label(model: nn.Module) -> str:
 def check_all(config, options, sweeps, what_ifs, weights: str, *, loaded: bool = False) -> None:
     """Every run the session will make, checked against the model's context and this machine's memory
     (`loaded`: the model is in memory already, its weights are not asked for again)."""
-    from anatomy.analysis.profile import check_run, run_bytes
+    from anatomy.analysis.profile_checks import check_run, run_bytes
     from anatomy.analysis.profile_sweep import sweep_options
 
     resident = -run_bytes(config, options, weights)["weights"] if loaded else 0
