@@ -1,6 +1,6 @@
 """anatomy profile on tiny random models of every family: the reconciliation identities, the
 mapping of ops to trace rows and positions, FLOPs and bytes from the trace, verdicts, sweeps and
-what-ifs, bad input. No wall-clock time is asserted: only sums, structure and bounds that hold on
+what-ifs (the checks before a run: test_profile_checks.py). No wall-clock time is asserted: only sums, structure and bounds that hold on
 any machine."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from anatomy import build_model, get_preset
 from anatomy.analysis import flops, trace
 from anatomy.analysis.hardware import Hardware
 from anatomy.analysis.profile import ProfileOptions, profile
-from anatomy.analysis.profile_checks import check_run
 from anatomy.analysis.profile_match import canonical, layer_kinds, op_name
 from anatomy.analysis.profile_rows import Roofs, Row, row_dict
 from anatomy.analysis.profile_sweep import fit_ridge, parse_sweep
@@ -216,20 +215,6 @@ def test_sweep_and_what_if_parsing():
     for bad in ("weights", "speed=fast", "batch=two", "batch="):
         with pytest.raises(InputError, match="--what-if"):
             parse_what_if(bad)
-
-
-def test_sizes_that_cannot_run_fail_first_naming_the_limit():
-    config = llama().config  # max_seq_len 64
-    with pytest.raises(InputError, match="--context 65 exceeds the model's context of 64"):
-        check_run(config, ProfileOptions(prompt_len=8, context=65), "f32")
-    with pytest.raises(InputError, match="--prompt-len 70 exceeds"):
-        check_run(config, ProfileOptions(prompt_len=70), "f32")
-    with pytest.raises(InputError, match=r"--context 10 is too small: --prompt-len 8 \+ 2 warm-up \+ --new-tokens 16"):
-        check_run(config, ProfileOptions(prompt_len=8, context=10), "f32")
-    with pytest.raises(InputError, match="--sweep batch=0: --batch-size 0 must be a positive integer"):
-        check_run(config, ProfileOptions(batch=0), "f32", option="--sweep batch=0")
-    with pytest.raises(InputError, match=r"needs about .* GiB \(weights .* GiB, KV cache .*\) but this machine has"):
-        check_run(get_preset("llama-70b"), ProfileOptions(), "f32")
 
 
 def test_sweep_rows_and_what_if_rows():

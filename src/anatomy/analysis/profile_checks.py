@@ -38,15 +38,15 @@ def check_shape(config: ModelConfig, shape: Shape, options, *, option: str | Non
                          "(max_seq_len)")
     if config.is_encoder:
         return
-    if shape.context > limit:
-        raise InputError(f"{prefix}--context {shape.context} exceeds the model's context of {limit} tokens "
-                         "(max_seq_len)")
     prompt = shape.prompt_len if config.is_decoder else 0
     needed = prompt + options.warmup + options.new_tokens + 1
+    steps = (f"--prompt-len {shape.prompt_len} + " if prompt else "") + \
+        f"{options.warmup} warm-up + --new-tokens {options.new_tokens} decode steps + 1 need {needed} cache slots"
+    if shape.context > limit:
+        given = f"--context {shape.context}" if options.context is not None else f"the default --context ({steps})"
+        raise InputError(f"{prefix}{given} exceeds the model's context of {limit} tokens (max_seq_len)")
     if shape.context < needed:
-        what = f"--prompt-len {shape.prompt_len} + " if prompt else ""
-        raise InputError(f"{prefix}--context {shape.context} is too small: {what}{options.warmup} warm-up + "
-                         f"--new-tokens {options.new_tokens} decode steps + 1 need {needed} cache slots")
+        raise InputError(f"{prefix}--context {shape.context} is too small: {steps}")
 
 
 def run_bytes(config: ModelConfig, options, weights: str) -> dict[str, int]:

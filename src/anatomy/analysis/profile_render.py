@@ -72,6 +72,9 @@ def _summary(phase: str, d: dict[str, Any], report: dict[str, Any]) -> TableSpec
     t.notes.append(f"measured {d['tok_per_s']:,.1f} tok/s, predicted {d['predicted_tok_per_s']:,.1f} tok/s "
                    f"({d['tokens_per_step']} tokens per step; {d['steps_used']} of {d['steps_measured']} profiled "
                    f"steps averaged: those in the middle half by time)")
+    if d["profiler_overhead_s"] < 0:
+        t.notes.append("the profiled steps ran faster than the unprofiled ones: the machine's noise between the "
+                       "rounds is larger than the profiler's cost, so neither is measured here")
     return t
 
 

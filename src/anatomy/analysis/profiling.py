@@ -42,20 +42,22 @@ class ProfileReport(Report):
         return f"<anatomy profile of {m['name']}: {decode['tok_per_s']:,.1f} tok/s measured>"
 
 
-def profile(model: str | os.PathLike[str] | nn.Module, *, weights: str = "f32", batch_size: int = 1,
+def profile(model: str | os.PathLike[str] | nn.Module, *, weights: str = "auto", batch_size: int = 1,
             prompt_len: int = 128, context: int | None = None, new_tokens: int = 16,
-            sweep: list[str] | tuple[str, ...] = (), what_if: list[str] | tuple[str, ...] = (),
+            sweep: str | list[str] | tuple[str, ...] = (), what_if: str | list[str] | tuple[str, ...] = (),
             hardware: str | None = None, name: str | None = None) -> ProfileReport:
-    """Profile a model (a loaded model, or a name / .gguf / HF directory / preset loaded at `weights`).
-    `sweep`: "batch=1,2,4" or "context=256,512"; `what_if`: "weights=bf16", "attention=eager",
-    "batch=8"; `hardware`: a named accelerator whose prediction is added."""
+    """Profile a model (a loaded model, or a name / .gguf / HF directory / preset loaded at `weights`,
+    as anatomy.load takes it). `sweep`: "batch=1,2,4" or "context=256,512" (one or a list);
+    `what_if`: "weights=bf16", "attention=eager", "batch=8" (one or a list); `hardware`: a named
+    accelerator whose prediction is added."""
     from anatomy.analysis.hardware import get_hardware
     from anatomy.analysis.profile import ProfileOptions
 
     weights = parse_weights(weights)
+    sweeps = [_sweep(s) for s in ([sweep] if isinstance(sweep, str) else sweep)]
+    what_ifs = [_what_if(w) for w in ([what_if] if isinstance(what_if, str) else what_if)]
     options = ProfileOptions(batch=batch_size, prompt_len=prompt_len, context=context, new_tokens=new_tokens)
-    return ProfileReport(run_session(model, weights=weights, options=options, sweeps=[_sweep(s) for s in sweep],
-                                     what_ifs=[_what_if(w) for w in what_if],
+    return ProfileReport(run_session(model, weights=weights, options=options, sweeps=sweeps, what_ifs=what_ifs,
                                      hardware=get_hardware(hardware) if hardware else None, name=name))
 
 
@@ -83,8 +85,6 @@ def run_session(model: str | os.PathLike[str] | nn.Module, *, weights: str, opti
     check_all(config, options, sweeps, what_ifs, weights, loaded=isinstance(model, nn.Module))
     if not isinstance(model, nn.Module):
         model = load_model(str(model), weights)
-    elif not hasattr(model, "config"):
-        raise InputError(f"{type(model).__name__} has no anatomy ModelConfig in .config")
     machine = machine if isinstance(machine, Machine) else Machine(machine)
     report = profile_model(model, options=options, name=label, machine=machine, hardware=hardware)
     report["options"]["weights"] = weights_label(model)
@@ -115,7 +115,12 @@ def _checkpoint_name(model) -> str | None:
 
 
 def _config_of(model):
+    from anatomy.config import ModelConfig
+
     if isinstance(model, nn.Module):
+        if not isinstance(getattr(model, "config", None), ModelConfig):
+            raise InputError(f"{type(model).__name__} has no anatomy ModelConfig in .config: profile takes a model "
+                             "anatomy built or loaded, or a name, path or preset")
         return model.config
     from anatomy.commands.inspect import resolve_config
 
