@@ -1,7 +1,7 @@
 """anatomy profile on tiny random models of every family: the reconciliation identities, the
 mapping of ops to trace rows and positions, FLOPs and bytes from the trace, verdicts, sweeps and
-what-ifs (the checks before a run: test_profile_checks.py). No wall-clock time is asserted: only sums, structure and bounds that hold on
-any machine."""
+what-ifs (the checks before a run: test_profile_checks.py). No wall-clock time is asserted: only
+sums, structure and bounds that hold on any machine."""
 
 from __future__ import annotations
 
