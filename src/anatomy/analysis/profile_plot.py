@@ -81,6 +81,8 @@ def _batch(ax, report: dict[str, Any]) -> None:
     if ridge.get("predicted_batch"):
         ax.axvline(ridge["predicted_batch"], color="tab:blue", alpha=0.5,
                    label=f"predicted ridge {ridge['predicted_batch']}")
+    ax.set_xticks(xs, [str(x) for x in xs])  # the batches swept, not 2 x 10^0
+    ax.set_xticks([], minor=True)
     ax.set_xlabel("batch")
     ax.set_ylabel("decode tok/s")
     ax.set_title("decode throughput against the batch")

@@ -167,7 +167,9 @@ def _what_if(w: dict[str, Any], report: dict[str, Any]) -> TableSpec:
 
 
 def _change(before: float, after: float) -> str:
-    return f"{after - before:+.2f} ms ({(after - before) / before:+.0%})" if before else f"{after * 1e3:+.2f} ms"
+    """The change of seconds `before` -> `after`, in ms and relative."""
+    delta = f"{(after - before) * 1e3:+,.2f} ms"
+    return f"{delta} ({(after - before) / before:+.0%})" if before else delta
 
 
 def _hardware(h: dict[str, Any]) -> TableSpec:
