@@ -10,6 +10,7 @@ FLOP and byte visible.
     anatomy.loaded_models                 the models loaded by name for generate/embed (LRU; .clear())
     anatomy.inspect(model) / compare(...)  the anatomy report; renders as a page in a notebook
     anatomy.attention(model, text, ...)   attention weights per layer and head over the real tokens
+    anatomy.profile(model, ...)           the run measured: time per op and per position, against the roofs
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ _LAZY = {
     "inspect": "anatomy.analysis.inspection",
     "compare": "anatomy.analysis.inspection",
     "attention": "anatomy.analysis.attention_maps",
+    "profile": "anatomy.analysis.profiling",
 }
 
 

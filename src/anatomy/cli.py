@@ -31,6 +31,8 @@ COMMANDS = {
     "inspect": "shapes, parameters, FLOPs, memory, roofline and training time of a model",
     "compare": "several models side by side (parameters, FLOPs, memory, roofline)",
     "attention": "attention weights of a real model over a text: heatmaps per layer and head",
+    "profile": "run a model under the profiler: time per op and per position of the decoder's map, against "
+               "this machine's roofs",
     "train": "train or fine-tune a model (causal LM, masked LM, seq2seq)",
     "plot": "draw the training and validation loss curves of runs to a PNG",
     "presets": "list the named model configurations with their parameter counts",

@@ -72,6 +72,12 @@ PRESETS: dict[str, dict[str, Any]] = {
                      "rope_theta": 500000.0, "bos_token_id": 128000, "eos_token_id": 128001,
                      "rope_scaling": RopeScaling(kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                                  original_max_seq_len=8192)},
+    # Llama 3.2 1B: Llama 3.1's shape scaled down, tied head (the 1B-class config `anatomy profile` is measured on)
+    "llama-3.2-1b": {**_LLAMA, "vocab_size": 128256, "d_model": 2048, "n_layers": 16, "n_heads": 32,
+                     "n_kv_heads": 8, "d_ff": 8192, "norm_eps": 1e-5, "max_seq_len": 131072,
+                     "rope_theta": 500000.0, "tie_embeddings": True, "bos_token_id": 128000, "eos_token_id": 128001,
+                     "rope_scaling": RopeScaling(kind="llama3", factor=32.0, low_freq_factor=1.0,
+                                                 high_freq_factor=4.0, original_max_seq_len=8192)},
     # Mistral 7B v0.1: a 4096-token sliding window on every layer
     "mistral-7b": {**_MISTRAL, "sliding_window": 4096},
     # Mixtral 8x7B: every FFN a mixture of 8 experts, 2 per token

@@ -110,21 +110,27 @@ def _positive(value: object, path: Path, name: str) -> float:
     return float(value)
 
 
-def measure_local(*, matmul_n: int = 1024, read_mib: int = 256, repeats: int = 3) -> Hardware:
-    """This machine, measured now: best of `repeats` f32 matmuls [n, n] @ [n, n] (2n^3 FLOPs) and
-    best of `repeats` sums over a read_mib MiB f32 tensor (bytes read / seconds)."""
-    flops = measure_matmul_peak(torch.device("cpu"), size=matmul_n, repeats=repeats)
+def measure_local(*, matmul_n: int = 1024, read_mib: int = 256, repeats: int = 3,
+                  compute_dtypes: tuple[str, ...] = ("f32",)) -> Hardware:
+    """This machine, measured now: best of `repeats` matmuls [n, n] @ [n, n] (2n^3 FLOPs) in each
+    of `compute_dtypes` and best of `repeats` sums over a read_mib MiB f32 tensor (bytes read / seconds)."""
+    cpu = torch.device("cpu")
+    peaks = {d: measure_matmul_peak(cpu, size=matmul_n, repeats=repeats, dtype=dtypes.torch_dtype(d))
+             for d in compute_dtypes}
     x = torch.ones(read_mib * 2 ** 20 // 4)
-    bandwidth = x.nbytes / _best_seconds(lambda: x.sum(), repeats, torch.device("cpu"))
-    return Hardware("local", {"f32": flops, "any": flops}, bandwidth, source=(
-        f"measured now: f32 matmul {matmul_n}^3 and a sum over {read_mib} MiB, best of {repeats}"),
-        notes="f32 only: this measurement stands in for every compute dtype")
+    bandwidth = x.nbytes / _best_seconds(lambda: x.sum(), repeats, cpu)
+    first = peaks[compute_dtypes[0]]
+    only = compute_dtypes == ("f32",)
+    return Hardware("local", {**peaks, "any": first}, bandwidth, source=(
+        f"measured now: {'/'.join(compute_dtypes)} matmul {matmul_n}^3 and a sum over {read_mib} MiB, best of {repeats}"),
+        notes="f32 only: this measurement stands in for every compute dtype" if only else "")
 
 
-def measure_matmul_peak(device: torch.device, *, size: int = 1024, repeats: int = 3) -> float:
-    """FLOP/s of the best of `repeats` [size, size] matmuls (fp32; bf16 on a GPU) with this process's
-    threads. Its own generator draws the inputs: the global RNG (dropout, sampling) is untouched."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+def measure_matmul_peak(device: torch.device, *, size: int = 1024, repeats: int = 3,
+                        dtype: torch.dtype | None = None) -> float:
+    """FLOP/s of the best of `repeats` [size, size] matmuls (default fp32; bf16 on a GPU) with this
+    process's threads. Its own generator draws the inputs: the global RNG (dropout, sampling) is untouched."""
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     gen = torch.Generator(device).manual_seed(0)
     a = torch.randn(size, size, device=device, dtype=dtype, generator=gen)
     b = torch.randn(size, size, device=device, dtype=dtype, generator=gen)

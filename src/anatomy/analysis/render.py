@@ -199,7 +199,13 @@ def _trace(phase: str, rows: list[dict[str, Any]], o: dict[str, Any]) -> TableSp
 
 def markdown(report: dict[str, Any]) -> str:
     parts = [f"# anatomy of {report['model']['name']}", "", "```", report["diagram"]["text"], "```", ""]
-    for t in tables(report):
+    return "\n".join(parts) + "\n" + markdown_tables(tables(report))
+
+
+def markdown_tables(specs: list[TableSpec]) -> str:
+    """Each table as a Markdown section: its title, the table, its notes as a list."""
+    parts: list[str] = []
+    for t in specs:
         parts += [f"## {t.title}", "", "| " + " | ".join(t.columns) + " |", "|" + "---|" * len(t.columns)]
         parts += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in t.rows]
         parts += [""] + [f"- {n}" for n in t.notes] + ([""] if t.notes else [])
@@ -208,12 +214,18 @@ def markdown(report: dict[str, Any]) -> str:
 
 def print_rich(report: dict[str, Any], *, width: int | None = None) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console(width=width)
     console.print(f"[bold]anatomy of {report['model']['name']}[/bold]")
     console.print(report["diagram"]["text"], markup=False)
-    for spec in tables(report):
+    print_tables(console, tables(report))
+
+
+def print_tables(console: Any, specs: list[TableSpec]) -> None:
+    """Each table through rich, its notes under it."""
+    from rich.table import Table
+
+    for spec in specs:
         table = Table(title=spec.title, title_justify="left")
         for column in spec.columns:
             table.add_column(column, overflow="fold")

@@ -117,17 +117,19 @@ def _kv_read_per_sequence(config: ModelConfig, *, context: int, source_len: int,
 
 
 def decode_compute_bound_batch(config: ModelConfig, ledger: Ledger, hardware: Hardware, *, context: int,
-                               source_len: int, weight_dtype: str, kv_dtype: str, compute_dtype: str) -> int | None:
+                               source_len: int, weight_dtype: str, kv_dtype: str, compute_dtype: str,
+                               weight_bytes: int | None = None) -> int | None:
     """Smallest batch B whose decode step at context T is compute-bound, or None if none is:
     B*f / (W + B*k) >= ridge  <=>  B >= ridge*W / (f - ridge*k), which needs f > ridge*k. With
-    experts, W grows with B (more experts touched): the smallest such B is searched for."""
+    experts, W grows with B (more experts touched): the smallest such B is searched for.
+    `weight_bytes`: W as measured on a loaded model (compact formats' real bytes), for a dense one."""
     f = decode_flops(config, batch=1, context=context, source_len=source_len).total
     k = _kv_read_per_sequence(config, context=context, source_len=source_len, kv_dtype=kv_dtype)
     ridge = hardware.peak(compute_dtype) / hardware.bandwidth
     if f <= ridge * k:
         return None
     if not config.n_experts:
-        w = weights_read_bytes(ledger, weight_dtype, decode=True)
+        w = weight_bytes if weight_bytes is not None else weights_read_bytes(ledger, weight_dtype, decode=True)
         return max(1, math.ceil(ridge * w / (f - ridge * k)))
 
     def bound(batch: int) -> bool:

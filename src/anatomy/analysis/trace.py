@@ -47,17 +47,20 @@ class TraceRow:
 
 
 def trace(config: ModelConfig, *, phase: str, batch: int, seq: int, context: int, dtype: str = "f32",
-          head: str = "auto") -> list[TraceRow]:
+          head: str = "auto", attention: str = "eager", layer: int | None = None) -> list[TraceRow]:
     """The rows of one prefill ([B, S]) or decode step ([B, 1] against T = context positions).
-    An encoder-only model has no decode step: its decode trace is empty."""
+    An encoder-only model has no decode step: its decode trace is empty. `attention` "sdpa" records
+    the fused kernel as the one op it is (what the engine runs; `anatomy profile` matches it);
+    `layer` picks the block shown (default: the first mixture layer, else the first windowed one)."""
     from anatomy.models import build_model
 
     if phase == "decode" and config.is_encoder:
         return []
     # one block per stack: the trace shows one (of a stack with mixture-of-experts layers, a mixture
     # layer; of one with sliding windows, a windowed layer), the others are the same module again
-    config = config.with_layers([_shown_layer(config)]).replace(n_decoder_layers=min(config.n_decoder_layers, 1))
-    model = build_model(config, device="meta", dtype=dtype, head=head, attention="eager").to("meta").eval()
+    shown = _shown_layer(config) if layer is None else layer
+    config = config.with_layers([shown]).replace(n_decoder_layers=min(config.n_decoder_layers, 1))
+    model = build_model(config, device="meta", dtype=dtype, head=head, attention=attention).to("meta").eval()
     run = _prefill(model, config, batch, seq) if phase == "prefill" else _decode(model, config, batch, seq, context)
     recorder = _Recorder(phase, model, config)
     with recorder:

@@ -41,6 +41,27 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if action.default is None else super()._get_help_string(action)
 
 
+def add_report_options(p: argparse.ArgumentParser, *, docs: str, plot: str, html: str) -> None:
+    """--json, --markdown, --plot FILE.png and --html FILE.html of a command that prints a report."""
+    p.add_argument("--json", action="store_true", help=f"print the report as JSON (keys in {docs})")
+    p.add_argument("--markdown", action="store_true", help="print the report as Markdown")
+    p.add_argument("--plot", metavar="FILE.png", help=f"write {plot}")
+    p.add_argument("--html", metavar="FILE.html", help=f"write the report as one self-contained page ({html})")
+
+
+def print_report(report: dict, args: argparse.Namespace, renderer: Any, *, width: int = 200) -> None:
+    """The report on stdout as --json, --markdown or rich tables; `renderer` has markdown(report) and
+    print_rich(report, width=...)."""
+    import json
+
+    if args.json:
+        print(json.dumps(report, indent=2))
+    elif args.markdown:
+        print(renderer.markdown(report))
+    else:
+        renderer.print_rich(report, width=None if sys.stdout.isatty() else width)
+
+
 def read_stdin() -> str:
     """All of stdin as text; bytes that are not UTF-8 are an InputError naming the first one."""
     data = sys.stdin.buffer.read()

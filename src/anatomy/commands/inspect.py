@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import math
 import sys
 from pathlib import Path
 
 from anatomy import dtypes
-from anatomy.commands.common import add_old_name
+from anatomy.commands.common import add_old_name, add_report_options, print_report
 from anatomy.config import ModelConfig
 from anatomy.deprecation import deprecated
 from anatomy.errors import CheckpointError, InputError
@@ -25,12 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("old_model", nargs="?", default=None, metavar="MODEL", help=argparse.SUPPRESS)
     add_size_options(p)
     add_prediction_options(p)
-    p.add_argument("--json", action="store_true", help="print the report as JSON (keys in docs/anatomy.md)")
-    p.add_argument("--markdown", action="store_true", help="print the report as Markdown")
-    p.add_argument("--plot", metavar="FILE.png", help="write the parameter breakdown and roofline chart")
+    add_report_options(p, docs="docs/anatomy.md", plot="the parameter breakdown and roofline chart",
+                       html="diagram, ledger, shape trace, FLOPs, memory, roofline")
     p.add_argument("--mermaid", action="store_true", help="print only the block as a Mermaid flowchart")
-    p.add_argument("--html", metavar="FILE.html", help="write the report as one self-contained page (diagram, "
-                   "ledger, shape trace, FLOPs, memory, roofline)")
     p.set_defaults(run=run)
 
 
@@ -181,12 +177,7 @@ def run(args: argparse.Namespace) -> int:
 
         write_page(inspect_page(report), args.html)
         print(f"wrote {args.html}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    elif args.markdown:
-        print(render.markdown(report))
-    else:
-        render.print_rich(report, width=None if sys.stdout.isatty() else 200)
+    print_report(report, args, render)
     return 0
 
 

@@ -22,6 +22,8 @@ class RoofPoint:
     phase: str
     values: dict[str, Any]  # the report's roofline.<phase> dict
     series: int = -1  # a compare page's model index (colour), -1: by phase
+    achieved: float | None = None  # a measured FLOP/s (the profile page's ops), drawn under the roof; None: on it
+    tip: str = ""  # hover text instead of the roofline point's
 
 
 def roofline_svg(hardware: dict[str, Any], points: list[RoofPoint], *, dtype: str) -> str:
@@ -59,7 +61,7 @@ def roofline_svg(hardware: dict[str, Any], points: list[RoofPoint], *, dtype: st
 
 
 def _attained(p: RoofPoint, peak: float, bandwidth: float) -> float:
-    return min(peak, p.values["intensity"] * bandwidth)
+    return p.achieved if p.achieved is not None else min(peak, p.values["intensity"] * bandwidth)
 
 
 def _log_scale(lo: float, hi: float, a: float, b: float) -> Callable[[float], float]:
@@ -92,11 +94,11 @@ def _point(p: RoofPoint, sx, sy, peak: float, bandwidth: float, k: int) -> str:
     """A prefill circle or a decode diamond carrying the report's numbers (data-flops ...)."""
     v = p.values
     x, y = sx(v["intensity"]), sy(_attained(p, peak, bandwidth))
-    tip = (f"{p.label}: {v['bound']}-bound\n{si(v['flops'], 'FLOP')} · {si(v['bytes'], 'B')} moved\n"
-           f"intensity {v['intensity']:.3g} FLOP/byte (ridge {v['ridge']:.3g})\n"
-           f"step ≥ {si(v['time_s'], 's')} · {si(v['time_per_token_s'], 's')} per token · "
-           f"≤ {v['tokens_per_s']:,.1f} tok/s")
-    data = " ".join(f'data-{key.replace("_", "-")}="{esc(num(v[key]))}"' for key in POINT_KEYS)
+    tip = p.tip or (f"{p.label}: {v['bound']}-bound\n{si(v['flops'], 'FLOP')} · {si(v['bytes'], 'B')} moved\n"
+                    f"intensity {v['intensity']:.3g} FLOP/byte (ridge {v['ridge']:.3g})\n"
+                    f"step ≥ {si(v['time_s'], 's')} · {si(v['time_per_token_s'], 's')} per token · "
+                    f"≤ {v['tokens_per_s']:,.1f} tok/s")
+    data = " ".join(f'data-{key.replace("_", "-")}="{esc(num(v[key]))}"' for key in POINT_KEYS if key in v)
     if p.phase == "prefill":
         mark = f'<circle class="mark" cx="{x:.1f}" cy="{y:.1f}" r="7.5"/>'
     else:

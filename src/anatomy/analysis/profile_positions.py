@@ -1,0 +1,98 @@
+"""The positions of seed 003's map of a decoder, and which module (or op) of a model sits at each.
+
+    position          where                                       the engineering that serves it
+    embedding         token table lookup (+ positions, segments)  -
+    qkv_ffn_gemm      Q/K/V, output, FFN (and expert) linears      Tensor Cores, quantization, tensor parallelism
+    rope_attention    RoPE, the attention kernel, q/k norms        kernel fusion, FlashAttention
+    kv_cache          writing the new K/V into the cache           PagedAttention, GQA/MQA, KV quantization
+    residual_norm     residual adds and the norms                  fused residual + norm kernels
+    blocks            the stack's own work between blocks          pipeline parallelism, activation recomputation
+    lm_head           the output head (LM head, pooler, MLM head)  -
+    sampling          choosing the next token                      -
+    decode_loop       the engine's own ops around the model        continuous batching, speculative decoding
+
+The KV cache is *read* inside the attention kernel, so its reads are timed (and counted in bytes)
+at rope_attention; kv_cache holds the writes. A module's position follows from its class and its
+place, never from its name: a linear inside a block is a GEMM, one outside the blocks a head.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from anatomy.layers.attention import Attention
+from anatomy.layers.block import Block
+from anatomy.layers.ffn import GLU, MLP
+from anatomy.layers.moe import MoE
+from anatomy.layers.norm import LayerNorm, RMSNorm
+from anatomy.models.context import PositionContext
+from anatomy.models.embedding import Embeddings
+from anatomy.models.stack import Stack
+
+POSITIONS: dict[str, tuple[str, str]] = {
+    "embedding": ("Embedding", "the token table: a lookup, B x S rows read"),
+    "qkv_ffn_gemm": ("QKV / FFN GEMM", "Tensor Cores, quantization, tensor parallelism"),
+    "rope_attention": ("RoPE + attention", "kernel fusion, FlashAttention (the KV cache is read here)"),
+    "kv_cache": ("KV cache writes", "PagedAttention, GQA/MQA, KV-cache quantization"),
+    "residual_norm": ("Residual + norm", "fused residual-add + norm kernels: fewer trips to memory"),
+    "blocks": ("The stack of blocks", "pipeline parallelism, activation recomputation"),
+    "lm_head": ("LM head", "the vocabulary projection: one more GEMM (tied or not)"),
+    "sampling": ("Sampling", "the next token from the logits"),
+    "decode_loop": ("Token-by-token decode", "continuous batching, speculative decoding (the engine's own ops)"),
+}
+KV_WRITES = ("index_copy_", "index_copy", "copy_", "index_put_")
+_NORMS = (LayerNorm, RMSNorm, nn.LayerNorm)
+_FFNS = (GLU, MLP, MoE)
+
+
+def module_positions(model: nn.Module) -> dict[str, str]:
+    """{module path (the root is "(model)"): position} for every module of `model`."""
+    out = {"(model)": "lm_head"}
+    for path, module in model.named_modules():
+        if path:
+            out[path] = _position(module, _ancestors(model, path))
+    return out
+
+
+def _ancestors(model: nn.Module, path: str) -> list[nn.Module]:
+    parts = path.split(".")
+    found, module = [], model
+    for part in parts[:-1]:
+        module = getattr(module, part) if not part.isdigit() else module[int(part)]
+        found.append(module)
+    return found
+
+
+def _position(module: nn.Module, ancestors: list[nn.Module]) -> str:
+    def inside(kinds) -> bool:
+        return any(isinstance(a, kinds) for a in ancestors)
+
+    if isinstance(module, Embeddings) or inside(Embeddings) or isinstance(module, nn.Embedding):
+        return "embedding"
+    if isinstance(module, (Attention, PositionContext)) or inside((Attention, PositionContext)):
+        return "qkv_ffn_gemm" if _is_linear(module) else "rope_attention"
+    if isinstance(module, _FFNS) or inside(_FFNS):
+        return "qkv_ffn_gemm"
+    if isinstance(module, _NORMS):
+        return "residual_norm" if inside((Block, Stack)) else "lm_head"
+    if isinstance(module, Block):
+        return "residual_norm"  # a block's own ops are its residual adds
+    if isinstance(module, Stack):
+        return "blocks"
+    return "qkv_ffn_gemm" if inside(Block) else "lm_head"
+
+
+def _is_linear(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) or hasattr(module, "in_features") and hasattr(module, "out_features")
+
+
+def position_of(owner: str, op: str, modules: dict[str, str]) -> str:
+    """The position of an op of `owner` (a module path, "(engine)" or "engine:<stage>")."""
+    if owner == "engine:sampling":
+        return "sampling"
+    if owner.startswith("engine:") or owner == "(engine)":
+        return "decode_loop"
+    position = modules.get(owner, "decode_loop")
+    if position == "rope_attention" and op in KV_WRITES:
+        return "kv_cache"
+    return position

@@ -1,0 +1,83 @@
+"""`anatomy profile --model MODEL`: the real engine under torch.profiler, every op put back on its
+module, its row of the shape trace and its position of the decoder's map, against this machine's
+measured roofs (analysis/profile.py; docs/profile.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from anatomy.commands.common import add_report_options, print_report
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from anatomy.analysis.hardware import hardware_names
+
+    p = sub.add_parser(
+        "profile", help="run a model under the profiler: time per op and per position of the decoder's map, "
+                        "against this machine's roofs",
+        description="Run the real engine (prefill of S tokens, then decode steps at context T) under torch.profiler "
+                    "and report, per op and per position of the decoder's map, shapes, FLOPs, bytes, measured time, "
+                    "the roofline time on this machine (its roofs measured in the same run) and the verdict: "
+                    "compute, bandwidth or overhead.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="an installed model name, a .gguf file, an HF model directory, or a preset (random weights)")
+    p.add_argument("--weights", default="auto",
+                   help="the format of the matrices, as anatomy.load takes it: auto (a GGUF file's own blocks), "
+                        "f32, f16, bf16, int8, int4; the engine picks the activations' dtype with its kernel plan")
+    p.add_argument("--batch-size", type=int, default=1, help="rows per step B")
+    p.add_argument("--prompt-len", type=int, default=128, help="prompt (encoder: sequence; seq2seq: source) length S")
+    p.add_argument("--context", type=int, default=None,
+                   help="cache slots T every decode step attends over (default S + warm-up + new tokens + 1)")
+    p.add_argument("--new-tokens", type=int, default=16, help="decode steps measured")
+    p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="decode at each batch=... or context=... value: measured and predicted tok/s, the ridge "
+                        "(repeatable)")
+    p.add_argument("--what-if", action="append", default=[], metavar="SWITCH=VALUE",
+                   help="the same run with weights=DTYPE, attention=sdpa|eager or batch=N: before/after per "
+                        "position (repeatable)")
+    p.add_argument("--hardware", default=None, help=f"add the prediction on {', '.join(hardware_names())}")
+    add_report_options(p, docs="docs/profile.md", plot="the positions and the sweeps as a chart",
+                       html="positions, every op on this machine's roofline, sweeps, what-ifs")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from anatomy.analysis.hardware import get_hardware
+    from anatomy.analysis.profile import ProfileOptions
+    from anatomy.analysis.profile_sweep import parse_sweep
+    from anatomy.analysis.profile_whatif import parse_what_if
+    from anatomy.analysis.profiling import parse_weights, run_session
+    from anatomy.figures import image_format
+
+    weights = parse_weights(args.weights, option="--weights")
+    sweeps = [parse_sweep(s) for s in args.sweep]
+    what_ifs = [parse_what_if(w) for w in args.what_if]
+    if args.plot:
+        image_format(args.plot, option="--plot")
+    if args.html:
+        from anatomy.analysis.page import check_output_path
+
+        check_output_path(args.html)  # before the work: a bad path fails fast
+    hardware = get_hardware(args.hardware) if args.hardware else None
+    options = ProfileOptions(batch=args.batch_size, prompt_len=args.prompt_len, context=args.context,
+                             new_tokens=args.new_tokens)
+    report = run_session(args.model, weights=weights, options=options, sweeps=sweeps, what_ifs=what_ifs,
+                         hardware=hardware, name=args.model)
+    if args.plot:
+        from anatomy.analysis.profile_plot import save_profile_plot
+
+        save_profile_plot(report, args.plot)
+    if args.html:
+        from anatomy.analysis.page import write_page
+        from anatomy.analysis.page.profile import profile_page
+
+        write_page(profile_page(report), args.html)
+        print(f"wrote {args.html}", file=sys.stderr)
+    from anatomy.analysis import profile_render
+
+    print_report(report, args, profile_render, width=220)
+    return 0
