@@ -63,14 +63,15 @@ class DecoderEngine:
         steps = DecodeSteps(self.model.stack, batch, max_len=cache.max_len, dtype=self.dtype)
         generator = make_generator(params.seed, self.device)
         seen = self._seen(batch) if params.repetition_penalty != 1.0 else None
+        counts = self._counts(B) if params.presence_penalty or params.frequency_penalty else None
 
         logits = self._prefill(batch, cache)
-        token = self._choose(logits, params, seen, generator)
+        token = self._choose(logits, params, seen, counts, generator)
         yield token
         slot = torch.tensor([P], device=self.device)
         for _ in range(params.max_new_tokens - 1):
             logits = self._decode(token, slot, steps, cache)
-            token = self._choose(logits, params, seen, generator)
+            token = self._choose(logits, params, seen, counts, generator)
             yield token
             slot = slot + 1
 
@@ -94,12 +95,18 @@ class DecoderEngine:
         return self.model.lm_head(hidden[:, -1])  # [B, V]
 
     @torch.inference_mode()
-    def _choose(self, logits: Tensor, params: SamplingParams, seen: Tensor | None,
+    def _choose(self, logits: Tensor, params: SamplingParams, seen: Tensor | None, counts: Tensor | None,
                 generator: torch.Generator | None) -> Tensor:
-        token = next_tokens(logits, params, seen=seen, generator=generator)  # [B]
+        token = next_tokens(logits, params, seen=seen, counts=counts, generator=generator)  # [B]
         if seen is not None:
             seen.scatter_(1, token[:, None], True)
+        if counts is not None:
+            counts.scatter_add_(1, token[:, None], torch.ones_like(token[:, None]))
         return token
+
+    def _counts(self, batch: int) -> Tensor:
+        """[B, V] zeros: how often each row generated each token, for the presence/frequency penalties."""
+        return torch.zeros(batch, self.model.config.vocab_size, dtype=torch.long, device=self.device)
 
     def _seen(self, batch: PaddedBatch) -> Tensor:
         """bool [B, V]: the tokens of each row's prompt (padding excluded), for the repetition penalty."""
