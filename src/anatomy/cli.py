@@ -28,6 +28,8 @@ COMMANDS = {
     "train": "train or fine-tune a model (causal LM, masked LM, seq2seq)",
     "plot": "draw the training and validation loss curves of runs to a PNG",
     "presets": "list the named model configurations with their parameter counts",
+    "serve": "serve a model over the OpenAI API (continuous batching, paged KV cache)",
+    "bench-serve": "load-test an OpenAI-compatible server: throughput, TTFT, TPOT, latency percentiles",
 }
 
 
@@ -41,7 +43,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     chosen = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
     for name, summary in COMMANDS.items():
         if name == chosen:
-            importlib.import_module(f"anatomy.commands.{name}").add_parser(sub)
+            importlib.import_module(f"anatomy.commands.{name.replace('-', '_')}").add_parser(sub)
         else:
             sub.add_parser(name, help=summary, add_help=False)
     return parser
