@@ -102,8 +102,7 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
         engine = named.engine()
         loop = ServingLoop(engine, named.tokenizer, kv_bytes=kv_bytes, block_size=args.block_size,
                            max_seqs=args.batch_size, max_step_tokens=args.max_step_tokens,
-                           prefix_caching=not args.no_prefix_cache)
-        loop.metrics.labels = f'model_name="{args.model}"'
+                           prefix_caching=not args.no_prefix_cache, name=args.model)
         if state.embedding_name is not None:
             state.embedder = _embedder(state.embedding_name)
         loop.start()

@@ -90,7 +90,7 @@ def create_app(state: ServerState) -> Starlette:
     async def chat(request: Request) -> Response:
         req = parse(ChatRequest, await read_body(request, state.max_body_bytes))
         state.check_model(req.model)
-        loop = state.serving()
+        state.serving()
         ids = encode_chat(state.tokenizer, req.messages)
         return await generate(state, request, req, [ids], chat=True)
 

@@ -44,7 +44,7 @@ class ServingLoop:
 
     def __init__(self, engine: DecoderEngine, tokenizer: Any = None, *, kv_bytes: int, block_size: int = 16,
                  max_seqs: int = 32, max_step_tokens: int = 512, prefix_caching: bool = True,
-                 metrics: ServingMetrics | None = None) -> None:
+                 name: str = "model") -> None:
         self.engine, self.tokenizer = engine, tokenizer
         config = engine.model.config
         block_bytes = PagedKVCache.block_bytes(config, block_size, engine.dtype)
@@ -60,7 +60,7 @@ class ServingLoop:
                                    prefix_caching=prefix_caching)
         self.builder = StepBuilder(engine.model.stack, self.cache, context=self.context, dtype=engine.dtype,
                                    device=engine.device)
-        self.metrics = metrics or ServingMetrics(getattr(config, "name", "model"))
+        self.metrics = ServingMetrics(name)
         self.eos_ids = frozenset(tokenizer.eos_ids) if tokenizer is not None and tokenizer.eos_ids else (
             frozenset() if config.eos_token_id is None else frozenset({config.eos_token_id}))
         self._inbox: queue.SimpleQueue[tuple[str, Sequence]] = queue.SimpleQueue()
@@ -223,8 +223,9 @@ def choose_tokens(logits: Tensor, seqs: list[Sequence]) -> list[int]:
     if plain:
         for i, token in zip(plain, logits[torch.tensor(plain)].argmax(dim=-1).tolist()):
             tokens[i] = token
+    done = set(plain)
     for i, seq in enumerate(seqs):
-        if i in plain:
+        if i in done:
             continue
         seen = seq.seen[None] if seq.seen is not None else None
         counts = seq.counts[None] if seq.counts is not None else None

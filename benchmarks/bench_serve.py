@@ -1,0 +1,181 @@
+"""Serving throughput and latency: `anatomy serve` against llama.cpp's own server (`llama-server`,
+continuous batching, one slot per concurrent request) and llama-cpp-python's server
+(`python -m llama_cpp.server`), on the same GGUF file (the embedded SmolLM2-135M-Instruct Q4_1),
+with the same prompts and the same client (anatomy.serving.bench, vLLM's serving metrics).
+
+    each server, in turn: start it, warm it up, then for concurrency 1, 4, 16:
+        REQUESTS x concurrency streamed /v1/completions requests, all at once behind the concurrency cap,
+        PROMPT_WORDS random ordinary words each, MAX_TOKENS new tokens each (EOS ignored), greedy
+    threads: torch's intra-op count for anatomy; -t / --n_threads the same for the llama.cpp servers
+
+    python -m benchmarks serve
+        ANATOMY_BENCH_SERVE_REQUESTS=3 (per unit of concurrency), ANATOMY_BENCH_SERVE_MAX_TOKENS=128,
+        ANATOMY_BENCH_SERVE_CONCURRENCY=1,4,16, ANATOMY_BENCH_SERVE_SERVERS=anatomy,llama-server,llama_cpp.server
+        LLAMA_SERVER=/path/to/llama-server (else benchmarks/build_llama_server.sh builds it, once, ~10-15 min)
+
+Figures vary with the machine's load: the targets are judged on a run with the machine otherwise idle.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+
+from anatomy.serving.bench import BenchResult, make_prompts, run_benchmark
+
+MODEL = "smollm2-135m-instruct"
+REQUESTS = int(os.environ.get("ANATOMY_BENCH_SERVE_REQUESTS", "3"))
+MAX_TOKENS = int(os.environ.get("ANATOMY_BENCH_SERVE_MAX_TOKENS", "128"))
+PROMPT_WORDS = 64
+CONCURRENCY = [int(c) for c in os.environ.get("ANATOMY_BENCH_SERVE_CONCURRENCY", "1,4,16").split(",")]
+SERVERS = os.environ.get("ANATOMY_BENCH_SERVE_SERVERS", "anatomy,llama-server,llama_cpp.server").split(",")
+HERE = Path(__file__).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gguf_path() -> Path:
+    from anatomy.checkpoints.registry import resolve
+
+    return resolve(MODEL)
+
+
+def llama_server_binary() -> str:
+    given = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
+    if given:
+        return given
+    print("building llama-server from the llama-cpp-python sdist (once)...", flush=True)
+    out = subprocess.run(["bash", str(HERE / "build_llama_server.sh")], capture_output=True, text=True,
+                         env={**os.environ, "PYTHON": sys.executable})
+    if out.returncode != 0:
+        raise RuntimeError(f"building llama-server failed:\n{out.stderr[-3000:]}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def server_command(name: str, port: int, threads: int, slots: int) -> tuple[list[str], dict, str]:
+    """(argv, extra request fields, readiness path) of each server."""
+    gguf = str(gguf_path())
+    context = slots * (PROMPT_WORDS * 2 + MAX_TOKENS + 64)
+    if name == "anatomy":
+        return ([sys.executable, "-m", "anatomy", "serve", "--port", str(port), "--kv-memory", "1GiB",
+                 "--embedding-model", "none", "--batch-size", str(max(slots, 16))], {"ignore_eos": True}, "/health")
+    if name == "llama-server":
+        return ([llama_server_binary(), "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+                 "-tb", str(threads), "--parallel", str(slots), "--cont-batching", "-c", str(context), "--no-webui",
+                 "--log-disable"], {"ignore_eos": True}, "/health")
+    if name == "llama_cpp.server":
+        # no ignore_eos here: the end-of-generation ids are made impossible instead
+        return ([sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--model_alias", MODEL, "--host",
+                 "127.0.0.1", "--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
+                 "--interrupt_requests", "False",
+                 "--n_ctx", str(PROMPT_WORDS * 2 + MAX_TOKENS + 64)],
+                {"logit_bias": {"0": -100.0, "2": -100.0}}, "/v1/models")
+    raise ValueError(name)
+
+
+def start(argv: list[str], port: int, ready: str, log) -> subprocess.Popen:
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{argv[0]} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{ready}", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError(f"{argv[0]} was not ready in 300 s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def measure(name: str, threads: int) -> dict[int, BenchResult]:
+    port = free_port()
+    slots = max(CONCURRENCY)
+    argv, extra, ready = server_command(name, port, threads, slots)
+    results = {}
+    with tempfile.TemporaryFile() as log:
+        proc = start(argv, port, ready, log)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            run_benchmark(url, model=MODEL, prompts=make_prompts(2, PROMPT_WORDS, seed=99), max_tokens=8,
+                          concurrency=2, extra=extra)  # warm-up
+            for concurrency in CONCURRENCY:
+                prompts = make_prompts(REQUESTS * concurrency, PROMPT_WORDS, seed=concurrency)
+                result = run_benchmark(url, model=MODEL, prompts=prompts, max_tokens=MAX_TOKENS,
+                                       concurrency=concurrency, extra=extra)
+                if result.failed:
+                    raise RuntimeError(f"{name}: {result.failed} requests failed: {result.errors[:2]}")
+                results[concurrency] = result
+                print(f"  {name} c={concurrency}: {result.output_throughput:.1f} output tok/s, TTFT median "
+                      f"{result.ttft_ms['median']:.0f} ms p99 {result.ttft_ms['p99']:.0f} ms, TPOT median "
+                      f"{result.tpot_ms['median']:.1f} ms", flush=True)
+        finally:
+            stop(proc)
+    return results
+
+
+def table(runs: dict[str, dict[int, BenchResult]]) -> str:
+    head = ("| server | concurrency | output tok/s | req/s | TTFT median / p99 (ms) | TPOT median / p99 (ms) "
+            "| ITL median / p99 (ms) | E2E latency median (s) |")
+    lines = [head, "|" + "---|" * 8]
+    for name, by_c in runs.items():
+        for c, r in by_c.items():
+            lines.append(f"| {name} | {c} | {r.output_throughput:.1f} | {r.request_throughput:.2f} | "
+                         f"{r.ttft_ms['median']:.0f} / {r.ttft_ms['p99']:.0f} | "
+                         f"{r.tpot_ms['median']:.1f} / {r.tpot_ms['p99']:.1f} | "
+                         f"{r.itl_ms['median']:.1f} / {r.itl_ms['p99']:.1f} | {r.e2el_ms['median'] / 1e3:.2f} |")
+    return "\n".join(lines)
+
+
+def targets(runs: dict[str, dict[int, BenchResult]]) -> list[str]:
+    ours, top = runs.get("anatomy", {}), max(CONCURRENCY)
+    lines = []
+    if top in ours and "llama-server" in runs and top in runs["llama-server"]:
+        ratio = ours[top].output_throughput / runs["llama-server"][top].output_throughput
+        lines.append(f"output tok/s at concurrency {top}: {ratio:.2f}x llama-server (target >= 1.0x, moonshot 2x)")
+    if top in ours and 1 in ours:
+        ratio = ours[top].output_throughput / ours[1].output_throughput
+        lines.append(f"output tok/s at concurrency {top}: {ratio:.2f}x anatomy's own at concurrency 1 (target >= 3x)")
+    if top in ours:
+        ttft = ours[top].ttft_ms
+        lines.append(f"p99 TTFT at concurrency {top}: {ttft['p99'] / ttft['median']:.2f}x its median (target < 2x)")
+    return lines
+
+
+def main() -> None:
+    threads = torch.get_num_threads()
+    print(f"{MODEL} ({gguf_path().name}), {PROMPT_WORDS}-word prompts, {MAX_TOKENS} new tokens each (EOS ignored), "
+          f"greedy; {REQUESTS} x concurrency requests per run; {threads} threads", flush=True)
+    runs = {name: measure(name, threads) for name in SERVERS}
+    print()
+    print(table(runs))
+    print()
+    print("\n".join(targets(runs)))
+
+
+if __name__ == "__main__":
+    main()
