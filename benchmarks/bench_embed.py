@@ -43,10 +43,10 @@ def main() -> None:
                  f"{n_tokens / hf_enc / 1e3:.0f} k tok/s (HF)"))
 
     load_embedder("all-minilm-l6-v2")
-    anatomy.embed(texts[:4])
+    anatomy.embed("all-minilm-l6-v2", texts[:4])
     st = SentenceTransformer(str(minilm), device="cpu")
     st.encode(texts[:4])
-    ours_emb = median_seconds(lambda: anatomy.embed(texts, batch_size=32))
+    ours_emb = median_seconds(lambda: anatomy.embed("all-minilm-l6-v2", texts, batch_size=32))
     st_emb = median_seconds(lambda: st.encode(texts, batch_size=32, normalize_embeddings=True))
     rows.append((f"embed {len(texts)} texts, all-MiniLM-L6-v2, batch 32", f"{len(texts) / ours_emb:.0f} texts/s",
                  f"{len(texts) / st_emb:.0f} texts/s (sentence-transformers)"))

@@ -81,3 +81,60 @@ def test_architecture_properties():
     assert enc.is_encoder and not enc.causal
     s2s = make(architecture="encoder-decoder", n_decoder_layers=1)
     assert s2s.is_seq2seq and not s2s.causal
+
+
+# -- the parts of today's decoders -------------------------------------------------------------------
+DECODER = dict(BASE, position="rope", norm="rmsnorm", ffn="glu", activation="silu")
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(n_experts=8, n_experts_per_token=9), r"n_experts_per_token=9 must be in \[1, n_experts=8\]"),
+    (dict(n_experts=8), r"n_experts_per_token=0 must be in \[1, n_experts=8\]"),
+    (dict(n_experts_per_token=2), "n_experts_per_token=2 needs n_experts > 0"),
+    (dict(n_experts=4, n_experts_per_token=2, ffn_bias=True), "ffn_bias=True with n_experts=4"),
+    (dict(n_experts=4, n_experts_per_token=2, moe_layers=(2,)), r"moe_layers=\[2\] must be increasing layer indices"),
+    (dict(n_experts=4, n_experts_per_token=2, shared_expert_gate=True), "shared_expert_gate=True needs a shared"),
+    (dict(sliding_window=0), "sliding_window=0 must be a positive integer"),
+    (dict(sliding_window_layers=(0,)), "sliding_window_layers is set but sliding_window is None"),
+    (dict(sliding_window=4, sliding_window_layers=(1, 0)), r"sliding_window_layers=\[1, 0\] must be increasing"),
+    (dict(rotary_dim=15), "rotary_dim=15 must be even and <= head_dim=16"),
+    (dict(rotary_dim=32), "rotary_dim=32 must be even and <= head_dim=16"),
+    (dict(rope_scaling=dict(kind="ntk")), "rope_scaling kind='ntk' is not one of 'linear', 'dynamic', 'yarn'"),
+    (dict(rope_scaling=dict(kind="llama3", factor=8.0)), "rope_scaling kind='llama3' needs original_max_seq_len"),
+    (dict(rope_scaling=dict(kind="linear", factor=-2.0)), "rope_scaling.factor=-2.0 must be a positive number"),
+    (dict(rope_scaling=dict(kind="longrope", original_max_seq_len=8, short_factor=[1.0], long_factor=[1.0])),
+     "rope_scaling.short_factor has 1 entries; rotary_dim/2 = 8 needed"),
+    (dict(attn_softcap=0.0), "attn_softcap=0.0 must be a positive number or None"),
+    (dict(qk_norm=True, norm="layernorm"), "qk_norm=True normalises q and k with RMSNorm"),
+    (dict(branch_output_norm=True, norm_position="post"), "branch_output_norm=True .* needs norm_position='pre'"),
+])
+def test_new_fields_name_field_value_and_rule(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig(**{**DECODER, **changes})
+
+
+def test_windows_and_experts_only_where_they_apply():
+    with pytest.raises(ConfigError, match="sliding_window=4 is for causal decoders"):
+        make(architecture="encoder", sliding_window=4)
+    with pytest.raises(ConfigError, match="mixture-of-experts FFNs are for decoders"):
+        make(architecture="encoder", n_experts=2, n_experts_per_token=1)
+    with pytest.raises(ConfigError, match="rotary_dim=8 is only for position='rope'"):
+        make(rotary_dim=8)
+
+
+def test_per_layer_choices_are_data():
+    c = ModelConfig(**{**DECODER, "n_layers": 4, "sliding_window": 3, "sliding_window_layers": [0, 2],
+                       "n_experts": 4, "n_experts_per_token": 2, "moe_layers": [1, 2, 3]})
+    assert [c.layer_window(i) for i in range(4)] == [3, None, 3, None]
+    assert [c.layer_is_moe(i) for i in range(4)] == [False, True, True, True] and c.n_moe_layers == 3
+    assert c.sliding_window_layers == (0, 2) and c.d_ff_expert == c.d_ff and c.rotary_dim == c.head_dim
+    assert c.kv_values(10) == 2 * 4 * 16 * (3 + 10 + 3 + 10)  # two sliding layers keep 3 positions, two keep 10
+    sub = c.with_layers([2, 3])  # layers built like layers 2 and 3
+    assert (sub.n_layers, sub.sliding_window_layers, sub.moe_layers) == (2, (0,), (0, 1))
+
+
+def test_rope_scaling_round_trips_through_dicts():
+    c = ModelConfig(**{**DECODER, "rope_scaling": dict(kind="longrope", original_max_seq_len=8,
+                                                       short_factor=[1.0] * 8, long_factor=[2.0] * 8)})
+    assert isinstance(c.rope_scaling.short_factor, tuple)
+    assert ModelConfig.from_dict(c.to_dict()) == c

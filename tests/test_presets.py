@@ -24,6 +24,13 @@ def count(model: torch.nn.Module, *, trainable_only: bool = False) -> int:
     ("llama-2-7b", 6_738_415_616),
     ("llama-3-8b", 8_030_261_248),
     ("smollm2-135m", 134_515_008),
+    ("llama-3.1-8b", 8_030_261_248),
+    ("mistral-7b", 7_241_732_096),  # v0.1
+    ("mixtral-8x7b", 46_702_792_704),  # "46.7B total"
+    ("qwen2.5-7b", 7_615_616_512),
+    ("qwen3-8b", 8_190_735_360),
+    ("gemma-2-9b", 9_241_705_984),
+    ("phi-3-mini", 3_821_079_552),
 ])
 def test_published_parameter_counts(name, expected):
     assert count(build_model(get_preset(name), device="meta")) == expected
@@ -65,6 +72,10 @@ def test_overrides_and_unknown_names():
         get_preset("llama-8b")
     with pytest.raises(ConfigError, match="n_heads=12 is not divisible by n_kv_heads=5"):
         get_preset("gpt2", n_kv_heads=5)
+    with pytest.raises(ConfigError, match=r"unknown ModelConfig field\(s\) \['heads'\]"):
+        get_preset("gpt2", heads=5)
+    with pytest.raises(ConfigError, match="a preset name is a string, got int"):
+        get_preset(7)
 
 
 def test_presets_are_only_field_values():
@@ -72,3 +83,13 @@ def test_presets_are_only_field_values():
     assert config_to_hf(get_preset("smollm2-135m"))["architectures"] == ["LlamaForCausalLM"]
     assert config_to_hf(get_preset("bert-base", pooler=False))["architectures"] == ["BertForMaskedLM"]
     assert config_from_hf(config_to_hf(get_preset("llama-70b"))) == get_preset("llama-70b")
+
+
+def test_mixtral_active_parameters_are_12_9b():
+    """Mixtral 8x7B: 46.7B parameters stored, 12.9B used per token (2 of 8 experts in every layer)."""
+    from anatomy.analysis.params import parameter_ledger
+
+    ledger = parameter_ledger(get_preset("mixtral-8x7b"))
+    assert ledger.total == 46_702_792_704 and ledger.active == 12_879_925_248
+    expert = 3 * 4096 * 14336
+    assert ledger.total - ledger.active == 32 * 6 * expert

@@ -137,6 +137,10 @@ def test_tokenizer_config_special_tokens_and_template(tmp_path, minilm_dir):
     (tmp_path / "tokenizer_config.json").write_text("{oops")
     with pytest.raises(CheckpointError, match="tokenizer_config.json: not valid JSON"):
         anatomy.load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    (tmp_path / "chat_template.jinja").write_bytes(b"{{ bos_token }}\xff")
+    with pytest.raises(CheckpointError, match="chat_template.jinja: not UTF-8 text"):
+        anatomy.load_tokenizer(tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +148,30 @@ def minilm_dir():
     from anatomy.checkpoints.registry import resolve
 
     return resolve("all-minilm-l6-v2")
+
+
+def test_training_roles_mask_and_special_ids_against_bert_tokenizer_fast(minilm_dir):
+    """MiniLM's config names [CLS]/[SEP] as cls/sep, not bos/eos: with_usual_roles adds the roles
+    training needs from the usual spellings and keeps those the config names."""
+    from transformers import BertTokenizerFast
+
+    hf = BertTokenizerFast.from_pretrained(str(minilm_dir))
+    tok = anatomy.load_tokenizer("all-minilm-l6-v2")
+    assert tok.bos_id is None and tok.mask_id == hf.mask_token_id
+    roles = tok.with_usual_roles()
+    assert (roles.bos_id, roles.eos_id, roles.pad_id, roles.mask_id) == (
+        hf.cls_token_id, hf.sep_token_id, hf.pad_token_id, hf.mask_token_id)
+    assert roles.special_ids == tuple(sorted(hf.all_special_ids))
+    assert roles.encode("a cat") == tok.encode("a cat")
+
+
+def test_save_round_trip_keeps_vocabulary_roles_template_and_identity(tmp_path, smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    again = anatomy.load_tokenizer(tok.save(tmp_path))
+    assert again.special_tokens == tok.special_tokens
+    assert again.chat_template.text == tok.chat_template.text
+    assert again.identity == tok.identity
+    assert again.encode_batch(CORPUS) == tok.encode_batch(CORPUS)
+    assert tok.with_usual_roles().identity == tok.identity  # SmolLM2 names every role it has
+    assert anatomy.load_tokenizer("all-minilm-l6-v2").with_usual_roles().identity != \
+        anatomy.load_tokenizer("all-minilm-l6-v2").identity

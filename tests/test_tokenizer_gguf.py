@@ -92,7 +92,7 @@ def test_the_pre_tokenizers_differ(smollm2_gguf):
 
 @pytest.mark.parametrize("changes, match", [
     ({"tokenizer.ggml.pre": "qwen9"}, r"tokenizer.ggml.pre='qwen9' is not supported \(supported: default, "),
-    ({"tokenizer.ggml.model": "llama"}, r"tokenizer.ggml.model='llama' is not supported"),
+    ({"tokenizer.ggml.model": "bert"}, r"tokenizer.ggml.model='bert' is not supported"),
     ({"tokenizer.ggml.tokens": None}, "tokenizer.ggml.tokens must be an array of strings"),
     ({"tokenizer.ggml.merges": ["a b c"]}, r"tokenizer.ggml.merges\[0\]='a b c' is not 'left right'"),
     ({"tokenizer.ggml.token_type": [1, 2]}, "token_type has 2 entries, tokenizer.ggml.tokens has 49152"),
@@ -103,3 +103,54 @@ def test_bad_metadata_is_checkpoint_error(smollm2_gguf, changes, match):
     meta = {k: v for k, v in {**smollm2_gguf.metadata, **changes}.items() if v is not None}
     with pytest.raises(CheckpointError, match=match):
         tokenizer_from_gguf(meta, source="bad.gguf")
+
+
+# -- SentencePiece vocabularies (tokenizer.ggml.model = "llama") -------------------------------------
+SPM_TEXTS = ["Hello world, the model loads!", "  two  spaces and\nnewlines\n\n", "emoji 😀 and 你好 not in vocab",
+             "<s>special</s> and <|user|>user-defined", 'anatomy.load("x.gguf") -> DecoderLM', " leading space", ""]
+
+
+@pytest.fixture(scope="module")
+def spm_vocab(tmp_path_factory):
+    """A SentencePiece-style vocabulary: pieces learned by BPE on this project's docs ("▁" for spaces,
+    scores falling with the merge order), the 256 byte tokens, <unk> <s> </s>, one user-defined token."""
+    gguf = pytest.importorskip("gguf")
+    from pathlib import Path
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    root = Path(__file__).resolve().parents[1]
+    corpus = (root / "README.md").read_text().splitlines() + (root / "docs" / "foundation.md").read_text().splitlines()
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=600, show_progress=False))
+    pieces = [p for p, _ in sorted(bpe.get_vocab().items(), key=lambda kv: kv[1])]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces + ["<|user|>"]
+    path = tmp_path_factory.mktemp("spm") / "vocab.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(pieces))] + [0.0])
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(pieces) + [4])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_sentencepiece_vocabulary_matches_llama_cpp(spm_vocab):
+    """Merges by score, byte fallback for what the pieces lack, "▁" prefix, BOS by default, special and
+    user-defined tokens cut out whole: token for token what llama.cpp's tokenizer gives."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    reference = llama_cpp.Llama(str(spm_vocab), vocab_only=True, verbose=False)
+    tok = anatomy.load_tokenizer(spm_vocab)
+    for text in SPM_TEXTS:
+        assert tok.encode(text) == reference.tokenize(text.encode(), add_bos=True, special=True), text
+    assert tok.bos_id == 1 and tok.encode("")[0] == 1
+    assert len(tok.encode("😀", add_special_tokens=False)) == 5  # "▁" + the emoji's 4 UTF-8 bytes
+    for text in SPM_TEXTS[:3] + SPM_TEXTS[4:]:
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text

@@ -6,8 +6,10 @@ FLOP and byte visible.
     anatomy.load_config(name_or_path)     the ModelConfig of a preset, HF config, .gguf or installed name
     anatomy.load_tokenizer(name_or_path)
     anatomy.generate(model, prompt, ...)  / anatomy.stream(...)
-    anatomy.embed(texts, model=...)
+    anatomy.embed(model, texts)           sentence embeddings
     anatomy.loaded_models                 the models loaded by name for generate/embed (LRU; .clear())
+    anatomy.inspect(model) / compare(...)  the anatomy report; renders as a page in a notebook
+    anatomy.attention(model, text, ...)   attention weights per layer and head over the real tokens
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ _LAZY = {
     "stream": "anatomy.inference.generate",
     "embed": "anatomy.inference.embed",
     "loaded_models": "anatomy.inference.model_cache",
+    "inspect": "anatomy.analysis.inspection",
+    "compare": "anatomy.analysis.inspection",
+    "attention": "anatomy.analysis.attention_maps",
 }
 
 

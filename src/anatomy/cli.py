@@ -2,9 +2,12 @@
 `add_parser(subparsers)` and `run(args) -> int`; this file only dispatches and keeps the error
 contract:
 
-    bad input (an AnatomyError) or a file the OS refuses   one line on stderr, exit 2
+    bad input (an AnatomyError), a file the OS refuses,    one line on stderr, exit 2
+    or a command line argparse rejects
     Ctrl-C                                                 exit 130
     anything else: a bug in anatomy                        the traceback and a request to report it, exit 1
+
+Warnings (a deprecated spelling, max_new_tokens clamped to the context) are one line on stderr each.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import argparse
 import importlib
 import sys
 import traceback
+import warnings
 
 from anatomy import __version__
+from anatomy.deprecation import AnatomyDeprecationWarning
 from anatomy.errors import AnatomyError
 
 # Each command's one-line summary: `anatomy --help` lists them without importing any command, and
@@ -25,6 +30,7 @@ COMMANDS = {
     "embed": "sentence embeddings (all-MiniLM-L6-v2 by default), with --similarity the cosine matrix",
     "inspect": "shapes, parameters, FLOPs, memory, roofline and training time of a model",
     "compare": "several models side by side (parameters, FLOPs, memory, roofline)",
+    "attention": "attention weights of a real model over a text: heatmaps per layer and head",
     "train": "train or fine-tune a model (causal LM, masked LM, seq2seq)",
     "plot": "draw the training and validation loss curves of runs to a PNG",
     "presets": "list the named model configurations with their parameter counts",
@@ -33,14 +39,25 @@ COMMANDS = {
 }
 
 
-def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors (a missing argument, a bad number) are one line too.
+    `commands` maps the top-level parser's command names to their parsers."""
+
+    commands: dict[str, argparse.ArgumentParser] = {}
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+
+
+def build_parser(argv: list[str] | None = None) -> Parser:
     """The full parser of the command named in argv; the other commands are listed by summary."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="anatomy",
         description="Run, inspect and train Transformers: every shape, parameter, FLOP and byte.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    chosen = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    parser.commands = sub.choices
+    chosen = _command_of(argv)
     for name, summary in COMMANDS.items():
         if name == chosen:
             importlib.import_module(f"anatomy.commands.{name.replace('-', '_')}").add_parser(sub)
@@ -49,8 +66,39 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: Parser, argv: list[str] | None) -> argparse.Namespace:
+    """parse_args, with arguments no option takes reported by the command they were given to."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def _command_of(argv: list[str] | None) -> str | None:
+    return next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser(argv).parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", AnatomyDeprecationWarning)  # Python hides DeprecationWarnings by default
+        warnings.showwarning = _one_line_warning(_command_of(argv))
+        try:
+            args = parse(build_parser(argv), argv)
+        except SystemExit as exc:  # --help, or a command line argparse refused (one line: Parser.error)
+            return int(exc.code or 0)
+        return _run(args)
+
+
+def _one_line_warning(command: str | None):
+    prefix = f"anatomy {command}" if command in COMMANDS else "anatomy"
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        print(f"{prefix}: warning: {message}", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.run(args) or 0)
     except AnatomyError as exc:

@@ -1,7 +1,9 @@
 """ModelConfig: every architecture in the project is one set of values of these fields.
 
 The fields are orthogonal choices (norm type, norm placement, FFN type, positions, GQA, biases,
-tying ...). No code anywhere asks for a model's name: it asks for a field.
+tying, sliding windows, mixture-of-experts ...). No code anywhere asks for a model's name: it asks
+for a field. What varies from layer to layer (which layers attend through a sliding window, which
+FFNs are mixtures of experts) is data too: a tuple of layer indices.
 """
 
 from __future__ import annotations
@@ -18,6 +20,44 @@ NORM_POSITIONS = ("pre", "post")
 FFNS = ("mlp", "glu")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
+ROPE_SCALINGS = ("linear", "dynamic", "yarn", "llama3", "longrope")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+    """How RoPE reaches past the context it was trained at (`kind`; the fields each kind reads):
+
+        linear    every frequency / factor (positions interpolated)                       factor
+        dynamic   NTK: when a pass reaches past original_max_seq_len, the base grows with
+                  the length it reaches (base * (factor*len/orig - factor + 1)^(d/(d-2)))  factor, original_max_seq_len
+        yarn      per frequency, a ramp between interpolation (/factor) and extrapolation
+                  between beta_fast and beta_slow rotations; cos/sin x attention_factor   factor, original_max_seq_len,
+                                                                                          beta_fast, beta_slow, truncate
+        llama3    Llama 3.1: wavelengths above orig/low_freq_factor / factor, below
+                  orig/high_freq_factor unchanged, a smooth blend in between              factor, low/high_freq_factor,
+                                                                                          original_max_seq_len
+        longrope  per-frequency divisors: short_factor up to original_max_seq_len,
+                  long_factor past it (Phi-3); cos/sin x attention_factor                 short/long_factor
+    """
+
+    kind: str
+    factor: float = 1.0
+    original_max_seq_len: int | None = None
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float = 1.0
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("short_factor", "long_factor"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        _validate_rope_scaling(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,19 +77,37 @@ class ModelConfig:
     head_dim: int | None = None  # None: d_model // n_heads
     d_ff: int
     n_decoder_layers: int = 0  # encoder-decoder only: layers of the decoder stack
+    sliding_window: int | None = None  # a query sees itself and the sliding_window - 1 keys before it
+    sliding_window_layers: tuple[int, ...] | None = None  # the layers that use it; None: all
 
     norm: str = "layernorm"
     norm_eps: float = 1e-5
     norm_position: str = "pre"
     final_norm: bool = True  # a norm after the last block (Pre-Norm stacks need it)
     embedding_norm: bool = False  # a norm right after the embeddings (BERT)
+    norm_unit_offset: bool = False  # RMSNorm scales by (1 + weight) (Gemma): weights start at zero
+    branch_output_norm: bool = False  # a norm on each sublayer's output before the residual add (Gemma 2)
+    qk_norm: bool = False  # RMSNorm over each head's d_h on q and k, before RoPE (Qwen3, Gemma 3)
 
     ffn: str = "mlp"
     activation: str = "gelu"
+    n_experts: int = 0  # > 0: the FFN is a mixture of n_experts experts (of d_ff_expert each)
+    n_experts_per_token: int = 0  # k: experts a router picks per token (softmax, then top-k)
+    d_ff_expert: int | None = None  # None: d_ff
+    moe_renormalize: bool = True  # the k routing weights are divided by their sum (Mixtral)
+    moe_layers: tuple[int, ...] | None = None  # the layers whose FFN is the mixture; None: all (others: d_ff)
+    d_ff_shared_expert: int = 0  # > 0: every token also goes through one shared expert of this width
+    shared_expert_gate: bool = False  # the shared expert's output x sigmoid(a learned D -> 1 gate)
+    router_aux_loss_coef: float = 0.0  # training: coefficient of the load-balancing loss
 
     position: str = "learned"
     max_seq_len: int = 2048
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    rotary_dim: int | None = None  # dims of each head RoPE rotates (the first ones); None: head_dim
+    attn_scale: float | None = None  # multiplier of q.k; None: 1/sqrt(head_dim)
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
+    logit_softcap: float | None = None  # output logits -> cap * tanh(logits / cap) (Gemma 2)
 
     qkv_bias: bool = False
     attn_out_bias: bool = False
@@ -69,11 +127,16 @@ class ModelConfig:
     decoder_start_token_id: int | None = None
 
     def __post_init__(self) -> None:
+        _normalize(self)
         _validate(self)
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.head_dim is None:
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
+        if self.rotary_dim is None and self.position == "rope":
+            object.__setattr__(self, "rotary_dim", self.head_dim)
+        if self.d_ff_expert is None and self.n_experts:
+            object.__setattr__(self, "d_ff_expert", self.d_ff)
 
     # -- derived sizes -------------------------------------------------------------------------
     @property
@@ -100,6 +163,28 @@ class ModelConfig:
         the H_kv heads only, and d_h is head_dim, which need not be D/H."""
         return 2 * self.cached_layers * self.n_kv_heads * self.head_dim
 
+    def kv_values(self, tokens: int) -> int:
+        """KV-cache values a sequence of `tokens` needs when each layer keeps only what it can still
+        attend to: all tokens, or at most sliding_window of them on a sliding-window layer."""
+        per_layer = 2 * self.n_kv_heads * self.head_dim
+        layers = range(self.cached_layers)
+        return sum(per_layer * min(tokens, self.layer_window(i) or tokens) for i in layers)
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of one layer of the (decoder) stack, or None: it attends to everything."""
+        if self.sliding_window is None:
+            return None
+        chosen = self.sliding_window_layers
+        return self.sliding_window if chosen is None or layer in chosen else None
+
+    def layer_is_moe(self, layer: int) -> bool:
+        """Is the FFN of this layer a mixture of experts (else a dense FFN of width d_ff)?"""
+        return self.n_experts > 0 and (self.moe_layers is None or layer in self.moe_layers)
+
+    @property
+    def n_moe_layers(self) -> int:
+        return sum(self.layer_is_moe(i) for i in range(self.n_layers))
+
     @property
     def is_decoder(self) -> bool:
         return self.architecture == "decoder"
@@ -117,6 +202,15 @@ class ModelConfig:
         """Does the main stack mask the future? (the decoder-only stack does)"""
         return self.architecture == "decoder"
 
+    def with_layers(self, layers: list[int] | tuple[int, ...] | range) -> ModelConfig:
+        """A config of len(layers) layers whose layer j is built like layer layers[j] of this one (its
+        window and FFN kind kept): the per-layer lists are renumbered."""
+        def renumbered(chosen: tuple[int, ...] | None) -> tuple[int, ...] | None:
+            return None if chosen is None else tuple(j for j, i in enumerate(layers) if i in chosen)
+
+        return self.replace(n_layers=len(layers), sliding_window_layers=renumbered(self.sliding_window_layers),
+                            moe_layers=renumbered(self.moe_layers))
+
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
@@ -126,11 +220,27 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
+        if not isinstance(values, dict):
+            raise ConfigError(f"a ModelConfig is made from a dict of its fields, got {type(values).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"unknown ModelConfig field(s) {unknown}; known fields: {sorted(known)}")
         return cls(**values)
+
+
+def _normalize(c: ModelConfig) -> None:
+    """Values read from JSON arrive as lists and dicts: make them the tuples and RopeScaling the
+    fields hold (frozen and hashable)."""
+    for name in ("sliding_window_layers", "moe_layers"):
+        value = getattr(c, name)
+        if isinstance(value, list):
+            object.__setattr__(c, name, tuple(value))
+    if isinstance(c.rope_scaling, dict):
+        try:
+            object.__setattr__(c, "rope_scaling", RopeScaling(**c.rope_scaling))
+        except TypeError as e:
+            raise ConfigError(f"rope_scaling={c.rope_scaling!r}: {e}") from None
 
 
 def _validate(c: ModelConfig) -> None:
@@ -167,10 +277,122 @@ def _validate(c: ModelConfig) -> None:
         raise ConfigError(f"norm_eps={c.norm_eps} must be > 0")
     if not c.rope_theta > 0:
         raise ConfigError(f"rope_theta={c.rope_theta} must be > 0")
+    _validate_rope(c, head_dim)
+    _validate_attention_extras(c)
+    _validate_layers(c)
+    _validate_moe(c)
     for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         value = getattr(c, name)
         if value is not None and not 0 <= value < c.vocab_size:
             raise ConfigError(f"{name}={value} is outside [0, vocab_size={c.vocab_size})")
+
+
+def _validate_rope(c: ModelConfig, head_dim: int) -> None:
+    if c.rotary_dim is not None:
+        _check_positive(c, "rotary_dim")
+        if c.position != "rope":
+            raise ConfigError(f"rotary_dim={c.rotary_dim} is only for position='rope'")
+        if c.rotary_dim % 2 or c.rotary_dim > head_dim:
+            raise ConfigError(f"rotary_dim={c.rotary_dim} must be even and <= head_dim={head_dim}")
+    if c.rope_scaling is None:
+        return
+    if not isinstance(c.rope_scaling, RopeScaling):
+        raise ConfigError(f"rope_scaling={c.rope_scaling!r} must be a RopeScaling or None")
+    if c.position != "rope":
+        raise ConfigError(f"rope_scaling={c.rope_scaling.kind!r} is only for position='rope'")
+    pairs = (c.rotary_dim or head_dim) // 2
+    for name in ("short_factor", "long_factor"):
+        factors = getattr(c.rope_scaling, name)
+        if factors is not None and len(factors) != pairs:
+            raise ConfigError(f"rope_scaling.{name} has {len(factors)} entries; rotary_dim/2 = {pairs} needed")
+
+
+def _validate_rope_scaling(r: RopeScaling) -> None:
+    if r.kind not in ROPE_SCALINGS:
+        raise ConfigError(f"rope_scaling kind={r.kind!r} is not one of {', '.join(map(repr, ROPE_SCALINGS))}")
+    numbers = ("factor", "beta_fast", "beta_slow", "attention_factor", "low_freq_factor", "high_freq_factor")
+    for name in numbers:
+        value = getattr(r, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            raise ConfigError(f"rope_scaling.{name}={value!r} must be a positive number")
+    needs = {"dynamic": ("original_max_seq_len",), "yarn": ("original_max_seq_len",),
+             "llama3": ("original_max_seq_len", "low_freq_factor", "high_freq_factor"),
+             "longrope": ("original_max_seq_len", "short_factor", "long_factor")}.get(r.kind, ())
+    for name in needs:
+        if getattr(r, name) is None:
+            raise ConfigError(f"rope_scaling kind={r.kind!r} needs {name}")
+    if r.original_max_seq_len is not None and (isinstance(r.original_max_seq_len, bool)
+                                               or not isinstance(r.original_max_seq_len, int)
+                                               or r.original_max_seq_len <= 0):
+        raise ConfigError(f"rope_scaling.original_max_seq_len={r.original_max_seq_len!r} must be a positive integer")
+    if r.kind == "llama3" and not r.high_freq_factor > r.low_freq_factor:
+        raise ConfigError(f"rope_scaling.high_freq_factor={r.high_freq_factor} must be > "
+                          f"low_freq_factor={r.low_freq_factor}")
+    for name in ("short_factor", "long_factor"):
+        factors = getattr(r, name)
+        if factors is not None and not all(isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0
+                                           for f in factors):
+            raise ConfigError(f"rope_scaling.{name} must be a list of positive numbers")
+
+
+def _validate_attention_extras(c: ModelConfig) -> None:
+    for name in ("attn_scale", "attn_softcap", "logit_softcap"):
+        value = getattr(c, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            raise ConfigError(f"{name}={value!r} must be a positive number or None")
+    if c.norm_unit_offset and c.norm != "rmsnorm":
+        raise ConfigError(f"norm_unit_offset=True is for norm='rmsnorm' (norm={c.norm!r})")
+    if c.qk_norm and c.norm != "rmsnorm":
+        raise ConfigError(f"qk_norm=True normalises q and k with RMSNorm: it needs norm='rmsnorm' (norm={c.norm!r})")
+    if c.branch_output_norm and c.norm_position != "pre":
+        raise ConfigError("branch_output_norm=True (a norm on each sublayer's output) needs norm_position='pre'")
+
+
+def _validate_layers(c: ModelConfig) -> None:
+    """Sliding windows and per-layer choices: causal decoders only, layer indices in range."""
+    if c.sliding_window is not None:
+        _check_positive(c, "sliding_window")
+        if not c.causal:
+            raise ConfigError(f"sliding_window={c.sliding_window} is for causal decoders "
+                              f"(architecture={c.architecture!r})")
+    elif c.sliding_window_layers is not None:
+        raise ConfigError("sliding_window_layers is set but sliding_window is None")
+    for name in ("sliding_window_layers", "moe_layers"):
+        layers = getattr(c, name)
+        if layers is None:
+            continue
+        if not isinstance(layers, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+            raise ConfigError(f"{name}={layers!r} must be a list of layer indices or None")
+        if list(layers) != sorted(set(layers)) or any(not 0 <= i < c.n_layers for i in layers):
+            raise ConfigError(f"{name}={list(layers)} must be increasing layer indices in [0, n_layers={c.n_layers})")
+
+
+def _validate_moe(c: ModelConfig) -> None:
+    for name in ("n_experts", "n_experts_per_token", "d_ff_shared_expert"):
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{name}={value!r} must be an integer >= 0")
+    coef = c.router_aux_loss_coef
+    if isinstance(coef, bool) or not isinstance(coef, (int, float)) or coef < 0:
+        raise ConfigError(f"router_aux_loss_coef={coef!r} must be a number >= 0")
+    if not c.n_experts:
+        extras = {"n_experts_per_token": c.n_experts_per_token, "d_ff_expert": c.d_ff_expert,
+                  "moe_layers": c.moe_layers, "d_ff_shared_expert": c.d_ff_shared_expert}
+        for name, value in extras.items():
+            if value:
+                raise ConfigError(f"{name}={value!r} needs n_experts > 0 (a mixture-of-experts FFN)")
+        return
+    if not c.is_decoder:
+        raise ConfigError(f"n_experts={c.n_experts}: mixture-of-experts FFNs are for decoders "
+                          f"(architecture={c.architecture!r})")
+    if not 1 <= c.n_experts_per_token <= c.n_experts:
+        raise ConfigError(f"n_experts_per_token={c.n_experts_per_token} must be in [1, n_experts={c.n_experts}]")
+    if c.d_ff_expert is not None:
+        _check_positive(c, "d_ff_expert")
+    if c.ffn_bias:
+        raise ConfigError(f"ffn_bias=True with n_experts={c.n_experts}: experts have no biases in anatomy")
+    if c.shared_expert_gate and not c.d_ff_shared_expert:
+        raise ConfigError("shared_expert_gate=True needs a shared expert (d_ff_shared_expert > 0)")
 
 
 def _check_choice(c: ModelConfig, name: str, choices: tuple[str, ...]) -> None:

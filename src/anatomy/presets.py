@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from anatomy.config import ModelConfig
+from anatomy.config import ModelConfig, RopeScaling
 from anatomy.errors import ConfigError
 
 # Vaswani et al. 2017, "Attention Is All You Need": Post-LN, ReLU, sinusoidal, shared embeddings.
@@ -39,6 +39,11 @@ _LLAMA = dict(
     tie_embeddings=False, bos_token_id=1, eos_token_id=2,
 )
 
+# The decoders people download today: LLaMA plus a few orthogonal parts each (public config.json values).
+_MISTRAL = dict(_LLAMA, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336, norm_eps=1e-5,
+                max_seq_len=32768)
+_QWEN = dict(_LLAMA, norm_eps=1e-6, rope_theta=1e6, bos_token_id=151643, eos_token_id=151645)
+
 PRESETS: dict[str, dict[str, Any]] = {
     "transformer-base": {**_TRANSFORMER, "d_model": 512, "n_heads": 8, "d_ff": 2048},
     "transformer-big": {**_TRANSFORMER, "d_model": 1024, "n_heads": 16, "d_ff": 4096, "dropout": 0.3},
@@ -61,6 +66,35 @@ PRESETS: dict[str, dict[str, Any]] = {
                      "n_kv_heads": 3, "d_ff": 1536, "norm_eps": 1e-5, "max_seq_len": 8192,
                      "rope_theta": 100000.0, "tie_embeddings": True, "bos_token_id": 1,
                      "eos_token_id": 2},
+    # Llama 3.1: Llama 3 with the 3.1 frequency rule stretching 8k to 128k positions
+    "llama-3.1-8b": {**_LLAMA, "vocab_size": 128256, "d_model": 4096, "n_layers": 32, "n_heads": 32,
+                     "n_kv_heads": 8, "d_ff": 14336, "norm_eps": 1e-5, "max_seq_len": 131072,
+                     "rope_theta": 500000.0, "bos_token_id": 128000, "eos_token_id": 128001,
+                     "rope_scaling": RopeScaling(kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                                 original_max_seq_len=8192)},
+    # Mistral 7B v0.1: a 4096-token sliding window on every layer
+    "mistral-7b": {**_MISTRAL, "sliding_window": 4096},
+    # Mixtral 8x7B: every FFN a mixture of 8 experts, 2 per token
+    "mixtral-8x7b": {**_MISTRAL, "rope_theta": 1e6, "n_experts": 8, "n_experts_per_token": 2,
+                     "router_aux_loss_coef": 0.02},
+    # Qwen2.5-7B: biases on q, k and v only
+    "qwen2.5-7b": {**_QWEN, "vocab_size": 152064, "d_model": 3584, "n_layers": 28, "n_heads": 28, "n_kv_heads": 4,
+                   "d_ff": 18944, "max_seq_len": 32768, "qkv_bias": True},
+    # Qwen3-8B: RMSNorm of each q and k head, head_dim decoupled from D/H
+    "qwen3-8b": {**_QWEN, "vocab_size": 151936, "d_model": 4096, "n_layers": 36, "n_heads": 32, "n_kv_heads": 8,
+                 "head_dim": 128, "d_ff": 12288, "max_seq_len": 40960, "qk_norm": True},
+    # Gemma 2 9B: (1 + w) RMSNorm before and after each sublayer, GeGLU, x sqrt(D) embeddings, tied head,
+    # soft-capped scores and logits, a 4096-token window on every other layer
+    "gemma-2-9b": {**_LLAMA, "vocab_size": 256000, "d_model": 3584, "n_layers": 42, "n_heads": 16, "n_kv_heads": 8,
+                   "head_dim": 256, "d_ff": 14336, "max_seq_len": 8192, "activation": "gelu_tanh",
+                   "tie_embeddings": True, "embedding_scale": True, "norm_unit_offset": True,
+                   "branch_output_norm": True, "attn_scale": 256 ** -0.5, "attn_softcap": 50.0,
+                   "logit_softcap": 30.0, "sliding_window": 4096, "sliding_window_layers": tuple(range(0, 42, 2)),
+                   "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1},
+    # Phi-3-mini-4k: a 2047-token sliding window, the LLaMA shape otherwise
+    "phi-3-mini": {**_LLAMA, "vocab_size": 32064, "d_model": 3072, "n_layers": 32, "n_heads": 32, "d_ff": 8192,
+                   "norm_eps": 1e-5, "max_seq_len": 4096, "sliding_window": 2047, "bos_token_id": 1,
+                   "eos_token_id": 32000, "pad_token_id": 32000},
 }
 
 
@@ -70,8 +104,10 @@ def preset_names() -> list[str]:
 
 def get_preset(name: str, **overrides: Any) -> ModelConfig:
     """The ModelConfig of a named preset, with optional field overrides."""
+    if not isinstance(name, str):
+        raise ConfigError(f"a preset name is a string, got {type(name).__name__}: {name!r:.80}")
     if name not in PRESETS:
         close = difflib.get_close_matches(name, PRESETS, n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ConfigError(f"unknown preset {name!r}{hint} (presets: {', '.join(preset_names())})")
-    return ModelConfig(**{**PRESETS[name], **overrides})
+    return ModelConfig.from_dict({**PRESETS[name], **overrides})

@@ -12,6 +12,7 @@ special tokens and chat template next to it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -19,10 +20,19 @@ from typing import Any
 
 import tokenizers
 
+from anatomy.atomic import atomic_file
 from anatomy.chat_template import ChatTemplate
 from anatomy.errors import CheckpointError, InputError
 
 SPECIAL_ROLES = ("bos", "eos", "unk", "pad", "cls", "sep", "mask")
+# how the roles training needs are usually spelled, for a tokenizer whose config does not name them
+# (a bare tokenizer.json; BERT's, whose [CLS]/[SEP] open and close every text)
+USUAL_SPELLINGS = {
+    "pad": ("<pad>", "[PAD]", "<|pad|>"),
+    "bos": ("<s>", "[CLS]", "<|im_start|>", "<|endoftext|>", "<|begin_of_text|>"),
+    "eos": ("</s>", "[SEP]", "<|im_end|>", "<|endoftext|>", "<|end_of_text|>"),
+    "mask": ("<mask>", "[MASK]"),
+}
 # tokens that end an assistant turn in common chat formats; a generation stops on them when the
 # model's chat template writes them
 CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
@@ -77,6 +87,27 @@ class Tokenizer:
     @property
     def unk_id(self) -> int | None:
         return self._id("unk")
+
+    @property
+    def mask_id(self) -> int | None:
+        return self._id("mask")
+
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        """Ids of every special token (masked language modelling never masks them), sorted."""
+        return tuple(sorted(i for i, t in self.backend.get_added_tokens_decoder().items() if t.special))
+
+    def with_usual_roles(self) -> Tokenizer:
+        """This tokenizer with its missing pad/bos/eos/mask roles taken from the usual spellings in
+        its vocabulary (USUAL_SPELLINGS), as training needs them; roles it names stay as they are."""
+        special = dict(self.special_tokens)
+        for role, spellings in USUAL_SPELLINGS.items():
+            found = next((t for t in spellings if self.backend.token_to_id(t) is not None), None)
+            if role not in special and found is not None:
+                special[role] = found
+        return Tokenizer(self.backend, source=self.source, special_tokens=special,
+                         chat_template=self.chat_template.text if self.chat_template else None,
+                         gguf_metadata=self.gguf_metadata)
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -167,6 +198,29 @@ class Tokenizer:
             raise InputError(f"{self.source} has no chat template: pass the prompt as plain text")
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **variables)
 
+    # -- identity and files -------------------------------------------------------------------
+
+    @property
+    def identity(self) -> str:
+        """A hash of the whole definition (vocabulary, rules, special tokens, chat template): two
+        tokenizers with the same identity turn every text into the same ids."""
+        definition = json.dumps([self.backend.to_str(), self.special_tokens,
+                                 self.chat_template.text if self.chat_template else None], sort_keys=True)
+        return hashlib.sha256(definition.encode()).hexdigest()[:16]
+
+    def save(self, directory: str | Path) -> Path:
+        """Write tokenizer.json and tokenizer_config.json (special tokens by role, chat template) into
+        `directory`, which load_tokenizer reads back as this tokenizer; each file atomically."""
+        directory = Path(directory)
+        config = {f"{role}_token": token for role, token in self.special_tokens.items()}
+        if self.chat_template is not None:
+            config["chat_template"] = self.chat_template.text
+        for name, text in (("tokenizer.json", self.backend.to_str()),
+                           ("tokenizer_config.json", json.dumps(config, indent=1, ensure_ascii=False))):
+            with atomic_file(directory / name) as f:
+                f.write(text.encode("utf-8"))
+        return directory
+
     def __repr__(self) -> str:
         return (f"Tokenizer({self.source!r}, vocab_size={self.vocab_size}, "
                 f"special_tokens={self.special_tokens}, chat_template={self.chat_template is not None})")
@@ -243,7 +297,10 @@ def _chat_template(config: dict[str, Any], config_path: Path) -> str | None:
     list of {"name", "template"} of which "default" is taken."""
     jinja_file = config_path.parent / "chat_template.jinja"
     if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
+        try:
+            return jinja_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise CheckpointError(f"{jinja_file}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     template = config.get("chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}

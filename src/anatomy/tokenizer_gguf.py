@@ -1,11 +1,22 @@
 """A HF `tokenizers` tokenizer rebuilt from GGUF metadata (llama.cpp's `tokenizer.ggml.*` keys).
 
-Supported: `tokenizer.ggml.model = "gpt2"`, byte-level BPE (GPT-2, LLaMA-3, SmolLM, StarCoder...).
-The GGUF stores the vocabulary (`tokens`, in byte-level form), the `merges` ("left right"), one
-type per token (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte), and the name
-of the pre-tokenizer in `tokenizer.ggml.pre`: how text is cut into pieces before BPE runs inside
-each piece. Control tokens become special tokens, user-defined ones added tokens; both are
-matched in raw text before pre-tokenization, as llama.cpp and HF do.
+Supported:
+
+- `tokenizer.ggml.model = "gpt2"`, byte-level BPE (GPT-2, LLaMA-3, Qwen, SmolLM, StarCoder...).
+  The GGUF stores the vocabulary (`tokens`, in byte-level form), the `merges` ("left right"), one
+  type per token (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte), and the name
+  of the pre-tokenizer in `tokenizer.ggml.pre`: how text is cut into pieces before BPE runs inside
+  each piece.
+- `tokenizer.ggml.model = "llama"`, SentencePiece BPE (LLaMA 1/2, Mistral, Gemma, Phi-3): pieces
+  with "▁" for spaces and a score each, byte tokens <0x00>..<0xFF>. llama.cpp splits the text
+  (spaces escaped to "▁", one "▁" prefixed unless `add_space_prefix` is false) into characters and
+  repeatedly merges the adjacent pair whose joined piece is in the vocabulary with the highest
+  score (the leftmost on ties); characters left outside the vocabulary become their byte tokens.
+  That is BPE whose merges are every split of every piece into two pieces, ranked by the joined
+  piece's score: the merges are derived from the scores, then HF's BPE (byte fallback on) runs them.
+
+Control tokens become special tokens, user-defined ones added tokens; both are matched in raw text
+before pre-tokenization, as llama.cpp and HF do.
 """
 
 from __future__ import annotations
@@ -14,11 +25,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from anatomy.errors import CheckpointError
 
-NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # token types used here (2 unknown, 5 unused, 6 byte)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4  # token types used here (5 unused, 6 byte)
+SPACE = "\u2581"  # SentencePiece's "▁", standing for a space
 
 # The pre-tokenizers, as the regular expressions llama.cpp applies one after the other: each splits
 # every piece left by the previous one into its matches and the text between them.
@@ -60,9 +72,11 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
 def tokenizer_from_gguf(meta: Mapping[str, Any], *, source: str) -> Tokenizer:
     """The tokenizer described by a GGUF file's metadata; CheckpointError names the bad key."""
     kind = meta.get("tokenizer.ggml.model")
+    if kind == "llama":
+        return _sentencepiece(meta, source=source)
     if kind != "gpt2":
         raise CheckpointError(f"{source}: tokenizer.ggml.model={kind!r} is not supported "
-                              f"(supported: 'gpt2', byte-level BPE)")
+                              f"(supported: 'gpt2', byte-level BPE; 'llama', SentencePiece BPE)")
     tokens = _string_list(meta, "tokenizer.ggml.tokens", source=source)
     merges = [_merge(m, i, source=source) for i, m in enumerate(_string_list(meta, "tokenizer.ggml.merges",
                                                                               source=source))]
@@ -75,6 +89,51 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], *, source: str) -> Tokenizer:
     _add_typed_tokens(tokenizer, tokens, types)
     _add_bos_eos(tokenizer, meta, tokens, source=source)
     return tokenizer
+
+
+def _sentencepiece(meta: Mapping[str, Any], *, source: str) -> Tokenizer:
+    """SentencePiece BPE as llama.cpp runs it: merges by score, byte fallback, "▁" for spaces."""
+    tokens = _string_list(meta, "tokenizer.ggml.tokens", source=source)
+    scores = _scores(meta, len(tokens), source=source)
+    types = _token_types(meta, len(tokens), source=source)
+    vocab = {token: i for i, token in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise CheckpointError(f"{source}: tokenizer.ggml.tokens holds a token twice")
+    unk = meta.get("tokenizer.ggml.unknown_token_id")
+    tokenizer = Tokenizer(models.BPE(vocab, _merges_by_score(tokens, scores), byte_fallback=True, fuse_unk=True,
+                                     unk_token=tokens[unk] if isinstance(unk, int) and 0 <= unk < len(tokens) else None))
+    prefix = meta.get("tokenizer.ggml.add_space_prefix", True) is not False
+    tokenizer.normalizer = normalizers.Sequence([*([normalizers.Prepend(SPACE)] if prefix else []),
+                                                 normalizers.Replace(" ", SPACE)])
+    tokenizer.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
+                                           *([decoders.Strip(" ", 1, 0)] if prefix else [])])
+    _add_typed_tokens(tokenizer, tokens, [CONTROL if t == UNKNOWN else t for t in types])
+    _add_bos_eos(tokenizer, meta, tokens, source=source, bos_default=True)
+    return tokenizer
+
+
+def _scores(meta: Mapping[str, Any], n_tokens: int, *, source: str) -> list[float]:
+    scores = meta.get("tokenizer.ggml.scores")
+    is_array = hasattr(scores, "__len__") and not isinstance(scores, (str, bytes))
+    if not is_array or len(scores) != n_tokens:
+        size = len(scores) if is_array else type(scores).__name__
+        raise CheckpointError(f"{source}: tokenizer.ggml.scores has {size} entries, tokenizer.ggml.tokens has "
+                              f"{n_tokens} (SentencePiece merges by score)")
+    return [float(x) for x in scores]
+
+
+def _merges_by_score(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
+    """Every split of every piece into two pieces, the joined piece's score deciding the rank
+    (higher first; the lower token id first among equals): llama.cpp's merge order."""
+    ids = {token: i for i, token in enumerate(tokens)}
+    merges = []
+    for i, token in enumerate(tokens):
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in ids and right in ids:
+                merges.append((-scores[i], i, ids[left], left, right))
+    merges.sort()
+    return [(left, right) for *_, left, right in merges]
 
 
 def special_token_ids(meta: Mapping[str, Any], n_tokens: int, *, source: str) -> dict[str, int]:
@@ -138,10 +197,13 @@ def _add_typed_tokens(tokenizer: Tokenizer, tokens: list[str], types: list[int])
     tokenizer.add_tokens([added(i, False) for i, t in enumerate(types) if t == USER_DEFINED])
 
 
-def _add_bos_eos(tokenizer: Tokenizer, meta: Mapping[str, Any], tokens: list[str], *, source: str) -> None:
-    """`tokenizer.ggml.add_bos_token` / `add_eos_token`: put BOS / EOS around every encoded text."""
+def _add_bos_eos(tokenizer: Tokenizer, meta: Mapping[str, Any], tokens: list[str], *, source: str,
+                 bos_default: bool = False) -> None:
+    """`tokenizer.ggml.add_bos_token` / `add_eos_token`: put BOS / EOS around every encoded text
+    (llama.cpp adds BOS by default for SentencePiece vocabularies, `bos_default`)."""
     ids = special_token_ids(meta, len(tokens), source=source)
-    around = {"bos": meta.get("tokenizer.ggml.add_bos_token") is True,
+    add_bos = meta.get("tokenizer.ggml.add_bos_token")
+    around = {"bos": add_bos is True or (add_bos is None and bos_default and "bos" in ids),
               "eos": meta.get("tokenizer.ggml.add_eos_token") is True}
     for role, wanted in around.items():
         if wanted and role not in ids:

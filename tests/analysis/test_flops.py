@@ -24,6 +24,10 @@ FAMILIES = {
     "gpt2": get_preset("gpt2", **SMALL),
     "bert": get_preset("bert-base", **SMALL),
     "transformer": get_preset("transformer-base", **SMALL, n_decoder_layers=3),
+    # today's decoders: experts on some layers (k of E, a gated shared expert), a window on others
+    "moe-window": get_preset("llama-7b", **{**SMALL, "n_layers": 3}, n_kv_heads=2, n_experts=4, n_experts_per_token=2,
+                             d_ff_expert=32, d_ff_shared_expert=40, shared_expert_gate=True, moe_layers=(1, 2),
+                             sliding_window=3, sliding_window_layers=(0, 1), qk_norm=True),
 }
 
 
@@ -87,7 +91,8 @@ def test_analytic_equals_flop_counter_mode(family):
         measured = count_flops(lambda: model.decode(one, memory_kv=memory_kv, cache=cache, input_pos=pos))
     else:
         measured = count_flops(lambda: model(one, cache=cache, input_pos=pos))
-    assert measured == decode_flops(config, batch=B, context=T, source_len=S).total
+    # anatomy's static cache holds all T positions and masks those outside a window: windowed=False
+    assert measured == decode_flops(config, batch=B, context=T, source_len=S, windowed=False).total
 
 
 def test_llama_7b_on_1t_tokens_as_seed_000_should_have_computed():
@@ -111,3 +116,22 @@ def test_seq2seq_parts_add_up_and_training_is_three_forwards():
     per_token = training_flops_per_token(config, seq=64)
     assert per_token["three_forward"] == 3 * fwd.total / 64
     assert per_token["attention_term"] == 3 * fwd.attention_matmuls / 64
+
+
+def test_moe_flops_follow_k_of_e_experts():
+    """A token goes through the router and k experts: FLOPs grow with k, not with E."""
+    base = get_preset("mixtral-8x7b")
+    per_token = forward_flops(base, batch=1, seq=1).parts["ffn"] / base.n_layers
+    D, F = 4096, 14336
+    assert per_token == 2 * D * 8 + 2 * 2 * 3 * D * F
+    more_experts = forward_flops(base.replace(n_experts=64), batch=1, seq=1).parts["ffn"] / base.n_layers
+    assert more_experts - per_token == 2 * D * (64 - 8)  # only the router grows
+
+
+def test_sliding_window_caps_decode_attention_and_the_skipping_count():
+    config = get_preset("mistral-7b")
+    long = decode_flops(config, batch=1, context=32768)
+    dense = decode_flops(config, batch=1, context=32768, windowed=False)
+    assert long.attention_matmuls == decode_flops(config, batch=1, context=4096).attention_matmuls
+    assert dense.attention_matmuls == 8 * long.attention_matmuls
+    assert attended_pairs(6, 6, causal=True, window=2) == 1 + 2 * 5

@@ -16,14 +16,24 @@ def test_builtin_entries_are_dense_and_cite_a_source():
     assert get_hardware("h200").bandwidth == 4.8e12
     for hw in BUILTIN.values():
         assert "datasheet" in hw.source and "sparsity" in hw.source + hw.notes
-        assert hw.peak("fp16") == hw.peak("bf16") > hw.peak("fp32")
+        assert hw.peak("f16") == hw.peak("bf16") > hw.peak("f32")
 
 
 def test_json_file(tmp_path):
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps({"name": "mine", "peak_flops": {"bf16": 5e14}, "bandwidth": 2e12}))
     hw = get_hardware(str(path))
-    assert (hw.name, hw.peak("bf16"), hw.peak("fp16"), hw.bandwidth) == ("mine", 5e14, 5e14, 2e12)
+    assert (hw.name, hw.peak("bf16"), hw.peak("f16"), hw.bandwidth) == ("mine", 5e14, 5e14, 2e12)
+
+
+def test_json_file_with_old_dtype_keys_still_reads(tmp_path):
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"peak_flops": {"fp32": 6e13, "fp16": 9e14}, "bandwidth": 2e12}))
+    with pytest.deprecated_call() as record:
+        hw = get_hardware(str(path))
+    assert [str(w.message).split(": ")[-1] for w in record] == ["peak_flops key='fp32' is deprecated, use 'f32'",
+                                                                "peak_flops key='fp16' is deprecated, use 'f16'"]
+    assert (hw.peak("f32"), hw.peak("f16"), hw.peak("bf16")) == (6e13, 9e14, 9e14)
 
 
 @pytest.mark.parametrize("content, message", [
@@ -31,6 +41,7 @@ def test_json_file(tmp_path):
     ({"peak_flops": {}, "bandwidth": 1e12}, "no peak figures"),
     ({"peak_flops": 1e15}, "'bandwidth' must be a positive number"),
     ({"peak_flops": -1, "bandwidth": 1e12}, "peak_flops.any"),
+    ({"peak_flops": {"fp8": 1e15}, "bandwidth": 1e12}, "peak_flops key='fp8' is not one of f32, f16, bf16"),
 ])
 def test_json_without_figures_is_an_error(tmp_path, content, message):
     path = tmp_path / "bad.json"
@@ -46,5 +57,5 @@ def test_unknown_name_suggests_close_ones():
 
 def test_local_measurement_is_positive():
     hw = measure_local(matmul_n=256, read_mib=16, repeats=1)
-    assert hw.peak("fp32") > 1e8 and hw.bandwidth > 1e8
-    assert hw.peak("bf16") == hw.peak("fp32")  # one measurement stands in for every dtype, and says so
+    assert hw.peak("f32") > 1e8 and hw.bandwidth > 1e8
+    assert hw.peak("bf16") == hw.peak("f32")  # one measurement stands in for every dtype, and says so

@@ -24,7 +24,7 @@ def test_bert_base_layer_matches_seed_004():
     assert _by_name(ledger, "FFN up") == 4_722_432
     assert _by_name(ledger, "norm") == 3_072
     assert ledger.total == 109_482_240  # BertModel, pooler included
-    assert weights_bytes(ledger.total, "fp32") == 437_928_960  # the seed's ~440 MB
+    assert weights_bytes(ledger.total, "f32") == 437_928_960  # the seed's ~440 MB
 
 
 @pytest.mark.parametrize("name, exact, approx_billions", [

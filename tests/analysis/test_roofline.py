@@ -41,3 +41,16 @@ def test_long_context_decode_never_turns_compute_bound():
     config, hw = get_preset("llama-7b"), get_hardware("h200")
     ledger = parameter_ledger(config)  # MHA at 2048: the KV reads per sequence outweigh its FLOPs
     assert decode_compute_bound_batch(config, ledger, hw, context=2048, source_len=0, **DTYPES) is None
+
+
+def test_moe_decode_reads_only_the_experts_its_tokens_use():
+    """Mixtral at batch 1 reads 2 of 8 experts per layer; a large batch reaches nearly all of them."""
+    from anatomy.analysis.params import parameter_ledger
+    from anatomy.analysis.roofline import experts_touched, weights_read_bytes
+
+    config = get_preset("mixtral-8x7b")
+    ledger = parameter_ledger(config)
+    assert experts_touched(config, 1) == 2 and experts_touched(config, 64) > 7.99
+    one = weights_read_bytes(ledger, "bf16", decode=True, tokens=1)
+    assert one == 2 * (ledger.active - ledger.lookup_params())
+    assert weights_read_bytes(ledger, "bf16", decode=True) == 2 * (ledger.total - ledger.lookup_params())

@@ -50,7 +50,7 @@ def test_gqa_rows_name_the_logical_score_shape():
 
 
 def test_views_move_no_bytes_and_matmuls_move_their_operands():
-    rows = trace(get_preset("gpt2"), phase="prefill", batch=1, seq=8, context=8, dtype="fp32")
+    rows = trace(get_preset("gpt2"), phase="prefill", batch=1, seq=8, context=8, dtype="f32")
     assert all(r.bytes == 0 for r in rows if r.op in ("view", "transpose", "split"))
     qkv = next(r for r in rows if r.module == "stack.blocks.0.attn.qkv")
     assert qkv.bytes == 4 * (8 * 768 + 768 * 2304 + 2304 + 8 * 2304)  # x, W, b read; y written
@@ -61,3 +61,12 @@ def test_encoder_has_no_decode_trace_and_seq2seq_has_cross_attention():
     rows = trace(get_preset("transformer-base"), phase="decode", batch=1, seq=9, context=5)
     cross = [r for r in rows if r.note.startswith("scores") and "cross_attn" in r.module]
     assert cross[0].output == [1, 8, 1, 9]  # the new target token against 9 source positions
+
+
+def test_moe_block_trace_shows_the_router_and_k_experts():
+    config = get_preset("mixtral-8x7b", n_layers=2)
+    rows = trace(config, phase="decode", batch=1, seq=8, context=64, dtype="bf16")
+    linears = [r for r in rows if r.module.endswith("ffn") and r.op == "linear"]
+    router = [r for r in rows if r.module.endswith("ffn.router")]
+    assert router[0].output == [1, 8] and len(linears) == 2 * 2  # gate_up and down of 2 experts
+    assert sum(r.flops for r in linears) == 2 * 2 * 3 * 4096 * 14336

@@ -161,7 +161,8 @@ BAD_METADATA = {
     "context length 2^31": ({"llama.context_length": (UINT32, 2**31)}, (), "llama.context_length=2147483648"),
     "block count as a string": ({"llama.block_count": (STRING, "1")}, (), "llama.block_count='1'"),
     "missing embedding length": ({}, ("llama.embedding_length",), "llama.embedding_length=None"),
-    "unsupported architecture": ({"general.architecture": (STRING, "mamba")}, (), "supported: llama, gpt2"),
+    "unsupported architecture": ({"general.architecture": (STRING, "mamba")}, (),
+                                 "supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma, gemma2, phi3, gpt2"),
     "bos id outside the vocabulary": ({"tokenizer.ggml.bos_token_id": (UINT32, 12)}, (),
                                       "tokenizer.ggml.bos_token_id"),
     "negative eps": ({"llama.attention.layer_norm_rms_epsilon": (FLOAT32, -1.0)}, (), "layer_norm_rms_epsilon"),
@@ -189,10 +190,19 @@ def test_unsupported_tensor_type_names_it_and_lists_the_supported(tmp_path, tiny
 
 
 def test_unexpected_tensor_is_named(tmp_path, tiny_gguf):
-    extra = TensorEntry(name="rope_freqs.weight", type=TENSOR_TYPES_BY_NAME["F32"], shape=(4,),
+    extra = TensorEntry(name="blk.0.attn_q.scale", type=TENSOR_TYPES_BY_NAME["F32"], shape=(4,),
                         data=lambda: np.zeros(4, np.float32))
     path = _rewrite(tiny_gguf, tmp_path / "m.gguf", extra=[extra])
-    with pytest.raises(CheckpointError, match="rope_freqs.weight.*unexpected"):
+    with pytest.raises(CheckpointError, match="blk.0.attn_q.scale.*unexpected"):
+        load_gguf(path)
+
+
+def test_rope_frequencies_no_llama3_rule_gives_are_refused(tmp_path, tiny_gguf):
+    """llama.cpp divides each RoPE frequency by rope_freqs; anatomy reads them as Llama 3's rule or not at all."""
+    extra = TensorEntry(name="rope_freqs.weight", type=TENSOR_TYPES_BY_NAME["F32"], shape=(4,),
+                        data=lambda: np.array([1.0, 1.5, 3.0, 7.0], np.float32))
+    path = _rewrite(tiny_gguf, tmp_path / "m.gguf", extra=[extra])
+    with pytest.raises(CheckpointError, match="rope_freqs.weight=.*no Llama 3 rule"):
         load_gguf(path)
 
 

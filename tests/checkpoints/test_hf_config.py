@@ -81,7 +81,8 @@ def test_architectures_are_chosen_by_fields(config, architecture):
 
 
 def test_unsupported_model_type_lists_the_supported():
-    with pytest.raises(ConfigError, match=r"model_type='t5' is not supported \(supported: llama, gpt2, bert, marian\)"):
+    with pytest.raises(ConfigError, match=r"model_type='t5' is not supported \(supported: llama, mistral, mixtral, "
+                                          r"qwen2, qwen3, qwen2_moe, qwen3_moe, gemma, gemma2, phi3, gpt2, bert, marian\)"):
         config_from_hf({"model_type": "t5"})
     with pytest.raises(ConfigError, match="model_type=None is not supported"):
         config_from_hf({"vocab_size": 5})
@@ -93,7 +94,8 @@ def test_missing_fields_are_listed():
 
 
 @pytest.mark.parametrize("hf, message", [
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_type='llama3' is not supported"),
+    ({"rope_scaling": {"rope_type": "ntk", "factor": 8.0}}, "rope_type='ntk' is not supported"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_type='llama3'.* lacks 'low_freq_factor'"),
     ({"hidden_act": "relu2"}, "hidden_act='relu2' is not supported"),
 ])
 def test_unsupported_llama_features(hf, message):
@@ -114,10 +116,10 @@ def test_unsupported_bert_and_marian_features():
 
 def test_config_hf_cannot_express_is_refused():
     alibi = get_preset("gpt2", position="alibi")
-    expected = r"HF GPT2LMHeadModel cannot express this config: position='alibi' \(needs 'learned'\)"
+    expected = r"no HF class can express this config; the closest, GPT2LMHeadModel, needs: position='alibi' \(needs 'learned'\)"
     with pytest.raises(ConfigError, match=expected):
         config_to_hf(alibi)
-    with pytest.raises(ConfigError, match=r"LlamaForCausalLM .* norm='layernorm' \(needs 'rmsnorm'\)"):
+    with pytest.raises(ConfigError, match=r"LlamaForCausalLM, needs: norm='layernorm' \(needs 'rmsnorm'\)"):
         config_to_hf(get_preset("llama-7b", norm="layernorm"))
     with pytest.raises(ConfigError, match=r"BertModel .* norm_position='pre' \(needs 'post'\)"):
         config_to_hf(get_preset("bert-base", norm_position="pre"))

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import signal
 import subprocess
+import sys
 import threading
 import time
 
 import pytest
+
+from anatomy.cli import main
 
 from .test_generate_cli import ANATOMY
 
@@ -43,3 +47,17 @@ def test_ctrl_c_stops_a_reply_without_leaving():
     reader.join(timeout=10)
     assert proc.returncode == 0, stderr
     assert "[stopped]" in stderr and "[conversation reset]" in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("args, stdin, message", [
+    (["--dtype", "f8"], b"", "--dtype 'f8' is not one of f32, f16, bf16"),
+    (["--temperature", "-1"], b"", "temperature=-1.0 must be >= 0"),
+    (["--model", "no-such-model"], b"", "'no-such-model' is neither an existing file"),
+    (["--model", "all-minilm-l6-v2"], b"", "all-minilm-l6-v2 has no chat template"),
+    ([], b"caf\xe9 au lait\n", "stdin is not valid UTF-8: byte 0xe9"),
+])
+def test_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, args, stdin, message):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    assert main(["chat", "--max-new-tokens", "4", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("anatomy chat: error: ") and message in err

@@ -42,6 +42,9 @@ def test_raw_prompt_from_stdin_with_a_stop_string():
     (["generate", "hi", "--top-k", "-3"], None, "top_k=-3 must be an integer >= 0"),
     (["generate", "hi", "--max-new-tokens", "0"], None, "max_new_tokens=0 must be an integer >= 1"),
     (["generate", "hi", "--model", "smollm-135m"], None, "is neither an existing file or directory nor a known model"),
+    (["generate", "hi", "--dtype", "float8"], None, "--dtype 'float8' is not one of f32, f16, bf16"),
+    (["generate", "hi", "--seed", str(2 ** 70)], None, f"seed={2 ** 70} must be an integer in [-2**63, 2**64)"),
+    (["generate", "hi", "--model", "all-minilm-l6-v2"], None, "generation needs a decoder or encoder-decoder model"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, stdin, message):
     out = anatomy(*args, stdin=stdin)

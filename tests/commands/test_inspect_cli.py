@@ -22,8 +22,8 @@ def _anatomy(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_inspect_json_reproduces_the_seed_figures(tmp_path):
     plot = tmp_path / "llama.png"
-    out = _anatomy("inspect", "llama-2-7b", "--json", "--seq", "10", "--context", "4096", "--dtype", "fp16",
-                   "--kv-dtype", "fp16", "--hardware", "h100-sxm", "--tokens", "1e12", "--gpus", "512", "--mfu",
+    out = _anatomy("inspect", "--model", "llama-2-7b", "--json", "--seq-len", "10", "--context", "4096", "--dtype",
+                   "f16", "--kv-dtype", "f16", "--hardware", "h100-sxm", "--tokens", "1e12", "--gpus", "512", "--mfu",
                    "0.45", "--plot", str(plot))
     report = json.loads(out.stdout)
     assert report["params"]["total"] == 6_738_415_616
@@ -49,7 +49,7 @@ def test_inspect_json_reproduces_the_seed_figures(tmp_path):
 
 @pytest.mark.slow
 def test_inspect_markdown():
-    md = _anatomy("inspect", "bert-base", "--markdown", "--seq", "512").stdout
+    md = _anatomy("inspect", "--model", "bert-base", "--markdown", "--seq-len", "512").stdout
     assert "| per layer |  |  |  | 7,087,872 |" in md
     assert "| total (exact) |  |  |  | 109,482,240 |" in md
     assert "| one layer | 8,053,063,680 |" in md  # seed 004 at n=512, with the QK^T and AV matmuls
@@ -57,35 +57,41 @@ def test_inspect_markdown():
 
 
 def test_terminal_tables(capsys):
-    assert main(["inspect", "smollm2-135m", "--seq", "16", "--context", "64"]) == 0  # rich, not a tty
+    assert main(["inspect", "--model", "smollm2-135m", "--seq-len", "16", "--context", "64"]) == 0  # rich, not a tty
     terminal = capsys.readouterr().out
     assert "Post-Norm" not in terminal and "Pre-Norm" in terminal and "GQA H=9 H_kv=3" in terminal
     assert "Shape trace: decode" in terminal
 
 
 def test_mermaid_only(capsys):
-    assert main(["inspect", "gpt2", "--mermaid"]) == 0
+    assert main(["inspect", "--model", "gpt2", "--mermaid"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("flowchart TB") and "MLP gelu_tanh" in out and "LayerNorm" in out
 
 
 @pytest.mark.slow
 def test_compare_side_by_side():
-    out = _anatomy("compare", "llama-7b", "llama-3-8b", "--markdown", "--seq", "32", "--context", "128").stdout
+    out = _anatomy("compare", "llama-7b", "llama-3-8b", "--markdown", "--seq-len", "32", "--context", "128").stdout
     assert "| parameters | 6,738,415,616 | 8,030,261,248 |" in out
     assert "| KV cache per token | 524,288 B (512.00 KiB) | 131,072 B (128.00 KiB) |" in out
 
 
 BAD_INPUT = [
-    (["inspect", "llama-7"], "unknown preset 'llama-7'; did you mean llama-7b"),
+    (["inspect", "--model", "llama-7"], "unknown preset 'llama-7'; did you mean llama-7b"),
     (["compare", "gpt2", "llama-7b", "--hardware", "HWFILE"], "has no peak figures"),
-    (["inspect", "llama-7b", "--batch", "0"], "--batch 0 must be a positive integer"),
-    (["inspect", "llama-7b", "--seq", "-3"], "--seq -3 must be a positive integer"),
-    (["inspect", "llama-7b", "--mfu", "1.5"], "--mfu 1.5 is outside (0, 1]"),
-    (["inspect", "llama-7b", "--mfu", "0"], "--mfu 0 is outside (0, 1]"),
-    (["inspect", "llama-7b", "--kv-dtype", "fp8"], "--kv-dtype 'fp8' is not one of"),
-    (["inspect", "bert-base", "--seq", "1024"], "--seq 1024 exceeds max_seq_len=512"),
-    (["inspect", "CONFIGFILE"], "model_type='mamba' is not supported"),
+    (["inspect", "--model", "llama-7b", "--batch-size", "0"], "--batch-size 0 must be a positive integer"),
+    (["inspect", "--model", "llama-7b", "--seq-len", "-3"], "--seq-len -3 must be a positive integer"),
+    (["inspect", "--model", "llama-7b", "--mfu", "1.5"], "--mfu 1.5 is outside (0, 1]"),
+    (["inspect", "--model", "llama-7b", "--mfu", "0"], "--mfu 0 is outside (0, 1]"),
+    (["inspect", "--model", "llama-7b", "--kv-dtype", "fp8"], "--kv-dtype 'fp8' is not one of f32, f16, bf16, int8, int4"),
+    (["inspect", "--model", "llama-7b", "--dtype", "q4"], "--dtype 'q4' is not one of f32, f16, bf16, int8, int4"),
+    (["inspect", "--model", "bert-base", "--seq-len", "1024"], "--seq-len 1024 exceeds max_seq_len=512"),
+    (["inspect", "--model", "CONFIGFILE"], "model_type='mamba' is not supported"),
+    (["inspect", "--model", "llama-7b", "--gpus", "two"], "argument --gpus: invalid int value: 'two'"),
+    (["inspect"], "no model to inspect: give one with --model"),
+    (["inspect", "gpt2", "--model", "llama-7b"], "two models: --model llama-7b and gpt2"),
+    (["compare", "gpt2", "--hardware", "tpu"], "unknown hardware 'tpu'"),
+    (["compare", "gpt2", "--context", "0"], "--context 0 must be a positive integer"),
 ]
 
 
@@ -111,12 +117,27 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, message):
     assert err.count("\n") == 1 and message in err
 
 
+def test_old_spellings_still_work_with_a_one_line_note_each(capsys):
+    assert main(["inspect", "gpt2", "--batch", "2", "--seq", "8", "--dtype", "fp16", "--kv-dtype", "float16",
+                 "--json"]) == 0
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert (report["model"]["name"], report["options"]["batch"], report["options"]["seq"]) == ("gpt2", 2, 8)
+    assert (report["options"]["dtype"], report["options"]["kv_dtype"]) == ("f16", "f16")
+    assert err.splitlines() == [
+        "anatomy inspect: warning: --batch is deprecated, use --batch-size",
+        "anatomy inspect: warning: --seq is deprecated, use --seq-len",
+        "anatomy inspect: warning: `anatomy inspect gpt2` is deprecated, use `anatomy inspect --model gpt2`",
+        "anatomy inspect: warning: --dtype 'fp16' is deprecated, use 'f16'",
+        "anatomy inspect: warning: --kv-dtype 'float16' is deprecated, use 'f16'"]
+
+
 def test_models_by_name_gguf_file_and_config_json(capsys, smollm2_gguf_path):
     from anatomy.checkpoints.registry import resolve
 
     minilm_config = resolve("all-minilm-l6-v2") / "config.json"
     args = ["compare", "smollm2-135m-instruct", str(smollm2_gguf_path), "smollm2-135m", str(minilm_config),
-            "--json", "--seq", "16", "--context", "32"]
+            "--json", "--seq-len", "16", "--context", "32"]
     assert main(args) == 0
     reports = json.loads(capsys.readouterr().out)
     totals = [r["params"]["total"] for r in reports.values()]
@@ -133,3 +154,18 @@ def _safetensors_count(path) -> int:
 
     with safe_open(str(path), "pt") as f:
         return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys() if not k.endswith("position_ids"))
+
+
+def test_inspect_mixtral_reports_total_and_active_and_expert_bytes(capsys):
+    """In process (main): the report of a mixture model carries total and active parameters, the
+    experts' resident and read bytes; the KV cache of a windowed model is capped."""
+    assert main(["inspect", "--model", "mixtral-8x7b", "--json", "--seq-len", "4", "--context", "64",
+                 "--dtype", "bf16"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["params"]["total"], report["params"]["active"]) == (46_702_792_704, 12_879_925_248)
+    experts = report["memory"]["experts"]
+    assert experts["read_per_token_bytes"] * 4 == experts["resident_bytes"]  # 2 of 8 experts
+    assert report["flops"]["flop_counter_matches"]
+    assert main(["inspect", "--model", "mistral-7b", "--json", "--seq-len", "4", "--context", "8192"]) == 0
+    memory = json.loads(capsys.readouterr().out)["memory"]
+    assert memory["kv_cache_bytes_without_windows"] == 2 * memory["kv_cache_bytes"]  # 8192 kept vs the 4096 window

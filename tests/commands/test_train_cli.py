@@ -6,6 +6,7 @@ so nothing but the code under test differs between them."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -43,28 +44,48 @@ def _losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in lines if "loss" in r and "val_loss" not in r}
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.time() + timeout
+def _wait_for(path: Path, proc: subprocess.Popen, hang_guard_s: float = 900) -> None:
+    """Until `path` appears; the run ending first fails the test. The guard only stops a hung run
+    from hanging the suite: it bounds nothing about speed."""
+    deadline = time.monotonic() + hang_guard_s
     while not path.exists():
         assert proc.poll() is None, f"the run ended before {path} appeared: {proc.stderr.read()}"
-        assert time.time() < deadline, f"{path} did not appear"
+        assert time.monotonic() < deadline, f"{path} did not appear: the run seems hung"
         time.sleep(0.05)
+
+
+# `anatomy train ...` whose checkpoint write blocks half-way at one step (after the weights, before
+# the optimizer state), so that the test can SIGKILL it there
+BLOCKING_TRAIN = """
+import sys, time
+import anatomy.training.checkpoint as checkpoint
+from anatomy.cli import main
+
+block_in, write = sys.argv.pop(1), checkpoint._write_bytes
+
+def blocking_write(path, data):
+    if path.parent.name == block_in and path.name == "optimizer.safetensors":
+        time.sleep(600)  # killed here
+    write(path, data)
+
+checkpoint._write_bytes = blocking_write
+sys.exit(main(["train", *sys.argv[1:]]))
+"""
 
 
 @pytest.mark.slow
 def test_sigkill_while_checkpointing_then_resume_is_bit_exact(corpus, tmp_path):
     """Run A does 8 steps. Run B saves at step 4, is SIGKILLed in the middle of writing its step-8
-    checkpoint (a test hook pauses it there), then resumes: the step-4 checkpoint must be intact
+    checkpoint (its write is made to block there), then resumes: the step-4 checkpoint must be intact
     and the resumed losses equal A's at every step, bit for bit (dropout on: RNG state matters)."""
     args = [*TINY, "--data", str(corpus), "--steps", "8", "--batch-size", "4", "--dropout", "0.1"]
     a, b = tmp_path / "a", tmp_path / "b"
     subprocess.run(_cmd(*args, "--out", str(a)), env=ENV, check=True, capture_output=True)
 
-    env = {**ENV, "ANATOMY_TEST_CHECKPOINT_PAUSE_AT": "8"}
-    proc = subprocess.Popen(_cmd(*args, "--out", str(b), "--save-every", "4"), env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    blocking = [sys.executable, "-c", BLOCKING_TRAIN, ".tmp-step-000008", *args, "--out", str(b), "--save-every", "4"]
+    proc = subprocess.Popen(blocking, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(b / "checkpoints" / ".tmp-step-000008" / "model.safetensors", proc, timeout=120)
+        _wait_for(b / "checkpoints" / ".tmp-step-000008" / "model.safetensors", proc)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -114,8 +135,28 @@ def test_gradient_accumulation_matches_one_big_batch(corpus, tmp_path):
         assert b[step] == pytest.approx(a[step], abs=1e-5, rel=0)
 
 
-def test_nan_loss_is_skipped_counted_and_logged(corpus, tmp_path, monkeypatch):
-    monkeypatch.setenv("ANATOMY_TEST_NAN_STEPS", "2,3")
+@pytest.fixture
+def nan_at_steps(monkeypatch):
+    """nan_at_steps({2, 3}): the training loss of those optimizer steps (1-based; one micro-step
+    each) is made NaN, as an overflowing run's would be."""
+    from anatomy.training.objectives import CausalLM
+
+    def inject(steps: set[int]) -> None:
+        real, calls = CausalLM.loss, itertools.count(1)
+
+        def loss(self, model, batch, **kwargs):
+            total, n = real(self, model, batch, **kwargs)
+            if model.training and next(calls) in steps:
+                total = total * float("nan")
+            return total, n
+
+        monkeypatch.setattr(CausalLM, "loss", loss)
+
+    return inject
+
+
+def test_nan_loss_is_skipped_counted_and_logged(corpus, tmp_path, nan_at_steps):
+    nan_at_steps({2, 3})
     out = tmp_path / "run"
     assert main(["train", *TINY, "--data", str(corpus), "--batch-size", "2", "--steps", "5", "--out", str(out)]) == 0
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -128,8 +169,8 @@ def test_nan_loss_is_skipped_counted_and_logged(corpus, tmp_path, monkeypatch):
     assert trainer["tokens"] == 3 * 2 * 16  # skipped steps trained nothing
 
 
-def test_nan_run_stops_after_max_in_a_row_without_a_bad_checkpoint(corpus, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("ANATOMY_TEST_NAN_STEPS", "3,4,5")
+def test_nan_run_stops_after_max_in_a_row_without_a_bad_checkpoint(corpus, tmp_path, nan_at_steps, capsys):
+    nan_at_steps({3, 4, 5})
     out = tmp_path / "run"
     args = ["train", *TINY, "--data", str(corpus), "--batch-size", "2", "--steps", "8", "--save-every", "2",
             "--max-nonfinite", "3", "--out", str(out)]
@@ -163,6 +204,39 @@ def test_bad_inputs_fail_before_any_step(corpus, tmp_path, capsys):
     msg = _error(capsys, [*base, "--data", str(corpus), "--batch-size", "100000", "--seq-len", "2048"])
     assert "--accum" in msg and "GiB" in msg
     assert not (out / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "--steps 0 must be a positive integer"),
+    (["--seq-len", "0"], "--seq-len 0 must be a positive integer"),
+    (["--lr", "-0.1"], "--lr -0.1 must be a positive number"),
+    (["--lr", "nan"], "--lr nan must be a positive number"),
+    (["--beta2", "1"], "--beta2 1.0 must be in [0, 1)"),
+    (["--weight-decay", "-1"], "--weight-decay -1.0 must be a number >= 0"),
+    (["--label-smoothing", "1.5"], "--label-smoothing 1.5 must be in [0, 1)"),
+    (["--val-fraction", "0"], "--val-fraction 0.0 must be in (0, 1)"),
+    (["--eval-steps", "0"], "--eval-steps 0 must be a positive integer"),
+    (["--keep", "-1"], "--keep -1 must be an integer >= 0"),
+    (["--nproc", "0"], "--nproc 0 must be a positive integer"),
+    (["--grad-clip", "-1"], "--grad-clip -1.0 must be a number >= 0"),
+    (["--steps", "ten"], "argument --steps: invalid int value: 'ten'"),
+    (["--model", "NOTJSON"], "--model NOTJSON: not UTF-8 text (byte 1"),
+    (["--model", "LISTJSON"], "--model LISTJSON: expected a JSON object"),
+    (["--tokenizer", "MISSING/tokenizer.json"], "MISSING/tokenizer.json: no such file or directory"),
+    (["--out", "AFILE"], "--out AFILE: cannot write it: a file is in the way"),
+    (["--cache-dir", "AFILE/cache"], "--cache-dir AFILE/cache: cannot write it"),
+])
+def test_bad_options_name_the_option_and_the_rule(corpus, tmp_path, capsys, args, message):
+    files = {"NOTJSON": tmp_path / "bad.json", "LISTJSON": tmp_path / "list.json", "AFILE": tmp_path / "afile",
+             "MISSING": tmp_path / "missing"}
+    files["NOTJSON"].write_bytes(b"{\xff")
+    files["LISTJSON"].write_text("[1, 2]")
+    files["AFILE"].write_text("")
+    replace = lambda text: next((text.replace(k, str(v)) for k, v in files.items() if k in text), text)
+    base = ["train", *TINY, "--data", str(corpus), "--steps", "2", "--out", str(tmp_path / "run")]
+    err = _error(capsys, [*base, *map(replace, args)])
+    assert err.count("\n") == 1 and err.startswith("anatomy train: error: ") and replace(message) in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 def test_resume_rejects_corrupted_checkpoint_and_overwrites_nothing(corpus, tmp_path, capsys):

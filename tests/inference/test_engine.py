@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from anatomy import build_model, get_preset
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.sampling import SamplingParams
 
@@ -35,6 +36,27 @@ def test_greedy_tokens_are_the_argmax_of_a_full_forward():
         for token in out:
             assert token == int(model(torch.tensor([ids]))[0, -1].argmax())
             ids.append(token)
+
+
+@pytest.mark.parametrize("fields", [
+    dict(sliding_window=3, sliding_window_layers=(0,)),  # prompts longer than the window, one windowed layer
+    dict(rope_scaling=dict(kind="dynamic", factor=2.0, original_max_seq_len=6)),  # angles grow with the length
+    dict(n_experts=4, n_experts_per_token=2, qk_norm=True),
+], ids=["sliding-window", "dynamic-ntk", "moe"])
+def test_engine_decodes_the_new_parts_as_a_full_forward_does(fields):
+    """Each decode step's context (window mask, RoPE angles of the pass length) equals what the model's
+    own forward builds: greedy tokens are the argmax of a full forward over the prefix."""
+    torch.manual_seed(0)
+    model = build_model(get_preset("llama-7b", vocab_size=97, d_model=64, n_heads=4, max_seq_len=64, n_layers=2,
+                                   n_kv_heads=2, d_ff=96, **fields)).eval()
+    prompts = [[5, 9, 2, 7, 11, 3, 8], [4, 6]]
+    out = run(DecoderEngine(model), prompts, SamplingParams(max_new_tokens=6))
+    for prompt, tokens in zip(prompts, out):
+        ids = list(prompt)
+        with torch.no_grad():
+            for token in tokens:
+                assert token == int(model(torch.tensor([ids]))[0, -1].argmax())
+                ids.append(token)
 
 
 def test_seeded_sampling_reproduces_and_differs_by_seed():

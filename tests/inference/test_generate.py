@@ -124,6 +124,8 @@ def test_unknown_model_name_is_a_value_error():
 def test_text_prompt_without_tokenizer_is_an_error():
     with pytest.raises(InputError, match="tokenizer"):
         anatomy.generate(llama_tiny(), "hello")
+    with pytest.raises(InputError, match="tokenizer must be an anatomy Tokenizer .*got str"):
+        anatomy.generate(llama_tiny(), "hello", tokenizer="gpt2")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(anatomy.generate(llama_tiny(), [1, 2, 3], max_new_tokens=3, ignore_eos=True).token_ids) == 3

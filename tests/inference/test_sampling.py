@@ -92,7 +92,9 @@ def test_temperature_sharpens():
 
 @pytest.mark.parametrize("field, value", [
     ("temperature", -0.1), ("temperature", math.nan), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1),
-    ("min_p", 1.5), ("repetition_penalty", 0.0), ("max_new_tokens", 0), ("stop", [""]),
+    ("min_p", 1.5), ("repetition_penalty", 0.0), ("max_new_tokens", 0), ("stop", [""]), ("stop", None),
+    ("temperature", "hot"), ("top_k", 2.5), ("max_new_tokens", True), ("stop_ids", ["a"]), ("stop_ids", 3.5),
+    ("seed", 2 ** 70), ("seed", "42"),
 ])
 def test_bad_values_are_input_errors_naming_the_field(field, value):
     with pytest.raises(InputError, match=field if field != "stop" else "stop strings"):

@@ -60,6 +60,17 @@ def test_eager_weights_are_probabilities_and_causal():
     assert weights.triu(1).abs().max() == 0
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n_kv", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
+def test_causal_weights_asked_of_any_backend_are_causal(backend, n_kv):
+    """return_weights takes the eager path whatever the backend: the causal mask must come along
+    (with sdpa and MHA it once did not, and the weights and output attended to the future)."""
+    q, k, v = torch.randn(1, 4, 5, 8), torch.randn(1, n_kv, 5, 8), torch.randn(1, n_kv, 5, 8)
+    out, weights = attend(q, k, v, is_causal=True, backend=backend, return_weights=True)
+    assert weights.triu(1).abs().max() == 0
+    assert (out - reference(q, k, v, causal=True)).abs().max() <= 1e-5
+
+
 def test_unknown_backend():
     q = torch.randn(1, 1, 2, 4)
     with pytest.raises(InputError, match=r"attention backend='flash' is not one of 'sdpa', 'eager'"):

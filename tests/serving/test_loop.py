@@ -34,6 +34,30 @@ def test_greedy_alone_batched_and_from_the_prefix_cache_equal_the_engine(tiny):
     assert loop.blocks.used == 0 and loop.scheduler.running == [] and not loop.scheduler.waiting
 
 
+@pytest.mark.parametrize("fields", [
+    dict(sliding_window=3, sliding_window_layers=(0,)),  # prompts longer than the window, one windowed layer
+    dict(rope_scaling=dict(kind="dynamic", factor=2.0, original_max_seq_len=6)),  # angles by each row's reach
+    dict(n_experts=4, n_experts_per_token=2, qk_norm=True),
+    dict(position="alibi"),
+], ids=["sliding-window", "dynamic-ntk", "moe", "alibi"])
+def test_the_new_parts_decode_as_a_full_forward_does(fields):
+    """Window masks, per-row RoPE reach, experts and ALiBi through the paged cache: each greedy token,
+    in a batch of rows of different lengths, is the argmax of a full forward over that row alone."""
+    from anatomy import build_model, get_preset
+
+    torch.manual_seed(0)
+    model = build_model(get_preset("llama-7b", vocab_size=97, d_model=64, n_heads=4, max_seq_len=64, n_layers=2,
+                                   n_kv_heads=2, d_ff=96, **fields)).eval()
+    prompts = [[5, 9, 2, 7, 11, 3, 8], [4, 6], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
+    loop = ServingLoop(DecoderEngine(model), kv_bytes=10 ** 6, block_size=4)
+    for prompt, events in zip(prompts, run_all(loop, prompts, SamplingParams(max_new_tokens=6, ignore_eos=True))):
+        ids = list(prompt)
+        with torch.no_grad():
+            for token in tokens_of(events):
+                assert token == int(model(torch.tensor([ids]))[0, -1].argmax())
+                ids.append(token)
+
+
 def test_preemption_recomputes_to_the_same_output(tiny):
     engine = DecoderEngine(tiny)
     prompts = random_prompts(16, seed=2)

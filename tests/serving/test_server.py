@@ -177,7 +177,7 @@ def test_embeddings_equal_anatomy_embed(client):
     import anatomy
 
     texts = ["I like cats", "Cats are nice"]
-    expected = anatomy.embed(texts).numpy()
+    expected = anatomy.embed(EMBEDDER, texts).numpy()
     as_floats = client.embeddings.create(model=EMBEDDER, input=texts, encoding_format="float")
     assert np.allclose([d.embedding for d in as_floats.data], expected, atol=1e-6)
     by_default = client.embeddings.create(model=EMBEDDER, input=texts)  # the client asks for base64

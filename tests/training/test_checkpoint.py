@@ -12,6 +12,7 @@ import torch
 
 from anatomy import build_model, get_preset
 from anatomy.errors import CheckpointError
+from anatomy.tokenizer_chars import chars_tokenizer
 from anatomy.training.checkpoint import latest_checkpoint, load_checkpoint, prune, save_checkpoint
 from anatomy.training.distributed import Dist
 from anatomy.training.optim import make_optimizer
@@ -32,11 +33,9 @@ def _train_a_step(model, opt):
 
 
 def _save(tmp_path, model, opt, step=1, val_loss=None, keep=3):
-    tok = tmp_path / "tokenizer.json"
-    tok.write_text("{}")
     trainer = {"step": step, "tokens": 16 * step, "val_loss": val_loss}
     return save_checkpoint(tmp_path / "run", engine=model, model=model, optimizer=opt, trainer=trainer,
-                           tokenizer_json=tok, info=Dist(), keep=keep)
+                           tokenizer=chars_tokenizer("abc"), info=Dist(), keep=keep)
 
 
 def test_round_trip_restores_weights_optimizer_and_rng(tmp_path):
@@ -67,6 +66,44 @@ def test_incompatible_checkpoint_names_file_and_key(tmp_path):
         load_checkpoint(directory, engine=other, model=other, optimizer=other_opt, info=Dist())
     (directory / "trainer.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="trainer.json: not readable JSON"):
+        load_checkpoint(directory, engine=model, model=model, optimizer=opt, info=Dist())
+
+
+def _rewrite_json(path, change):
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: [t], r"trainer\.json: expected a JSON object, got list"),
+    (lambda t: {**t, "step": "3"}, r"trainer\.json: key 'step' is not a JSON integer"),
+    (lambda t: {**t, "optimizer_groups": t["optimizer_groups"][:1]}, r"key 'optimizer_groups' does not name"),
+    (lambda t: {**t, "optimizer_groups": t["optimizer_groups"][::-1]}, r"key 'optimizer_groups' does not name"),
+])
+def test_trainer_json_that_does_not_fit_the_optimizer_is_refused_before_loading(tmp_path, change, message):
+    model, opt = _setup()
+    _train_a_step(model, opt)
+    directory = _save(tmp_path, model, opt)
+    _rewrite_json(directory / "trainer.json", change)
+    fresh, fresh_opt = _setup()
+    before = [p.detach().clone() for p in fresh.parameters()]
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(directory, engine=fresh, model=fresh, optimizer=fresh_opt, info=Dist())
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh.parameters())) and not fresh_opt.state
+
+
+def test_optimizer_state_that_is_not_adamw_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model, opt = _setup()
+    _train_a_step(model, opt)
+    directory = _save(tmp_path, model, opt)
+    path = directory / "optimizer.safetensors"
+    tensors = load_file(path)
+    save_file({k: v for k, v in tensors.items() if k != "stack.embed.tokens.weight::exp_avg_sq"}, path)
+    with pytest.raises(CheckpointError, match=r"key 'stack.embed.tokens.weight::exp_avg_sq' is missing"):
+        load_checkpoint(directory, engine=model, model=model, optimizer=opt, info=Dist())
+    save_file({**tensors, "stack.embed.tokens.weight::momentum": tensors["stack.embed.tokens.weight::exp_avg"].clone()}, path)
+    with pytest.raises(CheckpointError, match=r"'momentum' is not AdamW state"):
         load_checkpoint(directory, engine=model, model=model, optimizer=opt, info=Dist())
 
 

@@ -63,3 +63,14 @@ def test_rank_rows_cover_the_batch_once():
             rows = rank_rows(12, rank=rank, world=2, accum=3, micro=micro)
             seen.extend(range(12)[rows])
     assert seen == list(range(12))
+
+
+def test_a_damaged_cache_entry_says_to_delete_it(tmp_path):
+    (tmp_path / "a.txt").write_text("hello world\n" * 50)
+    data = prepare(tmp_path / "a.txt", "chars", cache_dir=tmp_path / "cache", progress=False)
+    (data.directory / "train.bin").unlink()
+    with pytest.raises(InputError, match=f"cache {data.directory} is damaged .*delete that directory"):
+        prepare(tmp_path / "a.txt", "chars", cache_dir=tmp_path / "cache", progress=False)
+    (data.directory / "meta.json").write_text("[1]")
+    with pytest.raises(InputError, match="is damaged"):
+        prepare(tmp_path / "a.txt", "chars", cache_dir=tmp_path / "cache", progress=False)

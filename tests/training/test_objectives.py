@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from anatomy import ModelConfig, build_model
 from anatomy.training.data import TokenSplit
 from anatomy.training.objectives import IGNORE, CausalLM, MaskedLM, Seq2Seq, mask_tokens
-from anatomy.training.tokens import char_tokenizer
+from anatomy.tokenizer_chars import chars_tokenizer
 
 
 def test_mlm_masking_statistics_and_specials_never_masked():
-    tok = char_tokenizer("abcdefghij")
+    tok = chars_tokenizer("abcdefghij")
     rng = np.random.default_rng(0)
     B, S = 400, 256
     ids = rng.integers(0, tok.vocab_size, size=(B, S))  # specials (0-3) included on purpose
@@ -78,3 +78,28 @@ def test_causal_lm_targets_are_the_next_tokens():
     batch = objective.batch(split, plan)
     assert (batch["labels"] == batch["input_ids"] + 1).all()
     assert int(batch["labels"].max()) <= 99
+
+
+
+def test_causal_lm_adds_the_load_balancing_loss_of_moe_models_while_training():
+    """CE + router_aux_loss_coef x aux (per target token, so the mean loss gains coef x aux); not in eval."""
+    import torch
+
+    from anatomy import build_model, get_preset
+    from anatomy.layers.moe import load_balancing_loss
+    from anatomy.training.objectives import token_loss
+
+    torch.manual_seed(0)
+    config = get_preset("mixtral-8x7b", vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48,
+                        n_experts=4, router_aux_loss_coef=0.25)
+    model = build_model(config).train()
+    batch = {"input_ids": torch.randint(0, 50, (2, 6)), "labels": torch.randint(0, 50, (2, 6))}
+    total, count = CausalLM(6).loss(model, batch)
+    router: list = []
+    ce, _ = token_loss(model(batch["input_ids"], router_logits=router), batch["labels"])
+    aux = load_balancing_loss(router, 4, 2)
+    assert len(router) == 2 and count == 12
+    torch.testing.assert_close(total, ce + 0.25 * aux * 12)
+    total.backward()
+    assert model.stack.blocks[0].ffn.router.weight.grad.abs().sum() > 0
+    torch.testing.assert_close(CausalLM(6).loss(model.eval(), batch)[0], ce.detach(), atol=1e-5, rtol=0)

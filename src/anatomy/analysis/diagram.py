@@ -18,6 +18,7 @@ class BlockShape:
     cross: bool
     ffn: str  # the FFN class and activation
     position: str  # where positions enter
+    out_norm: bool = False  # a norm on each branch's output too (sandwich)
 
 
 def describe(config: ModelConfig) -> BlockShape:
@@ -30,10 +31,35 @@ def describe(config: ModelConfig) -> BlockShape:
     block = blocks[-1]  # a seq2seq model's last block is a decoder block (with cross-attention)
     attn = block.attn
     kind = "MHA" if attn.n_kv_heads == attn.n_heads else ("MQA" if attn.n_kv_heads == 1 else "GQA")
-    heads = f"{kind} H={attn.n_heads} H_kv={attn.n_kv_heads} d_h={attn.head_dim}"
+    heads = f"{kind} H={attn.n_heads} H_kv={attn.n_kv_heads} d_h={attn.head_dim}" + _attention_extras(config)
     ffn = f"{type(block.ffn).__name__} {config.activation} D={config.d_model} F={config.d_ff}"
-    return BlockShape(type(block.attn_norm).__name__, block.pre_norm, heads, block.cross_attn is not None, ffn,
-                      _position(model))
+    if config.n_experts:
+        ffn = _moe(config)
+    norm = type(block.attn_norm).__name__ + (" (1 + w)" if config.norm_unit_offset else "")
+    return BlockShape(norm, block.pre_norm, heads, block.cross_attn is not None, ffn, _position(model),
+                      block.attn_out_norm is not None)
+
+
+def _attention_extras(config: ModelConfig) -> str:
+    extras = []
+    if config.qk_norm:
+        extras.append("q/k RMSNorm per head")
+    if config.attn_softcap:
+        extras.append(f"scores soft-capped at {config.attn_softcap:g}")
+    windowed = sum(config.layer_window(i) is not None for i in range(config.n_layers)) if config.is_decoder else 0
+    if windowed:
+        extras.append(f"sliding window {config.sliding_window} on {windowed} of {config.n_layers} layers")
+    return f" ({'; '.join(extras)})" if extras else ""
+
+
+def _moe(config: ModelConfig) -> str:
+    kind = "GLU" if config.ffn == "glu" else "MLP"
+    text = (f"MoE: router -> {config.n_experts_per_token} of {config.n_experts} experts ({config.activation} {kind} "
+            f"D={config.d_model} F_e={config.d_ff_expert})")
+    if config.d_ff_shared_expert:
+        text += f" + {'gated ' if config.shared_expert_gate else ''}shared expert F={config.d_ff_shared_expert}"
+    dense = config.n_layers - config.n_moe_layers
+    return text + (f"; {dense} of {config.n_layers} layers dense F={config.d_ff}" if dense else "")
 
 
 def _position(model: nn.Module) -> str:
@@ -61,7 +87,8 @@ def _steps(shape: BlockShape) -> list[tuple[str, str]]:
     for key, label in sublayers:
         norm = (f"{key}_norm", shape.norm)
         add = (f"{key}_add", "+ residual")
-        steps += [norm, (key, label), add] if shape.pre_norm else [(key, label), add, norm]
+        out = [(f"{key}_out_norm", shape.norm)] if shape.out_norm else []
+        steps += [norm, (key, label), *out, add] if shape.pre_norm else [(key, label), add, norm]
     return steps
 
 
@@ -75,7 +102,8 @@ def mermaid(shape: BlockShape) -> str:
         if node.endswith("_add"):
             lines.append(f"  {branch_start} -. residual .-> {node}")
         previous = node
-        if node.endswith("_add") and shape.pre_norm or node.endswith("_norm") and not shape.pre_norm:
+        if node.endswith("_add") and shape.pre_norm or node.endswith("_norm") and not shape.pre_norm \
+                and not node.endswith("_out_norm"):
             branch_start = node
     lines += ['  out["x [B, S, D]"]', f"  {previous} --> out"]
     return "\n".join(lines)

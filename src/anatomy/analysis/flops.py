@@ -12,8 +12,14 @@ S_k keys (S_k = S in prefill and training, S_k = T when decoding one token again
 
 so MHA attention is 8*B*S*D^2 + 4*B*S^2*D in prefill. A causal mask leaves S*(S+1)/2 of the S^2
 query-key pairs: dense kernels (and FlopCounterMode) compute all S^2, a kernel that skips masked
-tiles computes about half; both figures are given. Elementwise work (norms, softmax, activations,
-RoPE, residual adds) is O(B*S*D) and not counted, as in FlopCounterMode.
+tiles computes about half; both figures are given. A sliding window of W leaves each query at
+most W keys: the skipping figure counts those, and a decode step (`windowed`) reads only the W
+positions a window-capped KV cache holds. Elementwise work (norms, softmax, activations, RoPE,
+residual adds) is O(B*S*D) and not counted, as in FlopCounterMode.
+
+A mixture-of-experts FFN costs, per token, the router (2*D*E) and k experts (2*D*F_e*3 each for
+a GLU), plus the shared expert: a token's FLOPs follow its k of E experts, not all E. Stacks whose
+layers differ (dense and mixture FFNs, windowed and full attention) sum their layers one by one.
 """
 
 from __future__ import annotations
@@ -53,28 +59,47 @@ class Flops:
         return self.total / self.tokens
 
 
-def attended_pairs(q_len: int, kv_len: int, *, causal: bool) -> int:
+def attended_pairs(q_len: int, kv_len: int, *, causal: bool, window: int | None = None) -> int:
     """Query-key pairs one head computes: all q_len*kv_len, or under a causal mask only the keys
-    at or before each query (queries are the last q_len of kv_len positions)."""
+    at or before each query (queries are the last q_len of kv_len positions), and within a sliding
+    window only the last `window` of those."""
     if not causal:
         return q_len * kv_len
-    return q_len * kv_len - q_len * (q_len - 1) // 2
+    first = kv_len - q_len + 1  # keys the first query sees
+    return sum(min(first + i, window or kv_len) for i in range(q_len)) if window else \
+        q_len * kv_len - q_len * (q_len - 1) // 2
+
+
+def ffn_flops(config: ModelConfig, *, tokens: int, moe: bool) -> int:
+    """A dense FFN of width d_ff, or a mixture: router + k experts + shared expert (+ its gate)."""
+    D, mats = config.d_model, 3 if config.ffn == "glu" else 2
+    if not moe:
+        return 2 * tokens * D * config.d_ff * mats
+    flops = 2 * tokens * D * config.n_experts  # router
+    flops += 2 * tokens * config.n_experts_per_token * D * config.d_ff_expert * mats
+    flops += 2 * tokens * D * config.d_ff_shared_expert * mats
+    return flops + (2 * tokens * D if config.shared_expert_gate else 0)
 
 
 def layer_flops(config: ModelConfig, *, batch: int, q_len: int, kv_len: int, causal_halving: bool = False,
-                causal: bool = True, cross_len: int = 0, cross_kv: bool = True) -> dict[str, int]:
-    """One block's matmul FLOPs. cross_len > 0 adds cross-attention against cross_len memory
-    positions; cross_kv=False when its K/V were computed once beforehand (decoding)."""
-    B, D, F = batch, config.d_model, config.d_ff
+                causal: bool = True, cross_len: int = 0, cross_kv: bool = True, layer: int = 0,
+                windowed: bool = False) -> dict[str, int]:
+    """Block `layer`'s matmul FLOPs. cross_len > 0 adds cross-attention against cross_len memory
+    positions; cross_kv=False when its K/V were computed once beforehand (decoding). With
+    causal_halving masked pairs are skipped (the window's too); with `windowed` a sliding-window
+    layer attends to at most its window of cached positions (a window-capped KV cache)."""
+    B, D = batch, config.d_model
     H, q_dim, kv_dim, d_h = config.n_heads, config.q_dim, config.kv_dim, config.head_dim
-    pairs = attended_pairs(q_len, kv_len, causal=causal and causal_halving)
-    ffn_mats = 3 if config.ffn == "glu" else 2
+    window = config.layer_window(layer) if causal else None
+    if windowed and window:
+        kv_len = min(kv_len, window + q_len - 1)
+    pairs = attended_pairs(q_len, kv_len, causal=causal and causal_halving, window=window if causal_halving else None)
     parts = {
         "qkv_projection": 2 * B * q_len * D * (q_dim + 2 * kv_dim),
         "attention_scores": 2 * B * H * pairs * d_h,
         "attention_values": 2 * B * H * pairs * d_h,
         "output_projection": 2 * B * q_len * q_dim * D,
-        "ffn": 2 * B * q_len * D * F * ffn_mats,
+        "ffn": ffn_flops(config, tokens=B * q_len, moe=causal and config.layer_is_moe(layer)),
     }
     if cross_len:
         parts["cross_projections"] = 2 * B * q_len * D * q_dim * 2 + (2 * B * cross_len * D * 2 * kv_dim
@@ -83,7 +108,7 @@ def layer_flops(config: ModelConfig, *, batch: int, q_len: int, kv_len: int, cau
     return parts
 
 
-def _group(layer: dict[str, int], layers: int) -> dict[str, int]:
+def _group(layer: dict[str, int], layers: int = 1) -> dict[str, int]:
     grouped = {
         "projections": layer["qkv_projection"] + layer["output_projection"],
         "attention_matmuls": layer["attention_scores"] + layer["attention_values"],
@@ -93,6 +118,22 @@ def _group(layer: dict[str, int], layers: int) -> dict[str, int]:
         if key in layer:
             grouped[key] = layer[key]
     return {k: v * layers for k, v in grouped.items()}
+
+
+def _stack(config: ModelConfig, layers: int, **kwargs) -> tuple[dict[str, int], dict[str, int]]:
+    """(grouped FLOPs of `layers` blocks, block 0's parts): blocks are summed one kind at a time
+    (window or not, mixture or not), so stacks whose layers differ are counted exactly."""
+    kinds: dict[tuple, int] = {}
+    for i in range(layers):
+        key = (config.layer_window(i), config.layer_is_moe(i))
+        kinds.setdefault(key, i)
+    counts = {key: 0 for key in kinds}
+    for i in range(layers):
+        counts[(config.layer_window(i), config.layer_is_moe(i))] += 1
+    total: dict[str, int] = {}
+    for key, first in kinds.items():
+        total = _add(total, _group(layer_flops(config, layer=first, **kwargs), counts[key]))
+    return total, layer_flops(config, layer=0, **kwargs)
 
 
 def _add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
@@ -118,30 +159,33 @@ def forward_flops(config: ModelConfig, *, batch: int, seq: int, head: str = "aut
         parts = _add(_group(enc, config.n_layers), _group(dec, config.n_decoder_layers))
         parts["lm_head"] = 2 * head_rows * D * V
         return Flops(parts, B * S, dec)
-    layer = layer_flops(config, batch=B, q_len=S, kv_len=S, causal_halving=causal_halving)
-    parts = _group(layer, config.n_layers)
+    parts, layer = _stack(config, config.n_layers, batch=B, q_len=S, kv_len=S, causal_halving=causal_halving)
     parts["lm_head"] = 2 * head_rows * D * V
     return Flops(parts, B * S, layer)
 
 
-def decode_flops(config: ModelConfig, *, batch: int, context: int, source_len: int = 0) -> Flops:
-    """One decode step: B new tokens, each attending to `context` positions (itself included);
-    a seq2seq decoder also attends to source_len encoder positions whose K/V were cached."""
-    layer = layer_flops(config, batch=batch, q_len=1, kv_len=context, cross_len=source_len if config.is_seq2seq
-                        else 0, cross_kv=False)
-    layers = config.n_decoder_layers if config.is_seq2seq else config.n_layers
-    parts = _group(layer, layers)
+def decode_flops(config: ModelConfig, *, batch: int, context: int, source_len: int = 0,
+                 windowed: bool = True) -> Flops:
+    """One decode step: B new tokens, each attending to `context` positions (itself included), or
+    on a sliding-window layer (`windowed`) to its window of them; a seq2seq decoder also attends to
+    source_len encoder positions whose K/V were cached. windowed=False counts what a cache of all
+    `context` positions computes (anatomy's static cache masks the others, it does not skip them)."""
+    if config.is_seq2seq:
+        layer = layer_flops(config, batch=batch, q_len=1, kv_len=context, cross_len=source_len, cross_kv=False)
+        parts = _group(layer, config.n_decoder_layers)
+    else:
+        parts, layer = _stack(config, config.n_layers, batch=batch, q_len=1, kv_len=context, windowed=windowed)
     parts["lm_head"] = 2 * batch * config.d_model * config.vocab_size
     return Flops(parts, batch, layer)
 
 
 def training_flops_per_token(config: ModelConfig, *, seq: int) -> dict[str, float]:
     """Training costs about 3x the forward (backward: one matmul for the input gradient and one
-    for the weight gradient per forward matmul). 6N is that rule with every parameter taken as a
-    matmul weight; 3 x forward counts the matmuls the model really does, attention included
+    for the weight gradient per forward matmul). 6N is that rule with every parameter a token goes
+    through (N active: k of E experts) taken as a matmul weight; 3 x forward counts the matmuls the model really does, attention included
     (dense S^2 as kernels compute it: the PaLM-style 6N + 12*L*H*d_h*S for a decoder)."""
     fwd = forward_flops(config, batch=1, seq=seq)
-    return {"six_n": 6.0 * parameter_ledger(config).total, "three_forward": 3.0 * fwd.per_token,
+    return {"six_n": 6.0 * parameter_ledger(config).active, "three_forward": 3.0 * fwd.per_token,
             "attention_term": 3.0 * fwd.attention_matmuls / seq}
 
 

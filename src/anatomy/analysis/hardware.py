@@ -2,7 +2,7 @@
 
 Built-in entries quote the vendor datasheets. NVIDIA's headline tensor-core figures assume 2:4
 structured sparsity; the figures here are the dense ones (half the sparse headline), which is
-what a transformer's dense matmuls can reach. `local` measures this machine on the spot (an fp32
+what a transformer's dense matmuls can reach. `local` measures this machine on the spot (an f32
 matmul and a memory read); a JSON file supplies the figures of any other device.
 """
 
@@ -16,21 +16,23 @@ from pathlib import Path
 
 import torch
 
+from anatomy import dtypes
 from anatomy.errors import InputError
+from anatomy.text_file import read_text
 
 
 @dataclass(frozen=True)
 class Hardware:
     name: str
-    peak_flops: dict[str, float]  # dense FLOP/s by compute dtype: fp32, bf16, fp16
+    peak_flops: dict[str, float]  # dense FLOP/s by compute dtype: f32, bf16, f16 (or "any")
     bandwidth: float  # memory bytes/s
     memory_bytes: float | None = None
     source: str = ""
     notes: str = field(default="")
 
     def peak(self, dtype: str) -> float:
-        """Dense peak for the compute dtype (bf16 and fp16 share the tensor-core rate)."""
-        for key in (dtype, "bf16" if dtype == "fp16" else "fp16", "any"):
+        """Dense peak for the compute dtype (bf16 and f16 share the tensor-core rate)."""
+        for key in (dtype, "bf16" if dtype == "f16" else "f16", "any"):
             if key in self.peak_flops:
                 return self.peak_flops[key]
         raise InputError(f"hardware {self.name!r} has no peak FLOP/s for {dtype} (has {sorted(self.peak_flops)})")
@@ -39,17 +41,17 @@ class Hardware:
 _SXM_SPARSITY = "dense figures: the datasheet's tensor-core headline (1,979 TFLOP/s bf16) assumes 2:4 sparsity"
 BUILTIN = {
     "a100-80gb": Hardware(
-        "a100-80gb", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}, 2039e9, 80e9,
+        "a100-80gb", {"bf16": 312e12, "f16": 312e12, "f32": 19.5e12}, 2039e9, 80e9,
         source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB): BF16 312 TFLOPS dense (624 with sparsity), "
                "FP32 19.5 TFLOPS, HBM2e 2,039 GB/s",
         notes="dense figures: 624 TFLOP/s bf16 is the 2:4-sparsity headline"),
     "h100-sxm": Hardware(
-        "h100-sxm", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}, 3.35e12, 80e9,
+        "h100-sxm", {"bf16": 989e12, "f16": 989e12, "f32": 67e12}, 3.35e12, 80e9,
         source="NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 1,979 TFLOPS with sparsity = 989 dense, "
                "FP32 67 TFLOPS, HBM3 3.35 TB/s",
         notes=_SXM_SPARSITY),
     "h200": Hardware(
-        "h200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}, 4.8e12, 141e9,
+        "h200", {"bf16": 989e12, "f16": 989e12, "f32": 67e12}, 4.8e12, 141e9,
         source="NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOPS with sparsity = 989 dense, "
                "FP32 67 TFLOPS, HBM3e 4.8 TB/s, 141 GB",
         notes=_SXM_SPARSITY),
@@ -74,12 +76,12 @@ def get_hardware(name: str) -> Hardware:
 
 
 def load_hardware_json(path: Path) -> Hardware:
-    """{"name": ..., "peak_flops": number or {"bf16": ..., "fp32": ...}, "bandwidth": bytes/s,
-    "memory_bytes": optional}; peak figures are dense FLOP/s."""
+    """{"name": ..., "peak_flops": number or {"bf16": ..., "f32": ...}, "bandwidth": bytes/s,
+    "memory_bytes": optional}; peak figures are dense FLOP/s, keyed by compute dtype (f32, f16, bf16)."""
     if not path.is_file():
         raise InputError(f"hardware file {path} does not exist")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path, label="hardware file"))
     except json.JSONDecodeError as exc:
         raise InputError(f"hardware file {path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -89,12 +91,17 @@ def load_hardware_json(path: Path) -> Hardware:
         peak = {"any": peak}
     if not isinstance(peak, dict) or not peak:
         raise InputError(f"hardware file {path} has no peak figures: field 'peak_flops' (dense FLOP/s, a number "
-                         "or {\"bf16\": ..., \"fp32\": ...}) is required")
-    peaks = {str(k): _positive(v, path, f"peak_flops.{k}") for k, v in peak.items()}
+                         "or {\"bf16\": ..., \"f32\": ...}) is required")
+    peaks = {_peak_key(k, path): _positive(v, path, f"peak_flops.{k}") for k, v in peak.items()}
     bandwidth = _positive(data.get("bandwidth"), path, "bandwidth")
     memory = data.get("memory_bytes")
     return Hardware(str(data.get("name", path.stem)), peaks, bandwidth,
                     _positive(memory, path, "memory_bytes") if memory is not None else None, source=str(path))
+
+
+def _peak_key(key: str, path: Path) -> str:
+    """A compute dtype (old spellings such as "fp32" still read, with a deprecation note), or "any"."""
+    return key if key == "any" else dtypes.parse(key, option=f"hardware file {path}: peak_flops key").name
 
 
 def _positive(value: object, path: Path, name: str) -> float:
@@ -104,14 +111,14 @@ def _positive(value: object, path: Path, name: str) -> float:
 
 
 def measure_local(*, matmul_n: int = 1024, read_mib: int = 256, repeats: int = 3) -> Hardware:
-    """This machine, measured now: best of `repeats` fp32 matmuls [n, n] @ [n, n] (2n^3 FLOPs) and
-    best of `repeats` sums over a read_mib MiB fp32 tensor (bytes read / seconds)."""
+    """This machine, measured now: best of `repeats` f32 matmuls [n, n] @ [n, n] (2n^3 FLOPs) and
+    best of `repeats` sums over a read_mib MiB f32 tensor (bytes read / seconds)."""
     flops = measure_matmul_peak(torch.device("cpu"), size=matmul_n, repeats=repeats)
     x = torch.ones(read_mib * 2 ** 20 // 4)
     bandwidth = x.nbytes / _best_seconds(lambda: x.sum(), repeats, torch.device("cpu"))
-    return Hardware("local", {"fp32": flops, "any": flops}, bandwidth, source=(
-        f"measured now: fp32 matmul {matmul_n}^3 and a sum over {read_mib} MiB, best of {repeats}"),
-        notes="fp32 only: this measurement stands in for every compute dtype")
+    return Hardware("local", {"f32": flops, "any": flops}, bandwidth, source=(
+        f"measured now: f32 matmul {matmul_n}^3 and a sum over {read_mib} MiB, best of {repeats}"),
+        notes="f32 only: this measurement stands in for every compute dtype")
 
 
 def measure_matmul_peak(device: torch.device, *, size: int = 1024, repeats: int = 3) -> float:

@@ -1,4 +1,4 @@
-"""Memory: weights by dtype, the KV cache, training activations and the attention score matrix.
+"""Memory: weights by dtype, the KV cache, training state and activations, the attention score matrix.
 
 Weights and the KV cache follow from the ledger and the config. Training activations are
 measured, not modelled: the model runs forward on the meta device under
@@ -14,50 +14,74 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from anatomy import dtypes
 from anatomy.config import ModelConfig
-from anatomy.errors import InputError
-
-DTYPE_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "int4": 4}
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-ADAM_MIXED_PRECISION_BYTES = 16  # bf16 weights + bf16 grads + fp32 master copy + fp32 Adam m and v
 
 
 def check_dtype(name: str, *, option: str = "--dtype") -> str:
-    if name not in DTYPE_BITS:
-        raise InputError(f"{option} {name!r} is not one of {', '.join(DTYPE_BITS)}")
-    return name
+    """The canonical name of a dtype sizes can be computed for (f32, f16, bf16, int8, int4)."""
+    return dtypes.parse(name, option=option, choices=dtypes.ALL).name
 
 
 def compute_dtype(weight_dtype: str) -> str:
-    """Activations and matmuls run in fp32 for fp32 weights, in the float type itself for bf16/fp16,
+    """Activations and matmuls run in f32 for f32 weights, in the float type itself for bf16/f16,
     and in bf16 for int8/int4 weights (weight-only quantization dequantizes before the matmul)."""
-    return weight_dtype if weight_dtype in TORCH_DTYPES else "bf16"
+    dtype = dtypes.parse(weight_dtype, choices=dtypes.ALL)
+    return dtype.name if dtype.is_float else "bf16"
 
 
 def weights_bytes(n_params: int, dtype: str) -> int:
     """Bytes of n_params at `dtype`; int8/int4 without the per-group scales real formats add
     (GGUF Q4_1, for one, stores 5 bits per weight)."""
-    return n_params * DTYPE_BITS[check_dtype(dtype)] // 8
+    return dtypes.parse(dtype, choices=dtypes.ALL).nbytes(n_params)
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """Bytes AdamW training keeps besides the activations: weights, gradients, an f32 master copy
+    of 16-bit weights (mixed precision only), and the f32 moments m and v."""
+
+    weights: int
+    gradients: int
+    master_weights: int
+    adam_moments: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.master_weights + self.adam_moments
+
+
+def training_state(n_params: int, *, dtype: str) -> TrainingState:
+    """What training n_params parameters in `dtype` keeps: f32 training has f32 weights, gradients
+    and moments (4 + 4 + 8 B/param); bf16/f16 mixed precision 16-bit weights and gradients, an f32
+    master copy and f32 moments (2 + 2 + 4 + 8). Both come to 16 B/param."""
+    compute = dtypes.parse(dtype, choices=dtypes.FLOATS)
+    half = compute != dtypes.F32
+    return TrainingState(weights=compute.nbytes(n_params), gradients=compute.nbytes(n_params),
+                         master_weights=4 * n_params if half else 0, adam_moments=8 * n_params)
 
 
 def kv_bytes_per_token(config: ModelConfig, kv_dtype: str) -> int:
     """config.kv_values_per_token (2 * cached layers * H_kv * d_h) at `kv_dtype`."""
-    bits = DTYPE_BITS[check_dtype(kv_dtype, option="--kv-dtype")]
-    return config.kv_values_per_token * bits // 8
+    return dtypes.parse(kv_dtype, option="--kv-dtype", choices=dtypes.ALL).nbytes(config.kv_values_per_token)
 
 
-def kv_cache_bytes(config: ModelConfig, *, batch: int, tokens: int, kv_dtype: str) -> int:
-    return batch * tokens * kv_bytes_per_token(config, kv_dtype)
+def kv_cache_bytes(config: ModelConfig, *, batch: int, tokens: int, kv_dtype: str, windowed: bool = True) -> int:
+    """K and V of `tokens` positions for B sequences; a sliding-window layer keeps at most its window
+    of them (`windowed`: what a window-capped cache holds; False: every position, as a cache
+    addressed by absolute slots, like anatomy's static cache, allocates)."""
+    values = config.kv_values(tokens) if windowed else tokens * config.kv_values_per_token
+    return batch * dtypes.parse(kv_dtype, option="--kv-dtype", choices=dtypes.ALL).nbytes(values)
 
 
 def naive_scores_bytes(config: ModelConfig, *, batch: int, seq: int, dtype: str) -> int:
     """The [B, H, S, S] score matrix an unfused attention writes out, for one layer."""
-    return batch * config.n_heads * seq * seq * DTYPE_BITS[dtype] // 8
+    return dtypes.parse(dtype, choices=dtypes.FLOATS).nbytes(batch * config.n_heads * seq * seq)
 
 
 def fused_attention_bytes(config: ModelConfig, *, batch: int, seq: int) -> int:
     """What a fused (flash) attention keeps instead, for one layer: the row log-sum-exp [B, H, S]
-    in fp32, so the backward pass can recompute the scores tile by tile."""
+    in f32, so the backward pass can recompute the scores tile by tile."""
     return batch * config.n_heads * seq * 4
 
 
@@ -82,29 +106,50 @@ MEASURED_LAYERS = 2  # per stack: every later block of a stack saves what the se
 
 
 def training_activations(config: ModelConfig, *, batch: int, seq: int, dtype: str = "bf16",
-                         backend: str = "sdpa") -> Activations:
+                         backend: str = "sdpa", head: str = "auto") -> Activations:
     """Measure the activations a training step saves, running the real model on the meta device.
-    backend "eager" materialises the score matrix; "sdpa" is the fused attention. Two blocks of
-    each stack run; the others save what the second one saves (the first may also be the first
-    to save a tensor the stack shares, like a seq2seq decoder's encoder output)."""
+    backend "eager" materialises the score matrix; "sdpa" is the fused attention; head "mlm" gives
+    an encoder the MLM head it trains with. Two blocks of each stack run; the others save what the
+    second one saves (the first may also be the first to save a tensor the stack shares, like a
+    seq2seq decoder's encoder output)."""
     from anatomy.models import build_model
 
-    shallow = config.replace(n_layers=min(config.n_layers, MEASURED_LAYERS),
-                             n_decoder_layers=min(config.n_decoder_layers, MEASURED_LAYERS))
-    model = build_model(shallow, device="meta", dtype=TORCH_DTYPES[dtype], attention=backend).to("meta").train()
+    dtype = dtypes.parse(dtype, choices=dtypes.FLOATS)
+    kinds = _layer_kinds(config)
+    measured_layers = sorted({0, *kinds.values()}) if len(kinds) > 1 else list(range(min(config.n_layers,
+                                                                                          MEASURED_LAYERS)))
+    shallow = config.with_layers(measured_layers).replace(n_decoder_layers=min(config.n_decoder_layers,
+                                                                               MEASURED_LAYERS))
+    model = build_model(shallow, device="meta", dtype=dtype.torch, attention=backend, head=head).to("meta").train()
     recorder = _SavedTensors({id(p) for p in model.parameters()}, _blocks(model))
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t), _FusedAttention(recorder):
         _training_forward(model, config, ids)
     measured = [recorder.by_block.get(i, 0) for i in range(len(recorder.blocks))]
-    stacks = [(measured[:shallow.n_layers], config.n_layers)]
-    if config.is_seq2seq:
-        stacks.append((measured[shallow.n_layers:], config.n_decoder_layers))
+    if len(kinds) > 1:  # layers differ (windows, experts): each layer saves what the one of its kind measured saves
+        by_layer = dict(zip(measured_layers, measured))
+        blocks_total = by_layer[0] + sum(by_layer[kinds[_kind(config, i)]] for i in range(1, config.n_layers))
+    else:
+        stacks = [(measured[:shallow.n_layers], config.n_layers)]
+        if config.is_seq2seq:
+            stacks.append((measured[shallow.n_layers:], config.n_decoder_layers))
+        blocks_total = sum(sum(m) + (full - len(m)) * m[-1] for m, full in stacks)
     rest = recorder.total - sum(measured)
-    blocks_total = sum(sum(m) + (full - len(m)) * m[-1] for m, full in stacks)
     return Activations(total=rest + blocks_total, per_block=max(measured),
-                       block_input=batch * seq * config.d_model * DTYPE_BITS[dtype] // 8,
+                       block_input=dtype.nbytes(batch * seq * config.d_model),
                        blocks=config.n_layers + config.n_decoder_layers, rest=rest)
+
+
+def _kind(config: ModelConfig, layer: int) -> tuple[int | None, bool]:
+    return config.layer_window(layer), config.layer_is_moe(layer)
+
+
+def _layer_kinds(config: ModelConfig) -> dict[tuple[int | None, bool], int]:
+    """The kinds of block of a decoder-only stack (window, mixture) and a layer of each after the first."""
+    kinds: dict[tuple[int | None, bool], int] = {}
+    for i in range(1, config.n_layers if config.is_decoder else 0):
+        kinds.setdefault(_kind(config, i), i)
+    return kinds
 
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -149,9 +194,9 @@ class _SavedTensors:
 
 
 class _FusedAttention(TorchFunctionMode):
-    """On the meta device sdpa falls back to its math path, which saves fp32 score matrices no
+    """On the meta device sdpa falls back to its math path, which saves f32 score matrices no
     fused kernel keeps. Record instead what a fused (flash) kernel saves for its backward: q, k, v,
-    the output and the row log-sum-exp [B, H, S] in fp32."""
+    the output and the row log-sum-exp [B, H, S] in f32."""
 
     def __init__(self, recorder: _SavedTensors) -> None:
         super().__init__()
@@ -168,5 +213,5 @@ class _FusedAttention(TorchFunctionMode):
             self.recorder.suppress = False
         for t in (*args[:3], out):
             self.recorder.pack(t)
-        self.recorder.add(out.shape[0] * out.shape[1] * out.shape[2] * 4)  # log-sum-exp [B, H(_kv), S] fp32
+        self.recorder.add(out.shape[0] * out.shape[1] * out.shape[2] * 4)  # log-sum-exp [B, H(_kv), S] f32
         return out

@@ -6,6 +6,10 @@ the usual 12*L*D^2 estimate (4D^2 attention + 8D^2 FFN per layer), and the diffe
 the two is split into its causes: embeddings, an untied head, norms, biases, attention that is
 not 4D^2 (GQA, head_dim != D/H), an FFN that is not 8D^2 (d_ff != 4D for an MLP, != 8D/3 for a
 GLU), cross-attention and task heads.
+
+A mixture-of-experts FFN has E experts of which a token uses k: the ledger counts all of them
+(`total`, what is stored) and, per component, the parameters one token goes through
+(`active`: the router, k experts, the shared expert), as Mixtral's "46.7B total, 12.9B active".
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ class Component:
     copies: int = 1
     stack: str = "embed"
     lookup: bool = False
-    layer: bool = False  # a part of every block of its stack
+    layer: bool = False  # a part of blocks of its stack (copies: how many)
     nominal: int = 0  # this part's share of the 12*D^2 per layer estimate (3D^2 QKV, D^2 out, 8D^2 FFN)
+    active_weights: int | None = None  # per copy, what one token uses when less than all (k of E experts)
 
     @property
     def per_copy(self) -> int:
@@ -46,6 +51,12 @@ class Component:
     @property
     def total(self) -> int:
         return self.per_copy * self.copies
+
+    @property
+    def active(self) -> int:
+        """Parameters one token goes through (all of them but for experts it is not routed to)."""
+        weights = self.weights if self.active_weights is None else self.active_weights
+        return (weights + self.biases) * self.copies
 
 
 @dataclass(frozen=True)
@@ -57,10 +68,18 @@ class Ledger:
     def total(self) -> int:
         return sum(c.total for c in self.components)
 
+    @property
+    def active(self) -> int:
+        """Parameters one token goes through: the total less the experts it is not routed to."""
+        return sum(c.active for c in self.components)
+
     def per_layer(self, stack: str | None = None) -> int:
-        """Parameters of one block of `stack` (default: the main stack, encoder for seq2seq)."""
+        """Parameters of one block of `stack` (default: the main stack, encoder for seq2seq); the
+        mean block where blocks differ (dense and mixture-of-experts FFNs)."""
         stack = stack or ("decoder" if self.config.is_decoder else "encoder")
-        return sum(c.per_copy for c in self.components if c.layer and c.stack == stack)
+        layers = {"decoder": self.config.n_decoder_layers if self.config.is_seq2seq else self.config.n_layers,
+                  "encoder": self.config.n_layers}[stack]
+        return sum(c.total for c in self.components if c.layer and c.stack == stack) // max(layers, 1)
 
     @property
     def approx_12ld2(self) -> int:
@@ -92,6 +111,10 @@ class Ledger:
         for comp in self.components:
             totals[comp.kind] += comp.total
         return totals
+
+    def expert_params(self) -> int:
+        """Routed-expert parameters of every mixture layer (all E experts, resident)."""
+        return sum(c.total for c in self.components if c.active_weights is not None)
 
     def lookup_params(self) -> int:
         return sum(c.total for c in self.components if c.lookup)
@@ -125,7 +148,8 @@ def parameter_ledger(config: ModelConfig, *, head: str = "auto") -> Ledger:
 def _norm(config: ModelConfig, name: str, *, copies: int = 1, stack: str, dim: int | None = None) -> Component:
     D = dim or config.d_model
     if config.norm == "rmsnorm":
-        return Component(name, "D (RMSNorm weight)", "norm", D, copies=copies, stack=stack)
+        what = "(1 + w) RMSNorm weight" if config.norm_unit_offset else "RMSNorm weight"
+        return Component(name, f"D ({what})", "norm", D, copies=copies, stack=stack)
     bias = D if config.norm_bias else 0
     return Component(name, "2D (LayerNorm weight + bias)" if bias else "D (LayerNorm weight)", "norm", D, bias,
                      copies=copies, stack=stack)
@@ -155,7 +179,9 @@ def _attention(config: ModelConfig, *, stack: str, layers: int) -> list[Componen
     qkv_bias = (q + 2 * kv) if config.qkv_bias else 0
     out_bias = D if config.attn_out_bias else 0
     gqa = "" if config.n_kv_heads == config.n_heads else " (GQA: H_kv < H)"
-    return [
+    qk_norm = [Component("q/k norms (RMSNorm per head)", "2*d_h", "norm", 2 * config.head_dim, copies=layers,
+                         stack=stack)] if config.qk_norm else []
+    return qk_norm + [
         Component("attention Q/K/V", f"D*(H + 2*H_kv)*d_h{gqa}" + (" + biases" if qkv_bias else ""), "attention",
                   D * (q + 2 * kv), qkv_bias, copies=layers, stack=stack, nominal=3 * D * D),
         Component("attention output", "H*d_h*D" + (" + D" if out_bias else ""), "attention", q * D, out_bias,
@@ -188,12 +214,40 @@ def _ffn(config: ModelConfig, *, stack: str, layers: int) -> Component:
                      2 * D * F, bias, copies=layers, stack=stack, nominal=8 * D * D)
 
 
+def _moe(config: ModelConfig, *, stack: str, layers: int) -> list[Component]:
+    """Router, E experts (k active per token), optional shared expert and its gate."""
+    D, E, k, F = config.d_model, config.n_experts, config.n_experts_per_token, config.d_ff_expert
+    mats = 3 if config.ffn == "glu" else 2
+    kind = f"{config.activation} GLU" if config.ffn == "glu" else f"{config.activation} MLP"
+    parts = [
+        Component("MoE router", "D*E", "ffn", D * E, copies=layers, stack=stack),
+        Component(f"MoE experts ({E} x {kind}, {k} per token)", f"E*{mats}*D*F_e", "ffn", E * mats * D * F,
+                  copies=layers, stack=stack, nominal=8 * D * D, active_weights=k * mats * D * F),
+    ]
+    if config.d_ff_shared_expert:
+        Fs = config.d_ff_shared_expert
+        parts.append(Component(f"MoE shared expert ({kind})", f"{mats}*D*F_shared", "ffn", mats * D * Fs,
+                               copies=layers, stack=stack))
+    if config.shared_expert_gate:
+        parts.append(Component("MoE shared-expert gate", "D", "ffn", D, copies=layers, stack=stack))
+    return parts
+
+
 def _block(config: ModelConfig, *, stack: str, layers: int, causal: bool) -> list[Component]:
     parts = [_norm(config, "attention norm", copies=layers, stack=stack)]
     parts += _attention(config, stack=stack, layers=layers)
+    if config.branch_output_norm:
+        parts.append(_norm(config, "attention output norm", copies=layers, stack=stack))
     if config.is_seq2seq and causal:
         parts += _cross_attention(config, layers=layers)
-    parts += [_norm(config, "FFN norm", copies=layers, stack=stack), _ffn(config, stack=stack, layers=layers)]
+    parts.append(_norm(config, "FFN norm", copies=layers, stack=stack))
+    moe_layers = config.n_moe_layers if causal and config.is_decoder else 0
+    if layers - moe_layers:
+        parts.append(_ffn(config, stack=stack, layers=layers - moe_layers))
+    if moe_layers:
+        parts += _moe(config, stack=stack, layers=moe_layers)
+    if config.branch_output_norm:
+        parts.append(_norm(config, "FFN output norm", copies=layers, stack=stack))
     return [dataclasses.replace(p, layer=True) for p in parts]
 
 

@@ -5,26 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from anatomy.atomic import atomic_file
+from anatomy.figures import pyplot, save_figure
 
 
 def save_plot(report: dict[str, Any], path: str | Path) -> None:
-    """Write the figure to a temporary file beside `path`, then move it into place, so a failed
-    plot never leaves a partial file where a good one was."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    """The parameter breakdown and the roofline, written to `path` (its suffix names the format)."""
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(12, 4.8))
     _breakdown(left, report)
     _roofline(right, report)
     fig.tight_layout()
-    try:
-        with atomic_file(path) as f:
-            fig.savefig(f, format=Path(path).suffix.lstrip(".") or "png", dpi=120)
-    finally:
-        plt.close(fig)
+    save_figure(fig, path, option="--plot", dpi=120)
 
 
 def _breakdown(ax, report: dict[str, Any]) -> None:

@@ -52,7 +52,12 @@ def _params(p: dict[str, Any]) -> TableSpec:
     t.rows += [["per layer", "", "", "", count(p["per_layer"])]]
     if "per_decoder_layer" in p:
         t.rows += [["per decoder layer", "", "", "", count(p["per_decoder_layer"])]]
-    t.rows += [["total (exact)", "", "", "", count(p["total"])],
+    t.rows += [["total (exact)", "", "", "", count(p["total"])]]
+    if "active" in p:
+        t.rows += [["active per token (k of E experts)", "", "", "", count(p["active"])]]
+        t.notes.append(f"total {si(p['total'])} parameters, {si(p['active'])} active per token; the experts hold "
+                       f"{si(p['experts'])}")
+    t.rows += [
                ["12*L*D^2 estimate", "", "", "", count(p["approx_12ld2"])],
                ["difference", "exact - 12*L*D^2", "", "", count(p["difference"])]]
     t.rows += [[f"  of which {k}", "", "", "", count(v)] for k, v in p["difference_explained"].items() if v]
@@ -91,7 +96,10 @@ def _memory(m: dict[str, Any]) -> TableSpec:
     t.rows += [[f"weights in {d}", nbytes(v)] for d, v in m["weights_bytes_by_dtype"].items()]
     t.rows += [
         ["KV cache per token", nbytes(m["kv_cache_bytes_per_token"])],
-        ["KV cache at (B, T)", nbytes(m["kv_cache_bytes"])],
+        ["KV cache at (B, T)" + (", sliding windows capped" if "kv_cache_bytes_without_windows" in m else ""),
+         nbytes(m["kv_cache_bytes"])],
+        *([["KV cache at (B, T), every position kept", nbytes(m["kv_cache_bytes_without_windows"])]]
+          if "kv_cache_bytes_without_windows" in m else []),
         ["naive attention scores [B, H, S, S], one layer", nbytes(m["naive_scores_bytes_per_layer"])],
         ["fused attention log-sum-exp [B, H, S], one layer", nbytes(m["fused_attention_bytes_per_layer"])],
     ]
@@ -101,8 +109,18 @@ def _memory(m: dict[str, Any]) -> TableSpec:
                    [f"  per block, {label}", nbytes(a["per_block"])],
                    [f"  with activation checkpointing, {label}", nbytes(a["checkpointed"])]]
     t.rows.append(["training state: weights + grads + Adam (16 B/param)", nbytes(m["training_state_bytes"])])
+    if "experts" in m:
+        e = m["experts"]
+        t.rows += [["expert weights, all resident", nbytes(e["resident_bytes"])],
+                   ["expert weights one token reads (k experts per layer)", nbytes(e["read_per_token_bytes"])],
+                   [_touched(e["experts_touched_per_layer_decode_step"]), nbytes(e["read_per_decode_step_bytes"])]]
+        t.notes.append("experts a step reads: E * (1 - (1 - k/E)^B) per layer for B tokens routed evenly")
     t.notes.append("activations: tensors saved for backward, measured on the meta device (loss included)")
     return t
+
+
+def _touched(experts: float) -> str:
+    return f"expert weights a decode step of B tokens reads (~{experts:.3g} experts per layer)"
 
 
 def _roofline(r: dict[str, Any]) -> TableSpec:

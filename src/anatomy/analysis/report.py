@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from anatomy import dtypes
 from anatomy.analysis import diagram, flops, memory, params, roofline, trace
 from anatomy.analysis.hardware import Hardware
 from anatomy.config import ModelConfig
@@ -54,8 +55,10 @@ def build_report(config: ModelConfig, *, name: str, options: Options, hardware: 
 
 def _config_summary(c: ModelConfig) -> dict[str, Any]:
     keys = ("vocab_size", "d_model", "n_layers", "n_decoder_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
-            "norm", "norm_position", "ffn", "activation", "position", "max_seq_len", "tie_embeddings")
-    return {k: getattr(c, k) for k in keys}
+            "norm", "norm_position", "ffn", "activation", "position", "max_seq_len", "tie_embeddings",
+            "rope_theta", "embedding_scale")
+    extras = ("sliding_window", "n_experts", "n_experts_per_token", "d_ff_expert", "d_ff_shared_expert")
+    return {k: getattr(c, k) for k in keys} | {k: getattr(c, k) for k in extras if getattr(c, k)}
 
 
 def _diagram(config: ModelConfig) -> dict[str, str]:
@@ -68,8 +71,8 @@ def _params(ledger: params.Ledger) -> dict[str, Any]:
     out = {
         "total": ledger.total,
         "per_layer": ledger.per_layer(),
-        "components": [{"name": p.name, "formula": p.formula, "kind": p.kind, "per_copy": p.per_copy,
-                        "copies": p.copies, "total": p.total} for p in ledger.components],
+        "components": [{"name": p.name, "formula": p.formula, "kind": p.kind, "stack": p.stack,
+                        "per_copy": p.per_copy, "copies": p.copies, "total": p.total} for p in ledger.components],
         "by_kind": ledger.by_kind(),
         "approx_12ld2": ledger.approx_12ld2,
         "difference": ledger.total - ledger.approx_12ld2,
@@ -77,6 +80,9 @@ def _params(ledger: params.Ledger) -> dict[str, Any]:
     }
     if c.is_seq2seq:
         out["per_decoder_layer"] = ledger.per_layer("decoder")
+    if c.n_experts:
+        out["active"] = ledger.active  # what one token goes through: k of E experts
+        out["experts"] = ledger.expert_params()
     return out
 
 
@@ -119,9 +125,9 @@ def _flop_counter_forward(config: ModelConfig, o: Options) -> int:
 def _memory(config: ModelConfig, ledger: params.Ledger, o: Options) -> dict[str, Any]:
     sdpa = memory.training_activations(config, batch=o.batch, seq=o.seq, dtype=o.compute_dtype, backend="sdpa")
     eager = memory.training_activations(config, batch=o.batch, seq=o.seq, dtype=o.compute_dtype, backend="eager")
-    return {
+    out = {
         "weights_bytes": memory.weights_bytes(ledger.total, o.dtype),
-        "weights_bytes_by_dtype": {d: memory.weights_bytes(ledger.total, d) for d in memory.DTYPE_BITS},
+        "weights_bytes_by_dtype": {d: memory.weights_bytes(ledger.total, d) for d in dtypes.ALL},
         "kv_cache_bytes_per_token": memory.kv_bytes_per_token(config, o.cache_dtype),
         "kv_cache_bytes": memory.kv_cache_bytes(config, batch=o.batch, tokens=o.context, kv_dtype=o.cache_dtype),
         "naive_scores_bytes_per_layer": memory.naive_scores_bytes(config, batch=o.batch, seq=o.seq,
@@ -132,8 +138,25 @@ def _memory(config: ModelConfig, ledger: params.Ledger, o: Options) -> dict[str,
             "naive_attention": {"total": eager.total, "per_block": eager.per_block,
                                 "checkpointed": eager.checkpointed},
         },
-        "training_state_bytes": ledger.total * memory.ADAM_MIXED_PRECISION_BYTES,
+        "training_state_bytes": memory.training_state(ledger.total, dtype=o.compute_dtype).total,
     }
+    if config.sliding_window is not None:  # what a cache keeping every position would hold instead
+        out["kv_cache_bytes_without_windows"] = memory.kv_cache_bytes(config, batch=o.batch, tokens=o.context,
+                                                                      kv_dtype=o.cache_dtype, windowed=False)
+    if config.n_experts:
+        out["experts"] = _expert_bytes(config, ledger, o)
+    return out
+
+
+def _expert_bytes(config: ModelConfig, ledger: params.Ledger, o: Options) -> dict[str, Any]:
+    """Expert weights: all resident, but a decode step reads only those its tokens are routed to."""
+    resident = ledger.expert_params()
+    per_expert = resident // config.n_experts
+    touched = roofline.experts_touched(config, o.batch)
+    return {"resident_bytes": memory.weights_bytes(resident, o.dtype),
+            "read_per_token_bytes": memory.weights_bytes(per_expert * config.n_experts_per_token, o.dtype),
+            "experts_touched_per_layer_decode_step": touched,
+            "read_per_decode_step_bytes": round(memory.weights_bytes(per_expert, o.dtype) * touched)}
 
 
 def _roofline(config: ModelConfig, ledger: params.Ledger, o: Options, hw: Hardware) -> dict[str, Any]:

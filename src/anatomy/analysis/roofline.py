@@ -9,6 +9,11 @@ Activations are assumed to stay on chip, so these are lower bounds on time.
 Decode of B sequences does B times the FLOPs of one but reads the weights once, so its intensity
 grows with B until the KV cache reads (which grow with B as well) take over; the batch where
 it crosses the ridge point is where decode turns compute-bound.
+
+Two of the new parts change what a step reads. A mixture-of-experts layer keeps all E experts
+resident but a step reads only the experts its tokens are routed to: k for one token, and for n
+tokens routed independently and evenly E * (1 - (1 - k/E)^n) of them on average. A sliding-window
+layer reads at most its window of cached positions.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 
 from anatomy.analysis.flops import decode_flops, forward_flops
 from anatomy.analysis.hardware import Hardware
-from anatomy.analysis.memory import DTYPE_BITS, kv_bytes_per_token, kv_cache_bytes
+from anatomy.analysis.memory import kv_bytes_per_token, kv_cache_bytes, weights_bytes
 from anatomy.analysis.params import Ledger
 from anatomy.config import ModelConfig
 
@@ -65,21 +70,33 @@ class RooflinePoint:
         return self.tokens / self.time_s
 
 
-def weights_read_bytes(ledger: Ledger, dtype: str, *, decode: bool = False) -> int:
+def experts_touched(config: ModelConfig, tokens: int) -> float:
+    """Expected experts of one mixture layer that `tokens` tokens (k each, routed evenly and
+    independently) reach: k for one token, approaching E as tokens grow."""
+    E, k = config.n_experts, config.n_experts_per_token
+    return E * (1 - (1 - k / E) ** tokens) if E else 0.0
+
+
+def weights_read_bytes(ledger: Ledger, dtype: str, *, decode: bool = False, tokens: int | None = None) -> int:
     """Weights a step streams from memory: all but the lookup tables; a seq2seq decode step does
-    not touch the encoder stack."""
+    not touch the encoder stack; of the experts only those the step's `tokens` are routed to
+    (None: all of them)."""
     params = ledger.total - ledger.lookup_params()
     if decode and ledger.config.is_seq2seq:
         params -= ledger.stack_params("encoder")
-    return params * DTYPE_BITS[dtype] // 8
+    c = ledger.config
+    if c.n_experts and tokens is not None:
+        resident = ledger.expert_params()
+        params -= round(resident * (1 - experts_touched(c, tokens) / c.n_experts))
+    return weights_bytes(params, dtype)
 
 
 def prefill_point(config: ModelConfig, ledger: Ledger, hardware: Hardware, *, batch: int, seq: int,
                   weight_dtype: str, kv_dtype: str, compute_dtype: str) -> RooflinePoint:
     """The prompt pass (LM head on the last position only); an encoder's plain forward."""
     flops = forward_flops(config, batch=batch, seq=seq, last_only=not config.is_encoder).total
-    moved = weights_read_bytes(ledger, weight_dtype) + kv_cache_bytes(config, batch=batch, tokens=seq,
-                                                                      kv_dtype=kv_dtype)
+    moved = weights_read_bytes(ledger, weight_dtype, tokens=batch * seq) + kv_cache_bytes(
+        config, batch=batch, tokens=seq, kv_dtype=kv_dtype)
     return RooflinePoint("prefill", flops, moved, batch * seq, hardware.peak(compute_dtype), hardware.bandwidth)
 
 
@@ -87,25 +104,41 @@ def decode_point(config: ModelConfig, ledger: Ledger, hardware: Hardware, *, bat
                  source_len: int, weight_dtype: str, kv_dtype: str, compute_dtype: str) -> RooflinePoint:
     """One decode step of B sequences at context T: B new tokens."""
     flops = decode_flops(config, batch=batch, context=context, source_len=source_len).total
-    moved = weights_read_bytes(ledger, weight_dtype, decode=True) + batch * _kv_read_per_sequence(
+    moved = weights_read_bytes(ledger, weight_dtype, decode=True, tokens=batch) + batch * _kv_read_per_sequence(
         config, context=context, source_len=source_len, kv_dtype=kv_dtype)
     return RooflinePoint("decode", flops, moved, batch, hardware.peak(compute_dtype), hardware.bandwidth)
 
 
 def _kv_read_per_sequence(config: ModelConfig, *, context: int, source_len: int, kv_dtype: str) -> int:
-    """Self-attention K/V of `context` positions, plus a seq2seq decoder's cross-attention K/V."""
-    per_token = kv_bytes_per_token(config, kv_dtype)
-    return per_token * (context + (source_len if config.is_seq2seq else 0))
+    """Self-attention K/V of `context` positions (a window's worth on sliding-window layers), plus a
+    seq2seq decoder's cross-attention K/V."""
+    cross = kv_bytes_per_token(config, kv_dtype) * source_len if config.is_seq2seq else 0
+    return kv_cache_bytes(config, batch=1, tokens=context, kv_dtype=kv_dtype) + cross
 
 
 def decode_compute_bound_batch(config: ModelConfig, ledger: Ledger, hardware: Hardware, *, context: int,
                                source_len: int, weight_dtype: str, kv_dtype: str, compute_dtype: str) -> int | None:
     """Smallest batch B whose decode step at context T is compute-bound, or None if none is:
-    B*f / (W + B*k) >= ridge  <=>  B >= ridge*W / (f - ridge*k), which needs f > ridge*k."""
+    B*f / (W + B*k) >= ridge  <=>  B >= ridge*W / (f - ridge*k), which needs f > ridge*k. With
+    experts, W grows with B (more experts touched): the smallest such B is searched for."""
     f = decode_flops(config, batch=1, context=context, source_len=source_len).total
-    w = weights_read_bytes(ledger, weight_dtype, decode=True)
     k = _kv_read_per_sequence(config, context=context, source_len=source_len, kv_dtype=kv_dtype)
     ridge = hardware.peak(compute_dtype) / hardware.bandwidth
     if f <= ridge * k:
         return None
-    return max(1, math.ceil(ridge * w / (f - ridge * k)))
+    if not config.n_experts:
+        w = weights_read_bytes(ledger, weight_dtype, decode=True)
+        return max(1, math.ceil(ridge * w / (f - ridge * k)))
+
+    def bound(batch: int) -> bool:
+        w = weights_read_bytes(ledger, weight_dtype, decode=True, tokens=batch)
+        return batch * f >= ridge * (w + batch * k)
+
+    high = 1
+    while not bound(high):  # all experts resident bound B from above: the loop ends
+        high *= 2
+    low = high // 2
+    while low + 1 < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if bound(mid) else (mid, high)
+    return high

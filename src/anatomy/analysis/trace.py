@@ -26,7 +26,6 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from anatomy.analysis.memory import TORCH_DTYPES
 from anatomy.config import ModelConfig
 
 _SKIPPED_MODULES = re.compile(r"(^|\.)context(\.|$)")  # a stack's position machinery: index setup, not the model
@@ -47,7 +46,7 @@ class TraceRow:
         return asdict(self)
 
 
-def trace(config: ModelConfig, *, phase: str, batch: int, seq: int, context: int, dtype: str = "fp32",
+def trace(config: ModelConfig, *, phase: str, batch: int, seq: int, context: int, dtype: str = "f32",
           head: str = "auto") -> list[TraceRow]:
     """The rows of one prefill ([B, S]) or decode step ([B, 1] against T = context positions).
     An encoder-only model has no decode step: its decode trace is empty."""
@@ -55,14 +54,23 @@ def trace(config: ModelConfig, *, phase: str, batch: int, seq: int, context: int
 
     if phase == "decode" and config.is_encoder:
         return []
-    # one block per stack: the trace shows one, and every block of a stack is the same module
-    config = config.replace(n_layers=1, n_decoder_layers=min(config.n_decoder_layers, 1))
-    model = build_model(config, device="meta", dtype=TORCH_DTYPES[dtype], head=head, attention="eager").to("meta").eval()
+    # one block per stack: the trace shows one (of a stack with mixture-of-experts layers, a mixture
+    # layer; of one with sliding windows, a windowed layer), the others are the same module again
+    config = config.with_layers([_shown_layer(config)]).replace(n_decoder_layers=min(config.n_decoder_layers, 1))
+    model = build_model(config, device="meta", dtype=dtype, head=head, attention="eager").to("meta").eval()
     run = _prefill(model, config, batch, seq) if phase == "prefill" else _decode(model, config, batch, seq, context)
     recorder = _Recorder(phase, model, config)
     with recorder:
         run()
     return recorder.rows
+
+
+def _shown_layer(config: ModelConfig) -> int:
+    """The block the trace shows: the first mixture layer, else the first windowed one, else 0."""
+    layers = range(config.n_layers)
+    moe = [i for i in layers if config.layer_is_moe(i)]
+    windowed = [i for i in layers if config.layer_window(i)]
+    return (moe or windowed or [0])[0]
 
 
 def _prefill(model: nn.Module, config: ModelConfig, batch: int, seq: int):

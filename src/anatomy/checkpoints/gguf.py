@@ -22,7 +22,13 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.checkpoints.assign import assign_tensors, expected_shapes
-from anatomy.checkpoints.gguf_config import config_from_gguf, config_to_gguf, gguf_architecture
+from anatomy.checkpoints.gguf_config import (
+    ROPE_TENSORS,
+    config_from_gguf,
+    config_to_gguf,
+    gguf_architecture,
+    rope_tensors,
+)
 from anatomy.checkpoints.gguf_dequant import dequantize, supported_types
 from anatomy.checkpoints.gguf_names import Part, from_gguf_rows, tensor_plan, to_gguf_rows
 from anatomy.checkpoints.gguf_reader import GGUFFile, GGUFTensor, read_gguf
@@ -67,17 +73,24 @@ def _check_plan(f: GGUFFile, plan: dict[str, list[Part]], shapes: dict[str, torc
     missing = [n for n in wanted if n not in f.tensors]
     if missing:
         raise f.fail("tensors", _short(missing), "missing: the model the metadata describes needs them")
-    wanted_set = set(wanted)
+    wanted_set = set(wanted) | set(ROPE_TENSORS)  # RoPE's tensors were read with the config
     unexpected = [n for n in f.tensors if n not in wanted_set]
     if unexpected:
         raise f.fail("tensors", _short(unexpected), "unexpected for the model the metadata describes")
     for name, parts in plan.items():
         for p in parts:
-            _check_tensor(f, f.tensors[p.name], (p.rows, *shapes[name][1:]))
+            _check_tensor(f, f.tensors[p.name], part_shape(p, shapes[name]))
+
+
+def part_shape(part: Part, shape: torch.Size) -> tuple[int, ...]:
+    """The shape (torch order) of the GGUF tensor `part` of one of our tensors of `shape`."""
+    if part.experts:
+        return (part.experts, part.rows, *shape[2:])
+    return (part.rows, *shape[1:])
 
 
 def _check_tensor(f: GGUFFile, t: GGUFTensor, shape: tuple[int, ...]) -> None:
-    if t.shape != tuple(shape):
+    if t.shape != tuple(shape) and not (len(shape) == 2 and shape[0] == 1 and t.shape == tuple(shape[1:])):
         raise f.fail(f"{t.name} shape", list(t.shape),
                      f"the config from the metadata needs {list(shape)} (torch order; GGUF lists dims reversed)")
     if t.type.name not in supported_types():
@@ -100,15 +113,20 @@ def _part_bytes(f: GGUFFile, part: Part) -> np.ndarray:
 
 
 def _assemble(f: GGUFFile, parts: list[Part], shape: torch.Size, dtype: torch.dtype) -> Tensor:
-    """One of our tensors from its GGUF parts: fused along rows, rotary row order undone."""
+    """One of our tensors from its GGUF parts: fused along rows (of each expert), rotary row order
+    undone, Gemma's 1 + w back to w."""
     if len(parts) == 1 and not parts[0].heads:
         t = f.tensors[parts[0].name]
-        return dequantize(f.raw(t.name), t.type, t.shape)  # float types stay a view of the file
+        x = dequantize(f.raw(t.name), t.type, t.shape).reshape(shape)  # float types stay a view of the file
+        return x - parts[0].offset if parts[0].offset else x
     out = torch.empty(shape, dtype=dtype)
     row = 0
     for p in parts:
         t = f.tensors[p.name]
-        dequantize(_part_bytes(f, p), t.type, t.shape, out=out[row:row + p.rows])
+        if p.experts:  # [E, rows, C] fills rows row..row+rows of every expert
+            out[:, row:row + p.rows] = dequantize(f.raw(p.name), t.type, t.shape)
+        else:
+            dequantize(_part_bytes(f, p), t.type, t.shape, out=out[row:row + p.rows])
         row += p.rows
     return out
 
@@ -137,6 +155,8 @@ def save_gguf(model: nn.Module, path: str | Path, *, dtype: str = "f32", tokeniz
     plan = tensor_plan(shapes, config, arch)
     state = model.state_dict()
     tensors = [_entry(state[name], p, row, type_name) for name, parts in plan.items() for p, row in _rows(parts)]
+    tensors += [TensorEntry(name=name, type=TENSOR_TYPES_BY_NAME["F32"], shape=values.shape, data=lambda v=values: v)
+                for name, values in rope_tensors(config).items()]
     return write_gguf(path, metadata=metadata, tensors=tensors)
 
 
@@ -150,15 +170,17 @@ def _rows(parts: list[Part]) -> list[tuple[Part, int]]:
 
 
 def _entry(full: Tensor, part: Part, row: int, type_name: str) -> TensorEntry:
-    if full.dim() < 2:
-        type_name = "F32"  # llama.cpp keeps norms and biases in f32
+    if full.dim() < 2 or full.shape[0] == 1:
+        type_name = "F32"  # llama.cpp keeps norms, biases (and the shared-expert gate vector) in f32
     np_dtype = {"F32": "float32", "F16": "float16"}[type_name]
-    shape = (part.rows, *full.shape[1:])
+    shape = part_shape(part, full.shape)
 
     def data() -> Any:
-        x = full[row:row + part.rows].detach().float()
+        x = (full[:, row:row + part.rows] if part.experts else full[row:row + part.rows]).detach().float()
         if part.heads:
             x = to_gguf_rows(x, part.heads)
+        if part.offset:
+            x = x + part.offset
         return x.numpy().astype(np_dtype, copy=False)
 
     return TensorEntry(name=part.name, type=TENSOR_TYPES_BY_NAME[type_name], shape=tuple(shape), data=data)

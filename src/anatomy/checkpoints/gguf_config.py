@@ -6,6 +6,7 @@ metadata set that makes no valid model is a CheckpointError of the file naming t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +14,7 @@ import numpy as np
 
 from anatomy.checkpoints.gguf_reader import GGUFFile
 from anatomy.checkpoints.gguf_types import ValueType
-from anatomy.config import ModelConfig
+from anatomy.config import ModelConfig, RopeScaling
 from anatomy.errors import CheckpointError, ConfigError
 
 # RoPE models compute positions on the fly, so a long context costs nothing at load time; but a KV
@@ -23,28 +24,53 @@ MAX_CONTEXT = 1 << 24
 
 @dataclass(frozen=True)
 class Architecture:
-    """What a GGUF architecture fixes about the model, and where its norm epsilon lives."""
+    """What a GGUF architecture fixes about the model (as llama.cpp runs it), and where its norm
+    epsilon lives.
+
+    experts  "": none; "renormalized" / "plain": a mixture whose top-k weights llama.cpp does /
+             does not divide by their sum; "shared": plain, plus a sigmoid-gated shared expert
+    window   "none": no sliding window (llama.cpp's llama and phi3 do not apply one, even when the file
+             has an `attention.sliding_window` key); "even": `attention.sliding_window` on the even
+             layers (Gemma 2's pattern, which llama.cpp hard-codes)
+    """
 
     fields: dict[str, Any]
-    eps_key: str
+    eps_key: str = "attention.layer_norm_rms_epsilon"
+    experts: str = ""
+    window: str = "none"
 
 
+_LLAMA_LIKE = {"norm": "rmsnorm", "ffn": "glu", "activation": "silu", "position": "rope"}
+_GEMMA = {**_LLAMA_LIKE, "activation": "gelu_tanh", "norm_unit_offset": True, "embedding_scale": True,
+          "tie_embeddings": True}
 ARCHITECTURES: dict[str, Architecture] = {
-    "llama": Architecture(
-        fields={"norm": "rmsnorm", "ffn": "glu", "activation": "silu", "position": "rope"},
-        eps_key="attention.layer_norm_rms_epsilon"),
+    "llama": Architecture(fields=_LLAMA_LIKE, experts="renormalized"),
+    "qwen2": Architecture(fields={**_LLAMA_LIKE, "qkv_bias": True, "attn_out_bias": False}),
+    "qwen3": Architecture(fields={**_LLAMA_LIKE, "qk_norm": True}),
+    "qwen2moe": Architecture(fields=_LLAMA_LIKE, experts="shared"),
+    "qwen3moe": Architecture(fields={**_LLAMA_LIKE, "qk_norm": True}, experts="renormalized"),
+    "gemma": Architecture(fields=_GEMMA),
+    "gemma2": Architecture(fields={**_GEMMA, "branch_output_norm": True}, window="even"),
+    "phi3": Architecture(fields=_LLAMA_LIKE),
     "gpt2": Architecture(
         fields={"norm": "layernorm", "ffn": "mlp", "activation": "gelu_tanh", "position": "learned",
                 "qkv_bias": True, "attn_out_bias": True, "ffn_bias": True},
         eps_key="attention.layer_norm_epsilon"),
 }
+# tensors that describe the RoPE frequencies rather than hold weights (llama3 rule, Phi-3 LongRoPE)
+ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+# llama.cpp's Gemma 2 defaults when the file leaves the soft-caps out
+GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
+
 
 # the GGUF key each config field comes from (for error messages), `{a}` standing for the architecture
 _FIELD_KEYS = {
     "n_layers": "{a}.block_count", "d_model": "{a}.embedding_length", "d_ff": "{a}.feed_forward_length",
     "n_heads": "{a}.attention.head_count", "n_kv_heads": "{a}.attention.head_count_kv",
     "head_dim": "{a}.attention.key_length", "max_seq_len": "{a}.context_length", "rope_theta": "{a}.rope.freq_base",
-    "vocab_size": "{a}.vocab_size", "bos_token_id": "tokenizer.ggml.bos_token_id",
+    "vocab_size": "{a}.vocab_size", "n_experts": "{a}.expert_count", "n_experts_per_token": "{a}.expert_used_count",
+    "d_ff_expert": "{a}.expert_feed_forward_length", "sliding_window": "{a}.attention.sliding_window",
+    "rotary_dim": "{a}.rope.dimension_count", "bos_token_id": "tokenizer.ggml.bos_token_id",
     "eos_token_id": "tokenizer.ggml.eos_token_id", "pad_token_id": "tokenizer.ggml.padding_token_id",
 }
 _INT_TYPES = {ValueType.UINT8, ValueType.INT8, ValueType.UINT16, ValueType.INT16, ValueType.UINT32,
@@ -61,12 +87,14 @@ def gguf_architecture(f: GGUFFile) -> str:
 
 
 def config_from_gguf(f: GGUFFile) -> ModelConfig:
-    """The ModelConfig the file's metadata describes (tied head when there is no `output.weight`)."""
+    """The ModelConfig the file's metadata describes, as llama.cpp runs it (tied head when there is
+    no `output.weight`; which layers are mixtures of experts, by their tensors)."""
     a = gguf_architecture(f)
+    spec = ARCHITECTURES[a]
     d_model = _size(f, f"{a}.embedding_length")
     n_heads = _size(f, f"{a}.attention.head_count")
     values = dict(
-        ARCHITECTURES[a].fields,
+        spec.fields,
         architecture="decoder",
         vocab_size=_vocab_size(f, a),
         d_model=d_model,
@@ -79,14 +107,18 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
         norm_eps=_positive_float(f, f"{a}.{ARCHITECTURES[a].eps_key}", default=1e-5),
         tie_embeddings="output.weight" not in f.tensors,
         **_biases(f, a),
+        **_experts(f, a),
         bos_token_id=_token_id(f, "tokenizer.ggml.bos_token_id"),
         eos_token_id=_token_id(f, "tokenizer.ggml.eos_token_id"),
         pad_token_id=_token_id(f, "tokenizer.ggml.padding_token_id"),
     )
     _check_sizes_fit_tensors(f, a, values)
-    if ARCHITECTURES[a].fields["position"] == "rope":
+    if spec.fields["position"] == "rope":
         values["rope_theta"] = _positive_float(f, f"{a}.rope.freq_base", default=10000.0)
-        _check_rope(f, a, values["head_dim"] or d_model // n_heads)
+        values.update(_rope(f, a, values["head_dim"] or d_model // n_heads, values["rope_theta"]))
+    values.update(_window(f, a, values["n_layers"]))
+    if a == "gemma2":
+        values.update(_gemma2(f, values, d_model // n_heads))
     return _build(f, a, values)
 
 
@@ -97,8 +129,11 @@ def _check_sizes_fit_tensors(f: GGUFFile, arch: str, values: dict[str, Any]) -> 
     if not f.tensors:
         raise f.fail("tensor_count", 0, "the file holds no tensors (a vocabulary-only GGUF?), so no model")
     largest = max(max(t.shape) for t in f.tensors.values())
-    for field in ("vocab_size", "d_model", "d_ff", "n_heads", "n_kv_heads", "head_dim"):
-        if values[field] is not None and values[field] > largest:
+    for field in ("vocab_size", "d_model", "d_ff", "n_heads", "n_kv_heads", "head_dim", "n_experts", "d_ff_expert",
+                  "d_ff_shared_expert"):
+        unused = field == "d_ff" and values.get("n_experts") and values.get("moe_layers") is None \
+            and values.get("d_ff_expert")  # every layer a mixture: no tensor is d_ff wide
+        if values.get(field) is not None and values[field] > largest and not unused:
             raise f.fail(_FIELD_KEYS[field].format(a=arch), values[field],
                          f"larger than every tensor dimension in the file (the largest is {largest})")
     if values["n_layers"] > len(f.tensors):
@@ -106,10 +141,55 @@ def _check_sizes_fit_tensors(f: GGUFFile, arch: str, values: dict[str, Any]) -> 
 
 
 def _biases(f: GGUFFile, arch: str) -> dict[str, bool]:
-    """llama-architecture files may carry Q/K/V and output biases (the tensors say so)."""
-    if arch != "llama":
+    """LLaMA-like files may carry Q/K/V and output biases (the tensors say so)."""
+    if arch == "gpt2":
         return {}
-    return {"qkv_bias": "blk.0.attn_q.bias" in f.tensors, "attn_out_bias": "blk.0.attn_output.bias" in f.tensors}
+    qkv = any(f"blk.0.attn_{x}.bias" in f.tensors for x in ("q", "qkv"))
+    return {"qkv_bias": qkv, "attn_out_bias": "blk.0.attn_output.bias" in f.tensors}
+
+
+def _experts(f: GGUFFile, arch: str) -> dict[str, Any]:
+    """A mixture of experts: its sizes from the metadata, its layers from the tensors (a layer with
+    a router, `ffn_gate_inp`, is a mixture)."""
+    kind = ARCHITECTURES[arch].experts
+    n_experts = _size(f, f"{arch}.expert_count", default=0) if kind else 0
+    if not n_experts:
+        return {}
+    n_layers = _size(f, f"{arch}.block_count")
+    layers = tuple(i for i in range(n_layers) if f"blk.{i}.ffn_gate_inp.weight" in f.tensors)
+    values = dict(n_experts=n_experts, n_experts_per_token=_size(f, f"{arch}.expert_used_count"),
+                  moe_renormalize=kind == "renormalized", moe_layers=None if len(layers) == n_layers else layers)
+    if arch != "llama":  # the llama architecture's experts are feed_forward_length wide
+        values["d_ff_expert"] = _size(f, f"{arch}.expert_feed_forward_length")
+    if kind == "shared":
+        values.update(d_ff_shared_expert=_size(f, f"{arch}.expert_shared_feed_forward_length"),
+                      shared_expert_gate=True)
+    return values
+
+
+def _window(f: GGUFFile, arch: str, n_layers: int) -> dict[str, Any]:
+    """The sliding window llama.cpp applies (a key it does not read for this architecture is ignored,
+    as llama.cpp ignores it)."""
+    kind = ARCHITECTURES[arch].window
+    if kind == "none":
+        return {}
+    window = _get(f, f"{arch}.attention.sliding_window", _INT_TYPES, 4096 if kind == "even" else 0)
+    if window < 0:
+        raise f.fail(f"{arch}.attention.sliding_window", window, "must be >= 0")
+    if not window:
+        return {}
+    return {"sliding_window": window,
+            "sliding_window_layers": tuple(range(0, n_layers, 2)) if kind == "even" and n_layers > 1 else None}
+
+
+def _gemma2(f: GGUFFile, values: dict[str, Any], plain_head_dim: int) -> dict[str, Any]:
+    """Gemma 2's score scale and soft-caps as llama.cpp sets them: the scale is 1/sqrt(head_dim),
+    1/sqrt(D/H) for the 46-layer (27B) model."""
+    head_dim = values["head_dim"] or plain_head_dim
+    scale_dim = plain_head_dim if values["n_layers"] == 46 else head_dim
+    caps = {key: _positive_float(f, f"gemma2.{key}", default=default) for key, default in GEMMA2_SOFTCAPS.items()}
+    return {"attn_scale": scale_dim ** -0.5, "attn_softcap": caps["attn_logit_softcapping"],
+            "logit_softcap": caps["final_logit_softcapping"]}
 
 
 def _build(f: GGUFFile, arch: str, values: dict[str, Any]) -> ModelConfig:
@@ -177,19 +257,63 @@ def _context_length(f: GGUFFile, arch: str) -> int:
     return value
 
 
-def _check_rope(f: GGUFFile, arch: str, head_dim: int) -> None:
+def _rope(f: GGUFFile, arch: str, head_dim: int, theta: float) -> dict[str, Any]:
+    """rotary_dim and rope_scaling: linear (`rope.scaling.*`), Llama 3's rule (a `rope_freqs` tensor
+    of per-frequency divisors, matched against the rule), or none; anything else is refused."""
     dims = _size(f, f"{arch}.rope.dimension_count", default=head_dim)
-    if dims != head_dim:
-        raise f.fail(f"{arch}.rope.dimension_count", dims,
-                     f"partial rotary embeddings are not supported (head_dim is {head_dim})")
+    if dims > head_dim or dims % 2 or (dims != head_dim and arch == "llama"):
+        raise f.fail(f"{arch}.rope.dimension_count", dims, f"must be even and <= head_dim={head_dim}"
+                     + (" (partial rotary dims are not supported for the llama architecture)" if arch == "llama" else ""))
     scaling = _get(f, f"{arch}.rope.scaling.type", {ValueType.STRING}, "none")
-    if scaling != "none":
-        raise f.fail(f"{arch}.rope.scaling.type", scaling, "RoPE scaling is not supported; supported: none")
+    freqs = "rope_freqs.weight" in f.tensors
+    if any(name in f.tensors for name in ROPE_TENSORS[1:]):
+        raise f.fail("rope_factors_long/short", "present", "LongRoPE in llama.cpp switches by the session's context "
+                     "size, not by the sequence: anatomy cannot run it the same way")
+    if scaling not in ("none", "linear") or (scaling == "linear" and freqs):
+        raise f.fail(f"{arch}.rope.scaling.type", scaling, "RoPE scaling is not supported; supported: none, linear, "
+                     "and Llama 3's rule given as rope_freqs")
+    out: dict[str, Any] = {"rotary_dim": dims}
+    if scaling == "linear":
+        factor = _positive_float(f, f"{arch}.rope.scaling.factor", default=1.0)
+        out["rope_scaling"] = RopeScaling(kind="linear", factor=factor) if factor != 1.0 else None
+    elif freqs:
+        out["rope_scaling"] = _llama3_from_factors(f, theta, dims)
+    return out
+
+
+# Llama 3.1 / 3.2 as Meta released them: low_freq_factor 1, high_freq_factor 4, an 8192-position original
+# context; factor 8 (3.1) or 32 (3.2). A rope_freqs tensor is matched against these rules.
+LLAMA3_RULES = tuple(dict(factor=factor, low_freq_factor=1.0, high_freq_factor=4.0, original_max_seq_len=8192)
+                     for factor in (8.0, 32.0, 16.0, 4.0))
+
+
+def _llama3_from_factors(f: GGUFFile, theta: float, dims: int) -> RopeScaling:
+    """The Llama 3 rule whose divisors are the file's `rope_freqs` (the converter writes them instead
+    of the rule's parameters), to float32 precision; a tensor no known rule gives is refused."""
+    import torch
+
+    from anatomy.checkpoints.gguf_dequant import dequantize
+    from anatomy.layers.rope_scaling import plain_frequencies, static_frequencies
+
+    t = f.tensors["rope_freqs.weight"]
+    if t.shape != (dims // 2,) or t.type.name != "F32":
+        raise f.fail("rope_freqs.weight", list(t.shape), f"must be F32 [{dims // 2}] (rope.dimension_count / 2)")
+    factors = dequantize(f.raw(t.name), t.type, t.shape).float()
+    plain = plain_frequencies(theta, dims)
+    for rule in LLAMA3_RULES:
+        scaling = RopeScaling(kind="llama3", **rule)
+        expected = plain / static_frequencies(theta, dims, scaling)[0]
+        if torch.allclose(factors, expected, rtol=1e-5, atol=0):
+            return scaling
+    raise f.fail("rope_freqs.weight", [round(float(x), 4) for x in factors[:4]] + ["..."],
+                 "per-frequency RoPE divisors that no Llama 3 rule (factor 4/8/16/32, low 1, high 4, original "
+                 "8192) gives")
 
 
 def config_to_gguf(config: ModelConfig) -> tuple[str, list[tuple[str, ValueType, Any]]]:
     """(architecture, [(key, type, value)]) describing `config` for llama.cpp."""
     arch = _architecture_of(config)
+    spec = ARCHITECTURES[arch]
     u32, f32 = ValueType.UINT32, ValueType.FLOAT32
     entries = [
         ("general.architecture", ValueType.STRING, arch),
@@ -198,28 +322,137 @@ def config_to_gguf(config: ModelConfig) -> tuple[str, list[tuple[str, ValueType,
         (f"{arch}.feed_forward_length", u32, config.d_ff),
         (f"{arch}.block_count", u32, config.n_layers),
         (f"{arch}.attention.head_count", u32, config.n_heads),
-        (f"{arch}.{ARCHITECTURES[arch].eps_key}", f32, config.norm_eps),
+        (f"{arch}.{spec.eps_key}", f32, config.norm_eps),
     ]
     if config.position == "rope":
         entries += [(f"{arch}.attention.head_count_kv", u32, config.n_kv_heads),
                     (f"{arch}.rope.freq_base", f32, config.rope_theta),
-                    (f"{arch}.rope.dimension_count", u32, config.head_dim),
+                    (f"{arch}.rope.dimension_count", u32, config.rotary_dim),
                     (f"{arch}.vocab_size", u32, config.vocab_size)]
         if config.head_dim * config.n_heads != config.d_model:
             entries += [(f"{arch}.attention.key_length", u32, config.head_dim),
                         (f"{arch}.attention.value_length", u32, config.head_dim)]
+        if config.rope_scaling is not None and config.rope_scaling.kind == "linear":
+            entries += [(f"{arch}.rope.scaling.type", ValueType.STRING, "linear"),
+                        (f"{arch}.rope.scaling.factor", f32, config.rope_scaling.factor)]
+    if config.n_experts:
+        entries += [(f"{arch}.expert_count", u32, config.n_experts),
+                    (f"{arch}.expert_used_count", u32, config.n_experts_per_token)]
+        if arch != "llama":
+            entries.append((f"{arch}.expert_feed_forward_length", u32, config.d_ff_expert))
+        if spec.experts == "shared":
+            entries.append((f"{arch}.expert_shared_feed_forward_length", u32, config.d_ff_shared_expert))
+    if spec.window != "none":
+        entries.append((f"{arch}.attention.sliding_window", u32, config.sliding_window or 0))
+    if arch == "gemma2":
+        entries += [("gemma2.attn_logit_softcapping", f32, config.attn_softcap),
+                    ("gemma2.final_logit_softcapping", f32, config.logit_softcap)]
     return arch, entries
 
 
+def rope_tensors(config: ModelConfig) -> dict[str, np.ndarray]:
+    """Tensors llama.cpp reads its RoPE frequencies from: Llama 3's per-frequency divisors."""
+    s = config.rope_scaling
+    if s is None or s.kind != "llama3":
+        return {}
+    from anatomy.layers.rope_scaling import plain_frequencies, static_frequencies
+
+    plain = plain_frequencies(config.rope_theta, config.rotary_dim)
+    return {"rope_freqs.weight": (plain / static_frequencies(config.rope_theta, config.rotary_dim, s)[0]).numpy()}
+
+
+# the order architectures are tried in when writing: the plainest that expresses the config (qwen2 first:
+# q/k/v biases without an output bias are its own; the llama architecture would run them too)
+WRITE_ORDER = ("qwen2", "llama", "qwen3", "gemma", "gemma2", "phi3", "qwen2moe", "qwen3moe", "gpt2")
+_OFF = {"qk_norm": False, "norm_unit_offset": False, "embedding_scale": False, "branch_output_norm": False,
+        "attn_softcap": None, "logit_softcap": None, "attn_scale": None, "lm_head_bias": False, "final_norm": True,
+        "norm_position": "pre", "embedding_norm": False, "type_vocab_size": 0, "ffn_bias": False}
+
+
+def gguf_problems(config: ModelConfig, arch: str) -> list[str]:
+    """Why llama.cpp's `arch` cannot run `config` as anatomy does (empty: it can)."""
+    spec = ARCHITECTURES[arch]
+    if not config.is_decoder:
+        return [f"architecture={config.architecture!r} (needs 'decoder')"]
+    if arch == "gpt2":
+        out = [f"{k}={getattr(config, k)!r} (needs {v!r})" for k, v in spec.fields.items() if getattr(config, k) != v]
+        if config.n_kv_heads != config.n_heads or config.head_dim * config.n_heads != config.d_model:
+            out.append("GQA or a decoupled head_dim (llama.cpp's gpt2 has neither)")
+        return out + _new_parts_problems(config, {})
+    required = {**_OFF, **spec.fields}
+    if arch == "gemma2":
+        for name in ("attn_softcap", "logit_softcap", "attn_scale"):
+            required.pop(name)
+    out = [f"{k}={getattr(config, k)!r} (needs {v!r})" for k, v in required.items() if getattr(config, k) != v]
+    if arch not in ("llama", "qwen2") and (config.qkv_bias or config.attn_out_bias) and arch != "qwen2moe":
+        out.append("attention biases (anatomy writes them for llama, qwen2 and qwen2moe)")
+    if arch == "qwen2moe" and config.attn_out_bias:
+        out.append("attn_out_bias=True (qwen2moe has q/k/v biases only)")
+    return out + _window_problems(config, spec) + _expert_problems(config, arch, spec) + _rope_problems(config, arch)
+
+
+def _new_parts_problems(config: ModelConfig, allowed: dict[str, Any]) -> list[str]:
+    off = {"sliding_window": None, "n_experts": 0, "rope_scaling": None, **_OFF}
+    return [f"{k}={getattr(config, k)!r} (needs {v!r})" for k, v in off.items()
+            if k not in allowed and k not in ("ffn_bias", "final_norm", "norm_position") and getattr(config, k) != v]
+
+
+def _window_problems(config: ModelConfig, spec: Architecture) -> list[str]:
+    if config.sliding_window is None:
+        return ["no sliding window (llama.cpp's gemma2 always slides the even layers)"] if spec.window == "even" else []
+    if spec.window == "none":
+        return [f"sliding_window={config.sliding_window} (this architecture has none in llama.cpp)"]
+    if spec.window == "all" and config.sliding_window_layers is not None:
+        return [f"sliding_window_layers={list(config.sliding_window_layers)} (llama.cpp slides every layer)"]
+    even = tuple(range(0, config.n_layers, 2))
+    if spec.window == "even" and (config.sliding_window_layers or tuple(range(config.n_layers))) != even:
+        return [f"sliding_window_layers={config.sliding_window_layers} (llama.cpp's gemma2 slides the even layers)"]
+    return []
+
+
+def _expert_problems(config: ModelConfig, arch: str, spec: Architecture) -> list[str]:
+    if not config.n_experts:
+        return ["n_experts=0 (this architecture is a mixture of experts)"] if arch.endswith("moe") else []
+    if not spec.experts:
+        return [f"n_experts={config.n_experts} (this architecture has no experts)"]
+    out = []
+    if config.moe_layers is not None:
+        out.append(f"moe_layers={list(config.moe_layers)} (llama.cpp makes every layer a mixture)")
+    if config.moe_renormalize != (spec.experts == "renormalized"):
+        out.append(f"moe_renormalize={config.moe_renormalize} (llama.cpp's {arch} "
+                   f"{'does' if spec.experts == 'renormalized' else 'does not'} renormalise)")
+    if (spec.experts == "shared") != bool(config.d_ff_shared_expert and config.shared_expert_gate):
+        out.append("shared expert: llama.cpp's qwen2moe has a gated one, the others none")
+    if arch == "llama" and config.d_ff_expert != config.d_ff:
+        out.append(f"d_ff_expert={config.d_ff_expert} (llama's experts are feed_forward_length={config.d_ff} wide)")
+    if config.ffn != "glu":
+        out.append("ffn='mlp' experts")
+    return out
+
+
+def _rope_problems(config: ModelConfig, arch: str) -> list[str]:
+    out = []
+    if arch == "llama" and config.rotary_dim != config.head_dim:
+        out.append(f"rotary_dim={config.rotary_dim} (llama's rows are reordered over the whole head)")
+    s = config.rope_scaling
+    if s is not None and not (s.kind == "linear" or (s.kind == "llama3" and arch in ("llama", "qwen2", "qwen3"))):
+        out.append(f"rope_scaling={s.kind!r} (anatomy writes linear, and Llama 3's rule as rope_freqs)")
+    if arch == "gemma2":
+        plain = config.d_model // config.n_heads
+        expected = (plain if config.n_layers == 46 else config.head_dim) ** -0.5
+        if config.attn_scale is None or not math.isclose(config.attn_scale, expected, rel_tol=1e-6):
+            out.append(f"attn_scale={config.attn_scale} (llama.cpp's gemma2 uses {expected:.6g})")
+        if config.attn_softcap is None or config.logit_softcap is None:
+            out.append("attn_softcap and logit_softcap (llama.cpp's gemma2 always soft-caps)")
+    return out
+
+
 def _architecture_of(config: ModelConfig) -> str:
-    """The GGUF architecture whose fixed fields `config` has (llama-style or gpt2-style decoders)."""
-    plain_heads = config.n_kv_heads == config.n_heads and config.head_dim * config.n_heads == config.d_model
-    for arch, spec in ARCHITECTURES.items():
-        fits = config.is_decoder and all(getattr(config, k) == v for k, v in spec.fields.items())
-        if fits and (arch != "gpt2" or plain_heads):  # gpt2 in llama.cpp has no GQA or head_dim keys
+    """The first GGUF architecture (of WRITE_ORDER) llama.cpp runs `config` with as anatomy does."""
+    found = {arch: gguf_problems(config, arch) for arch in WRITE_ORDER}
+    for arch, problems in found.items():
+        if not problems:
             return arch
-    raise CheckpointError(
-        "GGUF export supports decoders in the style of " + " or ".join(
-            f"{a} ({', '.join(f'{k}={v!r}' for k, v in s.fields.items())})" for a, s in ARCHITECTURES.items())
-        + f"; this config has architecture={config.architecture!r}, norm={config.norm!r}, ffn={config.ffn!r}, "
-          f"position={config.position!r}")
+    closest = min(WRITE_ORDER, key=lambda arch: len(found[arch]))
+    raise CheckpointError(f"no GGUF architecture llama.cpp runs expresses this config; the closest, {closest}, "
+                          f"needs: {'; '.join(found[closest])}")

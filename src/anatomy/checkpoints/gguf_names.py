@@ -3,12 +3,17 @@
 llama.cpp names tensors `token_embd`, `blk.{i}.attn_q`, `blk.{i}.ffn_gate`, `output_norm`, ...
 and keeps Q, K, V (llama) and gate, up as separate tensors, where our blocks fuse them
 (`attn.qkv` rows: q, k, v; `ffn.gate_up` rows: gate, up). A `Part` is one GGUF tensor filling
-a range of rows of one of our tensors.
+a range of rows of one of our tensors; for stacked experts (our `ffn.gate_up` [E, 2F, D]) a range
+of rows of every expert (GGUF `ffn_gate_exps` [E, F, D] fills rows 0..F-1 of each).
 
-llama.cpp's RoPE rotates adjacent pairs (dims 2i, 2i+1) of each head, HF's (and ours) rotates
-dim i with dim i + d_h/2. Its converter therefore reorders the rows of every head of q_proj and
-k_proj: GGUF row 2i + j of a head is HF row j * d_h/2 + i. `from_gguf_rows` undoes that,
-`to_gguf_rows` applies it (for writing).
+llama.cpp's RoPE for the llama architecture rotates adjacent pairs (dims 2i, 2i+1) of each head,
+HF's (and ours) rotates dim i with dim i + d_h/2. Its converter therefore reorders the rows of
+every head of q_proj and k_proj: GGUF row 2i + j of a head is HF row j * d_h/2 + i.
+`from_gguf_rows` undoes that, `to_gguf_rows` applies it (for writing). The other architectures
+here (qwen2, qwen3, qwen2moe, qwen3moe, gemma, gemma2, phi3) rotate the halves as HF does: their
+rows are stored as they are.
+
+Gemma's norms scale by (1 + w): llama.cpp's converter stores 1 + w (`Part.offset`).
 """
 
 from __future__ import annotations
@@ -25,24 +30,34 @@ from anatomy.errors import ConfigError
 # GGUF architectures whose converter reorders Q/K rows for llama.cpp's interleaved RoPE
 ROTARY_REORDERED = {"llama"}
 # GGUF architectures that keep Q, K, V fused in one `attn_qkv` tensor
-FUSED_QKV = {"gpt2"}
+FUSED_QKV = {"gpt2", "phi3"}
+# ... and gate, up fused in `ffn_up` (rows: gate, up)
+FUSED_GATE_UP = {"phi3"}
+# ... whose norm tensors hold 1 + w
+NORM_PLUS_ONE = {"gemma", "gemma2"}
 
 _TOP = {"stack.embed.tokens": "token_embd", "stack.embed.positions": "position_embd",
         "stack.final_norm": "output_norm", "lm_head": "output"}
 _BLOCK = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn.out": "attn_output",
-          "ffn.down": "ffn_down", "ffn.up": "ffn_up"}
+          "ffn.down": "ffn_down", "ffn.up": "ffn_up", "attn.q_norm": "attn_q_norm", "attn.k_norm": "attn_k_norm",
+          "attn_out_norm": "post_attention_norm", "ffn_out_norm": "post_ffw_norm", "ffn.router": "ffn_gate_inp",
+          "ffn.shared.down": "ffn_down_shexp", "ffn.shared_gate": "ffn_gate_inp_shexp"}
 _BLOCK_NAME = re.compile(r"stack\.blocks\.(\d+)\.(.+)\.(weight|bias)")
+_EXPERTS_NAME = re.compile(r"stack\.blocks\.(\d+)\.ffn\.(gate_up|down)")  # stacked expert weights, no suffix
 _TOP_NAME = re.compile(r"(.+)\.(weight|bias)")
 
 
 @dataclass(frozen=True)
 class Part:
-    """GGUF tensor `name` fills the next `rows` rows of one of our tensors; `heads` > 0 means its
-    rows are in llama.cpp's rotary order over that many heads."""
+    """GGUF tensor `name` fills the next `rows` rows of one of our tensors (of each expert's block
+    when `experts`); `heads` > 0 means its rows are in llama.cpp's rotary order over that many heads;
+    the file holds our values + `offset`."""
 
     name: str
     rows: int
     heads: int = 0
+    experts: int = 0
+    offset: float = 0.0
 
 
 def tensor_plan(shapes: dict[str, torch.Size], config: ModelConfig, arch: str) -> dict[str, list[Part]]:
@@ -51,22 +66,47 @@ def tensor_plan(shapes: dict[str, torch.Size], config: ModelConfig, arch: str) -
 
 
 def _parts(name: str, shape: torch.Size, config: ModelConfig, arch: str) -> list[Part]:
+    experts = _EXPERTS_NAME.fullmatch(name)
+    if experts is not None:
+        return _expert_parts(f"blk.{experts.group(1)}.", experts.group(2), config)
     rows = shape[0]
+    offset = 1.0 if arch in NORM_PLUS_ONE and _is_norm(name) else 0.0
     block = _BLOCK_NAME.fullmatch(name)
     if block is None:
         top = _TOP_NAME.fullmatch(name)
         if top is None or top.group(1) not in _TOP:
-            raise ConfigError(f"llama.cpp has no tensor for parameter {name!r} (GGUF names: llama and gpt2 decoders)")
-        return [Part(f"{_TOP[top.group(1)]}.{top.group(2)}", rows)]
+            raise _no_tensor(name)
+        return [Part(f"{_TOP[top.group(1)]}.{top.group(2)}", rows, offset=offset)]
     i, module, kind = block.groups()
     prefix = f"blk.{i}."
+    if module == "ffn.gate_up" and arch in FUSED_GATE_UP:
+        return [Part(f"{prefix}ffn_up.{kind}", rows)]
     if module in _BLOCK:
-        return [Part(f"{prefix}{_BLOCK[module]}.{kind}", rows)]
-    if module == "ffn.gate_up":
-        return [Part(f"{prefix}ffn_gate.{kind}", config.d_ff), Part(f"{prefix}ffn_up.{kind}", config.d_ff)]
+        return [Part(f"{prefix}{_BLOCK[module]}.{kind}", rows, offset=offset)]
+    if module in ("ffn.gate_up", "ffn.shared.gate_up"):
+        suffix, width = ("_shexp", config.d_ff_shared_expert) if "shared" in module else ("", rows // 2)
+        return [Part(f"{prefix}ffn_gate{suffix}.{kind}", width), Part(f"{prefix}ffn_up{suffix}.{kind}", width)]
     if module == "attn.qkv":
         return _qkv_parts(prefix, kind, rows, config, arch)
-    raise ConfigError(f"llama.cpp has no tensor for parameter {name!r} (GGUF names: llama and gpt2 decoders)")
+    raise _no_tensor(name)
+
+
+def _is_norm(name: str) -> bool:
+    return name.rpartition(".")[0].endswith("norm")
+
+
+def _no_tensor(name: str) -> ConfigError:
+    return ConfigError(f"llama.cpp has no tensor for parameter {name!r}")
+
+
+def _expert_parts(prefix: str, which: str, config: ModelConfig) -> list[Part]:
+    """Stacked experts: GGUF keeps gate, up and down of all experts as [E, F, D] / [E, D, F]."""
+    E, F = config.n_experts, config.d_ff_expert
+    if which == "down":
+        return [Part(f"{prefix}ffn_down_exps.weight", config.d_model, experts=E)]
+    if config.ffn != "glu":
+        return [Part(f"{prefix}ffn_up_exps.weight", F, experts=E)]
+    return [Part(f"{prefix}ffn_gate_exps.weight", F, experts=E), Part(f"{prefix}ffn_up_exps.weight", F, experts=E)]
 
 
 def _qkv_parts(prefix: str, kind: str, rows: int, config: ModelConfig, arch: str) -> list[Part]:

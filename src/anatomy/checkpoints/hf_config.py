@@ -1,14 +1,16 @@
-"""Hugging Face config.json <-> ModelConfig for the four HF families anatomy reads and writes.
+"""Hugging Face config.json <-> ModelConfig for the HF families anatomy reads and writes.
 
-    llama   LlamaForCausalLM                  Pre-RMSNorm, SwiGLU, RoPE, GQA
+    llama, mistral, mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe, gemma, gemma2, phi3
+            the LLaMA-like decoders (checkpoints/hf_decoders.py: one table entry each)
     gpt2    GPT2LMHeadModel                   Pre-LN, GELU (tanh), learned positions, Conv1D layout
     bert    BertModel / BertForMaskedLM       Post-LN, GELU, learned + segment positions, embedding LN
     marian  MarianMTModel                     Post-LN encoder-decoder, sinusoidal (sin | cos halves),
                                               shared embeddings, final_logits_bias, no final norm
 
 Reading fills fields a config.json leaves out with the HF class's own defaults; a feature anatomy
-does not implement (RoPE scaling, relative positions, ...) is a ConfigError, never silently dropped.
-Writing picks the HF class from the fields and refuses a config that class cannot express.
+does not implement (an unknown RoPE type, relative positions, ...) is a ConfigError, never
+silently dropped. Writing picks the HF class from the fields (the first class in `WRITE_ORDER`
+that can express the config) and refuses a config no class can express.
 """
 
 from __future__ import annotations
@@ -16,20 +18,22 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from anatomy.checkpoints.hf_decoders import ACTIVATIONS_IN as _ACTIVATIONS_IN
+from anatomy.checkpoints.hf_decoders import ACTIVATIONS_OUT as _ACTIVATIONS_OUT
+from anatomy.checkpoints.hf_decoders import FAMILIES, problems, read_decoder, token_ids, write_decoder
 from anatomy.config import ModelConfig
 from anatomy.errors import ConfigError
 
-SUPPORTED = ("llama", "gpt2", "bert", "marian")
-
-# HF activation names -> ours. gelu_new and gelu_pytorch_tanh are the same tanh approximation.
-_ACTIVATIONS_IN = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-                   "relu": "relu", "silu": "silu", "swish": "silu"}
-_ACTIVATIONS_OUT = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+DECODERS = tuple(FAMILIES)
+SUPPORTED = (*DECODERS, "gpt2", "bert", "marian")
 
 # The HF layouts anatomy reads and writes, and the HF class of each: a layout is a model_type,
 # except BERT's two (the base model, with its pooler, and the masked-LM model).
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel", "bert": "BertModel",
-                 "bert-mlm": "BertForMaskedLM", "marian": "MarianMTModel"}
+ARCHITECTURES = {**{family: spec.hf_class for family, spec in FAMILIES.items()}, "gpt2": "GPT2LMHeadModel",
+                 "bert": "BertModel", "bert-mlm": "BertForMaskedLM", "marian": "MarianMTModel"}
+# The decoder classes a config is written as, first fit first: the plainest class that expresses it.
+WRITE_ORDER = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "mixtral", "qwen3_moe",
+               "qwen2_moe", "gpt2")
 MARIAN_NORM_EPS = 1e-5  # HF Marian uses nn.LayerNorm's default and has no config field for it
 
 
@@ -43,23 +47,6 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     if reader is None:
         raise ConfigError(f"model_type={model_type!r} is not supported (supported: {', '.join(SUPPORTED)})")
     return reader(hf)
-
-
-def _from_llama(hf: dict[str, Any]) -> ModelConfig:
-    _require(hf, "llama", ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                           "intermediate_size"))
-    bias = bool(hf.get("attention_bias", False))
-    return ModelConfig(
-        architecture="decoder", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
-        n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
-        n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"], head_dim=hf.get("head_dim"),
-        d_ff=hf["intermediate_size"], norm="rmsnorm", norm_eps=hf.get("rms_norm_eps", 1e-6), norm_position="pre",
-        ffn="glu", activation=_activation(hf, "hidden_act", "silu"), position="rope",
-        max_seq_len=hf.get("max_position_embeddings", 2048), rope_theta=_rope_theta(hf),
-        qkv_bias=bias, attn_out_bias=bias, ffn_bias=bool(hf.get("mlp_bias", False)),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)), dropout=hf.get("attention_dropout", 0.0),
-        **_token_ids(hf, ("pad_token_id", "bos_token_id", "eos_token_id")),
-    )
 
 
 def _from_gpt2(hf: dict[str, Any]) -> ModelConfig:
@@ -119,8 +106,32 @@ def _from_marian(hf: dict[str, Any]) -> ModelConfig:
     )
 
 
+def _decoder_reader(family: str) -> Callable[[dict[str, Any]], ModelConfig]:
+    def read(hf: dict[str, Any]) -> ModelConfig:
+        try:
+            return ModelConfig(**read_decoder(hf, family))
+        except ConfigError as e:
+            keys = [key for field, key in HF_KEYS.items() if str(e).startswith(f"{field}=") or f" {field}=" in str(e)]
+            raise ConfigError(f"{e} (config.json: {', '.join(keys)})" if keys else str(e)) from None
+
+    return read
+
+
+# the config.json keys each ModelConfig field is read from, for error messages
+HF_KEYS = {"vocab_size": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
+           "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+           "d_ff": "intermediate_size", "n_experts": "num_local_experts / num_experts",
+           "n_experts_per_token": "num_experts_per_tok", "d_ff_expert": "moe_intermediate_size",
+           "d_ff_shared_expert": "shared_expert_intermediate_size", "sliding_window": "sliding_window",
+           "rotary_dim": "partial_rotary_factor", "norm_eps": "rms_norm_eps", "rope_theta": "rope_theta",
+           "max_seq_len": "max_position_embeddings", "attn_softcap": "attn_logit_softcapping",
+           "logit_softcap": "final_logit_softcapping", "moe_layers": "mlp_only_layers / decoder_sparse_step",
+           "router_aux_loss_coef": "router_aux_loss_coef"}
+
+
 _READERS: dict[str, Callable[[dict[str, Any]], ModelConfig]] = {
-    "llama": _from_llama, "gpt2": _from_gpt2, "bert": _from_bert, "marian": _from_marian,
+    **{family: _decoder_reader(family) for family in DECODERS},
+    "gpt2": _from_gpt2, "bert": _from_bert, "marian": _from_marian,
 }
 
 
@@ -150,37 +161,26 @@ def _activation(hf: dict[str, Any], name: str, default: str) -> str:
     return _ACTIVATIONS_IN[value]
 
 
-def _rope_theta(hf: dict[str, Any]) -> float:
-    """rope_parameters (transformers 5) or rope_theta + rope_scaling (4.x); only plain RoPE is implemented."""
-    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
-        raise ConfigError(f"llama RoPE scaling rope_type={rope_type!r} is not supported (only 'default')")
-    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
-
-
 def _token_ids(hf: dict[str, Any], names: tuple[str, ...]) -> dict[str, int | None]:
-    """Special token ids; a list (several eos ids) gives its first; an id outside the vocabulary,
-    which HF tolerates with a warning, becomes None."""
-    ids = {}
-    for name in names:
-        value = hf.get(name)
-        if isinstance(value, list):
-            value = value[0] if value else None
-        valid = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < hf["vocab_size"]
-        ids[name] = value if valid else None
-    return ids
+    return token_ids(hf, hf.get, names)
 
 
 # -- writing ---------------------------------------------------------------------------------------
 def hf_family(config: ModelConfig) -> str:
-    """The HF model_type a config is written as: decided by fields, never by a name."""
+    """The HF model_type a config is written as: decided by fields, never by a name. A decoder is
+    written as the first class of WRITE_ORDER that can express it; when none can, the error lists
+    what the closest one needs."""
     if config.is_seq2seq:
         return "marian"
     if config.is_encoder:
         return "bert"
-    llama_like = config.position == "rope" or config.norm == "rmsnorm" or config.ffn == "glu"
-    return "llama" if llama_like else "gpt2"
+    found = {family: _problems(config, family) for family in WRITE_ORDER}
+    fits = [family for family, listed in found.items() if not listed]
+    if fits:
+        return fits[0]
+    closest = min(WRITE_ORDER, key=lambda family: len(found[family]))
+    raise ConfigError(f"no HF class can express this config; the closest, {ARCHITECTURES[closest]}, needs: "
+                      f"{'; '.join(found[closest])}")
 
 
 def hf_architecture(config: ModelConfig) -> str:
@@ -195,25 +195,16 @@ def layout_of(hf: dict[str, Any]) -> str:
     return hf["model_type"]
 
 
-def config_to_hf(config: ModelConfig) -> dict[str, Any]:
-    """An HF config.json dict from which HF transformers builds the same model (with `architectures`)."""
-    family = hf_family(config)
+def config_to_hf(config: ModelConfig, family: str | None = None) -> dict[str, Any]:
+    """An HF config.json dict from which HF transformers builds the same model (with `architectures`),
+    as `family` (a model_type; default: the one the fields choose)."""
+    family = family or hf_family(config)
     _check_representable(config, family)
-    hf = {"model_type": family, "architectures": [hf_architecture(config)], **_WRITERS[family](config)}
+    architecture = ARCHITECTURES["bert-mlm" if family == "bert" and not config.pooler else family]
+    hf = {"model_type": family, "architectures": [architecture], **_WRITERS[family](config)}
     hf.update({name: getattr(config, name) for name in ("pad_token_id", "bos_token_id", "eos_token_id")})
     hf["tie_word_embeddings"] = config.tie_embeddings
     return hf
-
-
-def _to_llama(c: ModelConfig) -> dict[str, Any]:
-    return {
-        "vocab_size": c.vocab_size, "hidden_size": c.d_model, "intermediate_size": c.d_ff,
-        "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads,
-        "head_dim": c.head_dim, "hidden_act": _ACTIVATIONS_OUT[c.activation], "max_position_embeddings": c.max_seq_len,
-        "rms_norm_eps": c.norm_eps, "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
-        "rope_theta": c.rope_theta, "attention_bias": c.qkv_bias, "mlp_bias": c.ffn_bias,
-        "attention_dropout": c.dropout,
-    }
 
 
 def _to_gpt2(c: ModelConfig) -> dict[str, Any]:
@@ -249,16 +240,21 @@ def _to_marian(c: ModelConfig) -> dict[str, Any]:
     return hf
 
 
+def _decoder_writer(family: str) -> Callable[[ModelConfig], dict[str, Any]]:
+    return lambda config: write_decoder(config, family)
+
+
 _WRITERS: dict[str, Callable[[ModelConfig], dict[str, Any]]] = {
-    "llama": _to_llama, "gpt2": _to_gpt2, "bert": _to_bert, "marian": _to_marian,
+    **{family: _decoder_writer(family) for family in DECODERS},
+    "gpt2": _to_gpt2, "bert": _to_bert, "marian": _to_marian,
 }
 
 _COMMON_POST_LN = dict(norm="layernorm", norm_bias=True, norm_position="post", final_norm=False, ffn="mlp",
                        qkv_bias=True, attn_out_bias=True, ffn_bias=True)
 # Field values each HF class hard-codes: a config with another value has no HF equivalent.
+_NEW_PARTS_OFF = dict(sliding_window=None, qk_norm=False, norm_unit_offset=False, branch_output_norm=False,
+                      attn_scale=None, attn_softcap=None, logit_softcap=None, rope_scaling=None, n_experts=0)
 _FIXED: dict[str, dict[str, Any]] = {
-    "llama": dict(norm="rmsnorm", norm_position="pre", final_norm=True, embedding_norm=False, ffn="glu",
-                  position="rope", lm_head_bias=False, embedding_scale=False, type_vocab_size=0),
     "gpt2": dict(norm="layernorm", norm_bias=True, norm_position="pre", final_norm=True, embedding_norm=False,
                  ffn="mlp", position="learned", qkv_bias=True, attn_out_bias=True, ffn_bias=True,
                  lm_head_bias=False, embedding_scale=False, type_vocab_size=0),
@@ -268,20 +264,24 @@ _FIXED: dict[str, dict[str, Any]] = {
 }
 
 
-def _check_representable(c: ModelConfig, family: str) -> None:
-    problems = [f"{name}={getattr(c, name)!r} (needs {value!r})"
-                for name, value in _FIXED[family].items() if getattr(c, name) != value]
-    if family != "llama":
-        if c.n_kv_heads != c.n_heads:
-            problems.append(f"n_kv_heads={c.n_kv_heads} (needs n_heads={c.n_heads})")
-        if c.head_dim * c.n_heads != c.d_model:
-            problems.append(f"head_dim={c.head_dim} (needs d_model / n_heads)")
-    if family == "llama" and c.qkv_bias != c.attn_out_bias:
-        problems.append(f"qkv_bias={c.qkv_bias} with attn_out_bias={c.attn_out_bias} (HF has one attention_bias)")
+def _problems(c: ModelConfig, family: str) -> list[str]:
+    if family in FAMILIES:
+        return problems(c, family) if c.is_decoder else [f"architecture={c.architecture!r} (needs 'decoder')"]
+    found = [f"{name}={getattr(c, name)!r} (needs {value!r})"
+             for name, value in {**_FIXED[family], **_NEW_PARTS_OFF}.items() if getattr(c, name) != value]
+    if c.n_kv_heads != c.n_heads:
+        found.append(f"n_kv_heads={c.n_kv_heads} (needs n_heads={c.n_heads})")
+    if c.head_dim * c.n_heads != c.d_model:
+        found.append(f"head_dim={c.head_dim} (needs d_model / n_heads)")
     if family == "bert" and c.type_vocab_size < 1:
-        problems.append("type_vocab_size=0 (BERT always has segment embeddings)")
+        found.append("type_vocab_size=0 (BERT always has segment embeddings)")
     if family == "marian" and c.pad_token_id is None:
-        problems.append("pad_token_id=None (Marian needs a padding token)")
-    if problems:
-        arch = hf_architecture(c)
-        raise ConfigError(f"HF {arch} cannot express this config: {'; '.join(problems)}")
+        found.append("pad_token_id=None (Marian needs a padding token)")
+    return found
+
+
+def _check_representable(c: ModelConfig, family: str) -> None:
+    found = _problems(c, family)
+    if found:
+        arch = ARCHITECTURES["bert-mlm" if family == "bert" and not c.pooler else family]
+        raise ConfigError(f"HF {arch} cannot express this config: {'; '.join(found)}")

@@ -6,6 +6,8 @@ A Link joins one of our modules (or one tensor) to the HF module(s) it is made o
     blocks.3.ffn.gate_up <- model.layers.3.mlp.{gate,up}_proj        rows [F | F]
     blocks.3.attn.qkv   <- transformer.h.3.attn.c_attn              GPT-2 Conv1D: stored [in, out]
     lm_head.bias        <- final_logits_bias                        Marian: stored [1, V]
+    blocks.3.ffn.gate_up <- model.layers.3.block_sparse_moe.experts.{0..E-1}.{w1,w3}
+                                                                    experts stacked: [E, 2F, D]
 
 `tensor_links(model, family)` expands the links over the tensors the model actually has (a bias
 only where the config has one, the LM head only when untied) and gives each HF tensor's shape.
@@ -22,7 +24,7 @@ from torch import nn
 from anatomy.checkpoints.assign import expected_shapes
 from anatomy.config import ModelConfig
 from anatomy.errors import ConfigError, InputError
-from anatomy.checkpoints.hf_config import ARCHITECTURES, hf_family
+from anatomy.checkpoints.hf_config import ARCHITECTURES, DECODERS, hf_family
 from anatomy.models import DecoderLM, Encoder, EncoderDecoder, MaskedLM
 
 # HF checkpoints of the same family are saved with or without the base model's prefix.
@@ -46,6 +48,7 @@ class TensorLink:
     hf_shapes: tuple[torch.Size, ...]
     part_shapes: tuple[torch.Size, ...]  # each HF part in our layout, before concatenation
     transpose: bool
+    shape: tuple[int, ...] = ()  # ours; stacked experts [E, R, C] are concatenated as [E*R, C] rows
 
 
 def family_of(model: nn.Module) -> str:
@@ -81,7 +84,7 @@ def tensor_links(model: nn.Module, family: str) -> list[TensorLink]:
 def ignorable(family: str, config: ModelConfig) -> re.Pattern[str]:
     """HF tensors a checkpoint may hold that anatomy recomputes or ties (not errors when present)."""
     patterns = {
-        "llama": [r"(model\.)?layers\.\d+\.self_attn\.rotary_emb\.inv_freq"],
+        **{family: [r"(model\.)?layers\.\d+\.self_attn\.rotary_emb\.inv_freq"] for family in DECODERS},
         "gpt2": [r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias"],
         "bert": [r"(bert\.)?embeddings\.position_ids"],
         "bert-mlm": [r"(bert\.)?embeddings\.position_ids", r"cls\.predictions\.decoder\.bias"],
@@ -94,30 +97,69 @@ def ignorable(family: str, config: ModelConfig) -> re.Pattern[str]:
 
 
 def _expand(name: str, shape: torch.Size, hf: tuple[str, ...], link: Link) -> TensorLink:
+    rows = shape[:-1].numel() if len(shape) == 3 else (shape[0] if shape else 0)  # stacked experts: E*R rows
+    rest = shape[-1:] if len(shape) == 3 else shape[1:]
     if not shape:
         part_shapes = (shape,)
     else:
-        part_shapes = tuple(torch.Size((rows, *shape[1:])) for rows in link.sizes or (shape[0],))
+        part_shapes = tuple(torch.Size((r, *rest)) for r in link.sizes or (rows,))
     transpose = link.transpose and len(shape) == 2
     hf_shapes = tuple(torch.Size(reversed(s)) if transpose else s for s in part_shapes)
     if link.leading_one:
         hf_shapes = tuple(torch.Size((1, *s)) for s in hf_shapes)
-    return TensorLink(name, hf, hf_shapes, part_shapes, transpose)
+    return TensorLink(name, hf, hf_shapes, part_shapes, transpose, shape)
 
 
-def _llama(c: ModelConfig) -> list[Link]:
+def _decoder(c: ModelConfig, family: str) -> list[Link]:
+    """The LLaMA-like decoders: one layout, with each family's names for its norms, fused tensors
+    (Phi-3) and experts (Mixtral's w1/w3/w2, Qwen's gate/up/down_proj and shared expert)."""
     links = [Link("stack.embed.tokens", ("model.embed_tokens",)), Link("stack.final_norm", ("model.norm",)),
              Link("lm_head", ("lm_head",))]
+    sandwich = family == "gemma2"
     for i in range(c.n_layers):
         o, h = f"stack.blocks.{i}.", f"model.layers.{i}."
         links += [
             Link(o + "attn_norm", (h + "input_layernorm",)),
-            Link(o + "attn.qkv", tuple(h + f"self_attn.{x}_proj" for x in "qkv"), sizes=(c.q_dim, c.kv_dim, c.kv_dim)),
             Link(o + "attn.out", (h + "self_attn.o_proj",)),
-            Link(o + "ffn_norm", (h + "post_attention_layernorm",)),
-            Link(o + "ffn.gate_up", (h + "mlp.gate_proj", h + "mlp.up_proj"), sizes=(c.d_ff, c.d_ff)),
-            Link(o + "ffn.down", (h + "mlp.down_proj",)),
+            Link(o + "attn.q_norm", (h + "self_attn.q_norm",)), Link(o + "attn.k_norm", (h + "self_attn.k_norm",)),
+            Link(o + "ffn_norm", (h + ("pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"),)),
+            Link(o + "attn_out_norm", (h + "post_attention_layernorm",)),
+            Link(o + "ffn_out_norm", (h + "post_feedforward_layernorm",)),
         ]
+        if family == "phi3":
+            links += [Link(o + "attn.qkv", (h + "self_attn.qkv_proj",)), Link(o + "ffn.gate_up", (h + "mlp.gate_up_proj",))]
+        else:
+            links += [Link(o + "attn.qkv", tuple(h + f"self_attn.{x}_proj" for x in "qkv"),
+                           sizes=(c.q_dim, c.kv_dim, c.kv_dim))]
+        links += _moe_links(c, o, h, family) if c.layer_is_moe(i) else _dense_ffn_links(c, o, h, family)
+    return links
+
+
+def _dense_ffn_links(c: ModelConfig, o: str, h: str, family: str) -> list[Link]:
+    links = [Link(o + "ffn.down", (h + "mlp.down_proj",))]
+    if family != "phi3":
+        links.append(Link(o + "ffn.gate_up", (h + "mlp.gate_proj", h + "mlp.up_proj"), sizes=(c.d_ff, c.d_ff)))
+    return links
+
+
+def _moe_links(c: ModelConfig, o: str, h: str, family: str) -> list[Link]:
+    """Stacked experts [E, 2F, D] / [E, D, F] from per-expert tensors, expert by expert."""
+    E, F = c.n_experts, c.d_ff_expert
+    if family == "mixtral":
+        m, gate, up, down = h + "block_sparse_moe.", "w1", "w3", "w2"
+    else:
+        m, gate, up, down = h + "mlp.", "gate_proj", "up_proj", "down_proj"
+    experts = [f"{m}experts.{e}." for e in range(E)]
+    links = [
+        Link(o + "ffn.router", (m + "gate",)),
+        Link(o + "ffn.gate_up", tuple(x + f"{w}.weight" for x in experts for w in (gate, up)), sizes=(F, F) * E,
+             exact=True),
+        Link(o + "ffn.down", tuple(x + f"{down}.weight" for x in experts), sizes=(c.d_model,) * E, exact=True),
+    ]
+    if c.d_ff_shared_expert:
+        s, Fs = m + "shared_expert.", c.d_ff_shared_expert
+        links += [Link(o + "ffn.shared.gate_up", (s + "gate_proj", s + "up_proj"), sizes=(Fs, Fs)),
+                  Link(o + "ffn.shared.down", (s + "down_proj",)), Link(o + "ffn.shared_gate", (m + "shared_expert_gate",))]
     return links
 
 
@@ -200,4 +242,9 @@ def _marian(c: ModelConfig) -> list[Link]:
     return links
 
 
-_LINKS = {"llama": _llama, "gpt2": _gpt2, "bert": _bert, "bert-mlm": _bert_mlm, "marian": _marian}
+def _decoder_links(family: str):
+    return lambda c: _decoder(c, family)
+
+
+_LINKS = {**{family: _decoder_links(family) for family in DECODERS},
+          "gpt2": _gpt2, "bert": _bert, "bert-mlm": _bert_mlm, "marian": _marian}

@@ -8,48 +8,81 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from anatomy import dtypes
+from anatomy.atomic import write_errors_named
 from anatomy.config import ModelConfig
 from anatomy.errors import CheckpointError, InputError
 from anatomy.presets import PRESETS, get_preset
 
-_GGUF_DTYPES = {None: "f32", torch.float32: "f32", torch.float16: "f16", "f32": "f32", "f16": "f16"}
 _PATH_SUFFIXES = (".gguf", ".json", ".safetensors")
+_GGUF_FLOAT_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 
 
-def load(name_or_path: str | Path, *, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """The model of a checkpoint (HF directory, .gguf file or installed model name), in eval mode."""
+def load(name_or_path: str | Path, *, dtype: str | torch.dtype | None = "f32") -> nn.Module:
+    """The model of a checkpoint (HF directory, .gguf file or installed model name), in eval mode.
+
+    `dtype` is "f32", "f16", "bf16" (or a torch dtype): the weights are converted to it. None keeps
+    the checkpoint's own, in both formats: an HF checkpoint's tensors stay as the safetensors hold
+    them; a GGUF file's model gets the float type its matrices are stored in (F32, F16 or BF16),
+    and f32 when they are quantized (they are dequantized on loading)."""
     path = resolve_path(name_or_path)
+    wanted = dtypes.torch_dtype(dtype) if dtype is not None else None
     if path.suffix == ".gguf":
         from anatomy.checkpoints.gguf import load_gguf
 
-        return load_gguf(path, dtype=dtype)
+        return load_gguf(path, dtype=wanted if wanted is not None else _gguf_file_dtype(path))
     from anatomy.checkpoints.safetensors import load_hf
 
-    return load_hf(_hf_directory(path), dtype=dtype)
+    return load_hf(_hf_directory(path), dtype=wanted)
 
 
-def save(model: nn.Module, path: str | Path, *, dtype: torch.dtype | str | None = None, tokenizer: Any = None) -> Path:
-    """Write `model` as a .gguf file (f32 or f16; `tokenizer` read from a GGUF file gives it its
-    vocabulary) or, for any other path, an HF directory."""
-    path = Path(path)
+def _gguf_file_dtype(path: Path) -> torch.dtype:
+    """The float type a GGUF file stores its matrices in; f32 for quantized (or mixed) ones."""
+    from anatomy.checkpoints.gguf_reader import read_gguf
+
+    types = {t.type.name for t in read_gguf(path).tensors.values() if len(t.shape) == 2}
+    return dtypes.torch_dtype(_GGUF_FLOAT_TYPES.get(types.pop(), "f32") if len(types) == 1 else "f32")
+
+
+def save(model: nn.Module, path: str | Path, *, dtype: str | torch.dtype | None = None, tokenizer: Any = None) -> Path:
+    """Write `model` as a .gguf file (its vocabulary from `tokenizer`, one read from a GGUF file)
+    or, for any other path, an HF directory.
+
+    `dtype` converts the weights: "f32", "f16" or "bf16" (or a torch dtype) for an HF directory,
+    "f32" or "f16" for GGUF (norms and biases stay f32 there, as llama.cpp expects). None keeps the
+    model's own dtype."""
+    path = _as_path(path)
+    if not isinstance(model, nn.Module):
+        raise InputError(f"save() writes an anatomy model (from anatomy.load or build_model), got {type(model).__name__}")
     if path.suffix == ".gguf":
-        if dtype not in _GGUF_DTYPES:
-            raise InputError(f"dtype={dtype!r} cannot be written to GGUF (choose torch.float32 or torch.float16)")
-        from anatomy.checkpoints.gguf import save_gguf
+        from anatomy.checkpoints.gguf import SAVE_DTYPES, save_gguf
 
-        save_gguf(model, path, dtype=_GGUF_DTYPES[dtype], tokenizer=tokenizer)
+        gguf_dtype = _gguf_save_dtype(model, dtype, choices=tuple(SAVE_DTYPES))
+        with write_errors_named(path):
+            save_gguf(model, path, dtype=gguf_dtype, tokenizer=tokenizer)
         return path
-    if isinstance(dtype, str):
-        raise InputError(f"dtype={dtype!r}: an HF directory takes a torch dtype (e.g. torch.float16)")
     from anatomy.checkpoints.safetensors import save_hf
 
-    return save_hf(model, path, dtype=dtype)
+    torch_dtype = dtypes.torch_dtype(dtype) if dtype is not None else None
+    with write_errors_named(path):
+        return save_hf(model, path, dtype=torch_dtype)
+
+
+def _gguf_save_dtype(model: nn.Module, dtype: str | torch.dtype | None, *, choices: tuple[str, ...]) -> str:
+    if dtype is not None:
+        return dtypes.parse(dtype, choices=choices).name
+    own = dtypes.name_of(next(model.parameters()).dtype)
+    if own not in choices:
+        raise InputError(f"the model's weights are {own}, which a GGUF file is not written in here: "
+                         f"pass dtype= one of {', '.join(choices)}")
+    return own
 
 
 def load_config(name_or_path: str | Path) -> ModelConfig:
@@ -70,7 +103,7 @@ def load_config(name_or_path: str | Path) -> ModelConfig:
 def resolve_path(name_or_path: str | Path) -> Path:
     """An existing path as is; a path-like string that does not exist is an error naming it; any
     other string is looked up among the installed models."""
-    path = Path(name_or_path).expanduser()
+    path = _as_path(name_or_path).expanduser()
     if path.exists():
         return path
     text = str(name_or_path)
@@ -79,6 +112,12 @@ def resolve_path(name_or_path: str | Path) -> Path:
     from anatomy.checkpoints.registry import resolve
 
     return resolve(text)
+
+
+def _as_path(name_or_path: Any) -> Path:
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise InputError(f"expected a model name or a path, got {type(name_or_path).__name__}: {name_or_path!r:.80}")
+    return Path(name_or_path)
 
 
 def _hf_directory(path: Path) -> Path:

@@ -51,7 +51,9 @@ def load_hf(path: str | Path, *, dtype: torch.dtype | None = torch.float32) -> n
         config = config.replace(pooler=False)  # a BertModel saved without its pooler (add_pooling_layer=False)
     model = build_model(config, head="mlm" if family == "bert-mlm" else "auto", device="meta")
     ours = _from_hf_names(model, family, tensors, files)
-    return assign_tensors(model, ours, source=directory, dtype=dtype)
+    model = assign_tensors(model, ours, source=directory, dtype=dtype)
+    model.hf_layout = family  # save_hf writes it back as the class it came from
+    return model
 
 
 def _read_json(file: Path) -> Any:
@@ -123,10 +125,14 @@ def _from_hf_names(model: nn.Module, family: str, tensors: dict[str, Tensor],
     unexpected = sorted(n for n in tensors if n not in used and not skip.fullmatch(n))
     if missing or unexpected:
         where = ", ".join(sorted({str(f) for f in files.values()})) or "checkpoint"
-        parts = [f"missing tensors {missing}"] if missing else []
-        parts += [f"unexpected tensors {unexpected}"] if unexpected else []
+        parts = [f"missing tensors {_short(missing)}"] if missing else []
+        parts += [f"unexpected tensors {_short(unexpected)}"] if unexpected else []
         raise CheckpointError(f"{where}: {'; '.join(parts)} (for HF {ARCHITECTURES[family]})")
     return {link.ours: _join(link, [found[h] for h in link.hf], tensors, files) for link in links}
+
+
+def _short(names: list[str], n: int = 8) -> str:
+    return str(names[:n])[:-1] + (f", ... ({len(names)} in all)]" if len(names) > n else "]")
 
 
 def _join(link: TensorLink, names: list[str], tensors: dict[str, Tensor], files: dict[str, Path]) -> Tensor:
@@ -139,17 +145,24 @@ def _join(link: TensorLink, names: list[str], tensors: dict[str, Tensor], files:
         if not t.is_floating_point():
             raise CheckpointError(f"{files[name]}: tensor {name!r} has dtype {t.dtype}, not a floating-point dtype")
         parts.append((t.t() if link.transpose else t).reshape(our_shape))
-    return parts[0] if len(parts) == 1 else torch.cat(parts)  # fused projections: [q; k; v], [gate; up]
+    joined = parts[0] if len(parts) == 1 else torch.cat(parts)  # fused projections: [q; k; v], [gate; up]
+    return joined.reshape(link.shape) if len(link.shape) == 3 else joined  # stacked experts [E, R, C]
 
 
 # -- writing ---------------------------------------------------------------------------------------
-def save_hf(model: nn.Module, path: str | Path, *, dtype: torch.dtype | None = None) -> Path:
+def save_hf(model: nn.Module, path: str | Path, *, dtype: torch.dtype | None = None,
+            layout: str | None = None) -> Path:
     """Write `model` as an HF checkpoint directory (config.json + model.safetensors) that HF
     transformers' from_pretrained loads. Each file is replaced atomically; a new directory appears
-    only once complete."""
+    only once complete.
+
+    `layout` is the HF model_type to write (e.g. "phi3" for a model with Phi-3's fields); default: the
+    one the model was loaded from, else the one its config's fields choose."""
     directory = Path(path)
-    family = family_of(model)
-    hf = config_to_hf(model.config)
+    family = layout or getattr(model, "hf_layout", None) or family_of(model)
+    if family not in ARCHITECTURES:
+        raise ConfigError(f"layout={family!r} is not one of {', '.join(ARCHITECTURES)}")
+    hf = config_to_hf(model.config, "bert" if family == "bert-mlm" else family)
     tensors = _to_hf_names(model, family, dtype)
     hf["architectures"] = [ARCHITECTURES[family]]
     hf["dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
@@ -180,6 +193,8 @@ def _to_hf_names(model: nn.Module, family: str, dtype: torch.dtype | None) -> di
         t = state[link.ours].detach()
         if dtype is not None and t.is_floating_point():
             t = t.to(dtype)
+        if t.dim() == 3:  # stacked experts [E, R, C]: their rows one after the other
+            t = t.reshape(-1, t.shape[-1])
         parts = t.split([s[0] for s in link.part_shapes]) if len(link.hf) > 1 else [t]
         for name, part, hf_shape in zip(link.hf, parts, link.hf_shapes):
             out[name] = (part.t() if link.transpose else part).reshape(hf_shape)

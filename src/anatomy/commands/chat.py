@@ -11,7 +11,8 @@ import argparse
 import sys
 
 from anatomy.commands.generate import (
-    add_model_options, add_sampling_options, check_options, load, one_line_warnings, print_stats, start)
+    add_model_options, add_sampling_options, check_options, load, print_stats, start)
+from anatomy.commands.common import not_utf8
 from anatomy.errors import InputError
 
 HELP = "commands: /reset forgets the conversation, /exit leaves (or Ctrl-D); Ctrl-C stops a reply"
@@ -28,7 +29,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    one_line_warnings()
     check_options(args)
     model, tokenizer = load(args)
     if tokenizer.chat_template is None:
@@ -65,6 +65,8 @@ def _read(interactive: bool) -> str | None:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return ""
+    except UnicodeDecodeError as exc:
+        raise not_utf8(exc) from None
 
 
 def _reply(model, tokenizer, history: list[dict[str, str]], args: argparse.Namespace) -> str | None:

@@ -34,6 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_size_options(p)
     p.add_argument("--json", action="store_true", help="print {model: report-without-trace} as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    p.add_argument("--html", metavar="FILE.html", help="write the models side by side as one self-contained page")
     p.set_defaults(run=run)
 
 
@@ -43,12 +44,21 @@ def run(args: argparse.Namespace) -> int:
     from anatomy.analysis.report import build_report
 
     configs = [(name, resolve_config(name)) for name in args.models]
+    if args.html:
+        from anatomy.analysis.page import check_output_path
+
+        check_output_path(args.html)  # before the work: a bad path fails fast
     hardware = get_hardware(args.hardware)
     reports = {}
     for name, config in configs:
         report = build_report(config, name=name, options=options_from_args(args, config), hardware=hardware)
         report.pop("trace")
         reports[name] = report
+    if args.html:
+        from anatomy.analysis.page import compare_page, write_page
+
+        write_page(compare_page(reports), args.html)
+        print(f"wrote {args.html}", file=sys.stderr)
     if args.json:
         print(json.dumps(reports, indent=2))
         return 0

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor
 
+from anatomy.commands.common import read_stdin
 from anatomy.errors import InputError
 from anatomy.inference.embed import DEFAULT_MODEL
 
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     texts = _texts(args.texts)
     with Console(stderr=True).status(f"loading {args.model}"):
         load_embedder(args.model)  # kept by embed() for the call below
-    vectors = embed(texts, model=args.model, batch_size=args.batch_size)  # [N, D]
+    vectors = embed(args.model, texts, batch_size=args.batch_size)  # [N, D]
     similarity = vectors @ vectors.T if args.similarity else None  # [N, N]: rows are unit vectors
     if args.json:
         print(json.dumps(_as_json(args.model, texts, vectors, similarity), ensure_ascii=False))
@@ -56,11 +57,7 @@ def _texts(given: list[str]) -> list[str]:
     """The command-line texts, or the non-empty lines of stdin for none or '-'."""
     if given and given != ["-"]:
         return given
-    try:
-        data = sys.stdin.buffer.read().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"stdin is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
-    texts = [line for line in data.splitlines() if line.strip()]
+    texts = [line for line in read_stdin().splitlines() if line.strip()]
     if not texts:
         raise InputError("no texts to embed: give them as arguments or one per line on stdin")
     return texts

@@ -10,15 +10,13 @@ import argparse
 import contextlib
 import sys
 import threading
-import warnings
 from typing import Any, Iterator
 
-import torch
-
+from anatomy import dtypes
+from anatomy.commands.common import read_stdin
 from anatomy.errors import InputError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,8 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="an installed model name, a .gguf file or a Hugging Face model directory")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
-                   help="weights and KV cache dtype (on CPU, float32 is by far the fastest)")
+    p.add_argument("--dtype", default="f32",
+                   help=f"weights and KV cache dtype: {', '.join(dtypes.FLOATS)} (on CPU, f32 is by far the fastest)")
     p.add_argument("--compile", action="store_true",
                    help="compile the decode step with torch.compile (inductor, frozen weights): faster decoding "
                         "after a one-off compilation of a minute or more")
@@ -71,14 +69,14 @@ def sampling_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def check_options(args: argparse.Namespace) -> None:
-    """Bad sampling options fail before the model is loaded."""
+    """Bad sampling options and dtypes fail before the model is loaded (--dtype becomes its canonical name)."""
     from anatomy.inference.sampling import SamplingParams
 
     SamplingParams(**sampling_options(args))
+    args.dtype = dtypes.parse(args.dtype, option="--dtype").name
 
 
 def run(args: argparse.Namespace) -> int:
-    one_line_warnings()
     check_options(args)
     prompt = read_prompt(args.prompt)
     model, tokenizer = load(args)
@@ -115,12 +113,7 @@ def as_chat(prompt: str, system: str | None) -> list[dict[str, str]]:
 
 def read_prompt(prompt: str) -> str:
     if prompt == "-":
-        data = sys.stdin.buffer.read()
-        try:
-            prompt = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InputError(f"stdin is not valid UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start}") from None
-        prompt = prompt.rstrip("\r\n")  # the newline that ends a piped line is not part of the question
+        prompt = read_stdin().rstrip("\r\n")  # the newline that ends a piped line is not part of the question
     if not prompt.strip():
         raise InputError("the prompt is empty")
     return prompt
@@ -132,7 +125,7 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
     from anatomy.inference.generate import load_named
 
     with delayed_status(f"loading {args.model}"):
-        named = load_named(args.model, DTYPES[args.dtype])
+        named = load_named(args.model, args.dtype)
         if named.model.config.is_decoder:
             return named.engine(compile=args.compile), named.tokenizer
         return named.model, named.tokenizer
@@ -155,8 +148,3 @@ def delayed_status(message: str, delay_s: float = 1.0) -> Iterator[None]:
         if timer is not None:
             timer.cancel()
             status.stop()
-
-
-def one_line_warnings() -> None:
-    """Warnings (e.g. max_new_tokens clamped to the context) as one line on stderr, no source line."""
-    warnings.formatwarning = lambda message, *_, **__: f"anatomy: warning: {message}\n"

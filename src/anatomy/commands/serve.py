@@ -21,7 +21,6 @@ from anatomy.errors import InputError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
-DTYPES = ("f32", "f16", "bf16")
 UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30}
 
@@ -43,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--embedding-model", default=None,
                    help=f"encoder model for /v1/embeddings ('none' to turn it off; default: {DEFAULT_EMBEDDING_MODEL} "
                         "if installed)")
-    p.add_argument("--dtype", choices=DTYPES, default="f32", help="weights, activations and KV cache")
+    p.add_argument("--dtype", default="f32", help="weights, activations and KV cache: f32, f16, bf16")
     p.add_argument("--kv-memory", default="0.1",
                    help="KV-cache budget: bytes (2GiB, 512MB, 1e9) or a fraction of the machine's memory (0.1)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
@@ -57,8 +56,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from anatomy import dtypes
+
     kv_bytes = parse_memory(args.kv_memory)
     _check_args(args)
+    args.dtype = dtypes.parse(args.dtype, option="--dtype").name
     from anatomy.serving.app import ServerState, create_app
 
     embedding = _embedding_name(args.embedding_model)
@@ -86,16 +88,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list[BaseException]) -> None:
     """Load the model (and the embedding model), start the serving loop, report, mark ready."""
-    import torch
-
     from anatomy.inference.generate import load_named
     from anatomy.serving.loop import ServingLoop
     from anatomy.serving.paged import PagedKVCache
 
     try:
         start = time.perf_counter()
-        dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
-        named = load_named(args.model, dtype)
+        named = load_named(args.model, args.dtype)
         if not named.model.config.is_decoder:
             raise InputError(f"{args.model}: serving needs a decoder model, got architecture="
                              f"{named.model.config.architecture!r}")
@@ -138,7 +137,7 @@ def _embedder(name: str):
 
     def run(texts: list[str]):
         tokens = sum(len(ids) for ids in tokenizer.encode_batch(texts, max_length=max_length))
-        return embed(texts, model=name), tokens
+        return embed(name, texts), tokens
 
     return run
 

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
 
 import torch
 
+from anatomy.atomic import write_errors_named
 from anatomy.errors import InputError
 from anatomy.models import set_activation_checkpointing
 from anatomy.training import checkpoint as ckpt
 from anatomy.training.data import check_size, prepare
 from anatomy.training.distributed import STRATEGIES, Dist, barrier, init_distributed, launch, shutdown, wrap
-from anatomy.training.loop import Run, Settings, TrainState, train, truncate_metrics
+from anatomy.training.loop import Run, Settings, TrainState, train
+from anatomy.training.metrics import truncate_metrics
 from anatomy.analysis.hardware import measure_matmul_peak
 from anatomy.training.mfu import flops_per_token
 from anatomy.training.objectives import OBJECTIVES, make_objective
@@ -37,6 +40,27 @@ from anatomy.training.setup import (
 
 OVERRIDES = {"d_model": int, "n_layers": int, "n_decoder_layers": int, "n_heads": int, "n_kv_heads": int,
              "d_ff": int, "dropout": float, "vocab_size": int, "max_seq_len": int}
+# the rule of every number the run takes (None, where allowed, is the option's default), checked
+# before anything is read or built
+RULES = {
+    "steps": ("a positive integer", lambda v: v >= 1),
+    "seq_len": ("a positive integer", lambda v: v >= 1),
+    "lr": ("a positive number", lambda v: 0 < v < math.inf),
+    "min_lr": ("a number >= 0", lambda v: 0 <= v < math.inf),
+    "warmup": ("an integer >= 0", lambda v: v >= 0),
+    "decay_steps": ("a positive integer", lambda v: v >= 1),
+    "weight_decay": ("a number >= 0", lambda v: 0 <= v < math.inf),
+    "beta2": ("in [0, 1)", lambda v: 0 <= v < 1),
+    "grad_clip": ("a number >= 0 (0: off)", lambda v: 0 <= v < math.inf),
+    "label_smoothing": ("in [0, 1)", lambda v: 0 <= v < 1),
+    "eval_every": ("an integer >= 0 (0: only at the end)", lambda v: v >= 0),
+    "eval_steps": ("a positive integer", lambda v: v >= 1),
+    "val_fraction": ("in (0, 1): training needs a validation split", lambda v: 0 < v < 1),
+    "save_every": ("an integer >= 0 (0: only at the end)", lambda v: v >= 0),
+    "keep": ("an integer >= 0 (0: all)", lambda v: v >= 0),
+    "max_nonfinite": ("a positive integer", lambda v: v >= 1),
+    "nproc": ("a positive integer", lambda v: v >= 1),
+}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -79,6 +103,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_options(args)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return launch(_without_nproc(sys.argv[1:]), args.nproc)
     info = init_distributed()
@@ -86,6 +111,13 @@ def run(args: argparse.Namespace) -> int:
         return _train(args, info)
     finally:
         shutdown(info)
+
+
+def check_options(args: argparse.Namespace) -> None:
+    for name, (rule, ok) in RULES.items():
+        value = getattr(args, name)
+        if value is not None and not ok(value):
+            raise InputError(f"--{name.replace('_', '-')} {value} must be {rule}")
 
 
 def _without_nproc(argv: list[str]) -> list[str]:
@@ -114,7 +146,8 @@ def _train(args: argparse.Namespace, info: Dist) -> int:
     check_size(data, seq_len=args.seq_len, need_val=True)
     rows = args.batch_size // (info.world * args.accum)
     activations, state_bytes = estimated_bytes(model, config, rows=rows, seq_len=args.seq_len, world=info.world,
-                                               sharded=args.strategy == "fsdp")
+                                               sharded=args.strategy == "fsdp", device=info.device,
+                                               activation_checkpointing=args.activation_checkpointing)
     check_memory(activations, state_bytes, available_bytes(info.device, local_ranks=info.world),
                  rows=rows, accum=args.accum)
     torch.manual_seed(args.seed + info.rank)  # dropout differs between ranks
@@ -151,7 +184,9 @@ def _dataset(args: argparse.Namespace, info: Dist, out: Path):
     """Rank 0 tokenizes (or finds the cache) first; the others then open the same files."""
     cache = Path(args.cache_dir) if args.cache_dir else out / "data"
     if info.is_main:
-        out.mkdir(parents=True, exist_ok=True)
+        for directory, option in ((out, "--out"), (cache, "--cache-dir")):
+            with write_errors_named(directory, option=option):
+                directory.mkdir(parents=True, exist_ok=True)
         data = prepare(args.data, args.tokenizer, cache_dir=cache, val_fraction=args.val_fraction,
                        progress=not args.no_progress)
     barrier(info)

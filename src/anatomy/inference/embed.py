@@ -1,6 +1,7 @@
 """Sentence embeddings from an encoder: what sentence-transformers computes for all-MiniLM-L6-v2.
 
-    anatomy.embed(["a cat", "a dog"])  -> Tensor [2, 384], unit rows; rows @ rows.T is cosine similarity
+    anatomy.embed("all-minilm-l6-v2", ["a cat", "a dog"])  -> Tensor [2, 384], unit rows;
+                                                              rows @ rows.T is cosine similarity
 
 Each text is tokenized ([CLS] text [SEP]), cut to the model's maximum length, run through the
 encoder, and its hidden states are averaged over the real tokens (mean pooling: padding is left
@@ -13,26 +14,33 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from anatomy.deprecation import deprecated
 from anatomy.errors import CheckpointError, InputError
 from anatomy.inference.model_cache import loaded_models
 from anatomy.models import Encoder
 from anatomy.tokenizer import Tokenizer
 
 DEFAULT_MODEL = "all-minilm-l6-v2"
+ModelSpec = Union[str, Path, tuple[nn.Module, Tokenizer]]
 
 
-def embed(texts: str | Sequence[str], model: str | Path | tuple[nn.Module, Tokenizer] = DEFAULT_MODEL, *,
-          batch_size: int = 32, normalize: bool = True) -> Tensor:
-    """Embeddings [N, D] of `texts` (one string counts as a list of one).
+def embed(model: ModelSpec | None = None, texts: str | Sequence[str] | None = None, /, *, batch_size: int = 32,
+          normalize: bool = True, **keywords: Any) -> Tensor:
+    """Embeddings [N, D] of `texts` (one string counts as a list of one) by `model`, model first as
+    in anatomy.generate: `anatomy.embed("all-minilm-l6-v2", texts)` (or model=, texts= by name).
 
     `model` is an installed model name, a model directory, or an already loaded (encoder,
     tokenizer) pair. A model loaded by name is kept for the next call (anatomy.loaded_models).
+    The old texts-first forms embed(texts), embed(texts, model=...) and embed(texts, "name") still
+    work, with a DeprecationWarning.
     """
+    model, texts = _model_and_texts(model, texts, keywords)
     texts = [texts] if isinstance(texts, str) else texts
     _check_texts(texts)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -49,6 +57,51 @@ def embed(texts: str | Sequence[str], model: str | Path | tuple[nn.Module, Token
             hidden = encoder(input_ids, attention_mask=mask)  # [b, S, D]
         out[chunk] = mean_pool(hidden, mask).float()  # [b, D]
     return F.normalize(out, dim=-1) if normalize else out
+
+
+# the call forms of embed: (first positional given, second positional given, keywords)
+_MODEL_FIRST = (True, True, frozenset())
+_MODEL_THEN_TEXTS_KEYWORD = (True, False, frozenset({"texts"}))
+_KEYWORDS = (False, False, frozenset({"model", "texts"}))
+_TEXTS_FIRST = ((True, False, frozenset()), (True, False, frozenset({"model"})), (False, False, frozenset({"texts"})))
+
+
+def _model_and_texts(first: Any, second: Any, keywords: dict[str, Any]) -> tuple[ModelSpec, Any]:
+    """(model, texts) of a call, in a model-first form or one of the deprecated texts-first ones."""
+    unknown = sorted(set(keywords) - {"model", "texts"})
+    if unknown:
+        raise InputError(f"embed() has no argument {unknown[0]!r}: it takes (model, texts, *, batch_size, normalize)")
+    form = (first is not None, second is not None, frozenset(keywords))
+    if form == _MODEL_FIRST and _texts_then_model(first, second):
+        deprecated("anatomy.embed(texts, model) is deprecated, use anatomy.embed(model, texts)")
+        return second, first
+    if form == _MODEL_FIRST:
+        return first, second
+    if form == _MODEL_THEN_TEXTS_KEYWORD:
+        return first, keywords["texts"]
+    if form == _KEYWORDS:
+        return keywords["model"], keywords["texts"]
+    if form in _TEXTS_FIRST:
+        deprecated(f"anatomy.embed(texts{', model=...' if 'model' in keywords else ''}) is deprecated, use "
+                   f"anatomy.embed(model, texts), e.g. anatomy.embed({DEFAULT_MODEL!r}, texts)")
+        return keywords.get("model", DEFAULT_MODEL), first if first is not None else keywords["texts"]
+    raise InputError("embed() takes the model, then the texts: anatomy.embed(model, texts)")
+
+
+def _texts_then_model(first: Any, second: Any) -> bool:
+    """Is (first, second) the old (texts, model name) order? A list of strings before a name is;
+    two strings are when the second names a model and the first does not."""
+    if not isinstance(second, (str, Path)):
+        return False
+    if isinstance(first, (list, tuple)) and all(isinstance(t, str) for t in first):
+        return True
+    return isinstance(first, str) and not _names_model(first) and _names_model(second)
+
+
+def _names_model(text: str | Path) -> bool:
+    from anatomy.checkpoints.registry import NAMED_MODELS
+
+    return str(text) in NAMED_MODELS or Path(text).expanduser().exists()
 
 
 def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
@@ -112,9 +165,12 @@ def _max_length(path: Path, encoder: Encoder) -> int:
     if not config_path.is_file():
         return limit
     try:
-        value = json.loads(config_path.read_text(encoding="utf-8")).get("max_seq_length", limit)
-    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
-        raise CheckpointError(f"{config_path}: not a valid JSON object: {exc}") from None
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{config_path}: not valid UTF-8 JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_path}: expected a JSON object, got {type(config).__name__}")
+    value = config.get("max_seq_length", limit)
     if isinstance(value, bool) or not isinstance(value, int) or not 2 < value <= limit:
         raise CheckpointError(f"{config_path}: max_seq_length={value!r} must be an integer in [3, {limit}]")
     return value

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from anatomy.dtypes import torch_dtype
 from anatomy.errors import CheckpointError, InputError
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.metrics import StepClock
@@ -31,6 +32,7 @@ from anatomy.inference.result import GenerationResult
 from anatomy.inference.sampling import SamplingParams
 from anatomy.inference.streaming import StopStringFilter, TextRow
 from anatomy.inference.view import engine_view
+from anatomy.tokenizer import Tokenizer
 
 
 def generate(model: nn.Module | DecoderEngine | str | Path, prompt: Any, *, tokenizer: Any = None, compile: bool = False,
@@ -219,6 +221,8 @@ def resolve_model(model: Any, tokenizer: Any, *, compile: bool = False
     """(model, tokenizer, engine) of what a caller passed: an engine as is; a name loaded once into
     `loaded_models`; a model object given an engine of its own (a decoder) or viewed in eval mode
     (an encoder-decoder), never changed itself."""
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+        raise InputError(f"tokenizer must be an anatomy Tokenizer (anatomy.load_tokenizer), got {type(tokenizer).__name__}")
     if isinstance(model, DecoderEngine):
         return model.model, tokenizer, model
     if isinstance(model, (str, Path)):
@@ -238,8 +242,9 @@ def resolve_model(model: Any, tokenizer: Any, *, compile: bool = False
     return engine_view(model), tokenizer, None
 
 
-def load_named(name: str, dtype: torch.dtype = torch.float32) -> NamedModel:
+def load_named(name: str, dtype: str | torch.dtype = "f32") -> NamedModel:
     """The model and tokenizer of a name / .gguf path / HF directory, loaded once (anatomy.loaded_models)."""
+    dtype = torch_dtype(dtype)
     return loaded_models.get(("generate", name, dtype), lambda: _load_named(name, dtype))
 
 

@@ -48,17 +48,30 @@ class SamplingParams:
 def _as_tuple(value, name: str) -> tuple:
     if isinstance(value, (str, int)):
         value = (value,)
+    if not isinstance(value, (list, tuple)) and name == "stop":
+        raise InputError(f"stop strings must be a list of non-empty strings, got {value!r}")
+    if not isinstance(value, (list, tuple)):
+        raise InputError(f"stop_ids={value!r} must be a list of token ids")
     if name == "stop" and any(not isinstance(s, str) or not s for s in value):
         raise InputError(f"stop strings must be non-empty strings, got {list(value)!r}")
+    if name == "stop_ids" and any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in value):
+        raise InputError(f"stop_ids={list(value)!r} must be token ids (integers >= 0)")
     return tuple(value)
 
 
 def _validate(p: SamplingParams) -> None:
-    if not isinstance(p.max_new_tokens, int) or p.max_new_tokens < 1:
+    for name in ("max_new_tokens", "top_k"):
+        if isinstance(getattr(p, name), bool) or not isinstance(getattr(p, name), int):
+            raise InputError(f"{name}={getattr(p, name)!r} must be an integer")
+    for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
+        value = getattr(p, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise InputError(f"{name}={value!r} must be a number")
+    if p.max_new_tokens < 1:
         raise InputError(f"max_new_tokens={p.max_new_tokens!r} must be an integer >= 1")
     if not math.isfinite(p.temperature) or p.temperature < 0:
         raise InputError(f"temperature={p.temperature!r} must be >= 0 (0 means greedy)")
-    if not isinstance(p.top_k, int) or p.top_k < 0:
+    if p.top_k < 0:
         raise InputError(f"top_k={p.top_k!r} must be an integer >= 0 (0 turns it off)")
     if not 0.0 < p.top_p <= 1.0:
         raise InputError(f"top_p={p.top_p!r} must be in (0, 1] (1 turns it off)")
@@ -70,6 +83,9 @@ def _validate(p: SamplingParams) -> None:
         value = getattr(p, name)
         if not -2.0 <= value <= 2.0:
             raise InputError(f"{name}={value!r} must be in [-2, 2] (0 turns it off)")
+    if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, int)
+                               or not -2 ** 63 <= p.seed < 2 ** 64):
+        raise InputError(f"seed={p.seed!r} must be an integer in [-2**63, 2**64) (torch's generator seeds)")
 
 
 def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:

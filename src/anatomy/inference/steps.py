@@ -4,7 +4,7 @@ every decode step, built from tables made once per generation.
     prompts -> PaddedBatch: ids [B, P] (left padding), padding [B]
     decode step at cache slot s -> Context: rope (cos, sin) [B, 1, 1, d_h] looked up in a table of
         the T positions, mask [B, 1, 1, T] additive (0 where a key slot is real and <= s, -inf
-        elsewhere), input_pos [1] = s
+        elsewhere; for sliding-window layers also -inf at slots <= s - window), input_pos [1] = s
 
 A model's own forward builds the same Context from scratch and checks every input (a host sync);
 a decode step only indexes the tables, so it costs a handful of small ops, none of them per layer.
@@ -74,8 +74,13 @@ class DecodeSteps:
         self.slots = torch.arange(max_len, device=device)  # [T]
         self.padding = batch.padding[:, None]  # [B, 1]
         self.valid = batch.slot_mask(max_len)  # [B, T] or None
+        context = stack.context
         self.cos, self.sin = rope_table(stack, max_len, dtype=dtype, device=device)  # [T, 1, d_h] each, or None
-        self.slopes = stack.context.slopes
+        self.slopes = context.slopes
+        self.window = context.window if context.window is not None and context.window < max_len else None
+        rotary = context.rotary
+        self.rotary = rotary if rotary is not None and rotary.length_dependent else None  # angles by pass length
+        self.dtype = dtype
         self.open, self.closed = torch.zeros((), dtype=dtype, device=device), torch.tensor(float("-inf"), dtype=dtype,
                                                                                              device=device)
 
@@ -83,9 +88,15 @@ class DecodeSteps:
         """(the Context, position_ids [B, 1]) of the tokens written at cache slot `slot` [1]."""
         positions = slot[None] - self.padding  # [B, 1]
         rope = (self.cos[positions], self.sin[positions]) if self.cos is not None else None  # [B, 1, 1, d_h]
+        if self.rotary is not None:
+            rope = self.rotary(positions, self.dtype)
         allowed = self.slots <= slot  # [T]
         if self.valid is not None:
             allowed = allowed & self.valid  # [B, T]
-        mask = torch.where(allowed, self.open, self.closed).view(-1, 1, 1, self.slots.numel())  # [B|1, 1, 1, T]
+        mask = self._additive(allowed)
+        window_mask = self._additive(allowed & (self.slots > slot - self.window)) if self.window else None
         bias = alibi_bias(self.slopes, slot, self.slots, causal=True) if self.slopes is not None else None
-        return Context(rope=rope, mask=mask, bias=bias, input_pos=slot), positions
+        return Context(rope=rope, mask=mask, bias=bias, input_pos=slot, window_mask=window_mask), positions
+
+    def _additive(self, allowed: Tensor) -> Tensor:
+        return torch.where(allowed, self.open, self.closed).view(-1, 1, 1, self.slots.numel())  # [B|1, 1, 1, T]

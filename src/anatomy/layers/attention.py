@@ -1,8 +1,11 @@
 """Multi-head attention: MHA, GQA and MQA, self- and cross-attention, two backends.
 
     x [B, S, D] --qkv--> q [B, H, S, d_h], k/v [B, H_kv, S_k, d_h]
-                         (RoPE rotates q and k; a KV cache appends k/v at input_pos)
-    scores = q k^T / sqrt(d_h)      [B, H, S, S_k]   (+ ALiBi bias, masked to -inf)
+                         (optional RMSNorm of each q and k head; RoPE rotates q and k;
+                          a KV cache appends k/v at input_pos)
+    scores = q k^T / sqrt(d_h)      [B, H, S, S_k]   (or x attn_scale; optionally soft-capped
+                                                      cap * tanh(scores / cap); + ALiBi bias,
+                                                      masked to -inf)
     out    = softmax(scores) v      [B, H, S, d_h] -> [B, S, H*d_h] --out--> [B, S, D]
 
 With GQA each group of H/H_kv query heads shares one kv head. Rather than copying k/v H/H_kv
@@ -21,6 +24,7 @@ from torch import Tensor, nn
 
 from anatomy.config import ModelConfig
 from anatomy.errors import InputError
+from anatomy.layers.norm import RMSNorm
 from anatomy.layers.position import apply_rope
 
 BACKENDS = ("sdpa", "eager")
@@ -50,6 +54,7 @@ class Attention(nn.Module):
         self.causal, self.cross = causal, cross
         self.backend = backend
         self.dropout = config.dropout
+        self.scale, self.softcap = config.attn_scale, config.attn_softcap
         q_dim, kv_dim = config.q_dim, config.kv_dim
         if cross:
             self.q = nn.Linear(config.d_model, q_dim, bias=config.qkv_bias)
@@ -57,6 +62,10 @@ class Attention(nn.Module):
         else:
             self.qkv = nn.Linear(config.d_model, q_dim + 2 * kv_dim, bias=config.qkv_bias)
         self.out = nn.Linear(q_dim, config.d_model, bias=config.attn_out_bias)
+        self.q_norm = self.k_norm = None
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, eps=config.norm_eps, unit_offset=config.norm_unit_offset)
+            self.k_norm = RMSNorm(self.head_dim, eps=config.norm_eps, unit_offset=config.norm_unit_offset)
 
     def forward(
         self,
@@ -87,6 +96,7 @@ class Attention(nn.Module):
         out, weights = attend(
             q, k, v, mask=mask, bias=bias, is_causal=is_causal, backend=self.backend,
             dropout=self.dropout if self.training else 0.0, return_weights=return_weights,
+            scale=self.scale, softcap=self.softcap,
         )
         out = self.out(out.transpose(1, 2).reshape(B, S, -1))  # [B, H, S, d_h] -> [B, S, H*d_h] -> [B, S, D]
         return (out, weights) if return_weights else out
@@ -97,6 +107,9 @@ class Attention(nn.Module):
         H, H_kv = self.n_heads, self.n_kv_heads
         qkv = self.qkv(x).view(B, S, H + 2 * H_kv, self.head_dim)  # [B, S, H + 2*H_kv, d_h]
         qk, v = qkv.split([H + H_kv, H_kv], dim=2)
+        if self.q_norm is not None:  # RMSNorm of each q and k head, before RoPE
+            q, k = qk.split([H, H_kv], dim=2)
+            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=2)
         if rope is not None:
             qk = apply_rope(qk, *rope)
         q, k = qk.split([H, H_kv], dim=2)
@@ -121,15 +134,19 @@ def attend(
     backend: str = "sdpa",
     dropout: float = 0.0,
     return_weights: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """softmax(q k^T / sqrt(d_h) + bias, masked) v for q [B, H, S, d_h] and k/v [B, H_kv, S_k, d_h].
+    """softmax(q k^T * scale + bias, masked) v for q [B, H, S, d_h] and k/v [B, H_kv, S_k, d_h];
+    scale defaults to 1/sqrt(d_h). A softcap (cap * tanh(scores / cap), before bias and mask) has no
+    fused kernel: the scores are computed as a tensor.
 
     mask [B|1, 1, S, S_k] is bool (True attends) or float (added to the scores)."""
     check_backend(backend)
     B, H, S, d_h = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
     rep = H // H_kv
-    if is_causal and (rep > 1 or backend == "eager" or bias is not None):
+    if is_causal and (rep > 1 or backend == "eager" or bias is not None or return_weights or softcap is not None):
         mask = torch.ones(S, S_k, dtype=torch.bool, device=q.device).tril(S_k - S)[None, None]
         is_causal = False
     if rep > 1:  # fold the query heads of each kv group into the sequence axis
@@ -137,12 +154,16 @@ def attend(
         if mask is not None and mask.shape[-2] > 1:  # a [B, 1, 1, S_k] padding mask broadcasts as is
             mask = mask.repeat(1, 1, rep, 1)  # [B|1, 1, rep*S, S_k]
         bias = bias.reshape(bias.shape[0], H_kv, rep * S, S_k) if bias is not None else None
-    if backend == "sdpa" and not return_weights:
+    if backend == "sdpa" and not return_weights and softcap is None:
         attn_mask = mask if bias is None else _with_bias(mask, bias, q.dtype)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal,
+                                             scale=scale)
         weights = None
     else:
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d_h)  # [B, H_kv, rep*S, S_k]
+        scores = q @ k.transpose(-2, -1)  # [B, H_kv, rep*S, S_k]
+        scores = scores * scale if scale is not None else scores / math.sqrt(d_h)
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         if bias is not None:
             scores = scores + bias
         if mask is not None:

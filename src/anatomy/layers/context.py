@@ -17,9 +17,12 @@ class Context:
 
     rope         (cos, sin), each [B, S, d_h]: the rotary angles of the queries' positions
     mask         bool [B|1, 1, S, S_k]: True where a query may attend to a key
+    window_mask  the same for the sliding-window layers (keys within the window only); None when
+                 no key of this pass can be outside the window
     bias         [1, H, S, S_k]: ALiBi's additive bias on the scores
     input_pos    [S]: the KV-cache slots the new keys and values are written to
     memory_mask  bool [B, 1, 1, S_m]: the real (non-padding) positions of the encoder output
+    router_logits  a list every mixture-of-experts FFN appends its router logits [B*S, E] to
     """
 
     rope: tuple[Tensor, Tensor] | None = None
@@ -27,3 +30,5 @@ class Context:
     bias: Tensor | None = None
     input_pos: Tensor | None = None
     memory_mask: Tensor | None = None
+    window_mask: Tensor | None = None
+    router_logits: list[Tensor] | None = None

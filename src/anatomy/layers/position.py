@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.config import ModelConfig
+from anatomy.layers.rope_scaling import dynamic_frequencies, long_frequencies, static_frequencies
 
 
 def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
@@ -54,30 +55,56 @@ class LearnedPositions(nn.Module):
 
 
 class Rotary(nn.Module):
-    """RoPE in the half-split layout of HF transformers: dimension i pairs with i + d_h/2."""
+    """RoPE in the half-split layout of HF transformers: dimension i pairs with i + d/2, over the
+    first d = rotary_dim dims of each head (the rest pass through), with the config's scaling rule
+    (layers/rope_scaling.py)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.head_dim, self.theta = config.head_dim, config.rope_theta
+        self.dim, self.theta, self.scaling = config.rotary_dim, config.rope_theta, config.rope_scaling
+        self.attention_factor = 1.0
         self.register_buffer("inv_freq", torch.empty(0), persistent=False)
+        self.register_buffer("long_inv_freq", None, persistent=False)
         self.init_buffers()
 
     def init_buffers(self) -> None:
-        """(Re)compute the inverse frequencies [d_h/2] on the CPU: also after a build on meta."""
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device="cpu").float() / self.head_dim
-        self.inv_freq = 1.0 / (self.theta ** exponents)
+        """(Re)compute the inverse frequencies [d/2] on the CPU: also after a build on meta."""
+        self.inv_freq, self.attention_factor = static_frequencies(self.theta, self.dim, self.scaling)
+        if self.scaling is not None and self.scaling.kind == "longrope":
+            self.long_inv_freq = long_frequencies(self.theta, self.dim, self.scaling)
 
     def forward(self, position_ids: Tensor, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
-        """(cos, sin), each [B, S, 1, d_h] in `dtype`, of the angles of position_ids [B, S]: they
+        """(cos, sin), each [B, S, 1, d] in `dtype`, of the angles of position_ids [B, S]: they
         broadcast over the heads of q and k laid out [B, S, heads, d_h]."""
-        angles = position_ids[..., None].float() * self.inv_freq  # [B, S, d_h/2]
-        angles = torch.cat([angles, angles], dim=-1)[:, :, None]  # [B, S, 1, d_h]
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        angles = position_ids[..., None].float() * self._frequencies(position_ids)  # [B, S, d/2]
+        angles = torch.cat([angles, angles], dim=-1)[:, :, None]  # [B, S, 1, d]
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return cos.to(dtype), sin.to(dtype)
+
+    @property
+    def length_dependent(self) -> bool:
+        """Do the frequencies depend on how far a pass reaches (dynamic NTK, LongRoPE)?"""
+        return self.scaling is not None and self.scaling.kind in ("dynamic", "longrope")
+
+    def _frequencies(self, position_ids: Tensor) -> Tensor:
+        """[d/2]; the length-dependent rules read how far this pass reaches (largest position + 1)."""
+        if not self.length_dependent:
+            return self.inv_freq
+        length = position_ids.max() + 1
+        if self.scaling.kind == "dynamic":
+            return dynamic_frequencies(self.theta, self.dim, self.scaling, length)
+        return torch.where(length > self.scaling.original_max_seq_len, self.long_inv_freq, self.inv_freq)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x [..., d_h] by the angles cos/sin (broadcastable to x): x * cos + rotate_half(x) * sin,
-    where rotate_half pairs dimension i with i + d_h/2: (x1, x2) -> (-x2, x1)."""
+    """Rotate x [..., d_h] by the angles cos/sin [..., d] (broadcastable to x): x * cos + rotate_half(x) * sin,
+    where rotate_half pairs dimension i with i + d/2: (x1, x2) -> (-x2, x1). With d < d_h (partial
+    rotary) the first d dims rotate and the others pass through."""
+    d = cos.shape[-1]
+    if d < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :d], cos, sin), x[..., d:]], dim=-1)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import torch
 from torch import Tensor, nn
 
 from anatomy.config import ModelConfig
@@ -43,11 +44,15 @@ class DecoderLM(nn.Module):
         input_pos: Tensor | None = None,
         last_only: bool = False,
         weights: list[Tensor] | None = None,
+        router_logits: list[Tensor] | None = None,
     ) -> Tensor:
         """`last_only` computes the logits of the last position only (generation needs no others);
-        a `weights` list receives each block's attention weights [B, H, S, S_k]."""
+        a `weights` list receives each block's attention weights [B, H, S, S_k], a `router_logits`
+        list each mixture-of-experts layer's router logits [B*S, E] (for the load-balancing loss)."""
         x = self.stack(input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                       input_pos=input_pos, weights=weights)  # [B, S, D]
+                       input_pos=input_pos, weights=weights, router_logits=router_logits)  # [B, S, D]
         if last_only:
             x = x[:, -1:]
-        return self.lm_head(x)  # [B, S, V]
+        logits = self.lm_head(x)  # [B, S, V]
+        cap = self.config.logit_softcap
+        return torch.tanh(logits / cap) * cap if cap is not None else logits

@@ -4,7 +4,8 @@
 - encoder (BERT): N(0, 0.02), biases zero;
 - encoder-decoder (Vaswani et al.): Xavier uniform for matrices, embeddings N(0, D^-1/2).
 A tied output layer is the embedding matrix: it keeps the embedding's initialisation.
-Norm weights start at one and biases at zero in every family.
+Norm weights start at one (zero where they are offsets from one, norm_unit_offset) and biases at
+zero in every family; stacked expert weights are initialised like the linears they stand for.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 from torch import nn
 
 from anatomy.config import ModelConfig
+from anatomy.layers.moe import MoE
 
 
 def init_weights(model: nn.Module, config: ModelConfig) -> None:
@@ -25,8 +27,11 @@ def init_weights(model: nn.Module, config: ModelConfig) -> None:
         elif isinstance(module, nn.Embedding):
             std = config.d_model ** -0.5 if config.is_seq2seq else 0.02
             nn.init.normal_(module.weight, std=std)
+        elif isinstance(module, MoE):
+            nn.init.normal_(module.gate_up, std=0.02)
+            nn.init.normal_(module.down, std=0.02 / math.sqrt(2 * config.n_layers))
         elif hasattr(module, "weight") and name.split(".")[-1].endswith("norm"):
-            nn.init.ones_(module.weight)
+            (nn.init.zeros_ if getattr(module, "unit_offset", False) else nn.init.ones_)(module.weight)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
     for name, param in model.named_parameters():

@@ -14,6 +14,7 @@ cache; `attention_mask` [B, S_k] then marks which of the S_k = T slots hold real
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
@@ -44,8 +45,8 @@ class Stack(nn.Module):
         self.ids_name, self.mask_name = names  # what the model's callers call them, for messages
         self.embed = Embeddings(config, tokens=tokens)
         self.context = PositionContext(config, causal=causal)
-        self.blocks = nn.ModuleList(Block(config, causal=causal, cross=cross, backend=backend)
-                                    for _ in range(n_layers))
+        self.blocks = nn.ModuleList(Block(config, causal=causal, cross=cross, backend=backend, layer=i)
+                                    for i in range(n_layers))
         self.final_norm = make_norm(config) if config.final_norm else nn.Identity()
         self.activation_checkpointing = False
 
@@ -61,17 +62,21 @@ class Stack(nn.Module):
         memory_kv: Sequence[tuple[Tensor, Tensor]] | None = None,
         memory_mask: Tensor | None = None,
         weights: list[Tensor] | None = None,
+        router_logits: list[Tensor] | None = None,
     ) -> Tensor:
         """input_ids [B, S] -> final-normed hidden states [B, S, D], every input checked first.
 
         memory_kv: each block's cross-attention keys/values of the encoder output (`memory_kv()`),
         memory_mask [B, S_m] its real positions. A `weights` list receives every block's attention
-        weights (see Block.forward).
+        weights (see Block.forward), a `router_logits` list every mixture-of-experts layer's router
+        logits [B*S, E].
         """
         self.check(input_ids, token_type_ids=token_type_ids, cache=cache, input_pos=input_pos,
                    memory_kv=memory_kv, memory_mask=memory_mask)
         ctx, position_ids = self.prepare(input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                          cache=cache, input_pos=input_pos, memory_mask=memory_mask)
+        if router_logits is not None:
+            ctx = dataclasses.replace(ctx, router_logits=router_logits)
         return self.run(input_ids, ctx, position_ids=position_ids, token_type_ids=token_type_ids, cache=cache,
                         memory_kv=memory_kv, weights=weights)
 

@@ -122,7 +122,10 @@ class StepBuilder:
                  device: torch.device | str = "cpu") -> None:
         self.cache, self.dtype, self.device = cache, dtype, torch.device(device)
         self.cos, self.sin = rope_table(stack, context, dtype=dtype, device=device)  # [T_ctx, 1, d_h] or None
+        rotary = stack.context.rotary
+        self.rotary = rotary if rotary is not None and rotary.length_dependent else None  # angles by reach
         self.slopes = stack.context.slopes
+        self.window = stack.context.window  # the sliding-window layers' window, or None
 
     def build(self, chunks: list[Chunk]) -> StepInputs:
         bs, scratch = self.cache.block_size, self.cache.scratch
@@ -143,14 +146,31 @@ class StepBuilder:
         return StepInputs(ids, positions, self._context(positions, nb * bs), self.cache.step(plan), last)
 
     def _context(self, positions: Tensor, T: int) -> Context:
-        """RoPE angles [B, S, 1, d_h], the additive mask [B, 1, S, T] (each query sees the keys at
-        positions <= its own; a padding query, at position 0, sees key 0) and ALiBi's bias [B, H, S, T]."""
+        """RoPE angles [B, S, 1, d_h], the additive masks [B, 1, S, T] (each query sees the keys at
+        positions <= its own, and a sliding-window layer only the last `window` of them; a padding
+        query, at position 0, sees key 0) and ALiBi's bias [B, H, S, T]."""
         keys = torch.arange(T, device=self.device)  # [T]
         seen = keys[None, None, :] <= positions[:, :, None]  # [B, S, T]
-        mask = torch.zeros(seen.shape, dtype=self.dtype, device=self.device).masked_fill_(~seen, float("-inf"))
-        rope = (self.cos[positions], self.sin[positions]) if self.cos is not None else None
+        window_mask = None
+        if self.window is not None and T > self.window:
+            window_mask = self._additive(seen & (keys[None, None, :] > positions[:, :, None] - self.window))
         bias = None
         if self.slopes is not None:
             distance = (positions[:, None, :, None] - keys).to(self.dtype)  # [B, 1, S, T]
-            bias = -self.slopes.to(self.dtype)[None, :, None, None] * distance  # [B, H, S, T]
-        return Context(rope=rope, mask=mask[:, None], bias=bias)
+            bias = -self.slopes.to(self.device, self.dtype)[None, :, None, None] * distance  # [B, H, S, T]
+        return Context(rope=self._rope(positions), mask=self._additive(seen), bias=bias, window_mask=window_mask)
+
+    def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor] | None:
+        """(cos, sin) [B, S, 1, d_h]: looked up in the table, or, when the frequencies depend on how far
+        a pass reaches (dynamic NTK, LongRoPE), computed for each row from its own reach."""
+        if self.rotary is not None:
+            rows = [self.rotary(positions[b:b + 1], self.dtype) for b in range(positions.shape[0])]
+            return torch.cat([cos for cos, _ in rows]), torch.cat([sin for _, sin in rows])
+        if self.cos is None:
+            return None
+        return self.cos[positions], self.sin[positions]
+
+    def _additive(self, allowed: Tensor) -> Tensor:
+        """bool [B, S, T] -> [B, 1, S, T]: 0 where allowed, -inf elsewhere."""
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~allowed, float("-inf"))[:, None]

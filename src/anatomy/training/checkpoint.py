@@ -5,7 +5,7 @@
                                `anatomy.load(dir)` and HF transformers read them. A config HF has no
                                model class for is written with anatomy's names and fields instead.
         anatomy_config.json    the exact ModelConfig (anatomy's field names)
-        tokenizer.json
+        tokenizer.json + tokenizer_config.json   the run's tokenizer (anatomy.load_tokenizer(dir) reads it)
         optimizer.safetensors  AdamW state per parameter name (step, exp_avg, exp_avg_sq)
         trainer.json           step, tokens, counters, schedule, optimizer groups, val loss, world size
         rng-rank{r}.json       python, numpy and torch RNG states of rank r
@@ -24,7 +24,6 @@ import json
 import os
 import random
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +43,10 @@ from torch.distributed.checkpoint.state_dict import (
 from anatomy.checkpoints.assign import tied_aliases
 from anatomy.config import ModelConfig
 from anatomy.errors import AnatomyError, CheckpointError, ConfigError
+from anatomy.tokenizer import Tokenizer
 from anatomy.training.distributed import Dist, all_reduce_sum, barrier
 
-PAUSE_HOOK = "ANATOMY_TEST_CHECKPOINT_PAUSE_AT"  # tests: the step whose checkpoint write pauses half-way
+ADAMW_STATE = ("step", "exp_avg", "exp_avg_sq")
 _GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)
 _SCATTER = StateDictOptions(full_state_dict=True)
 
@@ -58,7 +58,7 @@ def checkpoint_root(run_dir: Path) -> Path:
 # -- writing ------------------------------------------------------------------------------------
 
 def save_checkpoint(run_dir: Path, *, engine: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    trainer: dict[str, Any], tokenizer_json: Path, info: Dist, keep: int) -> Path | None:
+                    trainer: dict[str, Any], tokenizer: Tokenizer, info: Dist, keep: int) -> Path | None:
     """Write checkpoint step-<trainer['step']>; every rank calls this (the gather is collective).
     Returns the directory, or None when the weights are not finite (nothing is then written)."""
     finite = torch.tensor(float(all(torch.isfinite(_local(p)).all() for p in model.parameters())), device=info.device)
@@ -75,7 +75,7 @@ def save_checkpoint(run_dir: Path, *, engine: nn.Module, model: nn.Module, optim
     barrier(info)
     _write_json(tmp / f"rng-rank{info.rank}.json", rng_state())
     if info.is_main:
-        _write_main_files(tmp, model=model, weights=weights, optim=optim, trainer=trainer, tokenizer_json=tokenizer_json)
+        _write_main_files(tmp, model=model, weights=weights, optim=optim, trainer=trainer, tokenizer=tokenizer)
     barrier(info)
     if info.is_main:
         _fsync_dir(tmp)
@@ -91,12 +91,10 @@ def _local(p: Tensor) -> Tensor:
 
 
 def _write_main_files(tmp: Path, *, model: nn.Module, weights: dict[str, Tensor], optim: dict[str, Any],
-                      trainer: dict[str, Any], tokenizer_json: Path) -> None:
+                      trainer: dict[str, Any], tokenizer: Tokenizer) -> None:
     _write_weights(tmp, model, weights)
     _write_json(tmp / "anatomy_config.json", model.config.to_dict())
-    _write_bytes(tmp / "tokenizer.json", Path(tokenizer_json).read_bytes())
-    if os.environ.get(PAUSE_HOOK) == str(trainer["step"]):
-        time.sleep(600)  # to be killed here
+    tokenizer.save(tmp)
     optim_tensors = {f"{name}::{key}": _as_tensor(value).contiguous()
                      for name, state in optim["state"].items() for key, value in state.items()}
     _write_bytes(tmp / "optimizer.safetensors", safetensors_bytes(optim_tensors))
@@ -147,11 +145,13 @@ def prune(root: Path, *, keep: int) -> None:
 
 
 def _val_loss(directory: Path) -> float:
+    """The val loss a checkpoint recorded; inf when it has none (or its trainer.json is unreadable)."""
     try:
-        value = json.loads((directory / "trainer.json").read_text()).get("val_loss")
+        trainer = json.loads((directory / "trainer.json").read_text())
     except (OSError, ValueError):
         return float("inf")
-    return float("inf") if value is None else float(value)
+    value = trainer.get("val_loss") if isinstance(trainer, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("inf")
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
@@ -224,10 +224,15 @@ def latest_checkpoint(run_dir: Path) -> Path:
 
 
 def read_trainer(directory: Path) -> dict[str, Any]:
-    trainer = _read_json(directory / "trainer.json")
-    for key in ("step", "tokens", "optimizer_groups"):
+    path = directory / "trainer.json"
+    trainer = _read_json(path)
+    if not isinstance(trainer, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(trainer).__name__}")
+    for key, kind in (("step", int), ("tokens", int), ("optimizer_groups", list)):
         if key not in trainer:
-            raise CheckpointError(f"{directory / 'trainer.json'}: key {key!r} is missing")
+            raise CheckpointError(f"{path}: key {key!r} is missing")
+        if isinstance(trainer[key], bool) or not isinstance(trainer[key], kind):
+            raise CheckpointError(f"{path}: key {key!r} is not a JSON {'integer' if kind is int else 'list'}")
     return trainer
 
 
@@ -235,7 +240,7 @@ def read_config(directory: Path) -> ModelConfig:
     path = directory / "anatomy_config.json"
     try:
         return ModelConfig.from_dict(_read_json(path))
-    except (TypeError, ValueError) as exc:
+    except ConfigError as exc:
         raise CheckpointError(f"{path}: not a valid model config ({exc})") from exc
 
 
@@ -247,14 +252,12 @@ def load_checkpoint(directory: Path, *, engine: nn.Module, model: nn.Module, opt
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in tied_aliases(model)}
     weights = _read_weights(directory, expected)
     optim_state = _read_optimizer(directory / "optimizer.safetensors", expected)
+    _check_groups(directory / "trainer.json", trainer["optimizer_groups"], optimizer, model)
     rng_path = directory / f"rng-rank{info.rank}.json"
     rng = _read_json(rng_path) if rng_path.is_file() else None
     set_model_state_dict(engine, weights, options=_SCATTER)
     optim = {"state": optim_state, "param_groups": trainer["optimizer_groups"]}
-    try:
-        set_optimizer_state_dict(engine, optimizer, optim, options=_SCATTER)
-    except (KeyError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"{directory / 'optimizer.safetensors'}: does not fit this optimizer ({exc})") from exc
+    set_optimizer_state_dict(engine, optimizer, optim, options=_SCATTER)
     if rng is not None:
         set_rng_state(rng)
     else:  # resumed on more ranks than wrote the checkpoint: a fresh, reproducible stream per rank
@@ -313,12 +316,30 @@ def _checked(path: Path, tensors: dict[str, Tensor], expected: dict[str, tuple[i
 
 
 def _read_optimizer(path: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, dict[str, Tensor]]:
+    """AdamW's state by parameter name: every parameter it names has a step, exp_avg and exp_avg_sq
+    of the parameter's shape."""
     state: dict[str, dict[str, Tensor]] = {}
     for key, value in _open_tensors(path).items():
         name, _, field = key.partition("::")
         if name not in expected:
             raise CheckpointError(f"{path}: key {key!r} names no parameter of this model")
+        if field not in ADAMW_STATE:
+            raise CheckpointError(f"{path}: key {key!r}: {field!r} is not AdamW state ({', '.join(ADAMW_STATE)})")
         if field.startswith("exp_avg") and tuple(value.shape) != expected[name]:
             raise CheckpointError(f"{path}: key {key!r} has shape {tuple(value.shape)}, the model needs {expected[name]}")
         state.setdefault(name, {})[field] = value
+    incomplete = next((name for name, fields in state.items() if len(fields) < len(ADAMW_STATE)), None)
+    if incomplete is not None:
+        missing = sorted(set(ADAMW_STATE) - set(state[incomplete]))
+        raise CheckpointError(f"{path}: key {incomplete + '::' + missing[0]!r} is missing")
     return state
+
+
+def _check_groups(path: Path, groups: list[Any], optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
+    """trainer.json's optimizer groups name the parameters of this optimizer's groups, in order."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    wanted = [[names[id(p)] for p in group["params"]] for group in optimizer.param_groups]
+    got = [group.get("params") if isinstance(group, dict) else None for group in groups]
+    if got != wanted:
+        raise CheckpointError(f"{path}: key 'optimizer_groups' does not name this model's {len(wanted)} parameter "
+                              f"groups ({sum(map(len, wanted))} parameters) as this optimizer holds them")

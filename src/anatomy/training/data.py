@@ -3,7 +3,7 @@ with a train/val split, cached under a content hash; or a TSV of source<TAB>targ
 
     cache/<hash>/train.bin, val.bin      token streams (documents separated by the EOS token)
     cache/<hash>/{src,tgt}_{train,val}.bin + *.idx   seq2seq pairs, ragged (offsets in .idx)
-    cache/<hash>/tokenizer.json, meta.json
+    cache/<hash>/tokenizer.json, tokenizer_config.json, meta.json
 
 The hash covers the file names and bytes, the tokenizer definition and the split, so changing any
 of them tokenizes again; the same inputs never tokenize twice. Batches are drawn from a random
@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,8 @@ import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from anatomy.errors import InputError
-from anatomy.training.tokens import TrainTokenizer, char_tokenizer, load_train_tokenizer
+from anatomy.text_file import read_text
+from anatomy.tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
 CHUNK_CHARS = 1 << 20  # tokenize in ~1M-character pieces, cut at line ends
@@ -61,7 +63,7 @@ class Dataset:
     kind: str  # "text" or "pairs"
     train: TokenSplit | PairSplit
     val: TokenSplit | PairSplit
-    tokenizer: TrainTokenizer
+    tokenizer: Tokenizer
     directory: Path
 
 
@@ -78,26 +80,17 @@ def data_files(path: Path) -> list[Path]:
     return files
 
 
-def read_text(path: Path) -> str:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"--data {path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
-    except OSError as exc:
-        raise InputError(f"--data {path}: cannot read it ({exc.strerror})") from exc
-    return text
-
-
 def prepare(data: Path, tokenizer_spec: str, *, cache_dir: Path, val_fraction: float = 0.1,
             progress: bool = True) -> Dataset:
     """Tokenize once (or find the cached result) and open the memmaps."""
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
+        raise InputError(f"val_fraction={val_fraction!r} must be in [0, 1)")
     files = data_files(Path(data))
-    texts = {f: read_text(f) for f in files}
+    texts = {f: read_text(f, label="--data") for f in files}
     if not any(t.strip() for t in texts.values()):
         raise InputError(f"--data {data}: the text is empty")
     pairs = len(files) == 1 and files[0].suffix.lower() == ".tsv"
-    tok = char_tokenizer(c for t in texts.values() for c in set(t)) if tokenizer_spec == "chars" \
-        else load_train_tokenizer(tokenizer_spec)
+    tok = training_tokenizer(tokenizer_spec, texts.values())
     key = _cache_key(texts, tok, val_fraction=val_fraction, pairs=pairs)
     directory = Path(cache_dir) / key
     if not (directory / "meta.json").is_file():
@@ -105,14 +98,26 @@ def prepare(data: Path, tokenizer_spec: str, *, cache_dir: Path, val_fraction: f
     return open_dataset(directory, tok)
 
 
-def _cache_key(texts: dict[Path, str], tok: TrainTokenizer, *, val_fraction: float, pairs: bool) -> str:
+def training_tokenizer(spec: str, texts: Iterable[str]) -> Tokenizer:
+    """"chars" (built from the texts), or a named model, a model directory, a .gguf or a
+    tokenizer.json (anatomy.load_tokenizer), with the pad/bos/eos/mask roles training needs."""
+    if spec == "chars":
+        from anatomy.tokenizer_chars import chars_tokenizer
+
+        return chars_tokenizer(c for text in texts for c in set(text))
+    from anatomy.tokenizer import load_tokenizer
+
+    return load_tokenizer(spec).with_usual_roles()
+
+
+def _cache_key(texts: dict[Path, str], tok: Tokenizer, *, val_fraction: float, pairs: bool) -> str:
     h = hashlib.sha256(f"v{FORMAT_VERSION} {tok.identity} val={val_fraction} pairs={pairs}".encode())
     for path, text in texts.items():
         h.update(path.name.encode() + b"\0" + text.encode() + b"\0")
     return h.hexdigest()[:20]
 
 
-def _build(directory: Path, texts: dict[Path, str], tok: TrainTokenizer, *, val_fraction: float,
+def _build(directory: Path, texts: dict[Path, str], tok: Tokenizer, *, val_fraction: float,
            pairs: bool, progress: bool) -> None:
     """Tokenize into a temporary directory next to the cache entry, then rename it into place."""
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
@@ -124,9 +129,9 @@ def _build(directory: Path, texts: dict[Path, str], tok: TrainTokenizer, *, val_
             counts = _write_pairs(tmp, next(iter(texts.items())), tok, dtype=dtype, val_fraction=val_fraction, bar=bar)
         else:
             counts = _write_stream(tmp, texts, tok, dtype=dtype, val_fraction=val_fraction, bar=bar)
-    tok.save(tmp / "tokenizer.json")
+    tok.save(tmp)
     meta = {"format": FORMAT_VERSION, "kind": "pairs" if pairs else "text", "dtype": np.dtype(dtype).name,
-            "tokenizer": tok.name, "vocab_size": tok.vocab_size, **counts}
+            "tokenizer": tok.source, "vocab_size": tok.vocab_size, **counts}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     try:
         os.replace(tmp, directory)
@@ -139,19 +144,24 @@ def _progress(enabled: bool) -> Progress:
                     TimeRemainingColumn(), disable=not enabled, transient=True)
 
 
-def _encode_with_progress(text: str, tok: TrainTokenizer, bar: Progress, name: str) -> np.ndarray:
+def _ids(tok: Tokenizer, text: str) -> np.ndarray:
+    """The ids of a piece of corpus text: the text alone, nothing added around it."""
+    return np.asarray(tok.encode(text, add_special_tokens=False), dtype=np.int64)
+
+
+def _encode_with_progress(text: str, tok: Tokenizer, bar: Progress, name: str) -> np.ndarray:
     task = bar.add_task(name, total=len(text))
     pieces, start = [], 0
     while start < len(text):
         end = text.find("\n", start + CHUNK_CHARS)
         end = len(text) if end < 0 else end + 1
-        pieces.append(tok.encode(text[start:end]))
+        pieces.append(_ids(tok, text[start:end]))
         bar.advance(task, end - start)
         start = end
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
 
 
-def _write_stream(tmp: Path, texts: dict[Path, str], tok: TrainTokenizer, *, dtype: type, val_fraction: float,
+def _write_stream(tmp: Path, texts: dict[Path, str], tok: Tokenizer, *, dtype: type, val_fraction: float,
                   bar: Progress) -> dict[str, int]:
     docs = []
     for path, text in texts.items():
@@ -166,7 +176,7 @@ def _write_stream(tmp: Path, texts: dict[Path, str], tok: TrainTokenizer, *, dty
     return {"train_tokens": len(train), "val_tokens": len(val)}
 
 
-def _write_pairs(tmp: Path, item: tuple[Path, str], tok: TrainTokenizer, *, dtype: type, val_fraction: float,
+def _write_pairs(tmp: Path, item: tuple[Path, str], tok: Tokenizer, *, dtype: type, val_fraction: float,
                  bar: Progress) -> dict[str, int]:
     path, text = item
     lines = [line for line in text.splitlines() if line.strip()]
@@ -177,8 +187,8 @@ def _write_pairs(tmp: Path, item: tuple[Path, str], tok: TrainTokenizer, *, dtyp
     src, tgt = [], []
     for line in lines:
         s, t = line.split("\t")
-        src.append(tok.encode(s))
-        tgt.append(tok.encode(t))
+        src.append(_ids(tok, s))
+        tgt.append(_ids(tok, t))
         bar.advance(task)
     n_val = int(len(lines) * val_fraction)
     cut = len(lines) - n_val
@@ -190,8 +200,32 @@ def _write_pairs(tmp: Path, item: tuple[Path, str], tok: TrainTokenizer, *, dtyp
     return {"train_pairs": cut, "val_pairs": n_val}
 
 
-def open_dataset(directory: Path, tok: TrainTokenizer) -> Dataset:
-    meta = json.loads((directory / "meta.json").read_text())
+def open_dataset(directory: Path, tok: Tokenizer) -> Dataset:
+    """The memmaps of a cache entry; a damaged entry (a file missing, cut short or rewritten) is
+    an InputError that says to delete it."""
+    try:
+        return _open(directory, tok, _read_meta(directory))
+    except OSError as exc:
+        raise _damaged(directory, exc) from exc
+
+
+def _read_meta(directory: Path) -> dict:
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise _damaged(directory, exc) from exc
+    if not isinstance(meta, dict) or meta.get("kind") not in ("text", "pairs") \
+            or meta.get("dtype") not in ("uint16", "uint32"):
+        raise _damaged(directory, "meta.json does not describe a cache entry")
+    return meta
+
+
+def _damaged(directory: Path, why: object) -> InputError:
+    return InputError(f"the tokenized-data cache {directory} is damaged ({why}): "
+                      "delete that directory and it is tokenized again")
+
+
+def _open(directory: Path, tok: Tokenizer, meta: dict) -> Dataset:
     dtype = np.dtype(meta["dtype"])
 
     def memmap(name: str, dt: np.dtype = dtype) -> np.ndarray:

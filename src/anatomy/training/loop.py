@@ -3,18 +3,13 @@ losses summed and divided by the global number of target tokens (so 2 ranks x b 
 same loss and gradients as 1 rank x 2b rows), clipping, a non-finite guard, AdamW, then the
 periodic evaluation, metrics line and checkpoint.
 
-metrics.jsonl (rank 0) holds one line per step
-    {"step", "loss", "lr", "grad_norm", "tokens", "tok_s", "mfu", "time"}
-one per evaluation {"step", "val_loss", "val_ppl"} (step 0: before training), one per skipped step
-    {"step", "skipped": true, "loss", "grad_norm", "nonfinite": <count so far>}
+Rank 0 writes a line of metrics.jsonl (training/metrics.py) per step, evaluation and skipped step.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,15 +20,13 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import Tensor, nn
 
-from anatomy.atomic import atomic_file
 from anatomy.errors import AnatomyError
 from anatomy.training.checkpoint import save_checkpoint
 from anatomy.training.data import Dataset, rank_rows, step_generator
 from anatomy.training.distributed import Dist, all_reduce_sum, gradient_sync
+from anatomy.training.metrics import Metrics
 from anatomy.training.objectives import IGNORE, Objective
 from anatomy.training.optim import Schedule, clip_gradients, set_lr
-
-NAN_HOOK = "ANATOMY_TEST_NAN_STEPS"  # tests: comma-separated step numbers whose loss is made NaN
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,7 +116,7 @@ def save(run: Run, settings: Settings, state: TrainState) -> Path | None:
     trainer = {**asdict(state), "seed": settings.seed, "schedule": run.schedule.to_dict(), "world": run.info.world,
                "objective": run.objective.name, "data_position": {"seed": settings.seed, "next_step": state.step}}
     written = save_checkpoint(run.out, engine=run.engine, model=run.model, optimizer=run.optimizer, trainer=trainer,
-                              tokenizer_json=run.data.directory / "tokenizer.json", info=run.info, keep=settings.keep)
+                              tokenizer=run.data.tokenizer, info=run.info, keep=settings.keep)
     if written is None and run.info.is_main:
         print(f"step {state.step}: weights are not finite; no checkpoint written, the previous one is kept")
     return written
@@ -141,7 +134,6 @@ def _optimizer_step(run: Run, settings: Settings, state: TrainState) -> dict[str
     for micro, batch in enumerate(batches):
         with gradient_sync(run.engine, enabled=micro == len(batches) - 1), _autocast(device):
             total, _ = run.objective.loss(run.engine, batch, label_smoothing=settings.label_smoothing)
-            total = _inject_nan(total, step)
             (total * (run.info.world / n_targets)).backward()  # ranks average gradients: x world
         loss_sum += total.detach().double()
     loss = float(all_reduce_sum(loss_sum, run.info)) / n_targets
@@ -206,9 +198,14 @@ def _to(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
+def compute_dtype(device: torch.device) -> str:
+    """What training computes in: bf16 (autocast; the parameters stay f32) on a GPU that supports it,
+    f32 elsewhere (CPUs without bf16 units run bf16 matmuls far slower)."""
+    return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "f32"
+
+
 def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 autocast on a GPU that supports it; fp32 on the CPU (no fast bf16 matmul there)."""
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+    if compute_dtype(device) == "bf16":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -228,13 +225,6 @@ def _processed(batch: dict[str, Tensor]) -> int:
     return int(batch["src_mask"].sum()) + _targets(batch)
 
 
-def _inject_nan(total: Tensor, step: int) -> Tensor:
-    steps = os.environ.get(NAN_HOOK)
-    if steps and str(step + 1) in steps.split(","):
-        return total * float("nan")
-    return total
-
-
 def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
@@ -247,35 +237,3 @@ def _progress_bar(*, enabled: bool) -> Progress:
     return Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
                     TextColumn("{task.fields[tok_s]} tok/s"), TextColumn("MFU {task.fields[mfu]}"), TimeElapsedColumn(),
                     disable=not enabled)
-
-
-def _step_of(line: str) -> float:
-    """The step of a metrics line; a line cut short by a crash counts as after every step."""
-    try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError, TypeError):
-        return float("inf")
-
-
-class Metrics:
-    """Append-only metrics.jsonl, written by rank 0, flushed every line."""
-
-    def __init__(self, path: Path, *, enabled: bool) -> None:
-        self.path, self.enabled = path, enabled
-        self.start = time.perf_counter()
-
-    def write(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        record = {**record, "time": round(time.perf_counter() - self.start, 3)}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-
-def truncate_metrics(path: Path, step: int) -> None:
-    """On resume: drop the lines of steps after the checkpoint (they are about to be run again)."""
-    if not path.is_file():
-        return
-    kept = [line for line in path.read_text().splitlines() if _step_of(line) <= step]
-    with atomic_file(path) as f:
-        f.write("".join(line + "\n" for line in kept).encode())

@@ -1,6 +1,8 @@
 """What a model learns from, by family:
 
-- causal LM (decoder): predict token t+1 from tokens <= t on windows of the token stream;
+- causal LM (decoder): predict token t+1 from tokens <= t on windows of the token stream; a model
+  with mixture-of-experts layers adds, while training, router_aux_loss_coef x the load-balancing
+  loss of its routers (Switch / Mixtral), per target token so that the mean loss gains coef x aux;
 - masked LM (encoder): 15% of the non-special tokens are chosen; of those 80% become <mask>,
   10% a random token, 10% stay; the loss is on the chosen positions only;
 - seq2seq (encoder-decoder): teacher forcing, the decoder reads [start] + target and predicts
@@ -22,8 +24,9 @@ from torch import Tensor, nn
 
 from anatomy.config import ModelConfig
 from anatomy.errors import InputError
+from anatomy.layers.moe import load_balancing_loss
 from anatomy.training.data import Dataset, PairSplit, TokenSplit
-from anatomy.training.tokens import TrainTokenizer
+from anatomy.tokenizer import Tokenizer
 
 IGNORE = -100
 OBJECTIVES = ("auto", "clm", "mlm", "seq2seq")
@@ -67,7 +70,14 @@ class CausalLM:
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0
              ) -> tuple[Tensor, Tensor]:
-        return token_loss(model(batch["input_ids"]), batch["labels"], label_smoothing=label_smoothing)
+        config = getattr(model, "module", model).config  # DDP wraps the model in .module
+        if not (model.training and config.n_experts and config.router_aux_loss_coef):
+            return token_loss(model(batch["input_ids"]), batch["labels"], label_smoothing=label_smoothing)
+        router_logits: list[Tensor] = []
+        logits = model(batch["input_ids"], router_logits=router_logits)
+        total, count = token_loss(logits, batch["labels"], label_smoothing=label_smoothing)
+        aux = load_balancing_loss(router_logits, config.n_experts, config.n_experts_per_token)
+        return total + config.router_aux_loss_coef * aux * count, count
 
 
 def mask_tokens(ids: np.ndarray, *, select: np.ndarray, action: np.ndarray, replacement: np.ndarray,
@@ -87,9 +97,9 @@ def mask_tokens(ids: np.ndarray, *, select: np.ndarray, action: np.ndarray, repl
 class MaskedLM:
     name = "mlm"
 
-    def __init__(self, seq_len: int, tok: TrainTokenizer, prob: float = 0.15) -> None:
+    def __init__(self, seq_len: int, tok: Tokenizer, prob: float = 0.15) -> None:
         if tok.mask_id is None:
-            raise InputError(f"the tokenizer {tok.name!r} has no mask token ([MASK] or <mask>): MLM needs one")
+            raise InputError(f"the tokenizer {tok.source!r} has no mask token ([MASK] or <mask>): MLM needs one")
         self.seq_len, self.prob, self.mask_id = seq_len, prob, tok.mask_id
         self.special = np.asarray(tok.special_ids, dtype=np.int64)
         self.ordinary = np.setdiff1d(np.arange(tok.vocab_size), self.special)  # random replacements
@@ -171,6 +181,6 @@ def make_objective(name: str, *, config: ModelConfig, data: Dataset, seq_len: in
     start = config.decoder_start_token_id if config.decoder_start_token_id is not None else tok.bos_id
     eos = config.eos_token_id if config.eos_token_id is not None else tok.eos_id
     if None in (pad, start, eos):
-        raise InputError(f"seq2seq needs pad, start and eos token ids; the tokenizer {tok.name!r} and the "
+        raise InputError(f"seq2seq needs pad, start and eos token ids; the tokenizer {tok.source!r} and the "
                          f"config give pad={pad}, start={start}, eos={eos}")
     return Seq2Seq(seq_len, pad_id=pad, start_id=start, eos_id=eos)

@@ -11,17 +11,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from anatomy.analysis.memory import training_activations, training_state
 from anatomy.checkpoints.hf_config import config_from_hf
 from anatomy.config import ModelConfig
 from anatomy.errors import ConfigError, InputError
 from anatomy.models import build_model
 from anatomy.presets import PRESETS, get_preset
-from anatomy.training.tokens import TrainTokenizer
+from anatomy.text_file import read_text
+from anatomy.tokenizer import Tokenizer
+from anatomy.training.loop import compute_dtype
 
 GiB = 1 << 30
 
 
-def model_for_training(spec: str, *, overrides: dict[str, Any], tok: TrainTokenizer, seq_len: int
+def model_for_training(spec: str, *, overrides: dict[str, Any], tok: Tokenizer, seq_len: int
                        ) -> tuple[ModelConfig, nn.Module]:
     """A fresh model from a preset or config file (vocab, special ids and context set from the
     tokenizer and --seq-len unless overridden), or a loaded checkpoint to fine-tune."""
@@ -35,7 +38,7 @@ def model_for_training(spec: str, *, overrides: dict[str, Any], tok: TrainTokeni
     return _loaded(spec)
 
 
-def _fresh_config(spec: str, *, overrides: dict[str, Any], tok: TrainTokenizer, seq_len: int) -> ModelConfig:
+def _fresh_config(spec: str, *, overrides: dict[str, Any], tok: Tokenizer, seq_len: int) -> ModelConfig:
     base = dict(PRESETS[spec]) if spec in PRESETS else _config_file(Path(spec)).to_dict()
     defaults = {"vocab_size": tok.vocab_size, "max_seq_len": seq_len, "pad_token_id": tok.pad_id,
                 "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id}
@@ -47,27 +50,24 @@ def _fresh_config(spec: str, *, overrides: dict[str, Any], tok: TrainTokenizer, 
 
 def _config_file(path: Path) -> ModelConfig:
     try:
-        values = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"--model {path}: not readable JSON ({exc})") from exc
+        values = json.loads(read_text(path, label="--model"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--model {path}: not readable JSON ({exc})") from None
     if not isinstance(values, dict):
         raise InputError(f"--model {path}: expected a JSON object")
     return ModelConfig.from_dict(values) if "d_model" in values else config_from_hf(values)
 
 
 def _loaded(spec: str) -> tuple[ModelConfig, nn.Module]:
-    import anatomy
+    from anatomy.checkpoints.loader import load
 
-    try:
-        model = anatomy.load(spec)
-    except ModuleNotFoundError as exc:
-        raise InputError(f"--model {spec}: not a preset or config file, and checkpoints need anatomy.load ({exc})")
+    model = load(spec)
     return model.config, model
 
 
-def check_fit(config: ModelConfig, tok: TrainTokenizer, *, seq_len: int) -> None:
+def check_fit(config: ModelConfig, tok: Tokenizer, *, seq_len: int) -> None:
     if tok.vocab_size > config.vocab_size:
-        raise ConfigError(f"the tokenizer {tok.name!r} has {tok.vocab_size} tokens, more than the model's "
+        raise ConfigError(f"the tokenizer {tok.source!r} has {tok.vocab_size} tokens, more than the model's "
                           f"vocab_size={config.vocab_size}: token ids past the embedding table cannot be trained")
     if seq_len > config.max_seq_len and config.position in ("learned", "sinusoidal"):
         raise ConfigError(f"--seq-len {seq_len} is past the model's max_seq_len={config.max_seq_len} "
@@ -82,18 +82,17 @@ def check_batch(batch_size: int, *, world: int, accum: int) -> None:
                          "every rank and micro-step needs the same number of rows")
 
 
-def estimated_bytes(model: nn.Module, config: ModelConfig, *, rows: int, seq_len: int, world: int,
-                    sharded: bool) -> tuple[float, float]:
-    """(activations of one micro-batch, weights + grads + AdamW state) in bytes, fp32.
-
-    Activations follow Korthikanti et al. 2022 per layer, 34·S·D + 5·H·S² values per row (halved
-    for their fp16, doubled here for fp32), plus the logits and their gradient (3·S·V)."""
-    n = sum(p.numel() for p in model.parameters())
-    layers = config.n_layers + config.n_decoder_layers
-    per_row = layers * (34 * seq_len * config.d_model + 5 * config.n_heads * seq_len ** 2) * 2 \
-        + 3 * seq_len * config.vocab_size * 4
-    state = 16.0 * n / (world if sharded else 1)
-    return float(rows * per_row), state
+def estimated_bytes(model: nn.Module, config: ModelConfig, *, rows: int, seq_len: int, world: int, sharded: bool,
+                    device: torch.device, activation_checkpointing: bool) -> tuple[float, float]:
+    """(activations of one micro-batch, weights + gradients + AdamW state) in bytes, as
+    analysis.memory measures and counts them for this run: activations in the compute dtype (f32
+    on the CPU, bf16 under autocast on a GPU), every block's or only the checkpointed ones';
+    the state of f32 parameters (autocast leaves them f32), sharded over the ranks by FSDP."""
+    activations = training_activations(config, batch=rows, seq=seq_len, dtype=compute_dtype(device),
+                                       backend="sdpa", head="mlm")
+    state = training_state(sum(p.numel() for p in model.parameters()), dtype="f32").total
+    saved = activations.checkpointed if activation_checkpointing else activations.total
+    return float(saved), state / (world if sharded else 1)
 
 
 def available_bytes(device: torch.device, *, local_ranks: int) -> float:

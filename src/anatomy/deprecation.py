@@ -1,0 +1,30 @@
+"""Old spellings that still work for a release, with a warning that names the new one.
+
+    deprecated("dtype='float16' is deprecated, use 'f16'")
+
+From Python the warning is a `DeprecationWarning` pointing at the caller's line (the first frame
+outside anatomy), so Python shows it where a script calls anatomy and tests can turn it into an
+error. The `anatomy` command shows every one of them as a one-line note on stderr (cli.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+
+class AnatomyDeprecationWarning(DeprecationWarning):
+    """An old spelling of an option, a dtype or a call form: it works, and will be removed."""
+
+
+def deprecated(message: str) -> None:
+    """Warn that something is deprecated; `message` says what and what to use instead."""
+    warnings.warn(message, AnatomyDeprecationWarning, stacklevel=_outside_anatomy())
+
+
+def _outside_anatomy() -> int:
+    """The stacklevel of the first frame whose code is not anatomy's (the user's call)."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "anatomy":
+        level, frame = level + 1, frame.f_back
+    return level
