@@ -151,3 +151,31 @@ def test_smollm2_sixteen_at_once_equal_each_alone(smollm2, smollm2_tokenizer):
         reference.append(ids[:ids.index(2) + 1] if 2 in ids else ids)
     assert solo == reference, "alone in the loop == the engine"
     assert together == reference, "in a batch of 16 == alone"
+
+
+def test_a_failing_step_ends_its_sequences_with_an_error_and_the_loop_goes_on(tiny, capsys):
+    import queue
+
+    loop = ServingLoop(DecoderEngine(tiny), kv_bytes=10 ** 7, block_size=4)
+    build, calls = loop.builder.build, []
+
+    def broken(chunks):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in a step")
+        return build(chunks)
+
+    loop.builder.build = broken
+    loop.start()
+    try:
+        events: queue.Queue = queue.Queue()
+        loop.submit([5, 6, 7], GREEDY, events.put)
+        failed = events.get(timeout=30)
+        assert failed.finish_reason == "error" and "internal error" in failed.error
+        assert loop.blocks.used == 0 and not loop.scheduler.running
+        done = queue.Queue()
+        loop.submit([5, 6, 7], GREEDY, done.put)
+        assert [done.get(timeout=30).token for _ in range(12)][-1] is not None
+    finally:
+        loop.stop()
+    assert "RuntimeError: a bug in a step" in capsys.readouterr().err

@@ -111,7 +111,13 @@ class ServingLoop:
 
     def _run(self) -> None:
         while not self._stopping:
-            if not self.step():
+            try:
+                busy = self.step()
+            except Exception:  # a bug: every sequence in flight ends with an error, the loop keeps serving
+                traceback.print_exc(file=sys.stderr)
+                self._fail_all("internal error in the serving loop (see the server's log)")
+                continue
+            if not busy:
                 self._wake.wait()
                 self._wake.clear()
 
@@ -124,13 +130,9 @@ class ServingLoop:
         if not plan:
             return False
         self.steps += 1
-        try:
-            decode = [(seq, n) for seq, n in plan if n == 1]
-            for group in ([decode] if decode else []) + prefill_groups([(s, n) for s, n in plan if n > 1]):
-                self._run_group(group)
-        except Exception:  # a bug: every sequence in flight ends with an error, the loop keeps serving
-            traceback.print_exc(file=sys.stderr)
-            self._fail_all("internal error in the serving loop (see the server's log)")
+        decode = [(seq, n) for seq, n in plan if n == 1]
+        for group in ([decode] if decode else []) + prefill_groups([(s, n) for s, n in plan if n > 1]):
+            self._run_group(group)
         return True
 
     def _take_inbox(self) -> None:
