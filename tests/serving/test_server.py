@@ -206,9 +206,9 @@ def test_sixteen_concurrent_streams_each_equal_their_solo_output(client):
     def ask(question: str, stream: bool) -> tuple[str, str]:
         messages = [{"role": "user", "content": question}]
         if stream:
-            chunks, text = streamed(client, messages=messages, temperature=0, max_tokens=24)
+            chunks, text = streamed(client, messages=messages, temperature=0, max_tokens=16)
             return chunks[0].id, text
-        r = chat(client, messages=messages, temperature=0, max_tokens=24)
+        r = chat(client, messages=messages, temperature=0, max_tokens=16)
         return r.id, r.choices[0].message.content
 
     solo = [ask(q, False)[1] for q in QUESTIONS]
