@@ -11,6 +11,7 @@ with the same prompts and the same client (anatomy.serving.bench, vLLM's serving
     python -m benchmarks serve
         ANATOMY_BENCH_SERVE_REQUESTS=3 (per unit of concurrency), ANATOMY_BENCH_SERVE_MAX_TOKENS=128,
         ANATOMY_BENCH_SERVE_CONCURRENCY=1,4,16, ANATOMY_BENCH_SERVE_SERVERS=anatomy,llama-server,llama_cpp.server
+        ANATOMY_BENCH_SERVE_DTYPES=f32,bf16 (anatomy's; bf16 only on CPUs with bf16 instructions)
         LLAMA_SERVER=/path/to/llama-server (else benchmarks/build_llama_server.sh builds it, once, ~10-15 min)
 
 Figures vary with the machine's load: the targets are judged on a run with the machine otherwise idle.
@@ -38,6 +39,7 @@ MAX_TOKENS = int(os.environ.get("ANATOMY_BENCH_SERVE_MAX_TOKENS", "128"))
 PROMPT_WORDS = 64
 CONCURRENCY = [int(c) for c in os.environ.get("ANATOMY_BENCH_SERVE_CONCURRENCY", "1,4,16").split(",")]
 SERVERS = os.environ.get("ANATOMY_BENCH_SERVE_SERVERS", "anatomy,llama-server,llama_cpp.server").split(",")
+DTYPES = os.environ.get("ANATOMY_BENCH_SERVE_DTYPES", "f32,bf16").split(",")
 HERE = Path(__file__).parent
 
 
@@ -57,7 +59,7 @@ def llama_server_binary() -> str:
     given = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
     if given:
         return given
-    print("building llama-server from the llama-cpp-python sdist (once)...", flush=True)
+    print("llama-server: benchmarks/build_llama_server.sh (builds it the first time, ~10-15 min)", flush=True)
     out = subprocess.run(["bash", str(HERE / "build_llama_server.sh")], capture_output=True, text=True,
                          env={**os.environ, "PYTHON": sys.executable})
     if out.returncode != 0:
@@ -65,13 +67,29 @@ def llama_server_binary() -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
+def cpu_has_bf16() -> bool:
+    """Does this CPU have bf16 matrix instructions (AVX-512 BF16 or AMX)? Without them torch's bf16
+    products are emulated and hundreds of times slower than f32 (docs/serving.md)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def anatomy_variants() -> list[str]:
+    return [f"anatomy {d}" for d in DTYPES if d != "bf16" or cpu_has_bf16()]
+
+
 def server_command(name: str, port: int, threads: int, slots: int) -> tuple[list[str], dict, str]:
     """(argv, extra request fields, readiness path) of each server."""
     gguf = str(gguf_path())
     context = slots * (PROMPT_WORDS * 2 + MAX_TOKENS + 64)
-    if name == "anatomy":
+    if name.startswith("anatomy"):
+        dtype = name.split()[-1]
         return ([sys.executable, "-m", "anatomy", "serve", "--port", str(port), "--kv-memory", "1GiB",
-                 "--embedding-model", "none", "--batch-size", str(max(slots, 16))], {"ignore_eos": True}, "/health")
+                 "--dtype", dtype, "--embedding-model", "none", "--batch-size", str(max(slots, 16))],
+                {"ignore_eos": True}, "/health")
     if name == "llama-server":
         return ([llama_server_binary(), "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
                  "-tb", str(threads), "--parallel", str(slots), "--cont-batching", "-c", str(context), "--no-webui",
@@ -152,17 +170,21 @@ def table(runs: dict[str, dict[int, BenchResult]]) -> str:
 
 
 def targets(runs: dict[str, dict[int, BenchResult]]) -> list[str]:
-    ours, top = runs.get("anatomy", {}), max(CONCURRENCY)
-    lines = []
-    if top in ours and "llama-server" in runs and top in runs["llama-server"]:
-        ratio = ours[top].output_throughput / runs["llama-server"][top].output_throughput
-        lines.append(f"output tok/s at concurrency {top}: {ratio:.2f}x llama-server (target >= 1.0x, moonshot 2x)")
-    if top in ours and 1 in ours:
-        ratio = ours[top].output_throughput / ours[1].output_throughput
-        lines.append(f"output tok/s at concurrency {top}: {ratio:.2f}x anatomy's own at concurrency 1 (target >= 3x)")
-    if top in ours:
-        ttft = ours[top].ttft_ms
-        lines.append(f"p99 TTFT at concurrency {top}: {ttft['p99'] / ttft['median']:.2f}x its median (target < 2x)")
+    top, lines = max(CONCURRENCY), []
+    for name in (n for n in runs if n.startswith("anatomy")):
+        ours = runs[name]
+        if top in ours and top in runs.get("llama-server", {}):
+            ratio = ours[top].output_throughput / runs["llama-server"][top].output_throughput
+            lines.append(f"{name}: output tok/s at concurrency {top}: {ratio:.2f}x llama-server "
+                         "(target >= 1.0x, moonshot 2x)")
+        if top in ours and 1 in ours:
+            ratio = ours[top].output_throughput / ours[1].output_throughput
+            lines.append(f"{name}: output tok/s at concurrency {top}: {ratio:.2f}x its own at concurrency 1 "
+                         "(target >= 3x)")
+        if top in ours:
+            ttft = ours[top].ttft_ms
+            lines.append(f"{name}: p99 TTFT at concurrency {top}: {ttft['p99'] / ttft['median']:.2f}x its median "
+                         "(target < 2x)")
     return lines
 
 
@@ -170,7 +192,8 @@ def main() -> None:
     threads = torch.get_num_threads()
     print(f"{MODEL} ({gguf_path().name}), {PROMPT_WORDS}-word prompts, {MAX_TOKENS} new tokens each (EOS ignored), "
           f"greedy; {REQUESTS} x concurrency requests per run; {threads} threads", flush=True)
-    runs = {name: measure(name, threads) for name in SERVERS}
+    names = [v for name in SERVERS for v in (anatomy_variants() if name == "anatomy" else [name])]
+    runs = {name: measure(name, threads) for name in names}
     print()
     print(table(runs))
     print()
