@@ -3,15 +3,16 @@ continuous batching, one slot per concurrent request) and llama-cpp-python's ser
 (`python -m llama_cpp.server`), on the same GGUF file (the embedded SmolLM2-135M-Instruct Q4_1),
 with the same prompts and the same client (anatomy.serving.bench, vLLM's serving metrics).
 
-    each server, in turn: start it, warm it up, then for concurrency 1, 4, 16:
+    every server started and warmed up; then for concurrency 1, 4, 16, each server in turn:
         REQUESTS x concurrency streamed /v1/completions requests, all at once behind the concurrency cap,
         PROMPT_WORDS random ordinary words each, MAX_TOKENS new tokens each (EOS ignored), greedy
+        (ROUNDS times over: the run with the median output tok/s is reported)
     threads: torch's intra-op count for anatomy; -t / --n_threads the same for the llama.cpp servers
 
     python -m benchmarks serve
         ANATOMY_BENCH_SERVE_REQUESTS=3 (per unit of concurrency), ANATOMY_BENCH_SERVE_MAX_TOKENS=128,
         ANATOMY_BENCH_SERVE_CONCURRENCY=1,4,16, ANATOMY_BENCH_SERVE_SERVERS=anatomy,llama-server,llama_cpp.server
-        ANATOMY_BENCH_SERVE_DTYPES=f32,bf16 (anatomy's; bf16 only on CPUs with bf16 instructions)
+        ANATOMY_BENCH_SERVE_ROUNDS=1, ANATOMY_BENCH_SERVE_DTYPES=f32,bf16 (anatomy's; bf16 only on CPUs with bf16 instructions)
         LLAMA_SERVER=/path/to/llama-server (else benchmarks/build_llama_server.sh builds it, once, ~10-15 min)
 
 Figures vary with the machine's load: the targets are judged on a run with the machine otherwise idle.
@@ -37,6 +38,7 @@ MODEL = "smollm2-135m-instruct"
 REQUESTS = int(os.environ.get("ANATOMY_BENCH_SERVE_REQUESTS", "3"))
 MAX_TOKENS = int(os.environ.get("ANATOMY_BENCH_SERVE_MAX_TOKENS", "128"))
 PROMPT_WORDS = 64
+ROUNDS = int(os.environ.get("ANATOMY_BENCH_SERVE_ROUNDS", "1"))
 CONCURRENCY = [int(c) for c in os.environ.get("ANATOMY_BENCH_SERVE_CONCURRENCY", "1,4,16").split(",")]
 SERVERS = os.environ.get("ANATOMY_BENCH_SERVE_SERVERS", "anatomy,llama-server,llama_cpp.server").split(",")
 DTYPES = os.environ.get("ANATOMY_BENCH_SERVE_DTYPES", "f32,bf16").split(",")
@@ -130,30 +132,45 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def measure(name: str, threads: int) -> dict[int, BenchResult]:
-    port = free_port()
-    slots = max(CONCURRENCY)
-    argv, extra, ready = server_command(name, port, threads, slots)
-    results = {}
-    with tempfile.TemporaryFile() as log:
-        proc = start(argv, port, ready, log)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            run_benchmark(url, model=MODEL, prompts=make_prompts(2, PROMPT_WORDS, seed=99), max_tokens=8,
-                          concurrency=2, extra=extra)  # warm-up
-            for concurrency in CONCURRENCY:
-                prompts = make_prompts(REQUESTS * concurrency, PROMPT_WORDS, seed=concurrency)
-                result = run_benchmark(url, model=MODEL, prompts=prompts, max_tokens=MAX_TOKENS,
-                                       concurrency=concurrency, extra=extra)
-                if result.failed:
-                    raise RuntimeError(f"{name}: {result.failed} requests failed: {result.errors[:2]}")
-                results[concurrency] = result
-                print(f"  {name} c={concurrency}: {result.output_throughput:.1f} output tok/s, TTFT median "
-                      f"{result.ttft_ms['median']:.0f} ms p99 {result.ttft_ms['p99']:.0f} ms, TPOT median "
-                      f"{result.tpot_ms['median']:.1f} ms", flush=True)
-        finally:
-            stop(proc)
-    return results
+class Running:
+    """One server up for the whole run (idle servers cost nothing), so that the servers can be
+    measured in turn, each concurrency level after the others: they share the machine's ups and downs."""
+
+    def __init__(self, name: str, threads: int) -> None:
+        self.name, self.port = name, free_port()
+        argv, self.extra, ready = server_command(name, self.port, threads, max(CONCURRENCY))
+        self.log = tempfile.TemporaryFile()
+        self.proc = start(argv, self.port, ready, self.log)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.run(make_prompts(2, PROMPT_WORDS, seed=99), 8, 2)  # warm-up
+
+    def run(self, prompts: list[str], max_tokens: int, concurrency: int) -> BenchResult:
+        result = run_benchmark(self.url, model=MODEL, prompts=prompts, max_tokens=max_tokens,
+                               concurrency=concurrency, extra=self.extra)
+        if result.failed:
+            raise RuntimeError(f"{self.name}: {result.failed} requests failed: {result.errors[:2]}")
+        return result
+
+    def close(self) -> None:
+        stop(self.proc)
+        self.log.close()
+
+
+def measure(servers: list[Running]) -> dict[str, dict[int, BenchResult]]:
+    """Every concurrency level, ROUNDS times, the servers in turn; per server and level the run with
+    the median output throughput."""
+    runs: dict[str, dict[int, list[BenchResult]]] = {s.name: {c: [] for c in CONCURRENCY} for s in servers}
+    for round_ in range(ROUNDS):
+        for concurrency in CONCURRENCY:
+            prompts = make_prompts(REQUESTS * concurrency, PROMPT_WORDS, seed=concurrency + 100 * round_)
+            for server in servers:
+                r = server.run(prompts, MAX_TOKENS, concurrency)
+                runs[server.name][concurrency].append(r)
+                print(f"  {server.name} c={concurrency}: {r.output_throughput:.1f} output tok/s, TTFT median "
+                      f"{r.ttft_ms['median']:.0f} ms p99 {r.ttft_ms['p99']:.0f} ms, TPOT median "
+                      f"{r.tpot_ms['median']:.1f} ms", flush=True)
+    return {name: {c: sorted(rs, key=lambda r: r.output_throughput)[len(rs) // 2] for c, rs in by_c.items()}
+            for name, by_c in runs.items()}
 
 
 def table(runs: dict[str, dict[int, BenchResult]]) -> str:
@@ -191,9 +208,16 @@ def targets(runs: dict[str, dict[int, BenchResult]]) -> list[str]:
 def main() -> None:
     threads = torch.get_num_threads()
     print(f"{MODEL} ({gguf_path().name}), {PROMPT_WORDS}-word prompts, {MAX_TOKENS} new tokens each (EOS ignored), "
-          f"greedy; {REQUESTS} x concurrency requests per run; {threads} threads", flush=True)
+          f"greedy; {REQUESTS} x concurrency requests per run, {ROUNDS} round(s); {threads} threads", flush=True)
     names = [v for name in SERVERS for v in (anatomy_variants() if name == "anatomy" else [name])]
-    runs = {name: measure(name, threads) for name in names}
+    servers: list[Running] = []
+    try:
+        for name in names:
+            servers.append(Running(name, threads))
+        runs = measure(servers)
+    finally:
+        for server in servers:
+            server.close()
     print()
     print(table(runs))
     print()
