@@ -36,6 +36,18 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert stderr.count("\n") == 1 and stderr.startswith(f"anatomy {command}: error: ") and message in stderr, stderr
 
 
+def test_help_never_shows_the_key_from_the_environment():
+    import os
+    import subprocess
+
+    from .test_generate_cli import ANATOMY
+
+    for command in ("serve", "bench-serve"):
+        out = subprocess.run([ANATOMY, command, "--help"], capture_output=True, timeout=60,
+                             env={**os.environ, "ANATOMY_API_KEY": "do-not-print-me"})
+        assert out.returncode == 0 and b"--api-key" in out.stdout and b"do-not-print-me" not in out.stdout
+
+
 def test_a_busy_port_fails_at_once():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

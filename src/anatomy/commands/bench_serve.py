@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 
+from anatomy.commands.serve import DefaultsShown
 from anatomy.errors import InputError
 
 
@@ -20,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "vLLM, ...) at a fixed concurrency or with Poisson arrivals, and report request and token "
                     "throughput and the mean, median and p99 of TTFT, TPOT, inter-token and end-to-end latency "
                     "(the figures vLLM's serving benchmark reports).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsShown)
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL (loopback only)")
     p.add_argument("--model", default="smollm2-135m-instruct", help="the model name the requests carry")
     p.add_argument("--concurrency", type=int, default=4, help="most requests in flight at once")
@@ -30,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input-words", type=int, default=64, help="words per prompt (random ordinary words)")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens each request generates (EOS ignored)")
     p.add_argument("--chat", action="store_true", help="use /v1/chat/completions instead of /v1/completions")
-    p.add_argument("--api-key", default=os.environ.get("ANATOMY_API_KEY"), help="sent as a Bearer token")
+    p.add_argument("--api-key", default=None, help="sent as a Bearer token (default: $ANATOMY_API_KEY, else none)")
     p.add_argument("--seed", type=int, default=0, help="prompts and arrival times")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=run)
@@ -46,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     result = run_benchmark(args.url, model=args.model, prompts=make_prompts(args.requests, args.input_words,
                                                                             seed=args.seed),
                            max_tokens=args.max_tokens, concurrency=args.concurrency, rate=args.rate, chat=args.chat,
-                           api_key=args.api_key, extra={"ignore_eos": True}, seed=args.seed)
+                           api_key=args.api_key or os.environ.get("ANATOMY_API_KEY"), extra={"ignore_eos": True},
+                           seed=args.seed)
     print(json.dumps(result.as_dict(), indent=2) if args.json else result.report())
     if result.failed == result.requests:
         raise InputError(f"every request failed; the first: {result.errors[0]}")

@@ -25,18 +25,25 @@ UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6
          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30}
 
 
+class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in --help, except unset ones (and so never a key taken from the environment)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve", help="serve a model over the OpenAI API (continuous batching, paged KV cache)",
         description="Serve a decoder model over the OpenAI HTTP API (/v1/chat/completions, /v1/completions, "
                     "/v1/embeddings, /v1/models) with continuous batching over a paged KV cache with prefix "
                     "caching; /health, /metrics (Prometheus), /tokenize, /detokenize.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsShown)
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="an installed model name, a .gguf file or a Hugging Face model directory")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="TCP port")
-    p.add_argument("--api-key", default=os.environ.get("ANATOMY_API_KEY"),
+    p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every request but /health and /metrics "
                         "(default: $ANATOMY_API_KEY, else none)")
     p.add_argument("--embedding-model", default=None,
@@ -59,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     from anatomy import dtypes
 
     kv_bytes = parse_memory(args.kv_memory)
+    if args.api_key is None:
+        args.api_key = os.environ.get("ANATOMY_API_KEY") or None
     _check_args(args)
     args.dtype = dtypes.parse(args.dtype, option="--dtype").name
     from anatomy.serving.app import ServerState, create_app
