@@ -133,7 +133,8 @@ def test_prefill_groups_bound_padding():
 @pytest.mark.slow
 def test_smollm2_sixteen_at_once_equal_the_engine_alone(smollm2, smollm2_tokenizer):
     """The real model, fp32: 16 chat prompts decoded together (prefilled in chunks of a 256-token
-    budget) give each prompt's greedy tokens from the engine alone."""
+    budget) give each prompt's greedy tokens from the engine alone, and so do they again from the
+    prefix cache."""
     from anatomy.inference.generate import encode_prompt
 
     engine = DecoderEngine(smollm2)
@@ -150,6 +151,9 @@ def test_smollm2_sixteen_at_once_equal_the_engine_alone(smollm2, smollm2_tokeniz
         ids = engine_tokens(engine, p, params)
         alone.append(ids[:ids.index(2) + 1] if 2 in ids else ids)
     assert together == alone
+    hits = loop.blocks.hit_tokens
+    assert [tokens_of(events) for events in run_all(loop, prompts, params)] == alone, "from cached prefix blocks"
+    assert loop.blocks.hit_tokens - hits >= 16 * 16, "every prompt's full blocks were reused"
 
 
 def test_a_failing_step_ends_its_sequences_with_an_error_and_the_loop_goes_on(tiny, capsys):
