@@ -25,6 +25,7 @@ from torch import Tensor
 
 from anatomy.errors import InputError
 from anatomy.inference.engine import DecoderEngine
+from anatomy.inference.generate import eos_ids
 from anatomy.inference.sampling import SamplingParams, make_generator, next_tokens, token_logprobs
 from anatomy.inference.streaming import StopStringFilter, TextRow
 from anatomy.serving.blocks import BlockManager
@@ -61,8 +62,7 @@ class ServingLoop:
         self.builder = StepBuilder(engine.model.stack, self.cache, context=self.context, dtype=engine.dtype,
                                    device=engine.device)
         self.metrics = ServingMetrics(name)
-        self.eos_ids = frozenset(tokenizer.eos_ids) if tokenizer is not None and tokenizer.eos_ids else (
-            frozenset() if config.eos_token_id is None else frozenset({config.eos_token_id}))
+        self.eos_ids = eos_ids(engine.model, tokenizer)
         self._inbox: queue.SimpleQueue[tuple[str, Sequence]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = False
