@@ -12,6 +12,17 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _plan_cache(tmp_path_factory):
+    """Kernel plans measured by the tests go to a directory of this session, not the user's cache."""
+    from anatomy.inference.plan_cache import CACHE_ENV
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("anatomy-cache")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="session")
 def smollm2_gguf_path():
     from anatomy.checkpoints.registry import resolve
@@ -21,10 +32,10 @@ def smollm2_gguf_path():
 
 @pytest.fixture(scope="session")
 def smollm2(smollm2_gguf_path):
-    """anatomy's fp32 SmolLM2-135M-Instruct, loaded from the embedded Q4_1 GGUF."""
+    """anatomy's fp32 SmolLM2-135M-Instruct (every weight dequantized), from the embedded Q4_1 GGUF."""
     import anatomy
 
-    return anatomy.load(smollm2_gguf_path)
+    return anatomy.load(smollm2_gguf_path, weights="f32")
 
 
 @pytest.fixture(scope="session")

@@ -13,21 +13,36 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.errors import CheckpointError
+from anatomy.weights.choice import install
+from anatomy.weights.formats import WeightFormat
+from anatomy.weights.modules import compact_modules, inside_compact
 
 
 def expected_shapes(model: nn.Module) -> dict[str, torch.Size]:
-    """The model's own parameter and persistent-buffer names and shapes (tied weights once)."""
+    """The model's own parameter and persistent-buffer names and shapes (tied weights once), a
+    compact weight under the dense name and shape it stands for (`lm_head.weight` [V, D])."""
     aliases = tied_aliases(model)
-    return {name: t.shape for name, t in model.state_dict(keep_vars=True).items() if name not in aliases}
+    compact = compact_modules(model)
+    shapes = {name: t.shape for name, t in model.state_dict(keep_vars=True).items()
+              if name not in aliases and not inside_compact(name, compact)}
+    seen: set[int] = set()
+    for name, module in compact.items():
+        if id(module.compact) not in seen:
+            seen.add(id(module.compact))
+            shapes[f"{name}.weight"] = torch.Size(module.compact.shape)
+    return shapes
 
 
 def assign_tensors(model: nn.Module, tensors: dict[str, Tensor], *, source: str | Path,
-                   dtype: torch.dtype | None = None) -> nn.Module:
-    """Assign `tensors` (model names) to `model`; raise CheckpointError listing what is missing,
-    unexpected, or of the wrong shape. Tied weights are given once, under the name that owns them."""
+                   dtype: torch.dtype | None = None, compact: dict[str, WeightFormat] | None = None) -> nn.Module:
+    """Assign `tensors` (model names) to `model`, and install the weights of `compact` ({name:
+    WeightFormat}) in compact modules; raise CheckpointError listing what is missing, unexpected,
+    or of the wrong shape. Tied weights are given once, under the name that owns them."""
+    compact = compact or {}
     expected = expected_shapes(model)
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
+    given = {**{k: v.shape for k, v in tensors.items()}, **{k: torch.Size(f.shape) for k, f in compact.items()}}
+    missing = sorted(set(expected) - set(given))
+    unexpected = sorted(set(given) - set(expected)) + sorted(set(tensors) & set(compact))
     if missing or unexpected:
         parts = []
         if missing:
@@ -35,16 +50,23 @@ def assign_tensors(model: nn.Module, tensors: dict[str, Tensor], *, source: str 
         if unexpected:
             parts.append(f"unexpected tensors {unexpected}")
         raise CheckpointError(f"{source}: {'; '.join(parts)}")
-    for name, t in tensors.items():
-        if t.shape != expected[name]:
+    for name, shape in given.items():
+        if shape != expected[name]:
             raise CheckpointError(
-                f"{source}: tensor {name!r} has shape {list(t.shape)}, the model expects {list(expected[name])}")
+                f"{source}: tensor {name!r} has shape {list(shape)}, the model expects {list(expected[name])}")
     if dtype is not None:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
     model.load_state_dict(tensors, strict=False, assign=True)
     _retie(model)
+    if compact:
+        install(model, compact, dtype=dtype or _activation_dtype(model))
     _materialize_buffers(model)
     return model.eval()
+
+
+def _activation_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the model's dense float tensors (its norms, say): what its activations are."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point() and not p.is_meta), torch.float32)
 
 
 def tied_aliases(model: nn.Module) -> dict[str, str]:

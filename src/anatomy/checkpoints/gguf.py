@@ -30,13 +30,16 @@ from anatomy.checkpoints.gguf_config import (
     rope_tensors,
 )
 from anatomy.checkpoints.gguf_dequant import dequantize, supported_types
-from anatomy.checkpoints.gguf_names import Part, from_gguf_rows, tensor_plan, to_gguf_rows
+from anatomy.checkpoints.gguf_names import Part, part_bytes, tensor_plan, to_gguf_rows
 from anatomy.checkpoints.gguf_reader import GGUFFile, GGUFTensor, read_gguf
 from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME, ValueType
 from anatomy.checkpoints.gguf_writer import MetadataEntry, TensorEntry, infer_types, write_gguf
 from anatomy.config import ModelConfig
 from anatomy.errors import InputError
 from anatomy.models import build_model
+from anatomy.weights.choice import compact_formats, parse_weights
+from anatomy.weights.gguf import lossless_format, plain_matrix
+from anatomy.weights.modules import float_state_dict
 
 SAVE_DTYPES = {"f32": ("F32", 0), "f16": ("F16", 1)}  # tensor type, general.file_type (ALL_F32, MOSTLY_F16)
 TOKENIZER_PREFIX = "tokenizer."
@@ -47,8 +50,10 @@ def read_gguf_config(path: str | Path) -> ModelConfig:
     return config_from_gguf(read_gguf(path))
 
 
-def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """The model stored in the GGUF file at `path`, in `dtype`, in eval mode. (Its tokenizer is
+def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, weights: str = "f32") -> nn.Module:
+    """The model stored in the GGUF file at `path`, in eval mode: its matrices in the formats the
+    `weights` choice gives them (weights/choice.py; "auto" keeps the file's blocks where a format
+    holds them exactly), every other tensor in `dtype`. (Its tokenizer is
     `anatomy.load_tokenizer(path)`, which also keeps the file's tokenizer metadata for save_gguf.)"""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise InputError(f"dtype={dtype!r} must be a floating-point torch.dtype")
@@ -58,8 +63,13 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> nn.Mod
     shapes = expected_shapes(model)
     plan = tensor_plan(shapes, config, gguf_architecture(f))
     _check_plan(f, plan, shapes)
-    tensors = {name: _assemble(f, parts, shapes[name], dtype) for name, parts in plan.items()}
-    return assign_tensors(model, tensors, source=f.path, dtype=dtype)
+    compact = compact_formats(
+        model, parse_weights(weights), dtype=dtype,
+        lossless=lambda name: lossless_format(f, plan[name], shapes[name][1], label=name)
+        if plain_matrix(plan[name]) else None,
+        dense=lambda name: _assemble(f, plan[name], shapes[name], torch.float32))
+    tensors = {name: _assemble(f, parts, shapes[name], dtype) for name, parts in plan.items() if name not in compact}
+    return assign_tensors(model, tensors, source=f.path, dtype=dtype, compact=compact)
 
 
 def tokenizer_metadata(f: GGUFFile) -> dict[str, tuple[tuple[ValueType, ...], Any]]:
@@ -101,17 +111,6 @@ def _short(names: list[str], n: int = 6) -> str:
     return ", ".join(names[:n]) + (f" ... ({len(names)} in all)" if len(names) > n else "")
 
 
-def _part_bytes(f: GGUFFile, part: Part) -> np.ndarray:
-    """The part's raw bytes, rows [rows, bytes per row] put back in HF's rotary order if needed
-    (rows of a quantized tensor are whole blocks, so they move before dequantizing)."""
-    raw = f.raw(part.name)
-    if not part.heads:
-        return raw
-    rows = raw.reshape(part.rows, -1)  # [rows, bytes per row]
-    order = from_gguf_rows(torch.arange(part.rows), part.heads).numpy()
-    return rows[order].reshape(-1)
-
-
 def _assemble(f: GGUFFile, parts: list[Part], shape: torch.Size, dtype: torch.dtype) -> Tensor:
     """One of our tensors from its GGUF parts: fused along rows (of each expert), rotary row order
     undone, Gemma's 1 + w back to w."""
@@ -126,7 +125,7 @@ def _assemble(f: GGUFFile, parts: list[Part], shape: torch.Size, dtype: torch.dt
         if p.experts:  # [E, rows, C] fills rows row..row+rows of every expert
             out[:, row:row + p.rows] = dequantize(f.raw(p.name), t.type, t.shape)
         else:
-            dequantize(_part_bytes(f, p), t.type, t.shape, out=out[row:row + p.rows])
+            dequantize(part_bytes(f.raw(p.name), p), t.type, t.shape, out=out[row:row + p.rows])
         row += p.rows
     return out
 
@@ -153,7 +152,7 @@ def save_gguf(model: nn.Module, path: str | Path, *, dtype: str = "f32", tokeniz
     metadata += _special_token_entries(config, {key for key, _, _ in metadata})
     shapes = expected_shapes(model)
     plan = tensor_plan(shapes, config, arch)
-    state = model.state_dict()
+    state = float_state_dict(model)
     tensors = [_entry(state[name], p, row, type_name) for name, parts in plan.items() for p, row in _rows(parts)]
     tensors += [TensorEntry(name=name, type=TENSOR_TYPES_BY_NAME["F32"], shape=values.shape, data=lambda v=values: v)
                 for name, values in rope_tensors(config).items()]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -128,3 +129,13 @@ def to_gguf_rows(t: Tensor, heads: int) -> Tensor:
     """The inverse of from_gguf_rows: HF's half-split rows -> llama.cpp's pairwise order."""
     rest = t.shape[1:]
     return t.reshape(heads, 2, -1, *rest).transpose(1, 2).reshape(t.shape)  # [H, 2, d_h/2] -> [H, d_h/2, 2]
+
+
+def part_bytes(raw: np.ndarray, part: Part) -> np.ndarray:
+    """A part's raw bytes `raw` with its rows [rows, bytes per row] put back in HF's rotary order
+    when llama.cpp reordered them: a row of a quantized tensor is whole blocks, so rows move as bytes."""
+    if not part.heads:
+        return raw
+    rows = raw.reshape(part.rows, -1)  # [rows, bytes per row]
+    order = from_gguf_rows(torch.arange(part.rows), part.heads).numpy()
+    return rows[order].reshape(-1)

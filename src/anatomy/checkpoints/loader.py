@@ -25,22 +25,32 @@ _PATH_SUFFIXES = (".gguf", ".json", ".safetensors")
 _GGUF_FLOAT_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 
 
-def load(name_or_path: str | Path, *, dtype: str | torch.dtype | None = "f32") -> nn.Module:
+def load(name_or_path: str | Path, *, weights: str | torch.dtype = "auto",
+         dtype: str | torch.dtype | None = "f32") -> nn.Module:
     """The model of a checkpoint (HF directory, .gguf file or installed model name), in eval mode.
 
-    `dtype` is "f32", "f16", "bf16" (or a torch dtype): the weights are converted to it. None keeps
-    the checkpoint's own, in both formats: an HF checkpoint's tensors stay as the safetensors hold
-    them; a GGUF file's model gets the float type its matrices are stored in (F32, F16 or BF16),
-    and f32 when they are quantized (they are dequantized on loading)."""
+    `weights` is the format of its matrices (every linear layer and the token embedding):
+    "auto" keeps a GGUF file's quantized blocks where a compact format holds them exactly (the
+    model then reads ~5 bits a weight, not 32) and an HF checkpoint's floats; "f32", "f16", "bf16",
+    "int8", "int4" convert (see anatomy.weights.choice). Compact weights live in CompactLinear /
+    CompactEmbedding modules; the engine runs them through its measured kernel plan.
+
+    `dtype` is "f32", "f16", "bf16" (or a torch dtype) for everything else (norms, biases, the
+    activations of model(ids)) and for dense matrices. None keeps the checkpoint's own, in both
+    formats: an HF checkpoint's tensors stay as the safetensors hold them; a GGUF file's model gets
+    the float type its matrices are stored in (F32, F16 or BF16), f32 when they are quantized."""
+    from anatomy.weights.choice import parse_weights
+
     path = resolve_path(name_or_path)
+    choice = parse_weights(weights)
     wanted = dtypes.torch_dtype(dtype) if dtype is not None else None
     if path.suffix == ".gguf":
         from anatomy.checkpoints.gguf import load_gguf
 
-        return load_gguf(path, dtype=wanted if wanted is not None else _gguf_file_dtype(path))
+        return load_gguf(path, dtype=wanted if wanted is not None else _gguf_file_dtype(path), weights=choice)
     from anatomy.checkpoints.safetensors import load_hf
 
-    return load_hf(_hf_directory(path), dtype=wanted)
+    return load_hf(_hf_directory(path), dtype=wanted, weights=choice)
 
 
 def _gguf_file_dtype(path: Path) -> torch.dtype:

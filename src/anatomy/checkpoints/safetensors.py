@@ -25,6 +25,8 @@ from anatomy.checkpoints.safetensors_format import atomic_file, read_tensors, wr
 from anatomy.config import ModelConfig
 from anatomy.errors import CheckpointError, ConfigError
 from anatomy.models import build_model
+from anatomy.weights.choice import compact_formats, install
+from anatomy.weights.modules import float_state_dict
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -39,9 +41,10 @@ def read_hf_config(path: str | Path) -> ModelConfig:
     return _config_of(_read_json(file), file)
 
 
-def load_hf(path: str | Path, *, dtype: torch.dtype | None = torch.float32) -> nn.Module:
+def load_hf(path: str | Path, *, dtype: torch.dtype | None = torch.float32, weights: str = "auto") -> nn.Module:
     """The model of an HF checkpoint directory, in eval mode, its weights converted to `dtype`
-    (None keeps the file's)."""
+    (None keeps the file's), its matrices then in the formats of the `weights` choice
+    (weights/choice.py; "auto" keeps them dense)."""
     directory = Path(path)
     hf = _read_json(directory / CONFIG_NAME)
     config = _config_of(hf, directory / CONFIG_NAME)
@@ -53,6 +56,11 @@ def load_hf(path: str | Path, *, dtype: torch.dtype | None = torch.float32) -> n
     ours = _from_hf_names(model, family, tensors, files)
     model = assign_tensors(model, ours, source=directory, dtype=dtype)
     model.hf_layout = family  # save_hf writes it back as the class it came from
+    if weights != "auto":
+        state = model.state_dict()
+        own = next(p.dtype for p in model.parameters() if p.is_floating_point())
+        install(model, compact_formats(model, weights, dtype=own, lossless=lambda name: None,
+                                       dense=lambda name: state[name]), dtype=own)
     return model
 
 
@@ -187,7 +195,7 @@ def _write_files(directory: Path, hf: dict[str, Any], tensors: dict[str, Tensor]
 
 
 def _to_hf_names(model: nn.Module, family: str, dtype: torch.dtype | None) -> dict[str, Tensor]:
-    state = model.state_dict()
+    state = float_state_dict(model)
     out = {}
     for link in tensor_links(model, family):
         t = state[link.ours].detach()

@@ -18,8 +18,8 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-from anatomy.inference.chunked_linear import use_chunked_linears
 from anatomy.inference.kv_cache import KVCache
+from anatomy.inference.planning import plan_view
 from anatomy.inference.sampling import SamplingParams, make_generator, next_tokens
 from anatomy.inference.steps import DecodeSteps, PaddedBatch
 from anatomy.inference.view import engine_view
@@ -36,9 +36,9 @@ class DecoderEngine:
     same weights, its own modules, so the caller's model is never changed.
     """
 
-    def __init__(self, model: nn.Module, *, compile: bool = False) -> None:
+    def __init__(self, model: nn.Module, *, compile: bool = False, plan_cache: bool = True) -> None:
         self.model = engine_view(model)
-        use_chunked_linears(self.model)
+        self.plan, self._dtype = plan_view(self.model, compile=compile, cache=plan_cache)
         self.compiled = compile
         self._step = _compiled(self._forward_step) if compile else self._forward_step
         self._caches: dict[tuple[int, int], KVCache] = {}
@@ -50,8 +50,8 @@ class DecoderEngine:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The activations' dtype (that of the token embeddings)."""
-        return self.model.stack.embed.dtype
+        """The activations' dtype, chosen with the kernel plan (inference/planning.py)."""
+        return self._dtype
 
     def tokens(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[Tensor]:
         config = self.model.config

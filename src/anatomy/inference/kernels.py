@@ -1,0 +1,261 @@
+"""The candidate implementations of y = x @ W^T for each weight format.
+
+A `Form` is a layout built from a WeightFormat when a model is prepared for inference: torch's
+packed int4 (its CPU layout depends on the machine's vector width, so it is never saved), a dense
+f16 copy, FBGEMM's packed fp16, oneDNN's reordered bf16. A `Kernel` runs on one form and takes
+activations of one dtype; `kernel.bind(prepared)` gives the function `x [M, K] -> y [M, N]`
+(output in the kernel's activation dtype; bias not included) that a PlannedLinear calls.
+
+    kernel          form         activations  what runs
+    f32 / f16 / bf16  dense      same         F.linear (MKL or oneDNN GEMM / GEMV)
+    */chunked       dense        same         the chunk-parallel bmm of chunked_linear (few rows only)
+    bf16/onednn     onednn-bf16  bf16         oneDNN's linear on a weight reordered for it
+    f16/fbgemm      fbgemm-f16   f32          FBGEMM's fp16-weight GEMM (quantized.linear_dynamic_fp16)
+    int4pack        int4pack     bf16         torch's _weight_int4pack_mm_for_cpu, group-wise scale and zero
+    int8g/int4x2    int4x2       bf16         Q8_0-style int8 split exactly into two int4 halves, one int4pack call
+    int8pack        int8pack     bf16         torch's _weight_int8pack_mm, per-channel scale
+
+`candidates(fmt)` lists the kernels available for a format on this machine; which one is fastest
+is never assumed here: inference.plan measures them. COMPILABLE_KERNELS are those that work inside
+torch.compile (the oneDNN and FBGEMM ones do not: pass kernels=COMPILABLE_KERNELS to the plan of
+a model whose decode step is compiled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from anatomy.weights.formats import FloatWeight, Int4Weight, Int8GroupWeight, Int8Weight, WeightFormat
+
+Prepared = tuple[Any, ...]  # what a form builds: tensors (and FBGEMM's packed-parameter object)
+CHUNKED_MAX_ROWS = 16  # the chunk-parallel bmm is for decode products; above this a GEMM is threaded anyway
+INT4PACK_GROUPS = (32, 64, 128, 256)
+INT4PACK_N_MULTIPLE = 16
+
+
+@dataclass(frozen=True)
+class Form:
+    """A layout built from a WeightFormat: `build(fmt) -> Prepared`, valid for the formats `accepts` takes."""
+
+    name: str
+    build: Callable[[WeightFormat], Prepared]
+    accepts: Callable[[WeightFormat], bool]
+    nbytes: Callable[[WeightFormat], int]  # bytes the built form holds
+    keeps: Callable[[WeightFormat], bool] = lambda fmt: True  # holds a float weight without rounding it
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One implementation of x [M, K] @ W^T on one form; `bind(prepared)` -> fn(x [M, K] act_dtype) -> [M, N]."""
+
+    name: str
+    form: Form
+    act_dtype: torch.dtype
+    bind: Callable[[Prepared], Callable[[Tensor], Tensor]]
+    max_rows: int | None = None  # None: any number of rows
+    accepts: Callable[[WeightFormat], bool] = lambda fmt: True  # beyond what the form accepts
+    compiles: bool = True  # works inside torch.compile(fullgraph=True) (torch 2.13, checked by a slow test)
+
+    def supports(self, fmt: WeightFormat) -> bool:
+        return self.form.accepts(fmt) and self.accepts(fmt)
+
+
+# -- forms ---------------------------------------------------------------------------------------
+
+def _dense_form(dtype: torch.dtype) -> Form:
+    def build(fmt: WeightFormat) -> Prepared:
+        if isinstance(fmt, FloatWeight) and fmt.weight.dtype == dtype:
+            return (fmt.weight.contiguous(),)  # no copy
+        return (fmt.dequantize(dtype).contiguous(),)  # [N, K]
+
+    name = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
+    return Form(name, build, lambda fmt: True, lambda fmt: fmt.shape[0] * fmt.shape[1] * dtype.itemsize,
+                keeps=lambda fmt: _holds(dtype, fmt))
+
+
+def _holds(dtype: torch.dtype, fmt: WeightFormat) -> bool:
+    """Does a `dtype` layout hold every value of `fmt` exactly? (float32 holds every float format;
+    a narrower one only its own; quantized formats are rounded already.)"""
+    return not isinstance(fmt, FloatWeight) or dtype in (torch.float32, fmt.weight.dtype)
+
+
+def _int4pack_ok(fmt: WeightFormat) -> bool:
+    return (_has_op("_weight_int4pack_mm_for_cpu") and fmt.group in INT4PACK_GROUPS
+            and fmt.shape[0] % INT4PACK_N_MULTIPLE == 0)
+
+
+def _build_int4pack(fmt: Int4Weight) -> Prepared:
+    """torch's layout: packed codes, and [K/g, N, 2] (scale, zero) with W = (q - 8) * scale + zero."""
+    q = fmt.codes_unpacked().to(torch.int32)  # [N, K]
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
+    scale, offset = fmt.scale.float(), fmt.offset.float()  # [N, K/g]
+    zero = offset + 8 * scale  # q * s + o == (q - 8) * s + (o + 8s)
+    return packed, _scales_and_zeros(scale, zero)
+
+
+def _scales_and_zeros(scale: Tensor, zero: Tensor) -> Tensor:
+    """[N, K/g] twice -> [K/g, N, 2] bfloat16 (the activation dtype: the op takes no other)."""
+    return torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+
+
+def _build_int4x2(fmt: Int8GroupWeight) -> Prepared:
+    """int8 codes c = 16 * hi + lo (hi = c >> 4 in -8..7, lo = c & 15) as one int4 weight over 2K inputs:
+    [hi | lo] with scales (16 d, 0) and (d, 8 d), so that x [M, K] -> [x | x] [M, 2K] gives x @ W^T."""
+    c = fmt.codes.to(torch.int32)  # [N, K]
+    q = torch.cat([(c >> 4) + 8, c & 15], dim=1)  # [N, 2K], 0..15
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
+    d = fmt.scale.float()  # [N, K/g]
+    scale = torch.cat([16 * d, d], dim=1)  # [N, 2K/g]
+    zero = torch.cat([torch.zeros_like(d), 8 * d], dim=1)
+    return packed, _scales_and_zeros(scale, zero)
+
+
+def _build_int8pack(fmt: Int8Weight) -> Prepared:
+    return fmt.codes.contiguous(), fmt.scale.to(torch.bfloat16)  # [N, K] int8, [N]
+
+
+def _build_fbgemm(fmt: WeightFormat) -> Prepared:
+    return (torch.ops.quantized.linear_prepack_fp16(fmt.dequantize(torch.float32), None),)
+
+
+def _build_onednn(fmt: WeightFormat) -> Prepared:
+    return (torch.ops.mkldnn._reorder_linear_weight(fmt.dequantize(torch.bfloat16).contiguous()),)
+
+
+def _fbgemm_ok(fmt: WeightFormat) -> bool:
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+def _onednn_ok(fmt: WeightFormat) -> bool:
+    return torch.backends.mkldnn.is_available() and _has_op("_is_mkldnn_bf16_supported", "mkldnn") and \
+        bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def _has_op(name: str, namespace: str = "aten") -> bool:
+    try:
+        getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def _numel(fmt: WeightFormat) -> int:
+    return fmt.shape[0] * fmt.shape[1]
+
+
+DENSE = {dt: _dense_form(dt) for dt in (torch.float32, torch.float16, torch.bfloat16)}
+INT4PACK = Form("int4pack", _build_int4pack, lambda f: isinstance(f, Int4Weight) and _int4pack_ok(f),
+                lambda f: _numel(f) // 2 + _numel(f) // f.group * 4)
+INT4X2 = Form("int4x2", _build_int4x2, lambda f: isinstance(f, Int8GroupWeight) and _int4pack_ok(f),
+              lambda f: _numel(f) + _numel(f) // f.group * 8)
+INT8PACK = Form("int8pack", _build_int8pack, lambda f: isinstance(f, Int8Weight) and _has_op("_weight_int8pack_mm"),
+                lambda f: _numel(f) + f.shape[0] * 2)
+FBGEMM_F16 = Form("fbgemm-f16", _build_fbgemm, _fbgemm_ok, lambda f: _numel(f) * 2,
+                  keeps=lambda f: _holds(torch.float16, f))
+ONEDNN_BF16 = Form("onednn-bf16", _build_onednn, _onednn_ok, lambda f: _numel(f) * 2,
+                   keeps=lambda f: _holds(torch.bfloat16, f))
+
+
+# -- kernels -------------------------------------------------------------------------------------
+
+def _bind_linear(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (w,) = p
+    return lambda x: F.linear(x, w)
+
+
+def _bind_chunked(p: Prepared) -> Callable[[Tensor], Tensor]:
+    """Chunk-parallel few-row product (see chunked_linear): c chunks of rows, one bmm, a thread each."""
+    (w,) = p
+    N, K = w.shape
+    c = _chunks(N)
+    wt = w.view(c, N // c, K).transpose(1, 2)  # [c, K, N/c], a view
+
+    def run(x: Tensor) -> Tensor:
+        M = x.shape[0]
+        return torch.bmm(x.expand(c, M, K), wt).transpose(0, 1).reshape(M, N)  # [c, M, N/c] -> [M, N]
+
+    return run
+
+
+def _chunks(N: int) -> int:
+    c = torch.get_num_threads()
+    return c if c >= 2 and N % c == 0 else 1
+
+
+def _bind_int4pack(p: Prepared) -> Callable[[Tensor], Tensor]:
+    packed, sz = p
+    group = _group_of(packed, sz)
+    return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), packed, group, sz)
+
+
+def _bind_int4x2(p: Prepared) -> Callable[[Tensor], Tensor]:
+    packed, sz = p
+    group = _group_of(packed, sz)
+    return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(torch.cat([x, x], dim=1), packed, group, sz)
+
+
+def _group_of(packed: Tensor, sz: Tensor) -> int:
+    return packed.shape[1] * 2 // sz.shape[0]  # K / (K / g); packed is [N, K/2] uint8
+
+
+def _bind_int8pack(p: Prepared) -> Callable[[Tensor], Tensor]:
+    codes, scale = p
+    return lambda x: torch._weight_int8pack_mm(x.contiguous(), codes, scale)
+
+
+def _bind_fbgemm(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (packed,) = p
+    return lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)
+
+
+def _bind_onednn(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (w,) = p
+    return lambda x: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+
+def _chunkable(fmt: WeightFormat) -> bool:
+    return _chunks(fmt.shape[0]) > 1
+
+
+KERNELS: tuple[Kernel, ...] = (
+    Kernel("f32", DENSE[torch.float32], torch.float32, _bind_linear),
+    Kernel("f32/chunked", DENSE[torch.float32], torch.float32, _bind_chunked, CHUNKED_MAX_ROWS, _chunkable),
+    Kernel("f16", DENSE[torch.float16], torch.float16, _bind_linear),
+    Kernel("f16/chunked", DENSE[torch.float16], torch.float16, _bind_chunked, CHUNKED_MAX_ROWS, _chunkable),
+    Kernel("bf16", DENSE[torch.bfloat16], torch.bfloat16, _bind_linear),
+    Kernel("bf16/chunked", DENSE[torch.bfloat16], torch.bfloat16, _bind_chunked, CHUNKED_MAX_ROWS, _chunkable),
+    Kernel("bf16/onednn", ONEDNN_BF16, torch.bfloat16, _bind_onednn, compiles=False),  # inductor lowering fails
+    Kernel("f16/fbgemm", FBGEMM_F16, torch.float32, _bind_fbgemm, compiles=False),  # an opaque packed object
+    Kernel("int4pack", INT4PACK, torch.bfloat16, _bind_int4pack),
+    Kernel("int8g/int4x2", INT4X2, torch.bfloat16, _bind_int4x2),
+    Kernel("int8pack", INT8PACK, torch.bfloat16, _bind_int8pack),
+)
+KERNELS_BY_NAME = {k.name: k for k in KERNELS}
+COMPILABLE_KERNELS = tuple(k for k in KERNELS if k.compiles)  # for a plan whose layers will be compiled
+
+
+def candidates(fmt: WeightFormat, kernels: tuple[Kernel, ...] = KERNELS) -> list[Kernel]:
+    """The kernels that can compute with `fmt` on this machine (CPU). A dense float weight runs only
+    on layouts that hold it exactly (Form.keeps): the precision a user chose (weights="f32", an f32
+    checkpoint) is the precision that runs; a quantized format may run on any layout whose products
+    pass the plan's accuracy check (its own rounding dominates)."""
+    return [k for k in kernels if k.supports(fmt) and k.form.keeps(fmt)]
+
+
+def reference_product(fmt: WeightFormat, x: Tensor) -> Tensor:
+    """x [M, K] @ W^T in float64 on the weight the format stands for: what every kernel approximates."""
+    return x.double() @ fmt.dequantize(torch.float32).double().T  # [M, N]
+
+
+def relative_error(y: Tensor, ref: Tensor) -> float:
+    """||y - ref|| / ||ref|| (Frobenius), computed in float64; inf for a non-finite y."""
+    y = y.double()
+    if not bool(torch.isfinite(y).all()):
+        return float("inf")
+    return float(torch.linalg.vector_norm(y - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))

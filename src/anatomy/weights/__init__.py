@@ -1,0 +1,12 @@
+"""Weights that stay small: a model's matrices in compact formats, and the modules that hold them.
+
+    formats.py   WeightFormat: f32/f16/bf16, int8 (per channel), int8g (GGUF Q8_0), int4 (Q4_0/Q4_1/Q4_K)
+    gguf.py      a GGUF file's matrices as formats, under the model's parameter names (no requantizing)
+    modules.py   CompactLinear / CompactEmbedding: a linear layer or token table holding a format
+    choice.py    the `weights=` choice of anatomy.load: which format each matrix gets
+
+A model with compact weights stays an ordinary model: its forward computes the reference product
+(each weight dequantized, then F.linear: exact with respect to what is stored, not fast), saving
+writes float tensors, and it reports its real bytes. The inference engine runs the kernels its
+measured plan chose on the same formats (inference/plan.py, inference/planned_linear.py).
+"""

@@ -1,0 +1,115 @@
+"""The `weights=` choice of anatomy.load: the format each of a model's matrices is kept in.
+
+    "auto"  GGUF: the file's own blocks where a format holds them exactly (Q4_0/Q4_1/Q4_K -> int4,
+            Q8_0 -> int8g, F16/BF16/F32 as they are), other block types as f16; HF: the file's dtype
+    "f32", "f16", "bf16"   every matrix as that float type
+    "int8"  int8 per output channel (a Q8_0 matrix stays int8g, which holds it exactly)
+    "int4"  int4, group 32 (Q4_0/Q4_1/Q4_K kept as they are); the token table and LM head in int8,
+            as llama.cpp's Q4 files keep them at 8 bits
+
+The matrices are the weights of every nn.Linear and the token embedding; norms, biases, position
+tables and stacked experts stay dense. A matrix whose format would be a dense tensor of the
+model's own dtype stays a plain nn.Linear / nn.Embedding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from anatomy import dtypes
+from anatomy.weights.formats import FloatWeight, Int4Weight, Int8GroupWeight, Int8Weight, WeightFormat
+from anatomy.weights.modules import CompactEmbedding, CompactLinear
+
+CHOICES = ("auto", *dtypes.FLOATS, "int8", "int4")
+
+
+def parse_weights(value: object) -> str:
+    """The canonical name of a weights choice ("auto", a dtype name or a torch dtype); InputError otherwise."""
+    if value == "auto":
+        return "auto"
+    return dtypes.parse(value, option="weights", choices=CHOICES[1:]).name
+
+
+def matrices(model: nn.Module) -> dict[str, nn.Module]:
+    """{parameter name: module} of the matrices a weights choice applies to: every nn.Linear's weight
+    and the token embedding (a tied head's weight is the embedding's, named once)."""
+    token_table = model.token_embedding
+    out = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) or module is token_table:
+            if not (isinstance(module, nn.Linear) and getattr(model.config, "tie_embeddings", False)
+                    and module.weight is token_table.weight):
+                out[f"{name}.weight"] = module
+    return out
+
+
+def compact_formats(model: nn.Module, choice: str, *, dtype: torch.dtype,
+                    lossless: Callable[[str], WeightFormat | None],
+                    dense: Callable[[str], Tensor]) -> dict[str, WeightFormat]:
+    """{matrix name: format} of the model's matrices under `choice`; a matrix left out stays a
+    dense tensor of `dtype`. `lossless(name)` is the checkpoint's own exact format of a matrix (GGUF
+    blocks) or None; `dense(name)` its float values (called only when a matrix is converted)."""
+    out = {}
+    for name in matrices(model):
+        exact = lossless(name) if choice not in dtypes.FLOATS else None
+        fmt = _choose(choice, name=name, model=model, dtype=dtype, lossless=exact, dense=lambda: dense(name))
+        if fmt is not None:
+            out[name] = fmt
+    return out
+
+
+def _choose(choice: str, *, name: str, model: nn.Module, dtype: torch.dtype,
+            lossless: WeightFormat | None, dense: Callable[[], Tensor]) -> WeightFormat | None:
+    if choice == "auto":
+        if lossless is not None:
+            return None if _is_dense(lossless, dtype) else lossless
+        return None if dtype == torch.float16 else FloatWeight.from_float(dense(), dtype=torch.float16, label=name)
+    if choice in dtypes.FLOATS:
+        target = dtypes.torch_dtype(choice)
+        return None if target == dtype else FloatWeight.from_float(dense(), dtype=target, label=name)
+    if choice == "int8" or _is_table_or_head(name, model):
+        return lossless if isinstance(lossless, (Int8GroupWeight, Int8Weight)) else Int8Weight.from_float(dense(), label=name)
+    return lossless if isinstance(lossless, Int4Weight) else Int4Weight.from_float(dense(), label=name)
+
+
+def install(model: nn.Module, formats: dict[str, WeightFormat], *, dtype: torch.dtype) -> nn.Module:
+    """Replace the modules of the matrices in `formats` ({parameter name: format}) by compact ones
+    holding them; a tied head shares its embedding's format. Returns the model."""
+    for name, fmt in formats.items():
+        module = model.get_submodule(name.removesuffix(".weight"))
+        compact = CompactEmbedding(fmt, dtype=dtype) if isinstance(module, nn.Embedding) else CompactLinear(fmt, module.bias)
+        _replace(model, module, compact)
+    _tie_heads(model)
+    return model
+
+
+def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
+    """Every reference to module `old` in the model becomes `new` (an encoder-decoder's token table
+    is held by the model and by both stacks' embeddings)."""
+    for parent in model.modules():
+        for key, child in list(parent._modules.items()):
+            if child is old:
+                parent._modules[key] = new
+
+
+def _tie_heads(model: nn.Module) -> None:
+    """A tied LM head (or MLM decoder) over a compact token table computes with the same format."""
+    table = model.token_embedding
+    if not (isinstance(table, CompactEmbedding) and getattr(model.config, "tie_embeddings", False)):
+        return
+    for head in ("lm_head", "decoder"):
+        module = getattr(model, head, None)
+        if isinstance(module, nn.Linear):
+            setattr(model, head, CompactLinear(table.compact, module.bias))
+
+
+def _is_dense(fmt: WeightFormat, dtype: torch.dtype) -> bool:
+    return isinstance(fmt, FloatWeight) and fmt.weight.dtype == dtype
+
+
+def _is_table_or_head(name: str, model: nn.Module) -> bool:
+    path = name.removesuffix(".weight")
+    return model.get_submodule(path) is model.token_embedding or path in ("lm_head", "decoder")

@@ -1,0 +1,377 @@
+"""Compact formats for a linear layer's weight W [N, K] (N outputs, K inputs).
+
+Each format is an nn.Module holding its stored tensors as buffers; it knows its `name`, its real
+size in bytes (`nbytes`) and how to give back the float weight it stands for (`dequantize()`,
+exact with respect to what it stores). Kernels (anatomy.inference.kernels) turn a format into
+whatever layout a matrix-product routine wants; the format itself stays portable.
+
+    name     stored                                              W[n, k]
+    f32      the weight, float32                                 w
+    f16      the weight, float16                                 w
+    bf16     the weight, bfloat16                                w
+    int8     codes int8 [N, K], scale [N]                        codes * scale[n]         (per output channel)
+    int8g    codes int8 [N, K], scale [N, K/g]                   codes * scale[n, k // g] (GGUF Q8_0, g = 32)
+    int4     codes 0..15 [N, K] two per byte, scale and offset   codes * scale[n, k // g] + offset[n, k // g]
+             [N, K/g]                                            (GGUF Q4_0, Q4_1, Q4_K, g = 32)
+
+int4 keeps ggml's Q4_0/Q4_1 nibble order: per block of 32 values, byte j holds value j in its low
+nibble and value j + 16 in its high one, so a Q4_0/Q4_1 tensor's codes are copied, not unpacked
+and repacked (the layout a kernel wants is built later, once, by the kernel's form). Scales and
+offsets are kept in float16 when every one of them is exactly a float16 (Q4_0, Q4_1), otherwise float32
+(Q4_K's d * scale needs up to 17 bits): dequantize() computes in float32, the arithmetic
+llama.cpp's reference dequantization (checkpoints.gguf_dequant) does, so a GGUF file carried into
+these formats dequantizes to the same float32 values, bit for bit.
+
+    format_from_gguf(raw, ttype, shape)  Q4_0 / Q4_1 / Q4_K -> Int4Weight, Q8_0 -> Int8GroupWeight,
+                                         F32 / F16 / BF16 -> FloatWeight (a view, no copy); else InputError
+    Int4Weight.from_float(w)             quantizing (round to nearest, 16 levels from min to max per group)
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from anatomy.checkpoints.gguf_dequant import _k4_scales
+from anatomy.checkpoints.gguf_types import TensorType
+from anatomy.errors import InputError
+
+GROUP = 32  # inputs per scale in the grouped formats (GGUF's block and K-quant sub-block size)
+CODE_BLOCK = 32  # int4 codes are laid out in blocks of 32 values (ggml's order)
+FLOAT_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+class WeightFormat(nn.Module):
+    """A weight W [N, K] in some storage. Subclasses set `name` and implement `_values`."""
+
+    name: ClassVar[str]
+    group: int = 0  # inputs per scale (0: not grouped)
+
+    def __init__(self, shape: tuple[int, int], *, label: str = "weight") -> None:
+        super().__init__()
+        self.shape = (int(shape[0]), int(shape[1]))  # (N, K)
+        self.label = label
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of everything stored (codes, scales, offsets)."""
+        return sum(b.nbytes for b in self.buffers())
+
+    @property
+    def signature(self) -> str:
+        """What decides the kernels' speed and validity: name, shape, group, e.g. 'int4[960,576]g32'."""
+        group = f"g{self.group}" if self.group else ""
+        return f"{self.name}[{self.shape[0]},{self.shape[1]}]{group}"
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """The weight W [N, K] this format stands for, computed in float32, returned in `dtype`."""
+        return self._values(*self.buffers()).to(dtype)
+
+    def rows(self, index: Tensor) -> Tensor:
+        """Rows `index` [...] of W as float32 [..., K] (an embedding lookup in a tied matrix)."""
+        flat = index.reshape(-1)
+        return self._values(*(b[flat] for b in self.buffers())).view(*index.shape, self.shape[1])
+
+    def _values(self, *stored: Tensor) -> Tensor:
+        """float32 [n, K] from the buffers (in registration order) of n rows."""
+        raise NotImplementedError
+
+    def take_rows(self, index: Tensor) -> WeightFormat:
+        """The same format holding rows `index` of W (row reordering, slicing)."""
+        out = self._like(len(index))
+        for name, buf in self.named_buffers():
+            setattr(out, name, buf[index])
+        return out
+
+    @classmethod
+    def cat_rows(cls, parts: list[WeightFormat], *, label: str = "weight") -> WeightFormat:
+        """One weight whose rows are those of `parts` in order (fusing q, k, v or gate, up)."""
+        first = parts[0]
+        bad = [p.signature for p in parts if p.signature.split("[")[0] != first.signature.split("[")[0]
+               or p.group != first.group or p.shape[1] != first.shape[1]]
+        if bad:
+            raise InputError(f"{label}: cannot fuse {[p.signature for p in parts]} along rows: the parts need one "
+                             f"format, group and K ({bad} differ from {first.signature})")
+        out = first._like(sum(p.shape[0] for p in parts), label=label)
+        for name, _ in first.named_buffers():
+            out.register_buffer(name, _cat([getattr(p, name) for p in parts]))
+        return out
+
+    def _like(self, rows: int, *, label: str | None = None) -> WeightFormat:
+        out = type(self).__new__(type(self))
+        WeightFormat.__init__(out, (rows, self.shape[1]), label=label or self.label)
+        out.group = self.group
+        for name, buf in self.named_buffers():
+            out.register_buffer(name, buf, persistent=True)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{self.signature}, {self.nbytes / 2 ** 20:.2f} MiB, {self.label!r}"
+
+
+def _cat(tensors: list[Tensor]) -> Tensor:
+    """Concatenated rows; float scales of different widths (f16 and f32) meet in float32."""
+    if len({t.dtype for t in tensors}) > 1:
+        tensors = [t.float() for t in tensors]
+    return torch.cat(tensors)
+
+
+class FloatWeight(WeightFormat):
+    """The weight as a float tensor (f32, f16 or bf16): `weight` [N, K]."""
+
+    def __init__(self, weight: Tensor, *, label: str = "weight") -> None:
+        _check_matrix(weight, label)
+        if weight.dtype not in FLOAT_NAMES:
+            raise InputError(f"{label}: dtype {weight.dtype} is not one of {sorted(FLOAT_NAMES.values())}")
+        super().__init__(tuple(weight.shape), label=label)
+        self.register_buffer("weight", weight)
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return FLOAT_NAMES[self.weight.dtype]
+
+    @classmethod
+    def from_float(cls, w: Tensor, *, dtype: torch.dtype = torch.float32, label: str = "weight") -> FloatWeight:
+        return cls(w.detach().to(dtype).contiguous(), label=label)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        return self.weight.to(dtype)
+
+    def _values(self, weight: Tensor) -> Tensor:
+        return weight.float()
+
+
+class Int8Weight(WeightFormat):
+    """int8 weight-only, symmetric per output channel: W[n, k] = codes[n, k] * scale[n]."""
+
+    name = "int8"
+
+    def __init__(self, codes: Tensor, scale: Tensor, *, label: str = "weight") -> None:
+        _check_parts(label, codes, torch.int8, 2, (scale, (codes.shape[0],)))
+        super().__init__(tuple(codes.shape), label=label)
+        self.register_buffer("codes", codes)  # [N, K] int8
+        self.register_buffer("scale", scale)  # [N] float32
+
+    @classmethod
+    def from_float(cls, w: Tensor, *, label: str = "weight") -> Int8Weight:
+        """Round to nearest on the grid max|w[n]| / 127 (codes -127..127)."""
+        _check_matrix(w, label)
+        w = w.detach().float()
+        scale = w.abs().amax(dim=1) / 127  # [N]
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        codes = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        return cls(codes, scale, label=label)
+
+    def _values(self, codes: Tensor, scale: Tensor) -> Tensor:
+        return codes.float() * scale.float()[:, None]
+
+
+class Int8GroupWeight(WeightFormat):
+    """int8 symmetric per group of `group` inputs: W[n, k] = codes[n, k] * scale[n, k // group] (GGUF Q8_0)."""
+
+    name = "int8g"
+
+    def __init__(self, codes: Tensor, scale: Tensor, *, label: str = "weight") -> None:
+        _check_parts(label, codes, torch.int8, 2, (scale, (codes.shape[0], _groups(codes.shape[1], scale))))
+        super().__init__(tuple(codes.shape), label=label)
+        self.group = codes.shape[1] // scale.shape[1]
+        self.register_buffer("codes", codes)  # [N, K] int8
+        self.register_buffer("scale", scale)  # [N, K/g] float16 or float32
+
+    @classmethod
+    def from_float(cls, w: Tensor, *, group: int = GROUP, label: str = "weight") -> Int8GroupWeight:
+        """Round to nearest on the grid max|w| / 127 of each group (float16 scales, as Q8_0)."""
+        _check_grouped(w, group, label, "int8g")
+        N, K = w.shape
+        g = w.detach().float().reshape(N, K // group, group)  # [N, K/g, g]
+        scale = (g.abs().amax(dim=2) / 127).half()  # [N, K/g]
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        codes = torch.round(g / scale.float()[..., None]).clamp_(-127, 127).to(torch.int8)
+        return cls(codes.reshape(N, K), scale, label=label)
+
+    def _values(self, codes: Tensor, scale: Tensor) -> Tensor:
+        n, K = codes.shape
+        q = codes.reshape(n, K // self.group, self.group).float()  # [n, K/g, g]
+        return (q * scale.float()[..., None]).reshape(n, K)
+
+
+class Int4Weight(WeightFormat):
+    """int4 asymmetric per group: W[n, k] = q[n, k] * scale[n, k // group] + offset[n, k // group], q in 0..15.
+
+    `codes` [N, K/2] uint8 in ggml's order: per block of 32 values, byte j holds q[j] (low nibble) and
+    q[j + 16] (high nibble). The group is a multiple of 32.
+    """
+
+    name = "int4"
+
+    def __init__(self, codes: Tensor, scale: Tensor, offset: Tensor, *, label: str = "weight") -> None:
+        groups = (codes.shape[0], _groups(codes.shape[1] * 2, scale))
+        _check_parts(label, codes, torch.uint8, 2, (scale, groups), (offset, groups))
+        super().__init__((codes.shape[0], codes.shape[1] * 2), label=label)
+        self.group = self.shape[1] // scale.shape[1]
+        self.register_buffer("codes", codes)  # [N, K/2] uint8
+        self.register_buffer("scale", scale)  # [N, K/g]
+        self.register_buffer("offset", offset)  # [N, K/g]
+
+    @classmethod
+    def from_codes(cls, q: Tensor, scale: Tensor, offset: Tensor, *, label: str = "weight") -> Int4Weight:
+        """From unpacked codes q [N, K] (0..15); scale and offset [N, K/g] are stored in their narrowest exact dtype."""
+        return cls(pack_nibbles(q), compact_float(scale), compact_float(offset), label=label)
+
+    @classmethod
+    def from_float(cls, w: Tensor, *, group: int = GROUP, label: str = "weight") -> Int4Weight:
+        """Round to nearest on 16 levels from min to max of each group (float16 scale and offset)."""
+        _check_grouped(w, group, label, "int4", multiple=CODE_BLOCK)
+        N, K = w.shape
+        g = w.detach().float().reshape(N, K // group, group)  # [N, K/g, g]
+        lo, hi = g.amin(dim=2), g.amax(dim=2)  # [N, K/g]
+        scale = ((hi - lo) / 15).half()
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        offset = lo.half()
+        q = torch.round((g - offset.float()[..., None]) / scale.float()[..., None]).clamp_(0, 15)
+        return cls(pack_nibbles(q.to(torch.uint8).reshape(N, K)), scale, offset, label=label)
+
+    def codes_unpacked(self) -> Tensor:
+        """q [N, K] uint8, 0..15."""
+        return unpack_nibbles(self.codes)
+
+    def _values(self, codes: Tensor, scale: Tensor, offset: Tensor) -> Tensor:
+        n, K = codes.shape[0], self.shape[1]
+        q = unpack_nibbles(codes).reshape(n, K // self.group, self.group).float()  # [n, K/g, g]
+        w = q * scale.float()[..., None] + offset.float()[..., None]  # two roundings, as ggml's
+        return w.reshape(n, K)
+
+
+def pack_nibbles(q: Tensor) -> Tensor:
+    """q [N, K] of 0..15 -> [N, K/2] uint8 in ggml's order (per 32 values: byte j = q[j] | q[j + 16] << 4)."""
+    N, K = q.shape
+    halves = q.to(torch.uint8).reshape(N, K // CODE_BLOCK, 2, CODE_BLOCK // 2)  # [N, blocks, low/high, 16]
+    return (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(N, K // 2)
+
+
+def unpack_nibbles(codes: Tensor) -> Tensor:
+    """[N, K/2] uint8 -> q [N, K] uint8 (the inverse of pack_nibbles)."""
+    N = codes.shape[0]
+    c = codes.reshape(N, -1, 1, CODE_BLOCK // 2)  # [N, blocks, 1, 16]
+    return torch.cat([c & 0x0F, c >> 4], dim=2).reshape(N, -1)
+
+
+def compact_float(t: Tensor) -> Tensor:
+    """t in float16 when that is exact for every element, else in float32."""
+    t = t.float()
+    half = t.half()
+    return half if torch.equal(half.float(), t) else t
+
+
+def _groups(K: int, scale: Tensor) -> int:
+    """The number of groups a scale tensor [N, K/g] claims, when it divides K (else -1: a mismatch)."""
+    n = scale.shape[-1] if scale.dim() == 2 else 0
+    return n if n and K % n == 0 else -1
+
+
+def _check_parts(label: str, codes: Tensor, dtype: torch.dtype, dims: int, *others: tuple[Tensor, tuple]) -> None:
+    """codes of `dtype` with `dims` non-empty dims; each (tensor, shape) of that shape and a float dtype."""
+    if codes.dtype != dtype or codes.dim() != dims or 0 in codes.shape:
+        raise InputError(f"{label}: codes must be a non-empty {dims}-d {dtype} tensor, got {codes.dtype} "
+                         f"{list(codes.shape)}")
+    for t, shape in others:
+        if tuple(t.shape) != shape or not t.dtype.is_floating_point:
+            raise InputError(f"{label}: scales/offsets must be float {list(shape)} for codes {list(codes.shape)} "
+                             f"(one per row and group), got {t.dtype} {list(t.shape)}")
+
+
+def _check_matrix(w: Tensor, label: str) -> None:
+    if w.dim() != 2 or w.shape[0] == 0 or w.shape[1] == 0:
+        raise InputError(f"{label}: a linear weight is a non-empty matrix [N, K], got shape {list(w.shape)}")
+
+
+def _check_grouped(w: Tensor, group: int, label: str, name: str, *, multiple: int = 1) -> None:
+    _check_matrix(w, label)
+    if group <= 0 or group % multiple:
+        raise InputError(f"{label}: {name} needs a group size that is a positive multiple of {multiple}, got {group}")
+    if w.shape[1] % group:
+        raise InputError(f"{label} {list(w.shape)}: {name} stores one scale per group of {group} inputs: K="
+                         f"{w.shape[1]} must be a multiple of the group size {group}")
+
+
+# -- GGUF blocks, carried over without requantizing ----------------------------------------------
+
+_FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def has_lossless_format(ttype: TensorType) -> bool:
+    """Does GGUF type `ttype` have a format here that holds it exactly?"""
+    return ttype.name in _FLOAT_TYPES or ttype.name in _BLOCKS
+
+
+def format_from_gguf(raw: np.ndarray, ttype: TensorType, shape: tuple[int, int], *,
+                     label: str = "weight") -> WeightFormat:
+    """The weight [N, K] stored in `raw` (uint8 bytes of GGUF type `ttype`), in the format that
+    holds it losslessly: F32/F16/BF16 -> FloatWeight (a view of `raw`), Q8_0 -> Int8GroupWeight,
+    Q4_0/Q4_1/Q4_K -> Int4Weight. Other types raise InputError (dequantize them instead)."""
+    if len(shape) != 2:
+        raise InputError(f"{label}: a linear weight is a matrix [N, K], got shape {list(shape)}")
+    N, K = shape
+    if not has_lossless_format(ttype):
+        raise InputError(f"{label}: GGUF type {ttype.name} has no lossless compact format here (supported: "
+                         f"{', '.join([*_FLOAT_TYPES, *_BLOCKS])}); dequantize it to float instead")
+    if K % ttype.block_size or raw.size != ttype.nbytes(N * K):
+        raise InputError(f"{label} {list(shape)}: {raw.size} bytes of {ttype.name} do not hold it "
+                         f"(K must be a multiple of {ttype.block_size}; {ttype.nbytes(N * K)} bytes expected)")
+    if raw.ctypes.data % 4:
+        raw = raw.copy()  # views of wider dtypes need aligned bytes
+    if ttype.name in _FLOAT_TYPES:
+        return FloatWeight(torch.from_numpy(raw).view(_FLOAT_TYPES[ttype.name]).view(N, K), label=label)
+    blocks = raw.reshape(N, K // ttype.block_size, ttype.type_size)  # [N, blocks per row, bytes]
+    return _BLOCKS[ttype.name](blocks, label)
+
+
+def _f16(blocks: np.ndarray, start: int) -> Tensor:
+    """The float16 at byte `start` of every block [N, nb, bytes] -> float16 [N, nb]."""
+    return torch.from_numpy(np.ascontiguousarray(blocks[..., start:start + 2]).view(np.float16)[..., 0])
+
+
+def _q32_codes(qs: np.ndarray) -> Tensor:
+    """Q4_0/Q4_1 nibbles [N, nb, 16] -> codes [N, nb * 16]: the same order, copied out of the blocks."""
+    return torch.from_numpy(np.ascontiguousarray(qs).reshape(qs.shape[0], -1))
+
+
+def _q8_0(blocks: np.ndarray, label: str) -> Int8GroupWeight:
+    codes = torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8))  # [N, nb, 32]
+    return Int8GroupWeight(codes.reshape(blocks.shape[0], -1), _f16(blocks, 0), label=label)
+
+
+def _q4_0(blocks: np.ndarray, label: str) -> Int4Weight:
+    d = _f16(blocks, 0).float()  # [N, nb]
+    return Int4Weight(_q32_codes(blocks[..., 2:]), _f16(blocks, 0), compact_float(-8 * d), label=label)  # exact
+
+
+def _q4_1(blocks: np.ndarray, label: str) -> Int4Weight:
+    return Int4Weight(_q32_codes(blocks[..., 4:]), _f16(blocks, 0), _f16(blocks, 2), label=label)
+
+
+def _q4_k(blocks: np.ndarray, label: str) -> Int4Weight:
+    """Q4_K super-blocks of 256 = 8 groups of 32: scale_g = d * sc_g, offset_g = -dmin * min_g."""
+    N, nb, _ = blocks.shape
+    sc, mn = (torch.from_numpy(a) for a in _k4_scales(blocks[..., 4:16].reshape(N * nb, 12)))  # [N*nb, 8]
+    d, dmin = _f16(blocks, 0).float().reshape(-1, 1), _f16(blocks, 2).float().reshape(-1, 1)
+    scale, offset = (d * sc).reshape(N, nb * 8), (-(dmin * mn)).reshape(N, nb * 8)
+    return Int4Weight(_k4_codes(blocks[..., 16:]), compact_float(scale), compact_float(offset), label=label)
+
+
+def _k4_codes(qs: np.ndarray) -> Tensor:
+    """Q4_K nibbles [N, nb, 128] -> codes [N, nb * 128] in ggml's Q4_0 order.
+
+    Each 32 bytes b of a super-block hold group 2c in their low nibbles and group 2c + 1 in their
+    high ones (value j of a group in byte j); Q4_0's order puts values j and j + 16 in byte j."""
+    b = np.ascontiguousarray(qs).reshape(qs.shape[0], -1, 4, 2, 16)  # [N, nb, chunk, bytes 0-15 / 16-31, 16]
+    first, second = b[:, :, :, 0], b[:, :, :, 1]
+    even = (first & 0x0F) | ((second & 0x0F) << 4)  # group 2c
+    odd = (first >> 4) | (second & 0xF0)  # group 2c + 1
+    return torch.from_numpy(np.stack([even, odd], axis=3).reshape(qs.shape[0], -1))  # [N, nb, 4, 2, 16]
+
+
+_BLOCKS = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}

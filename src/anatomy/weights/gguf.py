@@ -1,0 +1,65 @@
+"""A GGUF file's matrices as weight formats, under the model's own parameter names.
+
+    formats = matrix_formats(read_gguf(path))
+    formats["stack.blocks.0.attn.qkv.weight"]  -> Int4Weight int4[960,576]g32 (q, k, v fused, rotary rows in HF order)
+    formats["stack.embed.tokens.weight"]       -> Int8GroupWeight int8g[49152,576]g32 (also the LM head when tied)
+
+The same mapping as checkpoints.gguf's loader (tensor_plan: which GGUF tensors fill which rows),
+except that the blocks are kept, not dequantized: rows are whole blocks, so fusing and the
+rotary row reordering move raw bytes. `lossless_format` is the format of one of the model's
+matrices when every part of it has one (formats.format_from_gguf), else None.
+"""
+
+from __future__ import annotations
+
+from anatomy.checkpoints.assign import expected_shapes
+from anatomy.checkpoints.gguf_config import config_from_gguf, gguf_architecture
+from anatomy.checkpoints.gguf_names import Part, part_bytes, tensor_plan
+from anatomy.checkpoints.gguf_reader import GGUFFile
+from anatomy.errors import CheckpointError
+from anatomy.models import build_model
+from anatomy.weights.formats import WeightFormat, format_from_gguf, has_lossless_format
+
+
+def matrix_formats(f: GGUFFile) -> dict[str, WeightFormat]:
+    """{model parameter name: format} for every plain 2-D weight of the model the file describes
+    whose GGUF types all have a lossless format."""
+    config = config_from_gguf(f)
+    shapes = expected_shapes(build_model(config, device="meta"))
+    plan = tensor_plan(shapes, config, gguf_architecture(f))
+    out = {}
+    for name, parts in plan.items():
+        if len(shapes[name]) == 2 and plain_matrix(parts):
+            fmt = lossless_format(f, parts, shapes[name][1], label=name)
+            if fmt is not None:
+                out[name] = fmt
+    return out
+
+
+def plain_matrix(parts: list[Part]) -> bool:
+    """Parts that are rows of one matrix, as stored (not stacked experts, not values kept with an offset)."""
+    return not any(p.experts or p.offset for p in parts)
+
+
+def lossless_format(f: GGUFFile, parts: list[Part], K: int, *, label: str) -> WeightFormat | None:
+    """The format holding the matrix made of `parts` (fused along rows) exactly, or None when a part's
+    type has no lossless format (the matrix is then dequantized)."""
+    if not all(has_lossless_format(f.tensors[p.name].type) for p in parts):
+        return None
+    fmts = [_part_format(f, p, K) for p in parts]
+    return fmts[0] if len(fmts) == 1 else WeightFormat.cat_rows(fmts, label=label)
+
+
+def named(formats: dict[str, WeightFormat], suffix: str) -> str:
+    """The one name in `formats` ending with `suffix` (e.g. "blocks.0.attn.qkv.weight")."""
+    found = [n for n in formats if n == suffix or n.endswith("." + suffix)]
+    if len(found) != 1:
+        raise KeyError(f"{len(found)} weights end with {suffix!r}")
+    return found[0]
+
+
+def _part_format(f: GGUFFile, part: Part, K: int) -> WeightFormat:
+    t = f.tensors[part.name]
+    if t.shape != (part.rows, K):
+        raise CheckpointError(f"{f.path}: {part.name} has shape {list(t.shape)}, the model needs {[part.rows, K]}")
+    return format_from_gguf(part_bytes(f.raw(part.name), part), t.type, t.shape, label=part.name)

@@ -1,0 +1,78 @@
+"""Modules that hold a weight in a compact format (formats.WeightFormat) where a model has an
+nn.Linear or a token nn.Embedding.
+
+    CompactLinear(fmt, bias)   y = x @ W^T + b, W = fmt.dequantize(x.dtype)         (the reference product)
+    CompactEmbedding(fmt)      rows of W for the ids, dequantized (only the rows read)
+
+A tied model's LM head and token table hold the same format object, as nn.Linear and nn.Embedding
+share one Parameter. Parameter names: a CompactLinear at `lm_head` stores `lm_head.compact.codes`,
+`lm_head.compact.scale`, ...; `float_state_dict` gives the float `lm_head.weight` the file formats
+and the name maps know.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from anatomy.weights.formats import WeightFormat
+
+
+class CompactLinear(nn.Module):
+    """A linear layer whose weight [N, K] is a WeightFormat. forward is exact, not fast: it
+    dequantizes the whole weight each call (generation goes through the engine's planned kernels)."""
+
+    def __init__(self, fmt: WeightFormat, bias: Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = fmt.shape
+        self.compact = fmt
+        self.bias = nn.Parameter(bias.detach(), requires_grad=False) if bias is not None else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        bias = self.bias.to(x.dtype) if self.bias is not None else None
+        return F.linear(x, self.compact.dequantize(x.dtype), bias)  # [..., K] -> [..., N]
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class CompactEmbedding(nn.Module):
+    """A token table [V, D] kept as a WeightFormat: a lookup dequantizes the rows it reads, in `dtype`."""
+
+    def __init__(self, fmt: WeightFormat, *, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = fmt.shape
+        self.compact = fmt
+        self.dtype = dtype
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.compact.rows(ids).to(self.dtype)  # [B, S] -> [B, S, D]
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, dtype={self.dtype}"
+
+
+def compact_modules(model: nn.Module) -> dict[str, CompactLinear | CompactEmbedding]:
+    """The model's compact modules by name."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, (CompactLinear, CompactEmbedding))}
+
+
+def float_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+    """The model's tensors by the names a dense model of the same config has: each compact weight
+    dequantized under `<module>.weight` (in `dtype`, default float32), a tied one once, under its
+    first name; every other tensor as it is."""
+    compact = compact_modules(model)
+    state = {k: v for k, v in model.state_dict().items() if not inside_compact(k, compact)}
+    seen: set[int] = set()
+    for name, module in compact.items():
+        if id(module.compact) in seen:
+            continue
+        seen.add(id(module.compact))
+        state[f"{name}.weight"] = module.compact.dequantize(dtype or torch.float32)
+    return state
+
+
+def inside_compact(key: str, modules: dict[str, nn.Module]) -> bool:
+    """Is state-dict entry `key` a stored part of one of the compact `modules` ({name: module})?"""
+    return any(key.startswith(f"{name}.compact.") for name in modules)
