@@ -10,6 +10,7 @@ from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.sampling import SamplingParams
 from anatomy.serving.loop import ServingLoop, prefill_groups
 from anatomy.serving.paged import PagedKVCache
+
 from .conftest import engine_tokens, random_prompts, run_all
 
 GREEDY = SamplingParams(max_new_tokens=12, ignore_eos=True)

@@ -4,9 +4,7 @@ cancellation, and bad input (after which the server still serves)."""
 
 from __future__ import annotations
 
-import base64
-import json
-import threading
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -35,6 +33,14 @@ def client(server):
     return server.client()
 
 
+@pytest.fixture(scope="module")
+def context(server) -> int:
+    """The tokens one sequence can hold: 256 MiB of KV blocks at the bytes per token the server
+    reports (its KV dtype), in whole blocks of 16, at most the model's 8192."""
+    bytes_per_token = int(re.search(r"\(([0-9,]+) B per token\)", server.output()).group(1).replace(",", ""))
+    return min(8192, 2 ** 28 // (16 * bytes_per_token) * 16)
+
+
 def chat(client, messages=FRANCE, **options):
     return client.chat.completions.create(model=MODEL, messages=messages, **options)
 
@@ -50,11 +56,11 @@ def streamed(client, endpoint: str = "chat", **options) -> tuple[list, str]:
 
 # -- endpoints -----------------------------------------------------------------------------------
 
-def test_health_and_models(server, client):
+def test_health_and_models(server, client, context):
     assert server.get("/health") == (200, '{"status":"ok"}')
     models = {m.id: m for m in client.models.list().data}
     assert set(models) == {MODEL, EMBEDDER}
-    assert models[MODEL].model_extra["max_model_len"] == 5824  # 256 MiB of 46,080-byte tokens, in blocks of 16
+    assert models[MODEL].model_extra["max_model_len"] == context
 
 
 def test_chat_answers_with_usage(server, client):
@@ -187,9 +193,9 @@ def test_embeddings_equal_anatomy_embed(client):
         client.embeddings.create(model=MODEL, input="x")
 
 
-def test_tokenize_detokenize(server):
+def test_tokenize_detokenize(server, context):
     status, body = server.post("/tokenize", {"prompt": "Hello world"})
-    assert status == 200 and body["count"] == len(body["tokens"]) and body["max_model_len"] == 5824
+    assert status == 200 and body["count"] == len(body["tokens"]) and body["max_model_len"] == context
     assert server.post("/detokenize", {"tokens": body["tokens"]}) == (200, {"prompt": "Hello world"})
     assert server.post("/detokenize", {"tokens": [10 ** 9]})[0] == 400
 
@@ -244,6 +250,7 @@ def test_metrics_in_prometheus_format(server, client):
     chat(client, temperature=0, max_tokens=3)
     assert server.metric("anatomy_generation_tokens_total") == generated + 3
     status, text = server.get("/metrics")
+    assert status == 200
     for name in ("anatomy_requests_running", "anatomy_requests_waiting", "anatomy_kv_blocks_used",
                  "anatomy_kv_blocks_free", "anatomy_prefix_cache_hit_rate", "anatomy_prompt_tokens_per_second",
                  "anatomy_generation_tokens_per_second", "anatomy_time_to_first_token_seconds_bucket",
@@ -294,8 +301,7 @@ GOOD = {"model": MODEL, "messages": FRANCE, "max_tokens": 2}
     ({**GOOD, "temperature": "hot"}, "temperature", "valid number"),
     ({**GOOD, "stream": "yes"}, "stream", "valid boolean"),
     ({**GOOD, "max_tokens": -1}, "max_tokens", "greater than or equal to 1"),
-    ({**GOOD, "max_tokens": 10 ** 12}, "max_tokens", "maximum context length is 5824"),
-    ({**GOOD, "max_tokens": 5800}, "max_tokens", "5800 in the completion"),
+    ({**GOOD, "max_tokens": 10 ** 12}, "max_tokens", "maximum context length is"),
     ({**GOOD, "n": 0}, "n", "greater than or equal to 1"),
     ({**GOOD, "n": 17}, "n", "less than or equal to 16"),
     ({**GOOD, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or equal to 20"),
@@ -318,11 +324,15 @@ def test_bad_chat_requests_get_400_and_the_server_still_serves(server, body, par
     assert server.post("/v1/chat/completions", GOOD)[0] == 200
 
 
-def test_too_long_prompt_says_both_numbers(server):
-    status, answer = server.post("/v1/completions", {"model": MODEL, "prompt": [100] * 5000, "max_tokens": 900})
-    assert status == 400
+def test_prompt_plus_max_tokens_over_the_context_says_both_numbers(server, context):
+    prompt = context - 100
+    status, answer = server.post("/v1/completions", {"model": MODEL, "prompt": [100] * prompt, "max_tokens": 900})
+    assert status == 400 and answer["error"]["code"] == "context_length_exceeded"
     message = answer["error"]["message"]
-    assert "5824" in message and "5000 in the prompt" in message and "900 in the completion" in message
+    assert f"maximum context length is {context} tokens; you requested {prompt + 900} tokens ({prompt} in the " \
+           f"prompt, 900 in the completion)" in message
+    status, answer = server.post("/v1/chat/completions", {**GOOD, "max_tokens": context - 20})
+    assert status == 400 and f"{context - 20} in the completion" in answer["error"]["message"]
 
 
 def test_unknown_model_path_and_method(server, client):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict, deque
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def block_hash(parent: bytes | None, tokens: Sequence[int]) -> bytes:
