@@ -85,7 +85,7 @@ def fake_gguf(monkeypatch):
     calls = []
     module = types.ModuleType("anatomy.checkpoints.gguf")
     module.SAVE_DTYPES = SAVE_DTYPES
-    module.load_gguf = lambda path, dtype: calls.append(("load", path, dtype)) or "model"
+    module.load_gguf = lambda path, dtype, weights: calls.append(("load", path, dtype, weights)) or "model"
     module.save_gguf = lambda model, path, dtype, **_: calls.append(("save", path, dtype))
     module.read_gguf_config = lambda path: calls.append(("config", path)) or "config"
     monkeypatch.setitem(sys.modules, "anatomy.checkpoints.gguf", module)
@@ -101,7 +101,7 @@ def test_gguf_paths_dispatch_to_the_gguf_module(fake_gguf, tmp_path, gpt2_dir):
     anatomy.save(gpt2_dir[0], tmp_path / "out32.gguf", dtype="f32")
     anatomy.save(gpt2_dir[0], tmp_path / "own.gguf")  # None: the model's own dtype
     anatomy.save(gpt2_dir[0].half(), tmp_path / "own16.gguf")
-    assert fake_gguf == [("load", path, torch.float16), ("config", path), ("save", tmp_path / "out.gguf", "f16"),
+    assert fake_gguf == [("load", path, torch.float16, "auto"), ("config", path), ("save", tmp_path / "out.gguf", "f16"),
                          ("save", tmp_path / "out32.gguf", "f32"), ("save", tmp_path / "own.gguf", "f32"),
                          ("save", tmp_path / "own16.gguf", "f16")]
 
@@ -128,7 +128,10 @@ def test_dtype_none_keeps_the_files_own_in_both_formats(tmp_path):
     anatomy.save(model.half(), tmp_path / "hf16")
     for path in (tmp_path / "m16.gguf", tmp_path / "hf16"):
         assert anatomy.load(path, dtype=None).lm_head.weight.dtype == torch.float16
-        assert anatomy.load(path).lm_head.weight.dtype == torch.float32  # the default: f32
+        assert anatomy.load(path, weights="f32").lm_head.weight.dtype == torch.float32
+    # weights="auto" (the default) keeps the GGUF file's f16 matrices beside f32 norms; HF's stay dense
+    assert anatomy.load(tmp_path / "m16.gguf").lm_head.compact.weight.dtype == torch.float16
+    assert anatomy.load(tmp_path / "hf16").lm_head.weight.dtype == torch.float32
     assert _gguf_file_dtype(resolve("smollm2-135m-instruct")) == torch.float32
 
 

@@ -169,3 +169,21 @@ def test_inspect_mixtral_reports_total_and_active_and_expert_bytes(capsys):
     assert main(["inspect", "--model", "mistral-7b", "--json", "--seq-len", "4", "--context", "8192"]) == 0
     memory = json.loads(capsys.readouterr().out)["memory"]
     assert memory["kv_cache_bytes_without_windows"] == 2 * memory["kv_cache_bytes"]  # 8192 kept vs the 4096 window
+
+
+def test_a_checkpoint_reports_the_bytes_it_really_stores(capsys, smollm2_gguf_path):
+    """Next to the analytic bytes per dtype: the shipped GGUF's tensors by type (gguf-py reads the
+    same file independently), and a loaded model's own bytes by format (anatomy.inspect)."""
+    import anatomy
+    from gguf import GGUFReader
+
+    assert main(["inspect", "--model", str(smollm2_gguf_path), "--json", "--seq-len", "16"]) == 0
+    stored = json.loads(capsys.readouterr().out)["memory"]["stored_weights"]
+    theirs = {}
+    for t in GGUFReader(smollm2_gguf_path).tensors:
+        theirs[t.tensor_type.name] = theirs.get(t.tensor_type.name, 0) + int(t.n_bytes)
+    assert stored["by_format"] == theirs and stored["bytes"] == sum(theirs.values())
+    loaded = anatomy.inspect(anatomy.load(smollm2_gguf_path), seq_len=16)["memory"]["stored_weights"]
+    assert loaded["by_format"] == {"int4": theirs["Q4_1"], "int8g": theirs["Q8_0"], "f32": theirs["F32"]}
+    assert main(["inspect", "--model", "llama-7b", "--json", "--seq-len", "16"]) == 0  # a preset: nothing stored
+    assert "stored_weights" not in json.loads(capsys.readouterr().out)["memory"]

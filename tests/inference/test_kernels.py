@@ -45,6 +45,9 @@ def test_candidates_follow_the_format():
     assert {"f32", "f16", "bf16"} <= names["int4"]  # a dense copy is always a candidate
     odd = Int4Weight.from_float(torch.randn(40, 128))  # torch's int4 pack needs N divisible by 16
     assert "int4pack" not in {k.name for k in candidates(odd)}
+    # a float weight runs only on layouts that hold it exactly: what a user chose is what runs
+    assert names["f32"] == {"f32", "f32/chunked"}
+    assert not any(n.startswith("bf16") for n in names["f16"]) and not any(n.startswith("f16") for n in names["bf16"])
 
 
 def _bf16_exact(t):

@@ -110,7 +110,24 @@ def inspect(model: str | os.PathLike[str] | ModelConfig | nn.Module, *, batch_si
     config, label = resolve(model)
     options = _options(config, batch_size=batch_size, seq_len=seq_len, context=context, dtype=dtype,
                        kv_dtype=kv_dtype, tokens=tokens, gpus=gpus, mfu=mfu)
-    return Report(build_report(config, name=name or label, options=options, hardware=get_hardware(hardware)))
+    return Report(build_report(config, name=name or label, options=options, hardware=get_hardware(hardware),
+                               stored=_stored(model)))
+
+
+def _stored(model: object) -> dict[str, Any] | None:
+    """The real bytes of a loaded model (by format) or of a checkpoint file; None for a config or preset."""
+    from anatomy.presets import PRESETS
+
+    if isinstance(model, nn.Module):
+        from anatomy.weights.modules import stored_by_format
+
+        by_format = stored_by_format(model)
+        return {"source": f"this {type(model).__name__}", "bytes": sum(by_format.values()), "by_format": by_format}
+    if isinstance(model, (str, os.PathLike)) and str(model) not in PRESETS:
+        from anatomy.checkpoints.loader import stored_weights
+
+        return stored_weights(model)
+    return None
 
 
 def compare(*models: str | os.PathLike[str] | ModelConfig | nn.Module, **options: Any) -> Comparison:

@@ -94,6 +94,10 @@ def _flops(f: dict[str, Any]) -> TableSpec:
 def _memory(m: dict[str, Any]) -> TableSpec:
     t = TableSpec("Memory", ["quantity", "bytes"])
     t.rows += [[f"weights in {d}", nbytes(v)] for d, v in m["weights_bytes_by_dtype"].items()]
+    if "stored_weights" in m:
+        stored = m["stored_weights"]
+        t.rows += [[f"as stored ({stored['source']})", nbytes(stored["bytes"])]]
+        t.rows += [[f"  {kind}", nbytes(v)] for kind, v in sorted(stored["by_format"].items(), key=lambda kv: -kv[1])]
     t.rows += [
         ["KV cache per token", nbytes(m["kv_cache_bytes_per_token"])],
         ["KV cache at (B, T)" + (", sliding windows capped" if "kv_cache_bytes_without_windows" in m else ""),

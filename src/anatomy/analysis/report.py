@@ -34,7 +34,8 @@ class Options:
         return self.kv_dtype or self.compute_dtype
 
 
-def build_report(config: ModelConfig, *, name: str, options: Options, hardware: Hardware) -> dict[str, Any]:
+def build_report(config: ModelConfig, *, name: str, options: Options, hardware: Hardware,
+                 stored: dict[str, Any] | None = None) -> dict[str, Any]:
     ledger = params.parameter_ledger(config)
     report = {
         "model": {"name": name, "architecture": config.architecture, "config": _config_summary(config)},
@@ -50,6 +51,8 @@ def build_report(config: ModelConfig, *, name: str, options: Options, hardware: 
     }
     if options.tokens is not None:
         report["training"] = _training(config, ledger, options, hardware)
+    if stored is not None:  # the real bytes of a checkpoint or loaded model, next to the analytic ones
+        report["memory"]["stored_weights"] = stored
     return report
 
 

@@ -95,6 +95,25 @@ def _gguf_save_dtype(model: nn.Module, dtype: str | torch.dtype | None, *, choic
     return own
 
 
+def stored_weights(name_or_path: str | Path) -> dict[str, Any]:
+    """What a checkpoint's tensors occupy, without loading them: {"source", "bytes", "by_format"},
+    by_format keyed by GGUF tensor type ("Q4_1", "F32", ...) or safetensors dtype ("f32", ...)."""
+    path = resolve_path(name_or_path)
+    by_format: dict[str, int] = {}
+    if path.suffix == ".gguf":
+        from anatomy.checkpoints.gguf_reader import read_gguf
+
+        for t in read_gguf(path).tensors.values():
+            by_format[t.type.name] = by_format.get(t.type.name, 0) + t.nbytes
+    else:
+        from anatomy.checkpoints.safetensors import read_weights
+        from anatomy.weights.modules import tensor_kind
+
+        for t in read_weights(_hf_directory(path))[0].values():
+            by_format[tensor_kind(t)] = by_format.get(tensor_kind(t), 0) + t.nbytes
+    return {"source": str(path), "bytes": sum(by_format.values()), "by_format": by_format}
+
+
 def load_config(name_or_path: str | Path) -> ModelConfig:
     """The ModelConfig of a preset name, an HF config.json (or its directory), a .gguf file or an
     installed model name, without loading any weights."""

@@ -49,7 +49,7 @@ def load_hf(path: str | Path, *, dtype: torch.dtype | None = torch.float32, weig
     hf = _read_json(directory / CONFIG_NAME)
     config = _config_of(hf, directory / CONFIG_NAME)
     family = layout_of(hf)
-    tensors, files = _read_weights(directory)
+    tensors, files = read_weights(directory)
     if family == "bert" and _find("pooler.dense.weight", tensors, family) is None:
         config = config.replace(pooler=False)  # a BertModel saved without its pooler (add_pooling_layer=False)
     model = build_model(config, head="mlm" if family == "bert-mlm" else "auto", device="meta")
@@ -80,7 +80,7 @@ def _config_of(hf: Any, file: Path) -> ModelConfig:
         raise ConfigError(f"{file}: {e}") from None
 
 
-def _read_weights(directory: Path) -> tuple[dict[str, Tensor], dict[str, Path]]:
+def read_weights(directory: Path) -> tuple[dict[str, Tensor], dict[str, Path]]:
     """Every tensor of the checkpoint and the file it came from (for messages)."""
     single, index = directory / WEIGHTS_NAME, directory / INDEX_NAME
     if single.is_file():

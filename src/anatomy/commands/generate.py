@@ -36,14 +36,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="an installed model name, a .gguf file or a Hugging Face model directory")
+    p.add_argument("--weights", default="auto",
+                   help="the format of the model's matrices: auto (a GGUF file's own quantized blocks, an HF "
+                        "checkpoint's floats), f32, f16, bf16, int8, int4. The engine measures the kernels that can "
+                        "run them on this machine and uses the fastest accurate one per phase (--verbose shows it)")
     p.add_argument("--dtype", default="f32",
-                   help=f"weights and KV cache dtype: {', '.join(dtypes.FLOATS)} (on CPU, f32 is by far the fastest)")
+                   help=f"dtype of the model's other tensors (norms, biases, dense matrices): {', '.join(dtypes.FLOATS)}; "
+                        "the engine runs its activations in what its chosen kernels take")
     p.add_argument("--compile", action="store_true",
                    help="compile the decode step with torch.compile (inductor, frozen weights): faster decoding "
                         "after a one-off compilation of a minute or more")
     p.add_argument("--stats", action="store_true",
-                   help="print prompt/new token counts, time to first token, time per output token and tokens/s "
-                        "to stderr")
+                   help="print prompt/new token counts, time to first token, time per output token, tokens/s, the "
+                        "kernels that served each phase and the weight bytes a decode step read, to stderr")
+    p.add_argument("--verbose", action="store_true",
+                   help="also print the whole kernel plan: every candidate's time and error per weight shape and phase")
     p.add_argument("--truncate", action="store_true",
                    help="keep the end of a prompt longer than the model's context instead of failing")
 
@@ -87,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     sys.stdout.write("\n")
     sys.stdout.flush()
-    if args.stats:
-        print_stats(gen)
+    if args.stats or args.verbose:
+        print_stats(gen, verbose=args.verbose)
     return 0
 
 
@@ -100,11 +107,20 @@ def start(model: Any, tokenizer: Any, prompt: Any, args: argparse.Namespace) -> 
                             sampling=sampling_options(args))
 
 
-def print_stats(gen: Any) -> None:
+def print_stats(gen: Any, *, verbose: bool = False) -> None:
     r = gen.results()[0]
     print(f"[{r.prompt_tokens} prompt tokens, {len(r.token_ids)} new ({r.finish_reason}); "
           f"TTFT {r.ttft_s * 1e3:.0f} ms, TPOT {r.tpot_s * 1e3:.1f} ms, {r.tokens_per_s:.1f} tok/s]",
           file=sys.stderr, flush=True)
+    engine = gen.engine
+    if engine is None:
+        return
+    read = engine.decode_weight_bytes
+    rate = f" -> {read / r.tpot_s / 1e9:.1f} GB/s of weights" if r.tpot_s > 0 else ""
+    print(f"[activations {dtypes.name_of(engine.dtype)}; {'; '.join(engine.kernel_summary())}; "
+          f"a decode step reads {read / 1e6:.0f} MB of weights{rate}]", file=sys.stderr, flush=True)
+    if verbose and engine.plan is not None:
+        print("\n".join(engine.plan.describe()), file=sys.stderr, flush=True)
 
 
 def as_chat(prompt: str, system: str | None) -> list[dict[str, str]]:
@@ -125,7 +141,7 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
     from anatomy.inference.generate import load_named
 
     with delayed_status(f"loading {args.model}"):
-        named = load_named(args.model, args.dtype)
+        named = load_named(args.model, args.dtype, args.weights)
         if named.model.config.is_decoder:
             return named.engine(compile=args.compile), named.tokenizer
         return named.model, named.tokenizer

@@ -119,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
     if args.mermaid:
         print(diagram.mermaid(diagram.describe(config)))
         return 0
-    report = build_report(config, name=name, options=options, hardware=get_hardware(args.hardware))
+    report = build_report(config, name=name, options=options, hardware=get_hardware(args.hardware),
+                          stored=_stored(name))
     if args.plot:
         save_plot(report, args.plot)
     if args.html:
@@ -134,3 +135,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         render.print_rich(report, width=None if sys.stdout.isatty() else 200)
     return 0
+
+
+def _stored(name: str) -> dict | None:
+    """The real bytes of a checkpoint's tensors (by GGUF type or dtype); None for a preset."""
+    from anatomy.checkpoints.loader import stored_weights
+    from anatomy.presets import PRESETS
+
+    return None if name in PRESETS and not Path(name).exists() else stored_weights(name)

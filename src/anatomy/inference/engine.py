@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.inference.kv_cache import KVCache
-from anatomy.inference.planning import plan_view
+from anatomy.inference.planning import decode_weight_bytes, kernel_summary, plan_view
 from anatomy.inference.sampling import SamplingParams, make_generator, next_tokens
 from anatomy.inference.steps import DecodeSteps, PaddedBatch
 from anatomy.inference.view import engine_view
@@ -38,7 +38,7 @@ class DecoderEngine:
 
     def __init__(self, model: nn.Module, *, compile: bool = False, plan_cache: bool = True) -> None:
         self.model = engine_view(model)
-        self.plan, self._dtype = plan_view(self.model, compile=compile, cache=plan_cache)
+        self.plan = plan_view(self.model, compile=compile, cache=plan_cache)
         self.compiled = compile
         self._step = _compiled(self._forward_step) if compile else self._forward_step
         self._caches: dict[tuple[int, int], KVCache] = {}
@@ -48,10 +48,19 @@ class DecoderEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def kernel_summary(self) -> list[str]:
+        """Per phase, the kernels the plan chose and for how many layers."""
+        return kernel_summary(self.plan)
+
+    @property
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights a batch-1 decode step reads (each linear layer's decode layout)."""
+        return decode_weight_bytes(self.plan, self.model)
+
     @property
     def dtype(self) -> torch.dtype:
-        """The activations' dtype, chosen with the kernel plan (inference/planning.py)."""
-        return self._dtype
+        """The activations' dtype: the model's (that of its token embeddings)."""
+        return self.model.stack.embed.dtype
 
     def tokens(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[Tensor]:
         config = self.model.config
@@ -130,5 +139,6 @@ class DecoderEngine:
 
 
 def _compiled(step):
-    """The decode step compiled by inductor: weights frozen as constants, GEMM kernels chosen by autotuning."""
-    return torch.compile(step, dynamic=False, options={"freezing": True, "max_autotune": True})
+    """The decode step compiled by inductor, its small ops fused around the planned matrix kernels
+    (which stay the plan's: no GEMM autotuning, the slow part of a cold start)."""
+    return torch.compile(step, dynamic=False)

@@ -32,6 +32,7 @@ from anatomy.inference.result import GenerationResult
 from anatomy.inference.sampling import SamplingParams
 from anatomy.inference.streaming import StopStringFilter, TextRow
 from anatomy.inference.view import engine_view
+from anatomy.weights.choice import parse_weights
 from anatomy.tokenizer import Tokenizer
 
 
@@ -242,13 +243,14 @@ def resolve_model(model: Any, tokenizer: Any, *, compile: bool = False
     return engine_view(model), tokenizer, None
 
 
-def load_named(name: str, dtype: str | torch.dtype = "f32") -> NamedModel:
-    """The model and tokenizer of a name / .gguf path / HF directory, loaded once (anatomy.loaded_models)."""
-    dtype = torch_dtype(dtype)
-    return loaded_models.get(("generate", name, dtype), lambda: _load_named(name, dtype))
+def load_named(name: str, dtype: str | torch.dtype = "f32", weights: str = "auto") -> NamedModel:
+    """The model and tokenizer of a name / .gguf path / HF directory, loaded once (anatomy.loaded_models)
+    with `anatomy.load`'s dtype and weights choice."""
+    dtype, weights = torch_dtype(dtype), parse_weights(weights)
+    return loaded_models.get(("generate", name, dtype, weights), lambda: _load_named(name, dtype, weights))
 
 
-def _load_named(name: str, dtype: torch.dtype) -> NamedModel:
+def _load_named(name: str, dtype: torch.dtype, weights: str) -> NamedModel:
     import anatomy
     from anatomy.checkpoints.registry import resolve
 
@@ -256,7 +258,7 @@ def _load_named(name: str, dtype: torch.dtype) -> NamedModel:
         resolve(name)
     except CheckpointError as exc:  # an unknown name or a missing package: bad input, not a bad file
         raise InputError(str(exc)) from None
-    return NamedModel(anatomy.load(name, dtype=dtype), anatomy.load_tokenizer(name))
+    return NamedModel(anatomy.load(name, dtype=dtype, weights=weights), anatomy.load_tokenizer(name))
 
 
 __all__ = ["generate", "stream", "GenerationResult", "SamplingParams"]

@@ -8,7 +8,7 @@ activations of one dtype; `kernel.bind(prepared)` gives the function `x [M, K] -
 
     kernel          form         activations  what runs
     f32 / f16 / bf16  dense      same         F.linear (MKL or oneDNN GEMM / GEMV)
-    */chunked       dense        same         the chunk-parallel bmm of chunked_linear (few rows only)
+    */chunked       dense        same         one bmm over c row chunks of W, a thread each (few rows only)
     bf16/onednn     onednn-bf16  bf16         oneDNN's linear on a weight reordered for it
     f16/fbgemm      fbgemm-f16   f32          FBGEMM's fp16-weight GEMM (quantized.linear_dynamic_fp16)
     int4pack        int4pack     bf16         torch's _weight_int4pack_mm_for_cpu, group-wise scale and zero
@@ -170,7 +170,10 @@ def _bind_linear(p: Prepared) -> Callable[[Tensor], Tensor]:
 
 
 def _bind_chunked(p: Prepared) -> Callable[[Tensor], Tensor]:
-    """Chunk-parallel few-row product (see chunked_linear): c chunks of rows, one bmm, a thread each."""
+    """Chunk-parallel few-row product. MKL's matrix-vector product can run on one thread however
+    many torch is given; viewing W [N, K] as c chunks of rows, one bmm gives each chunk a thread:
+    x [c, M, K] (the same rows, expanded) @ W.view(c, N/c, K).transpose(1, 2) -> [c, M, N/c], no
+    weight copied, each output the same dot product."""
     (w,) = p
     N, K = w.shape
     c = _chunks(N)

@@ -59,13 +59,15 @@ class _Group:
     signature: str
     phases: tuple[Phase, ...]
     members: list[tuple[str, WeightFormat]]
+    threshold: float
 
 
 def make_plan(linears: Mapping[str, WeightFormat], *, model_id: str, weights: str,
               phases: tuple[Phase, ...] = DEFAULT_PHASES, phases_of: Mapping[str, Sequence[str]] | None = None,
               kernels: tuple[Kernel, ...] = KERNELS, threshold: float = ERROR_THRESHOLD,
               memory_budget: int | None = None, samples: Mapping[str, Tensor] | None = None,
-              repeats: int = REPEATS, cache: bool | str | Path = True) -> KernelPlan:
+              repeats: int = REPEATS, cache: bool | str | Path = True,
+              thresholds: Mapping[str, float] | None = None) -> KernelPlan:
     """The kernel plan for `linears` ({layer name: its weight format}), from the cache when a plan
     with the same key is stored there, else measured now (and stored unless cache=False or the
     measurement was too noisy to trust later).
@@ -75,11 +77,13 @@ def make_plan(linears: Mapping[str, WeightFormat], *, model_id: str, weights: st
     not see all (the last of its phases serves any larger number of rows). memory_budget: bytes
     allowed for second layouts over the whole model (default a quarter of physical memory).
     samples: activations [S, K] per layer name for the accuracy check (standard normal ones
-    otherwise). cache: True (the default directory), a directory, or False.
+    otherwise). cache: True (the default directory), a directory, or False. thresholds: {layer name:
+    its own accuracy threshold} for layers held to another standard (an LM head's products are the
+    logits themselves).
     """
     _check_phases(phases)
     budget = default_budget() if memory_budget is None else int(memory_budget)
-    groups = _group(linears, phases, phases_of or {})
+    groups = _group(linears, phases, phases_of or {}, thresholds or {}, threshold)
     key = _key(groups, model_id=model_id, weights=weights, phases=phases, kernels=kernels, threshold=threshold,
                budget=budget)
     path = None if cache is False else plan_cache.plan_path(key, None if cache is True else Path(cache))
@@ -116,21 +120,24 @@ def default_budget() -> int:
         return 2 ** 30
 
 
-def _group(linears: Mapping[str, WeightFormat], phases: tuple[Phase, ...],
-           phases_of: Mapping[str, Sequence[str]]) -> dict[str, _Group]:
-    """{group key: _Group} in first-seen order; the key is the signature (+ the phases when limited)."""
+def _group(linears: Mapping[str, WeightFormat], phases: tuple[Phase, ...], phases_of: Mapping[str, Sequence[str]],
+           thresholds: Mapping[str, float], threshold: float) -> dict[str, _Group]:
+    """{group key: _Group} in first-seen order; the key is the signature (+ the phases when limited,
+    + the threshold when a layer has its own)."""
     if not linears:
         raise InputError("make_plan needs at least one linear layer")
-    unknown = sorted(set(phases_of) - set(linears))
+    unknown = sorted((set(phases_of) | set(thresholds)) - set(linears))
     if unknown:
-        raise InputError(f"phases_of names layers that are not given: {unknown}")
+        raise InputError(f"phases_of or thresholds name layers that are not given: {unknown}")
     groups: dict[str, _Group] = {}
     for name, fmt in linears.items():
         if not isinstance(fmt, WeightFormat):
             raise InputError(f"layer {name!r}: expected a WeightFormat, got {type(fmt).__name__}")
         own = _own_phases(name, phases, phases_of)
+        limit = thresholds.get(name, threshold)
         key = fmt.signature if own == phases else f"{fmt.signature} ({'+'.join(p.name for p in own)})"
-        groups.setdefault(key, _Group(fmt.signature, own, [])).members.append((name, fmt))
+        key += "" if limit == threshold else f" (error <= {limit:g})"
+        groups.setdefault(key, _Group(fmt.signature, own, [], limit)).members.append((name, fmt))
     return groups
 
 
@@ -185,7 +192,8 @@ def measure_plan(groups: dict[str, _Group], *, phases: tuple[Phase, ...], kernel
     for key, g in groups.items():
         name, fmt = g.members[0]
         sample = (samples or {}).get(name)
-        ms = measure_weight(fmt, phases=g.phases, kernels=kernels, threshold=threshold, repeats=repeats, sample=sample)
+        ms = measure_weight(fmt, phases=g.phases, kernels=kernels, threshold=g.threshold, repeats=repeats,
+                            sample=sample)
         plans[key] = _fastest_layouts(key, g, ms, kernels)
     extra = _allot_second_layouts(plans, budget, {k.name: k.form.name for k in kernels})
     spreads = [m.spread for w in plans.values() for ms in w.measurements.values() for m in ms if m.spread is not None]

@@ -1,20 +1,19 @@
-"""The engine's view made fast: each linear layer runs the kernel the measured plan chose for it,
-and the activations run in the dtype those kernels take.
+"""The engine's view made fast: each linear layer runs the kernel the measured plan chose for it.
 
-    plan, dtype = plan_view(view)      # view: the engine's own copy of the model (inference/view.py)
+    plan = plan_view(view)      # view: the engine's own copy of the model (inference/view.py)
 
 1. Every linear layer's weight is read as a format (a dense nn.Linear's weight as a FloatWeight view,
-   a CompactLinear's as its own format); the LM head sees only the last positions (decode and batch rows).
+   a CompactLinear's as its own format); the LM head sees only the last positions (decode and batch
+   rows), and its kernels must be ten times as accurate as the blocks' (its products are the logits).
 2. inference.plan measures the candidate kernels on these shapes (once per machine, model shapes
    and weights: then the plan cache answers) and chooses per phase.
-3. The activations' dtype follows the chosen decode kernels (most weight bytes decide): bf16 where
-   they take bf16 (torch's int4 and int8 kernels, oneDNN), f32 otherwise, never f16 (the residual
-   stream's outliers). The view's other float tensors (norms, biases, the token table) are cast to
-   it, as its own copies; RoPE's frequencies stay f32 (its angles are made in f32, then cast).
-4. Each linear layer becomes a PlannedLinear over its format.
+3. Each linear layer becomes a PlannedLinear over its format, taking and giving the activations'
+   dtype (the model's own: f32 unless it was loaded with another dtype) and casting to and from the
+   dtype its kernel takes (torch's int4 and int8 kernels and oneDNN's take bf16). The residual
+   stream, norms, attention and KV cache keep the model's dtype: a bf16 residual stream is faster
+   but flips near-ties (SmolLM2's first answer token to "What is the capital of France?" is one).
 
-The caller's model is not touched: the view's modules are its own, and every tensor this casts is
-a new one put in the view's module.
+The caller's model is not touched: the view's modules are its own.
 """
 
 from __future__ import annotations
@@ -30,26 +29,40 @@ from anatomy.inference.kernels import COMPILABLE_KERNELS, KERNELS, KERNELS_BY_NA
 from anatomy.inference.plan import make_plan
 from anatomy.inference.plan_record import KernelPlan
 from anatomy.inference.planned_linear import PlannedLinear
-from anatomy.layers.position import Rotary
 from anatomy.weights.formats import FloatWeight, WeightFormat
-from anatomy.weights.modules import CompactEmbedding, CompactLinear
+from anatomy.weights.modules import CompactLinear
 
 HEAD_PHASES = ("decode", "batch")  # the LM head computes the last position of each row only
+HEAD_THRESHOLD = 1e-3  # its products are the logits: near-ties between tokens are decided there
 
 
-def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True) -> tuple[KernelPlan, torch.dtype]:
-    """Measure (or load) the kernel plan of the view's linear layers, swap them for PlannedLinear
-    layers and cast the rest of the view to the activations' dtype. Returns (plan, dtype)."""
+def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True) -> KernelPlan | None:
+    """Measure (or load) the kernel plan of the view's linear layers and swap them for PlannedLinear
+    layers in the activations' dtype (the view's embedding dtype). Returns the plan; None on a GPU,
+    where every layer is a dense product (accelerator_view)."""
     layers = linear_layers(view)
+    if next(view.parameters()).device.type != "cpu":
+        accelerator_view(view, layers)
+        return None
     formats = {name: fmt for name, (fmt, _) in layers.items()}
     plan = make_plan(formats, model_id=model_id(view), weights=_weights_label(formats),
                      phases_of={name: HEAD_PHASES for name in layers if name == "lm_head.weight"},
+                     thresholds={name: HEAD_THRESHOLD for name in layers if name == "lm_head.weight"},
                      kernels=COMPILABLE_KERNELS if compile else KERNELS, cache=cache)
-    dtype = activation_dtype(plan, formats)
-    cast_dense(view, dtype)
+    dtype = view.stack.embed.dtype
     for name, (fmt, bias) in layers.items():
         view.set_submodule(name.removesuffix(".weight"), PlannedLinear.from_plan(plan, name, fmt, bias=bias, dtype=dtype))
-    return plan, dtype
+    return plan
+
+
+def accelerator_view(view: nn.Module, layers: dict[str, tuple[WeightFormat, torch.Tensor | None]]) -> None:
+    """On a GPU the kernels are the vendor's dense GEMMs: every layer a dense product in the
+    activations' dtype (compact formats dequantized once), nothing measured. Untested here: no GPU
+    was at hand when this was written."""
+    dtype = view.stack.embed.dtype
+    kernel = KERNELS_BY_NAME[{torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]]
+    for name, (fmt, bias) in layers.items():
+        view.set_submodule(name.removesuffix(".weight"), PlannedLinear.with_kernel(kernel, fmt, bias=bias, dtype=dtype))
 
 
 def linear_layers(model: nn.Module) -> dict[str, tuple[WeightFormat, torch.Tensor | None]]:
@@ -63,30 +76,30 @@ def linear_layers(model: nn.Module) -> dict[str, tuple[WeightFormat, torch.Tenso
     return out
 
 
-def activation_dtype(plan: KernelPlan, formats: dict[str, WeightFormat]) -> torch.dtype:
-    """bf16 when the decode kernels chosen for most of the weight bytes take bf16, else f32."""
-    votes: Counter[torch.dtype] = Counter()
-    for name, fmt in formats.items():
-        w = plan.for_layer(name)
-        phase = w.phases[0]  # the fewest rows: decode
-        votes[KERNELS_BY_NAME[w.choices[phase]].act_dtype] += fmt.nbytes
-    return torch.bfloat16 if votes and votes.most_common(1)[0][0] == torch.bfloat16 else torch.float32
+def kernel_summary(plan: KernelPlan | None) -> list[str]:
+    """Per phase, the kernels chosen and for how many layers, e.g. 'decode: int4pack x120, int8g/int4x2 x1'."""
+    if plan is None:
+        return ["every phase: the accelerator's dense GEMM (not measured)"]
+    lines = []
+    for phase in plan.phases:
+        counts: Counter[str] = Counter()
+        for w in plan.weights.values():
+            if phase.name in w.choices:
+                counts[w.choices[phase.name]] += len(w.layers)
+        lines.append(f"{phase.name}: " + ", ".join(f"{k} x{n}" for k, n in counts.most_common()))
+    return lines
 
 
-def cast_dense(view: nn.Module, dtype: torch.dtype) -> None:
-    """The view's float parameters and buffers outside its linear layers, as new tensors of `dtype`
-    (RoPE's inverse frequencies excepted); a compact token table gives rows of `dtype`."""
-    for module in view.modules():
-        if isinstance(module, (nn.Linear, CompactLinear, Rotary)):
-            continue
-        if isinstance(module, CompactEmbedding):
-            module.dtype = dtype
-            continue
-        for table in (module._parameters, module._buffers):
-            for key, t in table.items():
-                if t is not None and t.is_floating_point() and t.dtype != dtype:
-                    cast = t.detach().to(dtype)
-                    table[key] = nn.Parameter(cast, requires_grad=False) if isinstance(t, nn.Parameter) else cast
+def decode_weight_bytes(plan: KernelPlan | None, view: nn.Module) -> int:
+    """Bytes of the layouts a batch-1 decode step reads: every linear layer's decode layout once."""
+    if plan is None:  # one dense layout per layer
+        return sum(t.nbytes for m in view.modules() if isinstance(m, PlannedLinear)
+                   for layout in m.layouts.values() for t in layout if isinstance(t, torch.Tensor))
+    total = 0
+    for w in plan.weights.values():
+        form = KERNELS_BY_NAME[w.choices[w.phases[0]]].form.name
+        total += w.form_bytes.get(form, w.nbytes) * len(w.layers)
+    return total
 
 
 def model_id(model: nn.Module) -> str:

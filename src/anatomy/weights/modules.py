@@ -12,6 +12,8 @@ and the name maps know.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -76,3 +78,35 @@ def float_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict
 def inside_compact(key: str, modules: dict[str, nn.Module]) -> bool:
     """Is state-dict entry `key` a stored part of one of the compact `modules` ({name: module})?"""
     return any(key.startswith(f"{name}.compact.") for name in modules)
+
+
+def stored_bytes(model: nn.Module) -> int:
+    """Bytes the model's saved tensors (parameters, persistent buffers) occupy, each storage counted
+    once (a tied table and head, views); computed buffers such as RoPE's frequencies are not counted."""
+    storages = {}
+    for t in model.state_dict(keep_vars=True).values():
+        if not t.is_meta:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def stored_by_format(model: nn.Module) -> dict[str, int]:
+    """Bytes of the model's saved tensors as held, by format: compact weights by their format's name
+    ("int4", "int8g", ...), every other tensor by its dtype ("f32", ...); shared storage once."""
+    fmts = {id(m.compact): m.compact for m in compact_modules(model).values()}
+    out: Counter[str] = Counter()
+    for fmt in fmts.values():
+        out[fmt.name] += fmt.nbytes
+    held = {id(b) for fmt in fmts.values() for b in fmt.buffers()}
+    seen: set[int] = set()
+    for t in model.state_dict(keep_vars=True).values():
+        ptr = t.untyped_storage().data_ptr()
+        if id(t) not in held and not t.is_meta and ptr not in seen:
+            seen.add(ptr)
+            out[tensor_kind(t)] += t.nbytes
+    return dict(out)
+
+
+def tensor_kind(t: Tensor) -> str:
+    """A tensor's dtype by anatomy's name ("f32", "f16", "bf16"), other dtypes by torch's ("int64")."""
+    return {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}.get(t.dtype, str(t.dtype)[6:])
