@@ -21,6 +21,7 @@ def free_port() -> int:
     (["serve", "--kv-memory", "0"], "--kv-memory '0' must be a positive size or a fraction in (0, 1)"),
     (["serve", "--port", "70000"], "--port 70000 must be <= 65535"),
     (["serve", "--batch-size", "0"], "--batch-size 0 must be >= 1"),
+    (["serve", "--weights", "int3"], "--weights 'int3' is not one of f32, f16, bf16, int8, int4"),
     (["serve", "--model", "smollm-135m"], "--model: 'smollm-135m' is neither an existing file"),
     (["serve", "--embedding-model", "nonesuch-encoder"], "--embedding-model: 'nonesuch-encoder' is neither"),
     (["serve", "--api-key", " "], "--api-key must not be empty"),

@@ -35,6 +35,15 @@ def test_greedy_alone_batched_and_from_the_prefix_cache_equal_the_engine(tiny):
     assert loop.blocks.used == 0 and loop.scheduler.running == [] and not loop.scheduler.waiting
 
 
+def test_compact_weights_run_on_the_engines_planned_kernels(int4_tiny):
+    """weights="int4" (what `anatomy serve` keeps of a Q4 GGUF by default): the loop computes with the
+    engine's planned view, so a request alone gives the engine's own greedy tokens on that view."""
+    engine = DecoderEngine(int4_tiny)
+    loop = ServingLoop(engine, kv_bytes=10 ** 7, block_size=4)
+    for prompt in random_prompts(3, vocab=96, longest=16):
+        assert tokens_of(run_all(loop, [prompt], GREEDY)[0]) == engine_tokens(engine, prompt, GREEDY)
+
+
 @pytest.mark.parametrize("fields", [
     dict(sliding_window=3, sliding_window_layers=(0,)),  # prompts longer than the window, one windowed layer
     dict(rope_scaling=dict(kind="dynamic", factor=2.0, original_max_seq_len=6)),  # angles by each row's reach

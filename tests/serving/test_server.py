@@ -1,6 +1,11 @@
 """`anatomy serve` with the default model, in a subprocess on a free port, through the official
 `openai` client: every endpoint and parameter, streaming, concurrency, the prefix cache,
-cancellation, and bad input (after which the server still serves)."""
+cancellation, and bad input (after which the server still serves).
+
+The server runs the model's weights in f32 (--weights f32), where greedy and seeded output is the
+same whatever the batch or the prefix cache (the identity tests below, and the comparison with
+the fp32 engine); the default weights (the GGUF's own Q4_1 blocks, whose kernels depend on a step's
+number of rows) are served in test_server_key.py."""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server("--kv-memory", "256MiB", "--max-body-bytes", "200000")
+    s = Server("--weights", "f32", "--kv-memory", "256MiB", "--max-body-bytes", "200000")
     yield s
     s.close()
 

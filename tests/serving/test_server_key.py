@@ -1,9 +1,11 @@
-"""`anatomy serve --api-key`: every path but /health and /metrics needs the key; and the app's
-loading state (503) on a server whose model never arrives."""
+"""`anatomy serve --api-key` on the default weights: every path but /health and /metrics needs the
+key; the start-up report names the weights and their kernels; and the app's loading state (503) on
+a server whose model never arrives."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 
 import openai
@@ -40,6 +42,31 @@ def test_the_key_is_required(server):
     assert r.usage.completion_tokens == 2
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="all-minilm-l6-v2", input="x")
+
+
+@pytest.mark.slow
+def test_the_start_up_report_names_the_weights_and_their_kernels(server):
+    """The default load keeps the GGUF's own blocks (weights auto) and says which kernels run them per
+    phase and how many bytes a decode step reads: the fast path is never taken silently (or missed)."""
+    report = re.search(r"\(weights auto, f32\) ready in .* s; kernels (decode: .*; batch: .*; prefill: .*); "
+                       r"a decode step reads ([0-9,]+) MB of weights", server.output())
+    assert report, server.output()
+    assert int(report.group(2).replace(",", "")) < 538, "every matrix in f32 (134.5 M weights) would read 538 MB"
+
+
+@pytest.mark.slow
+def test_a_request_alone_gets_the_engines_answer_on_the_default_weights(server, smollm2_tokenizer):
+    """The engine on the same default load (anatomy.load's weights="auto", its planned view) is the
+    reference: a greedy request alone, shorter than a block (so no cached prefix changes how many
+    rows its prefill runs), gets the engine's tokens from the server."""
+    import anatomy
+
+    prompt = smollm2_tokenizer.encode("The three longest rivers in the world are")
+    assert len(prompt) < 16
+    local = anatomy.generate(MODEL, prompt, tokenizer=smollm2_tokenizer, max_new_tokens=12)
+    status, body = server.post("/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 12,
+                                                   "temperature": 0}, headers={"Authorization": f"Bearer {KEY}"})
+    assert status == 200 and body["choices"][0]["text"] == local.text
 
 
 def test_a_loading_server_answers_503_and_health_says_so():

@@ -4,7 +4,9 @@
     anatomy serve --model x.gguf --port 9000 --api-key KEY --kv-memory 2GiB
 
 The port is bound before the model loads, so a busy port fails at once; /health answers 503
-while the model loads and 200 once it serves.
+while the model loads and 200 once it serves. The model is loaded as `anatomy.load` does
+(--weights auto keeps a GGUF file's quantized blocks) and served through the engine's planned view;
+the start-up lines name its kernels per phase and the KV cache's size.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 import threading
 import time
 
+from anatomy.commands.generate import WEIGHTS_HELP
 from anatomy.errors import InputError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -49,7 +52,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--embedding-model", default=None,
                    help=f"encoder model for /v1/embeddings ('none' to turn it off; default: {DEFAULT_EMBEDDING_MODEL} "
                         "if installed)")
-    p.add_argument("--dtype", default="f32", help="weights, activations and KV cache: f32, f16, bf16")
+    p.add_argument("--weights", default="auto", help=f"{WEIGHTS_HELP} (named at start-up)")
+    p.add_argument("--dtype", default="f32",
+                   help="the model's other tensors (norms, biases, dense matrices), its activations and the KV "
+                        "cache: f32, f16, bf16")
     p.add_argument("--kv-memory", default="0.1",
                    help="KV-cache budget: bytes (2GiB, 512MB, 1e9) or a fraction of the machine's memory (0.1)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
@@ -64,12 +70,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from anatomy import dtypes
+    from anatomy.weights.choice import parse_weights
 
     kv_bytes = parse_memory(args.kv_memory)
     if args.api_key is None:
         args.api_key = os.environ.get("ANATOMY_API_KEY") or None
     _check_args(args)
     args.dtype = dtypes.parse(args.dtype, option="--dtype").name
+    args.weights = parse_weights(args.weights, option="--weights")
     from anatomy.serving.app import ServerState, create_app
 
     embedding = _embedding_name(args.embedding_model)
@@ -103,7 +111,7 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
 
     try:
         start = time.perf_counter()
-        named = load_named(args.model, args.dtype)
+        named = load_named(args.model, args.dtype, args.weights)
         if not named.model.config.is_decoder:
             raise InputError(f"{args.model}: serving needs a decoder model, got architecture="
                              f"{named.model.config.architecture!r}")
@@ -125,14 +133,18 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
 
 
 def _report(args: argparse.Namespace, loop, block_bytes: int, seconds: float) -> None:
+    """The start-up lines: the model's weights and the kernels serving them, the KV cache, the limits."""
     blocks = loop.blocks.num_blocks
     total = blocks * block_bytes
     tokens = blocks * loop.blocks.block_size
-    print(f"anatomy serve: {args.model} ({args.dtype}) ready in {seconds:.1f} s; KV cache {total / 2 ** 20:,.0f} MiB = "
-          f"{blocks:,} blocks of {loop.blocks.block_size} tokens = {tokens:,} tokens "
-          f"({block_bytes // loop.blocks.block_size:,} B per token); context {loop.context:,} tokens per sequence, "
-          f"up to {args.batch_size} sequences and {args.max_step_tokens} tokens per step; prefix cache "
-          f"{'off' if args.no_prefix_cache else 'on'}", file=sys.stderr, flush=True)
+    engine = loop.engine
+    print(f"anatomy serve: {args.model} (weights {args.weights}, {args.dtype}) ready in {seconds:.1f} s; kernels "
+          f"{'; '.join(engine.kernel_summary())}; a decode step reads {engine.decode_weight_bytes / 1e6:,.0f} MB "
+          f"of weights", file=sys.stderr, flush=True)
+    print(f"anatomy serve: KV cache {total / 2 ** 20:,.0f} MiB = {blocks:,} blocks of {loop.blocks.block_size} tokens "
+          f"= {tokens:,} tokens ({block_bytes // loop.blocks.block_size:,} B per token); context {loop.context:,} "
+          f"tokens per sequence, up to {args.batch_size} sequences and {args.max_step_tokens} tokens per step; "
+          f"prefix cache {'off' if args.no_prefix_cache else 'on'}", file=sys.stderr, flush=True)
     config_context = loop.engine.model.config.max_seq_len
     if loop.context < config_context:
         print(f"anatomy serve: warning: the KV memory holds {loop.context:,} tokens, less than the model's context "
