@@ -142,6 +142,10 @@ class Running:
         self.log = tempfile.TemporaryFile()
         self.proc = start(argv, self.port, ready, self.log)
         self.url = f"http://127.0.0.1:{self.port}"
+        if name.startswith("anatomy"):  # its start-up report: the weights, the kernels per phase, the KV cache
+            self.log.seek(0)
+            print("\n".join(f"  {line}" for line in self.log.read().decode(errors="replace").splitlines()
+                            if "ready in" in line), flush=True)
         self.run(make_prompts(2, PROMPT_WORDS, seed=99), 8, 2)  # warm-up
 
     def run(self, prompts: list[str], max_tokens: int, concurrency: int) -> BenchResult:
