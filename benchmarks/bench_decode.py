@@ -2,8 +2,9 @@
 
 Same machine, same run, same weights: SmolLM2-135M-Instruct from the Q4_1 GGUF that anatomy
 ships. anatomy runs it as loaded by default (the file's int4/int8 blocks through the measured
-kernel plan), with a bf16 residual stream (`dtype="bf16"`), and dequantized to fp32 (the first
-version's default); llama.cpp runs the same Q4_1 file and the F32 file anatomy writes from it; HF
+kernel plan, each decode step's blocks replayed from a captured graph), the same with the eager
+step (`capture=False`), with a bf16 residual stream (`dtype="bf16"`), and dequantized to fp32 (the
+first version's default); llama.cpp runs the same Q4_1 file and the F32 file anatomy writes from it; HF
 transformers the fp32 HF directory anatomy writes. Batch 1, a 128-token prompt, 128 new tokens,
 greedy, EOS ignored; prefill of 512 tokens; batch 8. Each figure is the median of REPEATS runs,
 the engines interleaved so that they share the machine's noise. The memory bandwidth (torch sum
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 import anatomy
+from anatomy import dtypes
 from anatomy.checkpoints.gguf_reader import read_gguf
 from anatomy.checkpoints.registry import resolve
 from anatomy.inference.engine import DecoderEngine
@@ -114,13 +116,15 @@ def main() -> None:
     torch.manual_seed(0)
     gguf = resolve(MODEL)
     f32 = anatomy.load(gguf, weights="f32")
-    loads = {"anatomy (default: the file's int4/int8)": dict(), "anatomy dtype=bf16": dict(dtype="bf16"),
-             "anatomy weights=f32": dict(weights="f32")}
-    engines = {name: DecoderEngine(anatomy.load(gguf, **kw)) for name, kw in loads.items()}
+    default = anatomy.load(gguf)
+    engines = {"anatomy (default: the file's int4/int8)": DecoderEngine(default),
+               "anatomy, eager step (capture=False)": DecoderEngine(default, capture=False),
+               "anatomy dtype=bf16": DecoderEngine(anatomy.load(gguf, dtype="bf16")),
+               "anatomy weights=f32": DecoderEngine(anatomy.load(gguf, weights="f32"))}
     if COMPILE:
-        engines["anatomy --compile"] = DecoderEngine(anatomy.load(gguf), compile=True)
+        engines["anatomy --compile"] = DecoderEngine(default, compile=True)
     kv_read = bytes_per_token(f32.config) * (PROMPT + NEW // 2)  # mean fp32 cache bytes read per decode step
-    reads = {name: e.decode_weight_bytes + kv_read * e.dtype.itemsize // 4 for name, e in engines.items()}
+    reads = {name: e.decode_weight_bytes + kv_read * e.branch_dtype.itemsize // 4 for name, e in engines.items()}
     file_bytes = sum(t.nbytes for t in read_gguf(gguf).tensors.values())
     f32_bytes = sum(p.numel() * 4 for p in f32.parameters())
     reads.update({"llama.cpp Q4_1 (the same file)": file_bytes + kv_read // 2, "llama.cpp F32": f32_bytes + kv_read,
@@ -147,7 +151,8 @@ def main() -> None:
             print(f"  run {rep + 1}/{REPEATS} done", flush=True)
     _print(runs, reads, _quality(f32, engines))
     for name, engine in engines.items():
-        print(f"\n{name}: activations {engine.dtype}; " + "; ".join(engine.kernel_summary()))
+        print(f"\n{name}: residual stream {dtypes.name_of(engine.dtype)}, branches and KV cache "
+              f"{dtypes.name_of(engine.branch_dtype)}; " + "; ".join(engine.kernel_summary()))
 
 
 def _quality(f32: torch.nn.Module, engines: dict[str, DecoderEngine]) -> dict[str, float]:

@@ -92,6 +92,15 @@ BAD_INPUT = [
     (["inspect", "gpt2", "--model", "llama-7b"], "two models: --model llama-7b and gpt2"),
     (["compare", "gpt2", "--hardware", "tpu"], "unknown hardware 'tpu'"),
     (["compare", "gpt2", "--context", "0"], "--context 0 must be a positive integer"),
+    (["inspect", "--model", "llama-7b", "--speculative", "0"], "--speculative 0 must be an integer >= 1"),
+    (["inspect", "--model", "llama-7b", "--acceptance", "0.5"], "--acceptance needs --speculative K"),
+    (["inspect", "--model", "llama-7b", "--speculative", "4", "--acceptance", "1.5"], "--acceptance 1.5 is outside [0, 1]"),
+    (["inspect", "--model", "bert-base", "--speculative", "4"], "speculative decoding needs a decoder-only model"),
+    (["inspect", "--model", "llama-7b", "--speculative", "4", "--draft-model", "gpt2"],
+     "the draft's vocabulary (50257 tokens) differs from the model's (32000)"),
+    (["inspect", "--model", "llama-7b", "--speculative", "4", "--draft-layers", "40"], "--draft-layers 40 must be in [1, 32]"),
+    (["inspect", "--model", "llama-7b", "--speculative", "64", "--context", "64"],
+     "--speculative 64 is beyond the decode context --context 64"),
 ]
 
 
@@ -187,3 +196,16 @@ def test_a_checkpoint_reports_the_bytes_it_really_stores(capsys, smollm2_gguf_pa
     assert loaded["by_format"] == {"int4": theirs["Q4_1"], "int8g": theirs["Q8_0"], "f32": theirs["F32"]}
     assert main(["inspect", "--model", "llama-7b", "--json", "--seq-len", "16"]) == 0  # a preset: nothing stored
     assert "stored_weights" not in json.loads(capsys.readouterr().out)["memory"]
+
+
+def test_inspect_predicts_speculative_decoding(capsys):
+    """In process: --speculative K --acceptance A adds the prediction; a draft of the model's first
+    blocks costs a decode step of its own per proposed token."""
+    args = ["inspect", "--model", "smollm2-135m", "--context", "512", "--dtype", "f32", "--json"]
+    assert main([*args, "--speculative", "4", "--acceptance", "0.5"]) == 0
+    ngram = json.loads(capsys.readouterr().out)["speculative"]
+    assert main([*args, "--speculative", "4", "--acceptance", "0.5", "--draft-layers", "6"]) == 0
+    draft = json.loads(capsys.readouterr().out)["speculative"]
+    assert ngram["expected_tokens_per_forward"] == pytest.approx(1 + 0.5 + 0.25 + 0.125 + 0.0625)
+    assert ngram["draft_step"] is None and draft["draft_step"]["bytes"] < draft["step"]["bytes"] / 2  # 6 of 30 blocks, the head
+    assert draft["speedup"] < ngram["speedup"] and draft["draft"] == "the model itself, first 6 blocks"

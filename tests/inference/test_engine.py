@@ -74,12 +74,6 @@ def test_repetition_penalty_avoids_repeats():
     assert len(set(penalised)) == len(penalised) and not set(penalised) & set(PROMPTS[1])
 
 
-def test_cache_holds_exactly_prompt_plus_new_tokens():
-    engine = DecoderEngine(llama_tiny())
-    run(engine, PROMPTS, SamplingParams(max_new_tokens=5))
-    assert engine.last_cache.max_len == 7 + 5 and engine.last_cache[0].k.shape[0] == 3
-
-
 @pytest.mark.slow
 def test_compiled_step_gives_the_eager_tokens_and_compiles_once_per_shape():
     model = llama_tiny()

@@ -100,12 +100,27 @@ def test_seeds_reproduce_and_differ(tiny):
 
 @torch.inference_mode()
 def test_logprobs_are_the_models(tiny):
-    loop = ServingLoop(DecoderEngine(tiny), kv_bytes=10 ** 7, block_size=4)
+    assert_logprobs_are_the_models(tiny)
+
+
+def test_a_logit_soft_cap_is_applied_as_the_models_forward_does():
+    from anatomy import build_model, get_preset
+
+    torch.manual_seed(0)
+    capped = build_model(get_preset("llama-7b", vocab_size=97, d_model=64, n_heads=4, max_seq_len=64, n_layers=2,
+                                    n_kv_heads=2, d_ff=96, logit_softcap=0.5)).eval()
+    assert_logprobs_are_the_models(capped)
+
+
+@torch.no_grad()
+def assert_logprobs_are_the_models(model) -> None:
+    """The loop's logprobs of 3 greedy tokens equal the log-softmax of the model's own forward."""
+    loop = ServingLoop(DecoderEngine(model), kv_bytes=10 ** 7, block_size=4)
     prompt = random_prompts(1)[0]
     events = run_all(loop, [prompt], SamplingParams(max_new_tokens=3, ignore_eos=True), logprobs=5)[0]
     ids = list(prompt)
     for event in events:
-        expected = tiny(torch.tensor([ids]))[0, -1].log_softmax(-1)
+        expected = model(torch.tensor([ids]))[0, -1].log_softmax(-1)
         top = expected.topk(5)
         assert abs(event.logprob.logprob - float(expected[event.token])) < 1e-4
         assert event.logprob.top_ids == top.indices.tolist() and event.token == top.indices[0]

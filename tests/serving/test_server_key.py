@@ -48,10 +48,10 @@ def test_the_key_is_required(server):
 def test_the_start_up_report_names_the_weights_and_their_kernels(server):
     """The default load keeps the GGUF's own blocks (weights auto) and says which kernels run them per
     phase and how many bytes a decode step reads: the fast path is never taken silently (or missed)."""
-    report = re.search(r"\(weights auto, f32\) ready in .* s; kernels (decode: .*; batch: .*; prefill: .*); "
-                       r"a decode step reads ([0-9,]+) MB of weights", server.output())
+    report = re.search(r"\(weights auto, f32, branches (f32|bf16)\) ready in .* s; kernels (decode: .*; batch: .*; "
+                       r"prefill: .*); a decode step reads ([0-9,]+) MB of weights", server.output())
     assert report, server.output()
-    assert int(report.group(2).replace(",", "")) < 538, "every matrix in f32 (134.5 M weights) would read 538 MB"
+    assert int(report.group(3).replace(",", "")) < 538, "every matrix in f32 (134.5 M weights) would read 538 MB"
 
 
 @pytest.mark.slow

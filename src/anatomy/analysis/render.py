@@ -38,6 +38,8 @@ def tables(report: dict[str, Any]) -> list[TableSpec]:
            _roofline(report["roofline"])]
     if "training" in report:
         out.append(_training(report["training"]))
+    if "speculative" in report:
+        out.append(_speculative(report["speculative"], report["roofline"]["hardware"]["name"]))
     for phase in ("prefill", "decode"):
         rows = [r for r in report["trace"] if r["phase"] == phase]
         if rows:
@@ -158,6 +160,32 @@ def _training(tr: dict[str, Any]) -> TableSpec:
         ["total FLOPs with attention (3 x forward)", f"{tr['total_flops_with_attention']:.3g}"],
         [f"days on {tr['gpus']} GPUs with attention", f"{tr['wall_days_with_attention']:.3g}"],
     ]
+    return t
+
+
+def _speculative(s: dict[str, Any], hardware: str) -> TableSpec:
+    t = TableSpec(f"Speculative decoding on {hardware}: k = {s['k']}, acceptance a = {s['acceptance']:g}, "
+                  f"draft {s['draft']}", ["quantity", "value"])
+    draft = s["draft_step"]
+    t.rows = [
+        ["tokens per target forward E = (1 - a^(k+1)) / (1 - a)", f"{s['expected_tokens_per_forward']:.3g}"],
+        ["acceptance rate (kept / proposed, as --stats counts it)", f"{s['expected_acceptance_rate']:.1%}"],
+        ["plain decode step", f"{si(s['step']['time_s'], 's')} ({s['step']['bound']}-bound, "
+                              f"{si(s['step']['bytes'], 'B')})"],
+        [f"verification: one forward over k + 1 = {s['k'] + 1} rows", f"{si(s['verify']['time_s'], 's')} "
+         f"({s['verify']['bound']}-bound, {si(s['verify']['flops'], 'FLOP')}, {si(s['verify']['bytes'], 'B')})"],
+        *([[f"draft step ({s['draft_dtype']} weights) x k", f"{si(draft['time_s'], 's')} ({draft['bound']}-bound, "
+                                                               f"{si(draft['bytes'], 'B')})"]] if draft else []),
+        ["target weight bytes per token: plain -> speculative",
+         f"{si(s['plain_weight_bytes_per_token'], 'B')} -> {si(s['target_weight_bytes_per_token'], 'B')}"],
+        ["decode tok/s: plain -> speculative", f"{s['plain_tokens_per_s']:,.1f} -> {s['tokens_per_s']:,.1f}"],
+        ["predicted speedup", f"{s['speedup']:.2f}x"],
+        [f"best k at a = {s['acceptance']:g}", f"{s['best_k']} ({s['best_speedup']:.2f}x)"],
+        [f"break-even acceptance at k = {s['k']}",
+         f"{s['break_even_acceptance']:.2f}" if s["break_even_acceptance"] is not None else "never pays"],
+    ]
+    t.notes.append(f"at context T = {s['context']}; compare with `anatomy generate --speculative ... --stats` "
+                   "(tokens per target forward, per-token a)")
     return t
 
 

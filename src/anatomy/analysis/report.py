@@ -11,6 +11,7 @@ import torch
 from anatomy import dtypes
 from anatomy.analysis import diagram, flops, memory, params, roofline, trace
 from anatomy.analysis.hardware import Hardware
+from anatomy.analysis.speculative import SpeculativeOptions, speculative_report
 from anatomy.config import ModelConfig
 
 
@@ -24,6 +25,7 @@ class Options:
     tokens: float | None = None
     gpus: int = 1
     mfu: float = 0.4
+    speculative: SpeculativeOptions | None = None  # predict speculative decoding at this context
 
     @property
     def compute_dtype(self) -> str:
@@ -51,6 +53,10 @@ def build_report(config: ModelConfig, *, name: str, options: Options, hardware: 
     }
     if options.tokens is not None:
         report["training"] = _training(config, ledger, options, hardware)
+    if options.speculative is not None and not config.is_encoder:
+        report["speculative"] = speculative_report(config, hardware, options.speculative, context=options.context,
+                                                   weight_dtype=options.dtype, kv_dtype=options.cache_dtype,
+                                                   compute_dtype=options.compute_dtype)
     if stored is not None:  # the real bytes of a checkpoint or loaded model, next to the analytic ones
         report["memory"]["stored_weights"] = stored
     return report

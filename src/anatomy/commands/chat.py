@@ -12,7 +12,9 @@ import sys
 
 from anatomy.commands.generate import (
     add_model_options, add_sampling_options, check_options, load, print_stats, start)
-from anatomy.commands.common import not_utf8
+from anatomy.commands.common import DefaultsHelpFormatter, not_utf8
+from anatomy.commands.speculative_options import (
+    add_speculative_options, check_speculative_options, speculative_options)
 from anatomy.errors import InputError
 
 HELP = "commands: /reset forgets the conversation, /exit leaves (or Ctrl-D); Ctrl-C stops a reply"
@@ -21,18 +23,21 @@ HELP = "commands: /reset forgets the conversation, /exit leaves (or Ctrl-D); Ctr
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chat", help="chat with a model interactively (history, /reset, /exit)",
                        description="An interactive chat. " + HELP + ".",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("--system", default=None, help="a system message that starts every conversation")
     add_model_options(p)
     add_sampling_options(p, max_new_tokens=512)
+    add_speculative_options(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     check_options(args)
+    check_speculative_options(args)
     model, tokenizer = load(args)
     if tokenizer.chat_template is None:
         raise InputError(f"{args.model} has no chat template: use `anatomy generate --raw` for plain text")
+    speculative = speculative_options(args, tokenizer)  # a draft is loaded once, for every reply
     interactive = sys.stdin.isatty()
     if interactive:
         print(f"anatomy chat with {args.model}. {HELP}.", file=sys.stderr)
@@ -48,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"unknown command {text!r}; {HELP}", file=sys.stderr)
         elif text:
             history.append({"role": "user", "content": text})
-            reply = _reply(model, tokenizer, history, args)
+            reply = _reply(model, tokenizer, history, args, speculative)
             if reply is None:
                 history.pop()
             else:
@@ -69,13 +74,14 @@ def _read(interactive: bool) -> str | None:
         raise not_utf8(exc) from None
 
 
-def _reply(model, tokenizer, history: list[dict[str, str]], args: argparse.Namespace) -> str | None:
+def _reply(model, tokenizer, history: list[dict[str, str]], args: argparse.Namespace,
+           speculative: dict | None = None) -> str | None:
     """Stream the assistant's answer to the conversation so far; Ctrl-C cuts it short. None when
     the conversation cannot be answered (it no longer fits the context)."""
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + history
     shown = []
     try:
-        gen = start(model, tokenizer, messages, args)
+        gen = start(model, tokenizer, messages, args, speculative)
         for _, delta in gen.deltas():
             shown.append(delta)
             sys.stdout.write(delta)

@@ -1,4 +1,5 @@
-"""What several commands share: old option spellings kept for a release, and reading stdin.
+"""What several commands share: old option spellings kept for a release, reading stdin, and the
+--help formatter of `anatomy generate` and `anatomy chat` (DefaultsHelpFormatter).
 
     add_old_name(p, "--batch", new="--batch-size", dest="batch_size", type=int)
 
@@ -31,6 +32,13 @@ def add_old_name(p: argparse.ArgumentParser, old: str, *, new: str, dest: str,
     """Accept `old` as a deprecated spelling of the option `new` (which stores into `dest`)."""
     p.add_argument(old, dest=dest, type=type, action=_OldName, new=new, default=argparse.SUPPRESS,
                    help=argparse.SUPPRESS)
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help with each option's default, except a default of None (the help says what happens then)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
 
 
 def read_stdin() -> str:

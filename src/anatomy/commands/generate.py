@@ -13,7 +13,9 @@ import threading
 from typing import Any, Iterator
 
 from anatomy import dtypes
-from anatomy.commands.common import read_stdin
+from anatomy.commands.common import DefaultsHelpFormatter, read_stdin
+from anatomy.commands.speculative_options import (
+    add_speculative_options, check_speculative_options, speculative_options)
 from anatomy.errors import InputError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -24,12 +26,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "generate", help="generate text from a prompt (streams to stdout)",
         description="Generate a continuation of PROMPT with the static-KV-cache engine and stream it to stdout. "
                     "Instruct models get the prompt as a user message through their chat template (--raw: as is).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("prompt", nargs="?", default="-", help="the prompt; '-' or nothing reads it from stdin (UTF-8)")
     p.add_argument("--raw", action="store_true", help="feed the prompt as plain text, without the chat template")
     p.add_argument("--system", default=None, help="a system message before the prompt (chat template only)")
     add_model_options(p)
     add_sampling_options(p, max_new_tokens=256)
+    add_speculative_options(p)
     p.set_defaults(run=run)
 
 
@@ -87,10 +90,11 @@ def check_options(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_options(args)
+    check_speculative_options(args)
     prompt = read_prompt(args.prompt)
     model, tokenizer = load(args)
     messages = prompt if args.raw or tokenizer.chat_template is None else as_chat(prompt, args.system)
-    gen = start(model, tokenizer, messages, args)
+    gen = start(model, tokenizer, messages, args, speculative_options(args, tokenizer))
     for _, delta in gen.deltas():
         sys.stdout.write(delta)
         sys.stdout.flush()
@@ -101,12 +105,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def start(model: Any, tokenizer: Any, prompt: Any, args: argparse.Namespace) -> Any:
-    """A Generation of one prompt with the command line's options; iterate `.deltas()`."""
+def start(model: Any, tokenizer: Any, prompt: Any, args: argparse.Namespace,
+          speculative: dict[str, Any] | None = None) -> Any:
+    """A Generation of one prompt with the command line's options (`speculative`: what
+    speculative_options made of them); iterate `.deltas()`."""
     from anatomy.inference.generate import Generation
 
     return Generation.start(model, prompt, tokenizer=tokenizer, compile=args.compile, truncate=args.truncate,
-                            sampling=sampling_options(args))
+                            sampling=sampling_options(args), speculative=speculative)
 
 
 def print_stats(gen: Any, *, verbose: bool = False) -> None:
@@ -114,12 +120,16 @@ def print_stats(gen: Any, *, verbose: bool = False) -> None:
     print(f"[{r.prompt_tokens} prompt tokens, {len(r.token_ids)} new ({r.finish_reason}); "
           f"TTFT {r.ttft_s * 1e3:.0f} ms, TPOT {r.tpot_s * 1e3:.1f} ms, {r.tokens_per_s:.1f} tok/s]",
           file=sys.stderr, flush=True)
+    if r.speculative is not None:
+        print(f"[{r.speculative.summary()}]", file=sys.stderr, flush=True)
     engine = gen.engine
     if engine is None:
         return
     read = engine.decode_weight_bytes
-    rate = f" -> {read / r.tpot_s / 1e9:.1f} GB/s of weights" if r.tpot_s > 0 else ""
-    print(f"[activations {dtypes.name_of(engine.dtype)}; {'; '.join(engine.kernel_summary())}; "
+    per_step = r.speculative.tokens_per_forward if r.speculative is not None else 1.0  # tokens per weight read
+    rate = f" -> {read * r.tokens_per_s / per_step / 1e9:.1f} GB/s of weights" if r.tokens_per_s > 0 and per_step else ""
+    print(f"[residual stream {dtypes.name_of(engine.dtype)}, branches {dtypes.name_of(engine.branch_dtype)}; "
+          f"{'; '.join(engine.kernel_summary())}; "
           f"a decode step reads {read / 1e6:.0f} MB of weights{rate}]", file=sys.stderr, flush=True)
     if verbose and engine.plan is not None:
         print("\n".join(engine.plan.describe()), file=sys.stderr, flush=True)

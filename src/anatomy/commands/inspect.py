@@ -24,6 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="preset name, HF config.json or its directory, .gguf file, or installed model name")
     p.add_argument("old_model", nargs="?", default=None, metavar="MODEL", help=argparse.SUPPRESS)
     add_size_options(p)
+    add_prediction_options(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON (keys in docs/anatomy.md)")
     p.add_argument("--markdown", action="store_true", help="print the report as Markdown")
     p.add_argument("--plot", metavar="FILE.png", help="write the parameter breakdown and roofline chart")
@@ -48,6 +49,55 @@ def add_size_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=float, default=None, help="training tokens, e.g. 1e12 (adds a training estimate)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs for the training estimate (default 1)")
     p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation in (0, 1] (default 0.4)")
+
+
+def add_prediction_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding prediction (compare with `anatomy generate --speculative ... --stats`)")
+    g.add_argument("--speculative", type=int, default=None, metavar="K",
+                   help="predict the speedup of verifying K proposed tokens per target forward at --context")
+    g.add_argument("--acceptance", type=float, default=None, metavar="A",
+                   help="the chance a proposed token is kept once the ones before it were, in [0, 1] (default 0.8)")
+    g.add_argument("--draft-model", default=None, metavar="NAME",
+                   help="the draft's config (preset, config.json, .gguf or model name); default: n-gram, no model")
+    g.add_argument("--draft-layers", type=int, default=None, metavar="N",
+                   help="the draft is the first N blocks of --draft-model (default: of the model itself)")
+    g.add_argument("--draft-dtype", default=None, help="the draft's weight dtype (default: --dtype)")
+
+
+def speculative_options(args: argparse.Namespace, config: ModelConfig):
+    """--speculative K --acceptance A [--draft-model NAME] [--draft-layers N] [--draft-dtype D] ->
+    SpeculativeOptions (None without --speculative), every value checked."""
+    from anatomy.analysis.speculative import SpeculativeOptions
+
+    drafting = [n for n, v in (("--acceptance", args.acceptance), ("--draft-model", args.draft_model),
+                               ("--draft-layers", args.draft_layers), ("--draft-dtype", args.draft_dtype)) if v is not None]
+    if args.speculative is None:
+        if drafting:
+            raise InputError(f"{drafting[0]} needs --speculative K")
+        return None
+    k, a = args.speculative, 0.8 if args.acceptance is None else args.acceptance
+    if k < 1:
+        raise InputError(f"--speculative {k} must be an integer >= 1 (proposed tokens per round)")
+    if not 0.0 <= a <= 1.0:
+        raise InputError(f"--acceptance {a:g} is outside [0, 1]")
+    if config.is_encoder or config.is_seq2seq:
+        raise InputError(f"speculative decoding needs a decoder-only model, got architecture={config.architecture!r}")
+    draft, name = None, "n-gram (no model)"
+    if args.draft_model is not None or args.draft_layers is not None:
+        name = args.draft_model or "the model itself"
+        draft = resolve_config(args.draft_model) if args.draft_model is not None else config
+        if draft.vocab_size != config.vocab_size:
+            raise InputError(f"the draft's vocabulary ({draft.vocab_size} tokens) differs from the model's "
+                             f"({config.vocab_size}): speculative decoding needs one tokenizer for both")
+        if args.draft_layers is not None:
+            if not 1 <= args.draft_layers <= draft.n_layers:
+                raise InputError(f"--draft-layers {args.draft_layers} must be in [1, {draft.n_layers}]")
+            draft, name = draft.replace(n_layers=args.draft_layers), f"{name}, first {args.draft_layers} blocks"
+    dtype = dtypes.parse(args.draft_dtype, option="--draft-dtype", choices=dtypes.ALL).name if args.draft_dtype else None
+    if dtype is not None and draft is None:
+        draft, name = config, "the model itself"
+    return SpeculativeOptions(k=k, acceptance=a, draft=draft, draft_name=name + (f" in {dtype}" if dtype else ""),
+                              draft_dtype=dtype)
 
 
 def model_of(args: argparse.Namespace) -> str:
@@ -97,8 +147,11 @@ def options_from_args(args: argparse.Namespace, config: ModelConfig):
                                  f"(position={config.position!r} has a table of max_seq_len entries)")
     dtype = dtypes.parse(args.dtype, option="--dtype", choices=dtypes.ALL).name
     kv_dtype = dtypes.parse(args.kv_dtype, option="--kv-dtype", choices=dtypes.ALL).name if args.kv_dtype else None
+    speculative = speculative_options(args, config) if hasattr(args, "speculative") else None
+    if speculative is not None and speculative.k >= context:
+        raise InputError(f"--speculative {speculative.k} is beyond the decode context --context {context}")
     return Options(batch=args.batch_size, seq=seq, context=context, dtype=dtype, kv_dtype=kv_dtype,
-                   tokens=args.tokens, gpus=args.gpus, mfu=args.mfu)
+                   tokens=args.tokens, gpus=args.gpus, mfu=args.mfu, speculative=speculative)
 
 
 def run(args: argparse.Namespace) -> int:

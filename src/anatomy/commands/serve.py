@@ -54,8 +54,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "if installed)")
     p.add_argument("--weights", default="auto", help=f"{WEIGHTS_HELP} (named at start-up)")
     p.add_argument("--dtype", default="f32",
-                   help="the model's other tensors (norms, biases, dense matrices), its activations and the KV "
-                        "cache: f32, f16, bf16")
+                   help="the model's other tensors (norms, biases, dense matrices) and its residual stream: f32, "
+                        "f16, bf16; the branches and the KV cache compute in what the chosen kernels take, at most "
+                        "this wide (named at start-up)")
     p.add_argument("--kv-memory", default="0.1",
                    help="KV-cache budget: bytes (2GiB, 512MB, 1e9) or a fraction of the machine's memory (0.1)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
@@ -123,7 +124,7 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
             state.embedder = _embedder(state.embedding_name)
         loop.start()
         state.loop, state.tokenizer = loop, named.tokenizer
-        _report(args, loop, PagedKVCache.block_bytes(engine.model.config, args.block_size, engine.dtype),
+        _report(args, loop, PagedKVCache.block_bytes(engine.model.config, args.block_size, engine.branch_dtype),
                 time.perf_counter() - start)
         state.ready.set()
     except Exception as exc:  # re-raised by run() once the server has stopped
@@ -134,11 +135,14 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
 
 def _report(args: argparse.Namespace, loop, block_bytes: int, seconds: float) -> None:
     """The start-up lines: the model's weights and the kernels serving them, the KV cache, the limits."""
+    from anatomy import dtypes
+
     blocks = loop.blocks.num_blocks
     total = blocks * block_bytes
     tokens = blocks * loop.blocks.block_size
     engine = loop.engine
-    print(f"anatomy serve: {args.model} (weights {args.weights}, {args.dtype}) ready in {seconds:.1f} s; kernels "
+    print(f"anatomy serve: {args.model} (weights {args.weights}, {args.dtype}, branches "
+          f"{dtypes.name_of(engine.branch_dtype)}) ready in {seconds:.1f} s; kernels "
           f"{'; '.join(engine.kernel_summary())}; a decode step reads {engine.decode_weight_bytes / 1e6:,.0f} MB "
           f"of weights", file=sys.stderr, flush=True)
     print(f"anatomy serve: KV cache {total / 2 ** 20:,.0f} MiB = {blocks:,} blocks of {loop.blocks.block_size} tokens "

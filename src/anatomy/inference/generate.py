@@ -30,6 +30,8 @@ from anatomy.inference.metrics import StepClock
 from anatomy.inference.model_cache import loaded_models
 from anatomy.inference.result import GenerationResult
 from anatomy.inference.sampling import SamplingParams
+from anatomy.inference.speculative import Speculation, SpeculativeDecoder
+from anatomy.inference.speculative.setup import speculation_of
 from anatomy.inference.streaming import StopStringFilter, TextRow
 from anatomy.inference.view import engine_view
 from anatomy.weights.choice import parse_weights
@@ -37,7 +39,8 @@ from anatomy.tokenizer import Tokenizer
 
 
 def generate(model: nn.Module | DecoderEngine | str | Path, prompt: Any, *, tokenizer: Any = None, compile: bool = False,
-             truncate: bool = False, num_beams: int = 1, length_penalty: float = 1.0,
+             truncate: bool = False, num_beams: int = 1, length_penalty: float = 1.0, speculative: Any = None,
+             draft_model: Any = None, num_speculative_tokens: int | None = None,
              **sampling: Any) -> GenerationResult | list[GenerationResult]:
     """Generate a continuation of `prompt` (or of each prompt of a batch).
 
@@ -45,8 +48,13 @@ def generate(model: nn.Module | DecoderEngine | str | Path, prompt: Any, *, toke
     options are the fields of SamplingParams (max_new_tokens, temperature, top_k, top_p, min_p,
     repetition_penalty, seed, stop, stop_ids, ignore_eos). `truncate` keeps the end of a prompt
     that does not fit the context. `num_beams`/`length_penalty` apply to encoder-decoder models.
+    `speculative` ("ngram" or "draft", with `draft_model` a model, engine or name) verifies up to
+    `num_speculative_tokens` proposed tokens per target forward (inference/speculative/): the same
+    greedy output, the same sampling distribution; the results' `speculative` field has the counts.
     """
-    run = Generation.start(model, prompt, tokenizer=tokenizer, compile=compile, truncate=truncate, sampling=sampling)
+    run = Generation.start(model, prompt, tokenizer=tokenizer, compile=compile, truncate=truncate, sampling=sampling,
+                           speculative=dict(speculative=speculative, draft_model=draft_model,
+                                            num_speculative_tokens=num_speculative_tokens))
     if run.model.config.is_seq2seq:
         return run.seq2seq(num_beams=num_beams, length_penalty=length_penalty)
     for _ in run.deltas():
@@ -56,10 +64,13 @@ def generate(model: nn.Module | DecoderEngine | str | Path, prompt: Any, *, toke
 
 
 def stream(model: nn.Module | DecoderEngine | str | Path, prompt: Any, *, tokenizer: Any = None, compile: bool = False,
-           truncate: bool = False, **sampling: Any) -> Iterator[str]:
+           truncate: bool = False, speculative: Any = None, draft_model: Any = None,
+           num_speculative_tokens: int | None = None, **sampling: Any) -> Iterator[str]:
     """Yield the text of one prompt's continuation piece by piece, as it is generated. The pieces
     join to `generate(...).text`: no broken characters, no part of a stop string."""
-    run = Generation.start(model, prompt, tokenizer=tokenizer, compile=compile, truncate=truncate, sampling=sampling)
+    run = Generation.start(model, prompt, tokenizer=tokenizer, compile=compile, truncate=truncate, sampling=sampling,
+                           speculative=dict(speculative=speculative, draft_model=draft_model,
+                                            num_speculative_tokens=num_speculative_tokens))
     if run.batched or run.model.config.is_seq2seq:
         raise InputError("stream takes one prompt for a decoder model; use generate for batches and seq2seq")
     for _, delta in run.deltas():
@@ -80,16 +91,22 @@ class Generation:
     batched: bool
     rows: list[TextRow] = field(default_factory=list)
     clock: StepClock = field(default_factory=StepClock)
+    speculation: Speculation | None = None
+    speculator: SpeculativeDecoder | None = None  # the latest deltas() call's, with its stats
 
     @classmethod
     def start(cls, model: Any, prompt: Any, *, tokenizer: Any, compile: bool, truncate: bool,
-              sampling: dict[str, Any]) -> Generation:
+              sampling: dict[str, Any], speculative: dict[str, Any] | None = None) -> Generation:
         params = _params(sampling)
         model, tokenizer, engine = resolve_model(model, tokenizer, compile=compile)
+        speculation = speculation_of(**(speculative or {}), tokenizer=tokenizer)
         batched, prompts = split_batch(prompt)
         ids = [encode_prompt(p, tokenizer) for p in prompts]
         ids, params = fit_context(ids, params, context=model.config.max_seq_len, truncate=truncate)
-        return cls(model, tokenizer, engine, ids, params, batched)
+        if speculation is not None:
+            speculation.check(model.config, prompt_len=max(map(len, ids)), max_new_tokens=params.max_new_tokens)
+            speculation.check_sampling(params.presence_penalty, params.frequency_penalty)
+        return cls(model, tokenizer, engine, ids, params, batched, speculation=speculation)
 
     def stop_ids(self) -> frozenset[int]:
         eos = set() if self.params.ignore_eos else set(eos_ids(self.model, self.tokenizer))
@@ -101,7 +118,7 @@ class Generation:
         self.rows = [TextRow(self._decoder(), StopStringFilter(self.params.stop)) for _ in self.prompts]
         self.clock = StepClock(batch=len(self.prompts))
         self.clock.start()
-        for tokens in self.engine.tokens(self.prompts, self.params):
+        for tokens in self._steps():
             self.clock.tick()
             for i, (row, token) in enumerate(zip(self.rows, tokens.tolist())):
                 if row.finish_reason is None and (delta := row.add(token, stop_ids)):
@@ -112,11 +129,19 @@ class Generation:
             if row.finish_reason is None and (delta := row.finish("length")):
                 yield i, delta
 
+    def _steps(self) -> Iterator[torch.Tensor]:
+        """The engine's tokens [B] step by step, or a speculative decoder's, one token at a time."""
+        if self.speculation is None:
+            return self.engine.tokens(self.prompts, self.params)
+        self.speculator = self.speculation.decoder(self.engine)
+        return self.speculator.tokens(self.prompts, self.params)
+
     def results(self) -> list[GenerationResult]:
         clock = self.clock
+        stats = self.speculator.stats if self.speculator is not None else None
         return [GenerationResult(text=row.stops.text, token_ids=row.ids, prompt_tokens=len(prompt),
                                  finish_reason=row.finish_reason or "length", ttft_s=clock.ttft_s,
-                                 tpot_s=clock.tpot_s, tokens_per_s=clock.tokens_per_s)
+                                 tpot_s=clock.tpot_s, tokens_per_s=clock.tokens_per_s, speculative=stats)
                 for row, prompt in zip(self.rows, self.prompts)]
 
     def seq2seq(self, *, num_beams: int, length_penalty: float) -> GenerationResult | list[GenerationResult]:

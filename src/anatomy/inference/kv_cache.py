@@ -27,8 +27,10 @@ class LayerKVCache(nn.Module):
 
     def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """input_pos [S]; k, v [B, H_kv, S, d_h] -> all slots, k_all/v_all [B, H_kv, T_max, d_h]."""
-        self.k.index_copy_(2, input_pos, k.to(self.k.dtype))
-        self.v.index_copy_(2, input_pos, v.to(self.v.dtype))
+        if k.dtype != self.k.dtype:
+            k, v = k.to(self.k.dtype), v.to(self.v.dtype)
+        self.k.index_copy_(2, input_pos, k)
+        self.v.index_copy_(2, input_pos, v)
         return self.k, self.v
 
     def reorder(self, rows: Tensor) -> None:

@@ -7,11 +7,14 @@
    rows), and its kernels must be ten times as accurate as the blocks' (its products are the logits).
 2. inference.plan measures the candidate kernels on these shapes (once per machine, model shapes
    and weights: then the plan cache answers) and chooses per phase.
-3. Each linear layer becomes a PlannedLinear over its format, taking and giving the activations'
-   dtype (the model's own: f32 unless it was loaded with another dtype) and casting to and from the
-   dtype its kernel takes (torch's int4 and int8 kernels and oneDNN's take bf16). The residual
-   stream, norms, attention and KV cache keep the model's dtype: a bf16 residual stream is faster
-   but flips near-ties (SmolLM2's first answer token to "What is the capital of France?" is one).
+3. Each linear layer becomes a PlannedLinear over its format, casting its input to the dtype its
+   kernel takes (torch's int4 and int8 kernels and oneDNN's take bf16) only when it differs.
+4. The branches compute in the kernels' dtype: when every block linear's kernels take one dtype
+   (`branch_dtype`), the layers give their output in it, and RoPE, the KV cache and attention work
+   in it too; the products come out of the kernel in that dtype anyway, so casting them back
+   would add ops, not precision. The residual stream and the norms keep the model's dtype (a bf16
+   residual stream flips near-ties: SmolLM2's first answer token to "What is the capital of
+   France?" is one), and so do the LM head's logits; `x + branch(x)` promotes to it.
 
 The caller's model is not touched: the view's modules are its own.
 """
@@ -32,27 +35,42 @@ from anatomy.inference.planned_linear import PlannedLinear
 from anatomy.weights.formats import FloatWeight, WeightFormat
 from anatomy.weights.modules import CompactLinear
 
+HEAD_LAYERS = {"lm_head.weight"}
 HEAD_PHASES = ("decode", "batch")  # the LM head computes the last position of each row only
 HEAD_THRESHOLD = 1e-3  # its products are the logits: near-ties between tokens are decided there
 
 
 def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True) -> KernelPlan | None:
     """Measure (or load) the kernel plan of the view's linear layers and swap them for PlannedLinear
-    layers in the activations' dtype (the view's embedding dtype). Returns the plan; None on a GPU,
-    where every layer is a dense product (accelerator_view)."""
+    layers giving the branch dtype (the LM head: the model's). Returns the plan; None on a GPU,
+    where every layer is a dense product in the model's dtype (accelerator_view)."""
     layers = linear_layers(view)
     if next(view.parameters()).device.type != "cpu":
         accelerator_view(view, layers)
         return None
     formats = {name: fmt for name, (fmt, _) in layers.items()}
     plan = make_plan(formats, model_id=model_id(view), weights=_weights_label(formats),
-                     phases_of={name: HEAD_PHASES for name in layers if name == "lm_head.weight"},
-                     thresholds={name: HEAD_THRESHOLD for name in layers if name == "lm_head.weight"},
+                     phases_of={name: HEAD_PHASES for name in layers if name in HEAD_LAYERS},
+                     thresholds={name: HEAD_THRESHOLD for name in layers if name in HEAD_LAYERS},
                      kernels=COMPILABLE_KERNELS if compile else KERNELS, cache=cache)
-    dtype = view.stack.embed.dtype
+    model_dtype = view.stack.embed.dtype
+    branch = branch_dtype(plan, model_dtype)
     for name, (fmt, bias) in layers.items():
+        dtype = model_dtype if name in HEAD_LAYERS else branch
         view.set_submodule(name.removesuffix(".weight"), PlannedLinear.from_plan(plan, name, fmt, bias=bias, dtype=dtype))
     return plan
+
+
+def branch_dtype(plan: KernelPlan | None, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the blocks' branches compute in: the activation dtype every block linear's kernels
+    take in every phase, when they agree on one no wider than the model's; else the model's."""
+    if plan is None:
+        return model_dtype
+    taken = {KERNELS_BY_NAME[kernel].act_dtype for w in plan.weights.values() if not set(w.layers) & HEAD_LAYERS
+             for kernel in w.choices.values()}
+    if len(taken) == 1 and (dtype := taken.pop()).itemsize <= model_dtype.itemsize:
+        return dtype
+    return model_dtype
 
 
 def accelerator_view(view: nn.Module, layers: dict[str, tuple[WeightFormat, torch.Tensor | None]]) -> None:

@@ -148,17 +148,30 @@ def next_tokens(logits: Tensor, params: SamplingParams, *, seen: Tensor | None =
     """logits [B, V] (any float dtype) -> next token ids [B]. `seen` bool [B, V] (prompt and output
     tokens) feeds the repetition penalty, `counts` [B, V] (output tokens) the presence and frequency
     penalties."""
+    logits = penalized(logits, params, seen, counts)
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    return torch.multinomial(sampling_probs(logits, params), 1, generator=generator)[:, 0]
+
+
+def penalized(logits: Tensor, params: SamplingParams, seen: Tensor | None = None,
+              counts: Tensor | None = None) -> Tensor:
+    """logits [..., V] in float32 after the penalties that are set: repetition (seen bool [..., V]),
+    presence and frequency (counts [..., V] of the output tokens)."""
     logits = logits.float()
     if params.repetition_penalty != 1.0 and seen is not None:
         logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
     if (params.presence_penalty or params.frequency_penalty) and counts is not None:
         logits = apply_presence_frequency(logits, counts, params.presence_penalty, params.frequency_penalty)
-    if params.greedy:
-        return logits.argmax(dim=-1)
+    return logits
+
+
+def sampling_probs(logits: Tensor, params: SamplingParams) -> Tensor:
+    """The distribution a sampled token is drawn from: penalized float32 logits [..., V] / temperature,
+    top-k, top-p, min-p, softmax -> probabilities [..., V] (not for greedy: temperature 0)."""
     logits = logits / params.temperature
     logits = filter_min_p(filter_top_p(filter_top_k(logits, params.top_k), params.top_p), params.min_p)
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return logits.softmax(dim=-1)
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:

@@ -5,6 +5,8 @@ every decode step, built from tables made once per generation.
     decode step at cache slot s -> Context: rope (cos, sin) [B, 1, 1, d_h] looked up in a table of
         the T positions, mask [B, 1, 1, T] additive (0 where a key slot is real and <= s, -inf
         elsewhere; for sliding-window layers also -inf at slots <= s - window), input_pos [1] = s
+    S tokens at slots s..s+S-1 in one pass (speculative verification) -> the same per query row:
+        rope [B, S, 1, d_h], mask [B, 1, S, T] (row i causal up to slot s+i), input_pos [S]
 
 A model's own forward builds the same Context from scratch and checks every input (a host sync);
 a decode step only indexes the tables, so it costs a handful of small ops, none of them per layer.
@@ -98,5 +100,24 @@ class DecodeSteps:
         bias = alibi_bias(self.slopes, slot, self.slots, causal=True) if self.slopes is not None else None
         return Context(rope=rope, mask=mask, bias=bias, input_pos=slot, window_mask=window_mask), positions
 
-    def _additive(self, allowed: Tensor) -> Tensor:
-        return torch.where(allowed, self.open, self.closed).view(-1, 1, 1, self.slots.numel())  # [B|1, 1, 1, T]
+    def span(self, slots: Tensor) -> tuple[Context, Tensor]:
+        """(the Context, position_ids [B, S]) of S tokens written at cache slots `slots` [S] in one
+        pass: each query row is what its own decode step would be (keys at slots <= its slot, its
+        window, its RoPE angles; a length-dependent RoPE rule reads each token's own length)."""
+        S = slots.numel()
+        positions = slots[None] - self.padding  # [B, S]
+        rope = (self.cos[positions], self.sin[positions]) if self.cos is not None else None  # [B, S, 1, d_h]
+        if self.rotary is not None:
+            columns = [self.rotary(positions[:, i:i + 1], self.dtype) for i in range(S)]  # S x 2 x [B, 1, 1, d_h]
+            rope = (torch.cat([c for c, _ in columns], dim=1), torch.cat([s for _, s in columns], dim=1))
+        allowed = self.slots[None] <= slots[:, None]  # [S, T]
+        if self.valid is not None:
+            allowed = allowed & self.valid[:, None]  # [B, S, T]
+        mask = self._additive(allowed, S)
+        window = allowed & (self.slots[None] > slots[:, None] - self.window) if self.window else None
+        window_mask = self._additive(window, S) if window is not None else None
+        bias = alibi_bias(self.slopes, slots, self.slots, causal=True) if self.slopes is not None else None
+        return Context(rope=rope, mask=mask, bias=bias, input_pos=slots, window_mask=window_mask), positions
+
+    def _additive(self, allowed: Tensor, rows: int = 1) -> Tensor:
+        return torch.where(allowed, self.open, self.closed).view(-1, 1, rows, self.slots.numel())  # [B|1, 1, S, T]

@@ -102,6 +102,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate x [..., d_h] by the angles cos/sin [..., d] (broadcastable to x): x * cos + rotate_half(x) * sin,
     where rotate_half pairs dimension i with i + d/2: (x1, x2) -> (-x2, x1). With d < d_h (partial
     rotary) the first d dims rotate and the others pass through."""
+    if cos.dtype != x.dtype:  # angles made in the residual stream's dtype, q and k in the branches'
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     d = cos.shape[-1]
     if d < x.shape[-1]:
         return torch.cat([apply_rope(x[..., :d], cos, sin), x[..., d:]], dim=-1)

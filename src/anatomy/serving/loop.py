@@ -7,8 +7,11 @@
              -> sample -> detokenize, stop strings -> sink(Event) per sequence -> finished ones leave
 
 The loop runs the model only through what the engine gives it: `engine.model` (the engine's own
-view of the model) and `engine.dtype` for the cache and activations. `step()` can also be called
-directly (tests drive it without a thread).
+view of the model, its linear layers on the measured kernel plan), `engine.head` for the logits and
+`engine.branch_dtype` for the KV cache, RoPE angles and masks (the dtype the blocks' branches
+compute in, as in the engine's own decode step). Its steps run eagerly: their shapes change from
+step to step, so the engine's captured graphs (one per batch and cache length) do not apply.
+`step()` can also be called directly (tests drive it without a thread).
 """
 
 from __future__ import annotations
@@ -49,18 +52,18 @@ class ServingLoop:
                  name: str = "model") -> None:
         self.engine, self.tokenizer = engine, tokenizer
         config = engine.model.config
-        block_bytes = PagedKVCache.block_bytes(config, block_size, engine.dtype)
+        block_bytes = PagedKVCache.block_bytes(config, block_size, engine.branch_dtype)
         num_blocks = kv_bytes // block_bytes
         if num_blocks < 2:
             raise InputError(f"a KV memory of {kv_bytes:,} bytes holds {num_blocks} blocks of {block_size} tokens "
                              f"({block_bytes:,} bytes each); at least 2 are needed")
         self.context = min(config.max_seq_len, num_blocks * block_size)  # the most tokens one sequence can hold
-        self.cache = PagedKVCache(config, num_blocks=num_blocks, block_size=block_size, dtype=engine.dtype,
+        self.cache = PagedKVCache(config, num_blocks=num_blocks, block_size=block_size, dtype=engine.branch_dtype,
                                   device=engine.device)
         self.blocks = BlockManager(num_blocks, block_size)
         self.scheduler = Scheduler(self.blocks, max_seqs=max_seqs, max_step_tokens=max_step_tokens,
                                    prefix_caching=prefix_caching)
-        self.builder = StepBuilder(engine.model.stack, self.cache, context=self.context, dtype=engine.dtype,
+        self.builder = StepBuilder(engine.model.stack, self.cache, context=self.context, dtype=engine.branch_dtype,
                                    device=engine.device)
         self.metrics = ServingMetrics(name)
         self.eos_ids = eos_ids(engine.model, tokenizer)
@@ -151,15 +154,14 @@ class ServingLoop:
     @torch.inference_mode()
     def _run_group(self, group: list[tuple[Sequence, int]]) -> None:
         """One forward over the chunks of `group`; rows that reach their sequence's end sample a token."""
-        model = self.engine.model
         inputs = self.builder.build([Chunk(seq.tokens[seq.computed:seq.computed + n], seq.computed, seq.blocks)
                                      for seq, n in group])
-        hidden = model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions, cache=inputs.caches)
+        hidden = self.engine.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions, cache=inputs.caches)
         ends = [i for i, (seq, n) in enumerate(group) if seq.computed + n == len(seq.tokens)]
         logits = None
         if ends:
             rows = torch.tensor(ends, device=hidden.device)
-            logits = model.lm_head(hidden[rows, inputs.last[rows]])  # [R, D] -> [R, V]
+            logits = self.engine.head(hidden[rows, inputs.last[rows]])  # [R, D] -> [R, V]
         prompt_tokens = 0
         for seq, n in group:
             prompt_tokens += max(0, min(seq.computed + n, seq.prompt_len) - seq.computed)

@@ -1,0 +1,71 @@
+"""Which proposed tokens the target keeps, from its logits over the k proposals in one forward.
+
+    ids     [B, k+1] = the last emitted token, then the proposal d_1..d_k
+    logits  [B, k+1, V]: row i is the target's next-token distribution p_i after ids[:, :i+1]
+
+Greedy: t_i = argmax p_i; keep d_1..d_n while d_{i+1} == t_i, then emit t_n (the target's own
+choice where the proposal went wrong, or a bonus token when all k were kept): the n + 1 tokens
+plain greedy decoding would have produced, one forward instead of n + 1.
+
+Sampling (Leviathan et al. 2023, Chen et al. 2023): d_{i+1} drawn from q_i is kept with
+probability min(1, p_i(d) / q_i(d)); at the first rejection the token is drawn from the residual
+max(0, p_i - q_i) (normalised) and the round ends; when all k are kept a bonus token is drawn
+from p_k. Each emitted token is then distributed exactly as p_i, whatever q is. A deterministic
+proposer (n-gram) has q_i = one-hot(d): d is kept with probability p_i(d), and a rejection draws
+from p_i with d removed.
+
+Both return (tokens [B, k+1], accepted [B]): row b emits tokens[b, :accepted[b] + 1].
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from anatomy.inference.speculative.proposal import Proposal
+
+
+def accept_greedy(logits: Tensor, proposal: Proposal) -> tuple[Tensor, Tensor]:
+    """logits [B, k+1, V] (penalised, if a repetition penalty is on) -> (argmax tokens [B, k+1], accepted [B])."""
+    choice = logits.argmax(dim=-1)  # [B, k+1]
+    agree = (choice[:, :-1] == proposal.tokens) & proposal.valid()  # [B, k]
+    return choice, leading(agree)
+
+
+def accept_sampled(probs: Tensor, proposal: Proposal, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """probs [B, k+1, V]: the target's sampling distributions -> (tokens [B, k+1], accepted [B])."""
+    B, S, V = probs.shape
+    k, d = S - 1, proposal.tokens
+    rows = torch.arange(B, device=probs.device)
+    p_d = probs[:, :k].gather(2, d[..., None])[..., 0]  # [B, k]
+    q_d = proposal.probs.gather(2, d[..., None])[..., 0] if proposal.probs is not None else torch.ones_like(p_d)
+    u = torch.rand(B, k, generator=generator, device=probs.device)
+    accepted = leading((u * q_d < p_d) & proposal.valid())  # u < p/q, without dividing by q
+    p_at = probs[rows, accepted]  # [B, V]: the distribution of the token after the kept ones
+    rejected = accepted < (proposal.lengths if proposal.lengths is not None else k)  # [B]
+    last = torch.multinomial(_residual(p_at, _q_at(proposal, accepted, V), rejected), 1, generator=generator)[:, 0]
+    tokens = torch.cat([d, last[:, None]], dim=1)  # [B, k+1]
+    tokens[rows, accepted] = last
+    return tokens, accepted
+
+
+def leading(ok: Tensor) -> Tensor:
+    """bool [B, k] -> [B]: how many leading entries of each row are True."""
+    return ok.long().cumprod(dim=1).sum(dim=1)
+
+
+def _q_at(proposal: Proposal, accepted: Tensor, V: int) -> Tensor:
+    """[B, V]: the proposal's distribution at each row's first rejected position (anything where none was)."""
+    rows = torch.arange(accepted.shape[0], device=accepted.device)
+    at = accepted.clamp(max=max(proposal.k - 1, 0))
+    if proposal.probs is not None:
+        return proposal.probs[rows, at]
+    return torch.nn.functional.one_hot(proposal.tokens[rows, at], V).to(proposal.tokens.device).float()
+
+
+def _residual(p: Tensor, q: Tensor, rejected: Tensor) -> Tensor:
+    """max(0, p - q) where a row rejected (normalised by multinomial), p where it kept every proposal.
+    A residual with no mass cannot occur for a rejected row (rejection needs q(d) > p(d)); it falls back to p."""
+    residual = torch.where(rejected[:, None], (p - q).clamp_min(0), p)
+    empty = residual.sum(dim=1, keepdim=True) <= 0
+    return torch.where(empty, p, residual)

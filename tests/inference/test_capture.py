@@ -1,0 +1,114 @@
+"""The captured decode step (inference/capture.py) against the eager step it records: the same
+logits, bit for bit, at every step, for each family and each position and mask rule, batched with
+padding, across generations that reuse the captured graph; what cannot be captured runs eagerly."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from anatomy import build_model, get_preset
+from anatomy.inference import engine as engine_module
+from anatomy.inference.engine import CAPTURE_AFTER, DecoderEngine
+from anatomy.inference.sampling import SamplingParams
+from anatomy.weights.choice import compact_formats, install
+
+from .conftest import SMALL, gpt2_tiny, llama_tiny
+
+PROMPTS = [[5, 17, 33, 2, 9, 41, 8], [60, 3], [11, 12, 13, 14]]
+
+
+def llama_with(**fields):
+    torch.manual_seed(0)
+    return build_model(get_preset("llama-7b", **SMALL, n_layers=2, n_kv_heads=2, d_ff=96, **fields)).eval()
+
+
+def int4(model):
+    """The model with every matrix as int4 (embedding and head int8): the engine computes its branches in bf16."""
+    formats = compact_formats(model, "int4", dtype=torch.float32, lossless=lambda name: None,
+                              dense=lambda name: model.get_parameter(name).detach())
+    return install(model, formats, dtype=torch.float32)
+
+
+MODELS = {
+    "llama-gqa": llama_tiny,
+    "gpt2": gpt2_tiny,
+    "llama-int4": lambda: int4(llama_tiny()),
+    "sliding-window": lambda: llama_with(sliding_window=3, sliding_window_layers=(0,)),
+    "dynamic-ntk": lambda: llama_with(rope_scaling=dict(kind="dynamic", factor=2.0, original_max_seq_len=6)),
+    "qk-norm-softcap-partial-rotary": lambda: llama_with(qk_norm=True, attn_softcap=30.0, rotary_dim=8),
+    "alibi": lambda: llama_with(position="alibi"),
+}
+
+
+def step_logits(engine: DecoderEngine, prompts: list[list[int]], monkeypatch, steps: int | None = None) -> list[torch.Tensor]:
+    """The logits [B, V] the engine samples from at each step (prefill's first). By default as many
+    steps as fill the model's context: the captured engine's cache (rounded up to a bucket, capped
+    at max_seq_len) then has the eager one's length, and attention sums over the same slots."""
+    steps = steps or SMALL["max_seq_len"] - max(map(len, prompts))
+    seen = []
+    choose = engine_module.next_tokens
+
+    def recording(logits, params, **kwargs):
+        seen.append(logits.clone())
+        return choose(logits, params, **kwargs)
+
+    monkeypatch.setattr(engine_module, "next_tokens", recording)
+    list(engine.tokens(prompts, SamplingParams(max_new_tokens=steps)))
+    monkeypatch.setattr(engine_module, "next_tokens", choose)
+    return seen
+
+
+def eager_twin(engine: DecoderEngine) -> DecoderEngine:
+    """The same engine (same view, same measured kernel plan) with capture switched off."""
+    twin = copy.copy(engine)
+    twin.captured, twin._caches, twin._bodies = False, {}, {}
+    return twin
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_captured_steps_give_the_eager_logits_bit_for_bit(name, monkeypatch):
+    captured = DecoderEngine(MODELS[name]())
+    eager = eager_twin(captured)
+    for prompts in (PROMPTS, PROMPTS[1:2], PROMPTS):  # batched with padding, alone, and the first graph again
+        got, want = step_logits(captured, prompts, monkeypatch), step_logits(eager, prompts, monkeypatch)
+        assert len(got) == len(want) == 64 - max(map(len, prompts))
+        for step, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), f"{name}: step {step} differs by {(a - b).abs().max():.3g}"
+    assert all(body is not None for body in captured._bodies.values())
+    assert len(captured._bodies) == 2  # one graph per (batch size, cache length), reused
+
+
+def test_int4_branches_compute_in_the_kernels_dtype():
+    engine = DecoderEngine(int4(llama_tiny()))
+    if engine.branch_dtype != torch.bfloat16:
+        pytest.skip(f"this machine's plan runs the tiny model's layers in {engine.branch_dtype}")
+    list(engine.tokens(PROMPTS, SamplingParams(max_new_tokens=2)))
+    assert engine.dtype == torch.float32 and engine.last_cache[0].k.dtype == torch.bfloat16
+
+
+def test_experts_route_by_value_so_a_moe_stack_is_not_captured(monkeypatch):
+    captured = DecoderEngine(llama_with(n_experts=4, n_experts_per_token=2))
+    eager = eager_twin(captured)
+    got, want = step_logits(captured, PROMPTS, monkeypatch), step_logits(eager, PROMPTS, monkeypatch)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert list(captured._bodies.values()) == [None]
+
+
+def test_captured_engine_keeps_a_cache_per_bucket_and_eager_one_of_the_exact_length():
+    model = llama_tiny()
+    captured, eager = DecoderEngine(model), DecoderEngine(model, capture=False)
+    for engine in (captured, eager):
+        list(engine.tokens(PROMPTS, SamplingParams(max_new_tokens=5)))
+    assert eager.last_cache.max_len == 7 + 5 and eager.last_cache[0].k.shape[0] == 3
+    assert captured.last_cache.max_len == model.config.max_seq_len  # 12 rounded up to the bucket, capped at 64
+
+
+def test_a_short_generation_is_not_captured_and_a_longer_one_is_from_its_33rd_step():
+    engine = DecoderEngine(llama_tiny())
+    list(engine.tokens(PROMPTS, SamplingParams(max_new_tokens=CAPTURE_AFTER)))
+    assert engine._bodies == {}  # a short answer does not pay for the recording
+    list(engine.tokens(PROMPTS, SamplingParams(max_new_tokens=CAPTURE_AFTER + 2)))
+    assert len(engine._bodies) == 1 and None not in engine._bodies.values()
