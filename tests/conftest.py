@@ -24,6 +24,20 @@ def _plan_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def int4_tiny(tmp_path_factory):
+    """A tiny random LLaMA-style decoder saved and loaded with weights="int4" (compact int4 matrices),
+    one per session, so that the kernel plan its engines measure is measured once."""
+    import anatomy
+    from anatomy import build_model, get_preset
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("hf") / "llama"
+    anatomy.save(build_model(get_preset("llama-7b", vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                                        d_ff=128, max_seq_len=32)), path)
+    return anatomy.load(path, weights="int4")
+
+
+@pytest.fixture(scope="session")
 def smollm2_gguf_path():
     from anatomy.checkpoints.registry import resolve
 

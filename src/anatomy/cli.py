@@ -36,6 +36,8 @@ COMMANDS = {
     "train": "train or fine-tune a model (causal LM, masked LM, seq2seq)",
     "plot": "draw the training and validation loss curves of runs to a PNG",
     "presets": "list the named model configurations with their parameter counts",
+    "serve": "serve a model over the OpenAI API (continuous batching, paged KV cache)",
+    "bench-serve": "load-test an OpenAI-compatible server: throughput, TTFT, TPOT, latency percentiles",
 }
 
 
@@ -60,7 +62,7 @@ def build_parser(argv: list[str] | None = None) -> Parser:
     chosen = _command_of(argv)
     for name, summary in COMMANDS.items():
         if name == chosen:
-            importlib.import_module(f"anatomy.commands.{name}").add_parser(sub)
+            importlib.import_module(f"anatomy.commands.{name.replace('-', '_')}").add_parser(sub)
         else:
             sub.add_parser(name, help=summary, add_help=False)
     return parser

@@ -10,8 +10,7 @@ import torch
 
 import anatomy
 from anatomy.errors import InputError
-from anatomy.inference.generate import _Row
-from anatomy.inference.streaming import StopStringFilter
+from anatomy.inference.streaming import StopStringFilter, TextRow
 
 from .conftest import llama_tiny, seq2seq_tiny
 
@@ -66,7 +65,7 @@ def test_stream_deltas_of_chinese_and_emoji_join_to_the_text(smollm2_tokenizer):
     deltas join to the decoded text, and the stop string (in Chinese) is cut exactly."""
     text = "你好，世界！😀 Hello 🌍🚀 naïve café 結束 never shown"
     ids = smollm2_tokenizer.encode(text, add_special_tokens=False)
-    row = _Row(smollm2_tokenizer.decode_stream(skip_special_tokens=True), StopStringFilter(("結束",)))
+    row = TextRow(smollm2_tokenizer.decode_stream(skip_special_tokens=True), StopStringFilter(("結束",)))
     deltas = [row.add(token, frozenset()) for token in ids]
     assert len(ids) > len(text.split())  # the characters really are split over tokens
     assert "".join(deltas) == smollm2_tokenizer.decode(ids).split("結束")[0] == text.split("結束")[0]

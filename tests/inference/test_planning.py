@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import anatomy
-from anatomy import build_model, get_preset
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.planned_linear import PlannedLinear
 from anatomy.inference.planning import HEAD_THRESHOLD
@@ -19,7 +18,6 @@ from anatomy.inference.quality import mean_nll
 from .conftest import llama_tiny
 
 ENGLISH = Path(__file__).parents[1] / "data" / "english.txt"
-TINY = dict(vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=32)
 
 
 def _planned(engine: DecoderEngine) -> dict[str, PlannedLinear]:
@@ -39,19 +37,11 @@ def test_float_weights_run_on_exact_kernels():
         torch.testing.assert_close(engine.model(ids), model(ids), rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture(scope="module")
-def int4_model(tmp_path_factory):
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("hf") / "llama"
-    anatomy.save(build_model(get_preset("llama-7b", **TINY)), path)
-    return anatomy.load(path, weights="int4")
-
-
-def test_compact_weights_within_the_plans_error(int4_model):
-    engine = DecoderEngine(int4_model)
+def test_compact_weights_within_the_plans_error(int4_tiny):
+    engine = DecoderEngine(int4_tiny)
     ids = torch.randint(0, 96, (3, 11))
     with torch.no_grad():
-        ref, got = int4_model(ids), engine.model(ids)
+        ref, got = int4_tiny(ids), engine.model(ids)
     assert (got - ref).norm() / ref.norm() < 1e-2
     head = next(w for w in engine.plan.weights.values() if "lm_head.weight" in w.layers)
     for phase, kernel in head.choices.items():  # the head's products are the logits: held to 1e-3
@@ -60,10 +50,10 @@ def test_compact_weights_within_the_plans_error(int4_model):
     assert [line.split(":")[0] for line in engine.kernel_summary()] == ["decode", "batch", "prefill"]
 
 
-def test_the_callers_compact_model_is_left_alone(int4_model):
-    before = {n: type(m) for n, m in int4_model.named_modules()}
-    anatomy.generate(int4_model, [3, 4, 5], max_new_tokens=4)
-    assert {n: type(m) for n, m in int4_model.named_modules()} == before
+def test_the_callers_compact_model_is_left_alone(int4_tiny):
+    before = {n: type(m) for n, m in int4_tiny.named_modules()}
+    anatomy.generate(int4_tiny, [3, 4, 5], max_new_tokens=4)
+    assert {n: type(m) for n, m in int4_tiny.named_modules()} == before
 
 
 @pytest.mark.slow

@@ -99,3 +99,26 @@ def test_temperature_sharpens():
 def test_bad_values_are_input_errors_naming_the_field(field, value):
     with pytest.raises(InputError, match=field if field != "stop" else "stop strings"):
         SamplingParams(**{field: value})
+
+
+def test_presence_and_frequency_penalties_follow_openais_formula():
+    from anatomy.inference.sampling import apply_presence_frequency
+
+    logits = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    counts = torch.tensor([[0, 1, 3, 0]])
+    out = apply_presence_frequency(logits, counts, presence=0.5, frequency=0.25)
+    assert out.tolist() == [[1.0, 2.0 - 0.25 - 0.5, 3.0 - 0.75 - 0.5, 4.0]]
+    for name in ("presence_penalty", "frequency_penalty"):
+        with pytest.raises(InputError, match=rf"{name}=2.5 must be in \[-2, 2\]"):
+            SamplingParams(**{name: 2.5})
+
+
+def test_token_logprobs_are_the_log_softmax():
+    from anatomy.inference.sampling import token_logprobs
+
+    logits = torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]])
+    chosen, top, ids = token_logprobs(logits, torch.tensor([0, 0]), top=2)
+    expected = logits.log_softmax(-1)
+    assert torch.allclose(chosen, expected[[0, 1], [0, 0]])
+    assert ids.tolist() == [[2, 1], [0, 1]] and torch.allclose(top, expected.gather(1, ids))
+    assert token_logprobs(logits, torch.tensor([0, 0]))[1].shape == (2, 0)

@@ -36,13 +36,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+WEIGHTS_HELP = ("the format of the model's matrices: auto (a GGUF file's own quantized blocks, an HF checkpoint's "
+                "floats), f32, f16, bf16, int8, int4. The engine measures the kernels that can run them on this "
+                "machine and uses the fastest accurate one per phase")
+
+
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="an installed model name, a .gguf file or a Hugging Face model directory")
-    p.add_argument("--weights", default="auto",
-                   help="the format of the model's matrices: auto (a GGUF file's own quantized blocks, an HF "
-                        "checkpoint's floats), f32, f16, bf16, int8, int4. The engine measures the kernels that can "
-                        "run them on this machine and uses the fastest accurate one per phase (--verbose shows it)")
+    p.add_argument("--weights", default="auto", help=f"{WEIGHTS_HELP} (--verbose shows it)")
     p.add_argument("--dtype", default="f32",
                    help=f"dtype of the model's other tensors (norms, biases, dense matrices): {', '.join(dtypes.FLOATS)}; "
                         "the engine runs its activations in what its chosen kernels take")

@@ -85,14 +85,15 @@ class DecoderEngine:
         steps = DecodeSteps(self.model.stack, batch, max_len=cache.max_len, dtype=self.branch_dtype)
         generator = make_generator(params.seed, self.device)
         seen = self._seen(batch) if params.repetition_penalty != 1.0 else None
+        counts = self._counts(B) if params.presence_penalty or params.frequency_penalty else None
 
         logits = self._prefill(batch, cache)
-        token = self._choose(logits, params, seen, generator)
+        token = self._choose(logits, params, seen, generator, counts)
         yield token
         slot = torch.tensor([P], device=self.device)
         for step in range(params.max_new_tokens - 1):
             logits = self._decode(token, slot, steps, cache, record=step >= CAPTURE_AFTER)
-            token = self._choose(logits, params, seen, generator)
+            token = self._choose(logits, params, seen, generator, counts)
             yield token
             slot = slot + 1
 
@@ -141,11 +142,17 @@ class DecoderEngine:
 
     @torch.inference_mode()
     def _choose(self, logits: Tensor, params: SamplingParams, seen: Tensor | None,
-                generator: torch.Generator | None) -> Tensor:
-        token = next_tokens(logits, params, seen=seen, generator=generator)  # [B]
+                generator: torch.Generator | None, counts: Tensor | None = None) -> Tensor:
+        token = next_tokens(logits, params, seen=seen, counts=counts, generator=generator)  # [B]
         if seen is not None:
             seen.scatter_(1, token[:, None], True)
+        if counts is not None:
+            counts.scatter_add_(1, token[:, None], torch.ones_like(token[:, None]))
         return token
+
+    def _counts(self, batch: int) -> Tensor:
+        """[B, V] zeros: how often each row generated each token, for the presence/frequency penalties."""
+        return torch.zeros(batch, self.model.config.vocab_size, dtype=torch.long, device=self.device)
 
     def _seen(self, batch: PaddedBatch) -> Tensor:
         """bool [B, V]: the tokens of each row's prompt (padding excluded), for the repetition penalty."""

@@ -32,7 +32,7 @@ from anatomy.inference.result import GenerationResult
 from anatomy.inference.sampling import SamplingParams
 from anatomy.inference.speculative import Speculation, SpeculativeDecoder
 from anatomy.inference.speculative.setup import speculation_of
-from anatomy.inference.streaming import StopStringFilter
+from anatomy.inference.streaming import StopStringFilter, TextRow
 from anatomy.inference.view import engine_view
 from anatomy.weights.choice import parse_weights
 from anatomy.tokenizer import Tokenizer
@@ -80,31 +80,6 @@ def stream(model: nn.Module | DecoderEngine | str | Path, prompt: Any, *, tokeni
 # -- one generation -----------------------------------------------------------------------------
 
 @dataclass
-class _Row:
-    """One prompt's state: its new ids, its detokenizer, its stop-string filter."""
-
-    decoder: Any
-    stops: StopStringFilter
-    ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-
-    def add(self, token: int, stop_ids: frozenset[int]) -> str:
-        if token in stop_ids:
-            return self.finish("stop")
-        self.ids.append(token)
-        delta = self.stops.push(self.decoder.push(token)) if self.decoder is not None else ""
-        if self.stops.stopped:
-            self.finish_reason = "stop"
-        return delta
-
-    def finish(self, reason: str) -> str:
-        self.finish_reason = reason
-        if self.decoder is None:
-            return ""
-        return self.stops.push(self.decoder.flush()) + self.stops.flush()
-
-
-@dataclass
 class Generation:
     """One call's prompts, options and progress: `deltas()` streams, `results()` sums up."""
 
@@ -114,7 +89,7 @@ class Generation:
     prompts: list[list[int]]
     params: SamplingParams
     batched: bool
-    rows: list[_Row] = field(default_factory=list)
+    rows: list[TextRow] = field(default_factory=list)
     clock: StepClock = field(default_factory=StepClock)
     speculation: Speculation | None = None
     speculator: SpeculativeDecoder | None = None  # the latest deltas() call's, with its stats
@@ -130,6 +105,7 @@ class Generation:
         ids, params = fit_context(ids, params, context=model.config.max_seq_len, truncate=truncate)
         if speculation is not None:
             speculation.check(model.config, prompt_len=max(map(len, ids)), max_new_tokens=params.max_new_tokens)
+            speculation.check_sampling(params.presence_penalty, params.frequency_penalty)
         return cls(model, tokenizer, engine, ids, params, batched, speculation=speculation)
 
     def stop_ids(self) -> frozenset[int]:
@@ -139,7 +115,7 @@ class Generation:
     def deltas(self) -> Iterator[tuple[int, str]]:
         """(row, text delta) pairs as the tokens arrive; rows stop on EOS, stop ids, stop strings."""
         stop_ids = self.stop_ids()
-        self.rows = [_Row(self._decoder(), StopStringFilter(self.params.stop)) for _ in self.prompts]
+        self.rows = [TextRow(self._decoder(), StopStringFilter(self.params.stop)) for _ in self.prompts]
         self.clock = StepClock(batch=len(self.prompts))
         self.clock.start()
         for tokens in self._steps():

@@ -1,6 +1,7 @@
 """Choosing the next token from the logits: greedy, or sampling after the usual filters.
 
-    logits [B, V] -> repetition penalty -> / temperature -> top-k -> top-p -> min-p -> softmax -> draw
+    logits [B, V] -> repetition penalty -> presence/frequency penalties -> / temperature
+                  -> top-k -> top-p -> min-p -> softmax -> draw
 
 Each filter sets the logits of the tokens it removes to -inf, so they compose in any order and
 the survivors keep their relative probabilities. temperature == 0 means greedy (argmax).
@@ -27,6 +28,8 @@ class SamplingParams:
     top_p: float = 1.0  # 1: off
     min_p: float = 0.0  # 0: off
     repetition_penalty: float = 1.0  # 1: off; > 1 discourages tokens already in the prompt or output
+    presence_penalty: float = 0.0  # 0: off; OpenAI's: subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # 0: off; OpenAI's: subtracted once per time a token was generated
     seed: int | None = None
     stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one (never included)
     stop_ids: tuple[int, ...] = ()  # extra stop token ids, on top of the tokenizer's EOS ids
@@ -76,6 +79,10 @@ def _validate(p: SamplingParams) -> None:
         raise InputError(f"min_p={p.min_p!r} must be in [0, 1] (0 turns it off)")
     if not math.isfinite(p.repetition_penalty) or p.repetition_penalty <= 0:
         raise InputError(f"repetition_penalty={p.repetition_penalty!r} must be > 0 (1 turns it off)")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(p, name)
+        if not -2.0 <= value <= 2.0:
+            raise InputError(f"{name}={value!r} must be in [-2, 2] (0 turns it off)")
     if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, int)
                                or not -2 ** 63 <= p.seed < 2 ** 64):
         raise InputError(f"seed={p.seed!r} must be an integer in [-2**63, 2**64) (torch's generator seeds)")
@@ -89,6 +96,22 @@ def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: float) -> Te
     """
     penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
     return torch.where(seen, penalised, logits)
+
+
+def apply_presence_frequency(logits: Tensor, counts: Tensor, presence: float, frequency: float) -> Tensor:
+    """logits [B, V]; counts [B, V]: how often each token was generated so far (the prompt does not
+    count, as in OpenAI's definition): logit - frequency * count - presence * (count > 0)."""
+    counts = counts.to(logits.dtype)
+    return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor, top: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """Log-probabilities of the model's distribution (the logits before any penalty or filter):
+    (of the chosen tokens [B], the `top` most likely [B, top], their ids [B, top])."""
+    logp = logits.float().log_softmax(dim=-1)  # [B, V]
+    chosen = logp.gather(1, tokens[:, None])[:, 0]  # [B]
+    values, ids = logp.topk(top, dim=-1) if top > 0 else (logp[:, :0], tokens[:, None][:, :0])
+    return chosen, values, ids
 
 
 def filter_top_k(logits: Tensor, k: int) -> Tensor:
@@ -120,20 +143,26 @@ def filter_min_p(logits: Tensor, p: float) -> Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
-def next_tokens(logits: Tensor, params: SamplingParams, *, seen: Tensor | None = None,
+def next_tokens(logits: Tensor, params: SamplingParams, *, seen: Tensor | None = None, counts: Tensor | None = None,
                 generator: torch.Generator | None = None) -> Tensor:
-    """logits [B, V] (any float dtype) -> next token ids [B]."""
-    logits = penalized(logits, params, seen)
+    """logits [B, V] (any float dtype) -> next token ids [B]. `seen` bool [B, V] (prompt and output
+    tokens) feeds the repetition penalty, `counts` [B, V] (output tokens) the presence and frequency
+    penalties."""
+    logits = penalized(logits, params, seen, counts)
     if params.greedy:
         return logits.argmax(dim=-1)
     return torch.multinomial(sampling_probs(logits, params), 1, generator=generator)[:, 0]
 
 
-def penalized(logits: Tensor, params: SamplingParams, seen: Tensor | None = None) -> Tensor:
-    """logits [..., V] in float32 after the repetition penalty (seen bool [..., V]), when one is set."""
+def penalized(logits: Tensor, params: SamplingParams, seen: Tensor | None = None,
+              counts: Tensor | None = None) -> Tensor:
+    """logits [..., V] in float32 after the penalties that are set: repetition (seen bool [..., V]),
+    presence and frequency (counts [..., V] of the output tokens)."""
     logits = logits.float()
     if params.repetition_penalty != 1.0 and seen is not None:
         logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+    if (params.presence_penalty or params.frequency_penalty) and counts is not None:
+        logits = apply_presence_frequency(logits, counts, params.presence_penalty, params.frequency_penalty)
     return logits
 
 

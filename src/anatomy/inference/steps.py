@@ -57,6 +57,17 @@ class PaddedBatch:
         return slots[None] - self.padding[:, None]
 
 
+def rope_table(stack: Stack, n: int, *, dtype: torch.dtype,
+               device: torch.device | str) -> tuple[Tensor, Tensor] | tuple[None, None]:
+    """(cos, sin) [n, 1, d_h] of positions 0..n-1 for the stack's rotary embedding, indexed by position
+    ids [B, S] to give a step's angles [B, S, 1, d_h]; (None, None) without RoPE."""
+    rotary = stack.context.rotary
+    if rotary is None:
+        return None, None
+    cos, sin = rotary(torch.arange(n, device=device)[None], dtype)  # 2 x [1, n, 1, d_h]
+    return cos[0], sin[0]
+
+
 class DecodeSteps:
     """The Context of each decode step of one generation over a cache of `max_len` slots."""
 
@@ -66,11 +77,10 @@ class DecodeSteps:
         self.padding = batch.padding[:, None]  # [B, 1]
         self.valid = batch.slot_mask(max_len)  # [B, T] or None
         context = stack.context
-        rotary = context.rotary
-        angles = rotary(self.slots[None], dtype) if rotary is not None else None  # 2 x [1, T, 1, d_h]
-        self.cos, self.sin = (angles[0][0], angles[1][0]) if angles else (None, None)  # [T, 1, d_h]
+        self.cos, self.sin = rope_table(stack, max_len, dtype=dtype, device=device)  # [T, 1, d_h] each, or None
         self.slopes = context.slopes
         self.window = context.window if context.window is not None and context.window < max_len else None
+        rotary = context.rotary
         self.rotary = rotary if rotary is not None and rotary.length_dependent else None  # angles by pass length
         self.dtype = dtype
         self.open, self.closed = torch.zeros((), dtype=dtype, device=device), torch.tensor(float("-inf"), dtype=dtype,

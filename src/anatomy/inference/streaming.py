@@ -7,6 +7,9 @@ string is therefore never partly emitted, and the emitted deltas always join to 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 
 class StopStringFilter:
     """push(piece) -> the delta that is safe to show now; `stopped` once a stop string appears."""
@@ -49,3 +52,33 @@ class StopStringFilter:
             if any(s.startswith(tail) for s in self.stop):
                 return n
         return 0
+
+
+@dataclass
+class TextRow:
+    """One generated sequence's text as its tokens arrive: the incremental detokenizer (None: ids
+    only), the stop-string filter, the new ids, and why it ended (None while it runs).
+
+    add(token) -> the text delta safe to show; a stop id ends the row (and is not kept), a stop
+    string ends it with the text cut before it; finish(reason) flushes what was held back.
+    """
+
+    decoder: Any
+    stops: StopStringFilter
+    ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def add(self, token: int, stop_ids: frozenset[int]) -> str:
+        if token in stop_ids:
+            return self.finish("stop")
+        self.ids.append(token)
+        delta = self.stops.push(self.decoder.push(token)) if self.decoder is not None else ""
+        if self.stops.stopped:
+            self.finish_reason = "stop"
+        return delta
+
+    def finish(self, reason: str) -> str:
+        self.finish_reason = reason
+        if self.decoder is None:
+            return ""
+        return self.stops.push(self.decoder.flush()) + self.stops.flush()

@@ -26,11 +26,12 @@ from anatomy.weights.modules import CompactEmbedding, CompactLinear
 CHOICES = ("auto", *dtypes.FLOATS, "int8", "int4")
 
 
-def parse_weights(value: object) -> str:
-    """The canonical name of a weights choice ("auto", a dtype name or a torch dtype); InputError otherwise."""
+def parse_weights(value: object, *, option: str = "weights") -> str:
+    """The canonical name of a weights choice ("auto", a dtype name or a torch dtype); InputError
+    otherwise, naming `option` (an API argument or a CLI option)."""
     if value == "auto":
         return "auto"
-    return dtypes.parse(value, option="weights", choices=CHOICES[1:]).name
+    return dtypes.parse(value, option=option, choices=CHOICES[1:]).name
 
 
 def matrices(model: nn.Module) -> dict[str, nn.Module]:

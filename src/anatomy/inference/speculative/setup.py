@@ -60,6 +60,12 @@ class Speculation:
             proposer = NgramProposer(min_n=self.ngram[0], max_n=self.ngram[1])
         return SpeculativeDecoder(engine, proposer, k=self.num_speculative_tokens, adaptive=self.adaptive)
 
+    def check_sampling(self, presence_penalty: float, frequency_penalty: float) -> None:
+        """Speculation applies the repetition penalty, not the presence and frequency penalties."""
+        if presence_penalty or frequency_penalty:
+            raise InputError(f"speculative={self.method!r} does not apply presence_penalty={presence_penalty} or "
+                             f"frequency_penalty={frequency_penalty}: set them to 0 or leave speculative unset")
+
     def check(self, target: ModelConfig, *, prompt_len: int = 0, max_new_tokens: int = 0) -> None:
         """The target and draft can do this: both decoder-only, k below the context, one vocabulary,
         the generation within the draft's context too."""

@@ -1,0 +1,240 @@
+"""`anatomy serve`: the OpenAI-compatible server (continuous batching over a paged KV cache).
+
+    anatomy serve                                   SmolLM2-135M-Instruct on http://127.0.0.1:8000/v1
+    anatomy serve --model x.gguf --port 9000 --api-key KEY --kv-memory 2GiB
+
+The port is bound before the model loads, so a busy port fails at once; /health answers 503
+while the model loads and 200 once it serves. The model is loaded as `anatomy.load` does
+(--weights auto keeps a GGUF file's quantized blocks) and served through the engine's planned view;
+the start-up lines name its kernels per phase and the KV cache's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import sys
+import threading
+import time
+
+from anatomy.commands.generate import WEIGHTS_HELP
+from anatomy.errors import InputError
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
+UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
+         "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30}
+
+
+class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in --help, except unset ones (and so never a key taken from the environment)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve", help="serve a model over the OpenAI API (continuous batching, paged KV cache)",
+        description="Serve a decoder model over the OpenAI HTTP API (/v1/chat/completions, /v1/completions, "
+                    "/v1/embeddings, /v1/models) with continuous batching over a paged KV cache with prefix "
+                    "caching; /health, /metrics (Prometheus), /tokenize, /detokenize.",
+        formatter_class=DefaultsShown)
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="an installed model name, a .gguf file or a Hugging Face model directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every request but /health and /metrics "
+                        "(default: $ANATOMY_API_KEY, else none)")
+    p.add_argument("--embedding-model", default=None,
+                   help=f"encoder model for /v1/embeddings ('none' to turn it off; default: {DEFAULT_EMBEDDING_MODEL} "
+                        "if installed)")
+    p.add_argument("--weights", default="auto", help=f"{WEIGHTS_HELP} (named at start-up)")
+    p.add_argument("--dtype", default="f32",
+                   help="the model's other tensors (norms, biases, dense matrices) and its residual stream: f32, "
+                        "f16, bf16; the branches and the KV cache compute in what the chosen kernels take, at most "
+                        "this wide (named at start-up)")
+    p.add_argument("--kv-memory", default="0.1",
+                   help="KV-cache budget: bytes (2GiB, 512MB, 1e9) or a fraction of the machine's memory (0.1)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    p.add_argument("--batch-size", type=int, default=32, help="most sequences one step advances")
+    p.add_argument("--max-step-tokens", type=int, default=512,
+                   help="most tokens one step computes (decodes + prefill chunks): long prompts are prefilled in "
+                        "chunks of what is left")
+    p.add_argument("--no-prefix-cache", action="store_true", help="turn off reusing cached prompt prefixes")
+    p.add_argument("--max-body-bytes", type=int, default=4 * 2 ** 20, help="larger request bodies get 413")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from anatomy import dtypes
+    from anatomy.weights.choice import parse_weights
+
+    kv_bytes = parse_memory(args.kv_memory)
+    if args.api_key is None:
+        args.api_key = os.environ.get("ANATOMY_API_KEY") or None
+    _check_args(args)
+    args.dtype = dtypes.parse(args.dtype, option="--dtype").name
+    args.weights = parse_weights(args.weights, option="--weights")
+    from anatomy.serving.app import ServerState, create_app
+
+    embedding = _embedding_name(args.embedding_model)
+    _resolve(args.model, "--model")
+    sock = _listen(args.host, args.port)
+    state = ServerState(model_name=args.model, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+                        embedding_name=embedding)
+    server = _uvicorn(create_app(state))
+    failures: list[BaseException] = []
+    loader = threading.Thread(target=_load, args=(state, args, kv_bytes, server, failures), name="anatomy-loader",
+                              daemon=True)
+    loader.start()
+    host, port = sock.getsockname()[:2]
+    print(f"anatomy serve: listening on http://{host}:{port} (OpenAI API under /v1; /health, /metrics); "
+          f"loading {args.model}", file=sys.stderr, flush=True)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if state.loop is not None:
+            state.loop.stop()
+    if failures:
+        raise failures[0]  # bad input is one line (exit 2); a bug keeps its traceback (exit 1)
+    return 0
+
+
+def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list[BaseException]) -> None:
+    """Load the model (and the embedding model), start the serving loop, report, mark ready."""
+    from anatomy.inference.generate import load_named
+    from anatomy.serving.loop import ServingLoop
+    from anatomy.serving.paged import PagedKVCache
+
+    try:
+        start = time.perf_counter()
+        named = load_named(args.model, args.dtype, args.weights)
+        if not named.model.config.is_decoder:
+            raise InputError(f"{args.model}: serving needs a decoder model, got architecture="
+                             f"{named.model.config.architecture!r}")
+        engine = named.engine()
+        loop = ServingLoop(engine, named.tokenizer, kv_bytes=kv_bytes, block_size=args.block_size,
+                           max_seqs=args.batch_size, max_step_tokens=args.max_step_tokens,
+                           prefix_caching=not args.no_prefix_cache, name=args.model)
+        if state.embedding_name is not None:
+            state.embedder = _embedder(state.embedding_name)
+        loop.start()
+        state.loop, state.tokenizer = loop, named.tokenizer
+        _report(args, loop, PagedKVCache.block_bytes(engine.model.config, args.block_size, engine.branch_dtype),
+                time.perf_counter() - start)
+        state.ready.set()
+    except Exception as exc:  # re-raised by run() once the server has stopped
+        state.load_error = str(exc)
+        failures.append(exc)
+        server.should_exit = True
+
+
+def _report(args: argparse.Namespace, loop, block_bytes: int, seconds: float) -> None:
+    """The start-up lines: the model's weights and the kernels serving them, the KV cache, the limits."""
+    from anatomy import dtypes
+
+    blocks = loop.blocks.num_blocks
+    total = blocks * block_bytes
+    tokens = blocks * loop.blocks.block_size
+    engine = loop.engine
+    print(f"anatomy serve: {args.model} (weights {args.weights}, {args.dtype}, branches "
+          f"{dtypes.name_of(engine.branch_dtype)}) ready in {seconds:.1f} s; kernels "
+          f"{'; '.join(engine.kernel_summary())}; a decode step reads {engine.decode_weight_bytes / 1e6:,.0f} MB "
+          f"of weights", file=sys.stderr, flush=True)
+    print(f"anatomy serve: KV cache {total / 2 ** 20:,.0f} MiB = {blocks:,} blocks of {loop.blocks.block_size} tokens "
+          f"= {tokens:,} tokens ({block_bytes // loop.blocks.block_size:,} B per token); context {loop.context:,} "
+          f"tokens per sequence, up to {args.batch_size} sequences and {args.max_step_tokens} tokens per step; "
+          f"prefix cache {'off' if args.no_prefix_cache else 'on'}", file=sys.stderr, flush=True)
+    config_context = loop.engine.model.config.max_seq_len
+    if loop.context < config_context:
+        print(f"anatomy serve: warning: the KV memory holds {loop.context:,} tokens, less than the model's context "
+              f"of {config_context:,}: requests are limited to {loop.context:,} tokens", file=sys.stderr, flush=True)
+
+
+def _embedder(name: str):
+    from anatomy.inference.embed import embed, load_embedder
+
+    _, tokenizer, max_length = load_embedder(name)
+
+    def run(texts: list[str]):
+        tokens = sum(len(ids) for ids in tokenizer.encode_batch(texts, max_length=max_length))
+        return embed(name, texts), tokens
+
+    return run
+
+
+def parse_memory(text: str) -> int | float:
+    """Bytes from '2GiB', '512MB', '1e9', '1048576'; a fraction of the machine's memory from '0.1'."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in UNITS:
+        raise InputError(f"--kv-memory {text!r} is not a size (2GiB, 512MB, 1e9) or a fraction of memory (0.1)")
+    value = float(match.group(1))
+    if unit == "" and 0 < value < 1:
+        return int(value * _physical_memory())
+    if value < 1:
+        raise InputError(f"--kv-memory {text!r} must be a positive size or a fraction in (0, 1)")
+    return int(value * UNITS[unit])
+
+
+def _physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for name, value, low in (("--port", args.port, 0), ("--block-size", args.block_size, 1),
+                             ("--batch-size", args.batch_size, 1), ("--max-step-tokens", args.max_step_tokens, 1),
+                             ("--max-body-bytes", args.max_body_bytes, 1)):
+        if value < low:
+            raise InputError(f"{name} {value} must be >= {low}")
+    if args.port > 65535:
+        raise InputError(f"--port {args.port} must be <= 65535")
+    if args.api_key is not None and not args.api_key.strip():
+        raise InputError("--api-key must not be empty")
+
+
+def _embedding_name(option: str | None) -> str | None:
+    if option is not None and option.lower() == "none":
+        return None
+    if option is not None:
+        _resolve(option, "--embedding-model")
+        return option
+    try:
+        _resolve(DEFAULT_EMBEDDING_MODEL, "--embedding-model")
+    except InputError:
+        return None  # the default encoder is not installed: no embeddings endpoint model
+    return DEFAULT_EMBEDDING_MODEL
+
+
+def _resolve(name: str, option: str) -> None:
+    from anatomy.checkpoints.loader import resolve_path
+    from anatomy.errors import CheckpointError
+
+    try:
+        resolve_path(name)
+    except CheckpointError as exc:
+        raise InputError(f"{option}: {exc}") from None
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise InputError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(2048)
+    return sock
+
+
+def _uvicorn(app):
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=3)
+    return uvicorn.Server(config)

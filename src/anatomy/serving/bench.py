@@ -1,0 +1,236 @@
+"""A load generator for OpenAI-compatible servers, reporting what vLLM's serving benchmark reports.
+
+    requests: streamed /v1/completions (or /v1/chat/completions), `max_tokens` each, the server asked
+              to ignore EOS so every request generates the same number of tokens
+    arrivals: all at once behind a fixed concurrency, or Poisson at `rate` requests/s (still capped
+              by the concurrency)
+    per request: TTFT (send -> first content chunk), ITL (gaps between content chunks), TPOT
+              ((latency - TTFT) / (output tokens - 1)), end-to-end latency
+    totals:   request throughput, output tokens/s (output tokens from the server's usage counts,
+              else one per content chunk), total tokens/s; mean, median and p99 of each latency
+
+Loopback only (127.0.0.1, localhost, ::1), a bounded number of requests: it is a benchmark, not a
+load test of someone else's machine. Plain `http.client` in threads, no dependency: the same client
+measures every server.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from anatomy.errors import InputError
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MAX_REQUESTS, MAX_CONCURRENCY = 10_000, 512
+WORDS = ("time year people way day man thing woman life child world school state family student group country "
+         "problem hand part place case week company system program question work government number night point "
+         "home water room mother area money story fact month lot right study book eye job word business issue "
+         "side kind head house service friend father power hour game line end member law car city community name "
+         "president team minute idea kid body information back parent face others level office door health person "
+         "art war history party result change morning reason research girl guy moment air teacher force "
+         "education").split()
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    error: str | None = None
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    text: str = ""
+
+    @property
+    def tpot(self) -> float | None:
+        return (self.latency - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else None
+
+
+@dataclass
+class BenchResult:
+    requests: int
+    failed: int
+    concurrency: int
+    rate: float | None
+    duration_s: float
+    input_tokens: int
+    output_tokens: int
+    request_throughput: float
+    output_throughput: float
+    total_throughput: float
+    ttft_ms: dict[str, float]
+    tpot_ms: dict[str, float]
+    itl_ms: dict[str, float]
+    e2el_ms: dict[str, float]
+    errors: list[str]
+
+    def report(self) -> str:
+        lines = [f"{'Successful requests:':<40}{self.requests - self.failed}",
+                 f"{'Failed requests:':<40}{self.failed}",
+                 f"{'Concurrency / request rate:':<40}{self.concurrency} / "
+                 f"{'all at once' if self.rate is None else f'{self.rate:g} req/s (Poisson)'}",
+                 f"{'Benchmark duration (s):':<40}{self.duration_s:.2f}",
+                 f"{'Total input tokens:':<40}{self.input_tokens}",
+                 f"{'Total generated tokens:':<40}{self.output_tokens}",
+                 f"{'Request throughput (req/s):':<40}{self.request_throughput:.2f}",
+                 f"{'Output token throughput (tok/s):':<40}{self.output_throughput:.2f}",
+                 f"{'Total token throughput (tok/s):':<40}{self.total_throughput:.2f}"]
+        for title, short, stats in (("Time to First Token", "TTFT", self.ttft_ms),
+                                    ("Time per Output Token (excl. 1st token)", "TPOT", self.tpot_ms),
+                                    ("Inter-token Latency", "ITL", self.itl_ms),
+                                    ("End-to-end Latency", "E2EL", self.e2el_ms)):
+            lines.append(f"{title:-^50}")
+            lines += [f"{f'{kind.capitalize()} {short} (ms):':<40}{stats[kind]:.2f}" for kind in ("mean", "median", "p99")]
+        lines += [f"error: {e}" for e in self.errors[:5]]
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def make_prompts(n: int, words: int, *, seed: int = 0) -> list[str]:
+    """n different prompts of `words` ordinary English words each (the same for every server)."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(n)]
+
+
+def check_url(url: str) -> tuple[str, int, str]:
+    """(host, port, path prefix) of a loopback http:// URL."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname not in LOOPBACK:
+        raise InputError(f"--url {url!r}: only http:// on this machine ({', '.join(LOOPBACK)}) can be benchmarked")
+    try:
+        port = parts.port or 80
+    except ValueError:
+        raise InputError(f"--url {url!r}: the port is not a number") from None
+    return parts.hostname, port, parts.path.rstrip("/")
+
+
+def run_benchmark(url: str, *, model: str, prompts: list[str], max_tokens: int, concurrency: int,
+                  rate: float | None = None, chat: bool = False, api_key: str | None = None,
+                  extra: dict[str, Any] | None = None, seed: int = 0, timeout: float = 600.0) -> BenchResult:
+    """Send every prompt once (streamed) and measure; see the module docstring."""
+    host, port, prefix = check_url(url)
+    if not 1 <= len(prompts) <= MAX_REQUESTS:
+        raise InputError(f"the number of requests must be in [1, {MAX_REQUESTS}], got {len(prompts)}")
+    if not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise InputError(f"--concurrency must be in [1, {MAX_CONCURRENCY}], got {concurrency}")
+    if rate is not None and not rate > 0:
+        raise InputError(f"--rate must be > 0 requests/s, got {rate}")
+    path = f"{prefix}/v1/chat/completions" if chat else f"{prefix}/v1/completions"
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+
+    def one(prompt: str) -> RequestResult:
+        body = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+                "stream_options": {"include_usage": True}, **(extra or {})}
+        body.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
+        return stream_request(host, port, path, json.dumps(body).encode(), headers, chat=chat, timeout=timeout)
+
+    gaps = random.Random(seed)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        slots = threading.Semaphore(concurrency)
+        futures = []
+        for i, prompt in enumerate(prompts):
+            if rate is not None and i:
+                time.sleep(gaps.expovariate(rate))
+            slots.acquire()
+            future = pool.submit(one, prompt)
+            future.add_done_callback(lambda _: slots.release())
+            futures.append(future)
+        results = [f.result() for f in futures]
+    return summarize(results, duration=time.perf_counter() - start, concurrency=concurrency, rate=rate)
+
+
+def stream_request(host: str, port: int, path: str, body: bytes, headers: dict[str, str], *, chat: bool,
+                   timeout: float) -> RequestResult:
+    """POST one streamed request and time its chunks."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    sent = time.perf_counter()
+    try:
+        conn.request("POST", path, body=body, headers=headers)
+        response = conn.getresponse()
+        if response.status != 200:
+            return RequestResult(False, f"HTTP {response.status}: {response.read()[:200]!r}")
+        return _read_events(response, sent, chat=chat)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        return RequestResult(False, f"{type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+
+
+def _read_events(response: http.client.HTTPResponse, sent: float, *, chat: bool) -> RequestResult:
+    result = RequestResult(True)
+    chunks, last, usage, pieces = 0, sent, None, []
+    for raw in response:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        event = json.loads(data)
+        if "error" in event:
+            return RequestResult(False, f"error event: {event['error']}")
+        usage = event.get("usage") or usage
+        for choice in event.get("choices") or []:
+            text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+            if not text:
+                continue
+            now = time.perf_counter()
+            if chunks == 0:
+                result.ttft = now - sent
+            else:
+                result.itl.append(now - last)
+            last, chunks = now, chunks + 1
+            pieces.append(text)
+    result.latency = time.perf_counter() - sent
+    result.text = "".join(pieces)
+    result.output_tokens = usage["completion_tokens"] if usage else chunks
+    result.prompt_tokens = usage["prompt_tokens"] if usage else 0
+    if chunks == 0:
+        return RequestResult(False, "no content arrived")
+    return result
+
+
+def summarize(results: list[RequestResult], *, duration: float, concurrency: int, rate: float | None) -> BenchResult:
+    good = [r for r in results if r.ok]
+    output = sum(r.output_tokens for r in good)
+    prompt = sum(r.prompt_tokens for r in good)
+    return BenchResult(
+        requests=len(results), failed=len(results) - len(good), concurrency=concurrency, rate=rate,
+        duration_s=duration, input_tokens=prompt, output_tokens=output,
+        request_throughput=len(good) / duration, output_throughput=output / duration,
+        total_throughput=(output + prompt) / duration,
+        ttft_ms=_stats([r.ttft for r in good]), tpot_ms=_stats([r.tpot for r in good if r.tpot is not None]),
+        itl_ms=_stats([gap for r in good for gap in r.itl]), e2el_ms=_stats([r.latency for r in good]),
+        errors=[r.error for r in results if not r.ok])
+
+
+def _stats(seconds: list[float]) -> dict[str, float]:
+    if not seconds:
+        return {"mean": 0.0, "median": 0.0, "p99": 0.0}
+    ms = sorted(s * 1e3 for s in seconds)
+    return {"mean": statistics.fmean(ms), "median": statistics.median(ms), "p99": percentile(ms, 99)}
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    k = (len(sorted_values) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)

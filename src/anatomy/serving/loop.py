@@ -1,0 +1,251 @@
+"""The serving loop: one thread owns the model, the paged KV cache and the scheduler.
+
+    submit(prompt ids, params, sink) / cancel(seq)      from any thread: queued, picked up by the loop
+    step():  new and cancelled sequences -> scheduler.schedule() -> (sequence, n tokens) pairs
+             -> one forward for the decoding rows [B, 1] and one per group of prefill chunks [B', S]
+                (engine.model.stack.run over the paged cache) -> logits of rows that reached their end
+             -> sample -> detokenize, stop strings -> sink(Event) per sequence -> finished ones leave
+
+The loop runs the model only through what the engine gives it: `engine.model` (the engine's own
+view of the model, its linear layers on the measured kernel plan), `engine.head` for the logits and
+`engine.branch_dtype` for the KV cache, RoPE angles and masks (the dtype the blocks' branches
+compute in, as in the engine's own decode step). Its steps run eagerly: their shapes change from
+step to step, so the engine's captured graphs (one per batch and cache length) do not apply.
+`step()` can also be called directly (tests drive it without a thread).
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from anatomy.errors import InputError
+from anatomy.inference.engine import DecoderEngine
+from anatomy.inference.generate import eos_ids
+from anatomy.inference.sampling import SamplingParams, make_generator, next_tokens, token_logprobs
+from anatomy.inference.streaming import StopStringFilter, TextRow
+from anatomy.serving.blocks import BlockManager
+from anatomy.serving.metrics import ServingMetrics
+from anatomy.serving.paged import Chunk, PagedKVCache, StepBuilder
+from anatomy.serving.scheduler import Scheduler
+from anatomy.serving.sequence import Event, Sequence, TokenLogprob
+
+# Running a forward costs a read of every weight however few its rows; padding a prefill chunk costs
+# compute per padded token. Chunks are grouped into one forward while each one's padding stays
+# under this many tokens (about one weight read's worth of compute on the default model, 2 cores).
+PAD_TOKENS = 32
+
+
+class ServingLoop:
+    """Continuous batching over a paged KV cache of `kv_bytes` bytes (blocks of `block_size` tokens)."""
+
+    def __init__(self, engine: DecoderEngine, tokenizer: Any = None, *, kv_bytes: int, block_size: int = 16,
+                 max_seqs: int = 32, max_step_tokens: int = 512, prefix_caching: bool = True,
+                 name: str = "model") -> None:
+        self.engine, self.tokenizer = engine, tokenizer
+        config = engine.model.config
+        block_bytes = PagedKVCache.block_bytes(config, block_size, engine.branch_dtype)
+        num_blocks = kv_bytes // block_bytes
+        if num_blocks < 2:
+            raise InputError(f"a KV memory of {kv_bytes:,} bytes holds {num_blocks} blocks of {block_size} tokens "
+                             f"({block_bytes:,} bytes each); at least 2 are needed")
+        self.context = min(config.max_seq_len, num_blocks * block_size)  # the most tokens one sequence can hold
+        self.cache = PagedKVCache(config, num_blocks=num_blocks, block_size=block_size, dtype=engine.branch_dtype,
+                                  device=engine.device)
+        self.blocks = BlockManager(num_blocks, block_size)
+        self.scheduler = Scheduler(self.blocks, max_seqs=max_seqs, max_step_tokens=max_step_tokens,
+                                   prefix_caching=prefix_caching)
+        self.builder = StepBuilder(engine.model.stack, self.cache, context=self.context, dtype=engine.branch_dtype,
+                                   device=engine.device)
+        self.metrics = ServingMetrics(name)
+        self.eos_ids = eos_ids(engine.model, tokenizer)
+        self._inbox: queue.SimpleQueue[tuple[str, Sequence]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.steps = 0
+
+    # -- from any thread --------------------------------------------------------------------------
+
+    def submit(self, prompt: list[int], params: SamplingParams, sink: Callable[[Event], Any], *,
+               logprobs: int | None = None) -> Sequence:
+        """Queue a sequence; `sink` gets one Event per sampled token (from the loop's thread)."""
+        if not prompt:
+            raise InputError("the prompt is empty")
+        if len(prompt) + params.max_new_tokens > self.context:
+            raise InputError(f"the prompt has {len(prompt)} tokens and max_new_tokens={params.max_new_tokens}: "
+                             f"{len(prompt) + params.max_new_tokens} tokens, more than the context of {self.context}")
+        vocab = self.engine.model.config.vocab_size
+        decoder = self.tokenizer.decode_stream(skip_special_tokens=True) if self.tokenizer is not None else None
+        seq = Sequence(tokens=list(prompt), prompt_len=len(prompt), params=params, sink=sink, logprobs=logprobs,
+                       text=TextRow(decoder, StopStringFilter(params.stop)),
+                       stop_ids=frozenset(params.stop_ids) | (frozenset() if params.ignore_eos else self.eos_ids),
+                       generator=make_generator(params.seed, self.engine.device))
+        if params.repetition_penalty != 1.0:
+            seq.seen = torch.zeros(vocab, dtype=torch.bool, device=self.engine.device)
+            seq.seen[torch.tensor(prompt, device=self.engine.device)] = True
+        if params.presence_penalty or params.frequency_penalty:
+            seq.counts = torch.zeros(vocab, dtype=torch.long, device=self.engine.device)
+        self._inbox.put(("add", seq))
+        self._wake.set()
+        return seq
+
+    def cancel(self, seq: Sequence) -> None:
+        """Stop a sequence: its blocks are freed at the start of the next step."""
+        self._inbox.put(("cancel", seq))
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="anatomy-serving-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            try:
+                busy = self.step()
+            except Exception:  # a bug: every sequence in flight ends with an error, the loop keeps serving
+                traceback.print_exc(file=sys.stderr)
+                self._fail_all("internal error in the serving loop (see the server's log)")
+                continue
+            if not busy:
+                self._wake.wait()
+                self._wake.clear()
+
+    # -- the loop's thread ------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One iteration: False if there was nothing to do."""
+        self._take_inbox()
+        plan = self.scheduler.schedule()
+        if not plan:
+            return False
+        self.steps += 1
+        decode = [(seq, n) for seq, n in plan if n == 1]
+        for group in ([decode] if decode else []) + prefill_groups([(s, n) for s, n in plan if n > 1]):
+            self._run_group(group)
+        return True
+
+    def _take_inbox(self) -> None:
+        while True:
+            try:
+                what, seq = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if what == "add":
+                self.scheduler.add(seq)
+            elif not seq.finished:
+                self.scheduler.finish(seq)
+                self.metrics.finish("abort", None)
+
+    @torch.inference_mode()
+    def _run_group(self, group: list[tuple[Sequence, int]]) -> None:
+        """One forward over the chunks of `group`; rows that reach their sequence's end sample a token."""
+        inputs = self.builder.build([Chunk(seq.tokens[seq.computed:seq.computed + n], seq.computed, seq.blocks)
+                                     for seq, n in group])
+        hidden = self.engine.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions, cache=inputs.caches)
+        ends = [i for i, (seq, n) in enumerate(group) if seq.computed + n == len(seq.tokens)]
+        logits = None
+        if ends:
+            rows = torch.tensor(ends, device=hidden.device)
+            logits = self.engine.head(hidden[rows, inputs.last[rows]])  # [R, D] -> [R, V]
+        prompt_tokens = 0
+        for seq, n in group:
+            prompt_tokens += max(0, min(seq.computed + n, seq.prompt_len) - seq.computed)
+            self.scheduler.advance(seq, n)
+        self.metrics.step(prompt_tokens, len(ends))
+        if ends:
+            self._sample([group[i][0] for i in ends], logits)
+
+    def _sample(self, seqs: list[Sequence], logits: Tensor) -> None:
+        tokens = choose_tokens(logits, seqs)
+        wanted = [i for i, seq in enumerate(seqs) if seq.logprobs is not None]
+        logprobs: dict[int, TokenLogprob] = {}
+        if wanted:
+            top = max(seqs[i].logprobs for i in wanted)
+            rows = torch.tensor(wanted)
+            chosen, values, ids = token_logprobs(logits[rows], torch.tensor([tokens[i] for i in wanted]), top)
+            for j, i in enumerate(wanted):
+                k = seqs[i].logprobs
+                logprobs[i] = TokenLogprob(float(chosen[j]), ids[j, :k].tolist(), values[j, :k].tolist())
+        for i, (seq, token) in enumerate(zip(seqs, tokens)):
+            self._emit(seq, token, logprobs.get(i))
+
+    def _emit(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
+        now = time.perf_counter()
+        first = seq.first_token_at is None
+        self.metrics.token(first=first, latency=now - (seq.arrival if first else seq.last_token_at))
+        seq.first_token_at = seq.first_token_at or now
+        seq.last_token_at = now
+        seq.tokens.append(token)
+        if seq.seen is not None:
+            seq.seen[token] = True
+        if seq.counts is not None:
+            seq.counts[token] += 1
+        text = seq.text.add(token, seq.stop_ids)
+        reason = seq.text.finish_reason
+        if reason is None and (seq.generated >= seq.params.max_new_tokens or len(seq.tokens) >= self.context):
+            text += seq.text.finish("length")
+            reason = "length"
+        kept = token not in seq.stop_ids
+        _deliver(seq, Event(token, text, logprob if kept else None, reason))
+        if reason is not None:
+            self.scheduler.finish(seq)
+            self.metrics.finish(reason, now - seq.arrival)
+
+    def _fail_all(self, message: str) -> None:
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self.scheduler.finish(seq)
+            self.metrics.finish("error", None)
+            _deliver(seq, Event(None, "", finish_reason="error", error=message))
+
+
+def _deliver(seq: Sequence, event: Event) -> None:
+    try:
+        seq.sink(event)
+    except Exception:  # a listener's failure is its own: the loop and the other sequences go on
+        traceback.print_exc(file=sys.stderr)
+
+
+def choose_tokens(logits: Tensor, seqs: list[Sequence]) -> list[int]:
+    """The next token of each row of logits [R, V]: greedy rows without penalties in one argmax, the
+    others each with their own parameters, penalty state and random generator."""
+    plain = [i for i, s in enumerate(seqs) if s.params.greedy and s.seen is None and s.counts is None]
+    tokens = [0] * len(seqs)
+    if plain:
+        for i, token in zip(plain, logits[torch.tensor(plain)].argmax(dim=-1).tolist()):
+            tokens[i] = token
+    done = set(plain)
+    for i, seq in enumerate(seqs):
+        if i in done:
+            continue
+        seen = seq.seen[None] if seq.seen is not None else None
+        counts = seq.counts[None] if seq.counts is not None else None
+        tokens[i] = int(next_tokens(logits[i:i + 1], seq.params, seen=seen, counts=counts,
+                                    generator=seq.generator)[0])
+    return tokens
+
+
+def prefill_groups(chunks: list[tuple[Sequence, int]]) -> list[list[tuple[Sequence, int]]]:
+    """Prefill chunks grouped into forwards [B', S]: longest first, a chunk joins the current group
+    while it is at most PAD_TOKENS shorter than the group's longest."""
+    groups: list[list[tuple[Sequence, int]]] = []
+    for seq, n in sorted(chunks, key=lambda c: -c[1]):
+        if groups and groups[-1][0][1] - n <= PAD_TOKENS:
+            groups[-1].append((seq, n))
+        else:
+            groups.append([(seq, n)])
+    return groups

@@ -1,0 +1,147 @@
+"""Iteration-level scheduling (Orca, vLLM): which sequences advance in the next step, by how many tokens.
+
+Each step has a budget of `max_step_tokens` tokens:
+
+    1. decoding sequences (running, with one token to run), first come first served: 1 token each,
+       and a block when they cross into a new one; when no block is free, the most recently
+       admitted running sequence is preempted (its blocks freed; it is recomputed later) until one is
+    2. running sequences still in prefill: the rest of the prompt, or what is left of the budget
+       (chunked prefill: a long prompt holds up the decodes for at most one budget's worth of
+       compute per step, and never takes their turn)
+    3. waiting sequences, in arrival order, while the budget, the `max_seqs` slots and the free
+       blocks allow (and nothing was preempted this step): the prefix cache gives each the blocks
+       of its longest cached prefix, and only the rest is computed
+
+A waiting sequence is admitted only if it leaves one free block per running sequence (a
+watermark), so that admitting it does not preempt the others in the next step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from anatomy.serving.blocks import BlockManager, chain_hashes
+from anatomy.serving.sequence import Sequence, Status
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, *, max_seqs: int, max_step_tokens: int,
+                 prefix_caching: bool = True) -> None:
+        self.blocks, self.block_size = blocks, blocks.block_size
+        self.max_seqs, self.max_step_tokens = max_seqs, max_step_tokens
+        self.prefix_caching = prefix_caching
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step ---------------------------------------------------------------------------------
+
+    def schedule(self) -> list[tuple[Sequence, int]]:
+        """(sequence, number of its next tokens to run) for the next step, blocks reserved for them."""
+        budget, scheduled = self.max_step_tokens, {}
+        preemptions = self.preemptions
+        for decoding in (True, False):
+            for seq in list(self.running):
+                if budget == 0 or seq not in self.running or (seq.remaining == 1) != decoding:
+                    continue
+                n = min(seq.remaining, budget)
+                if self._reserve(seq, seq.computed + n, scheduled):
+                    scheduled[seq] = n
+                    budget -= n
+        while (self.waiting and budget > 0 and len(self.running) < self.max_seqs
+               and self.preemptions == preemptions):
+            seq = self.waiting[0]
+            n = self._admit(seq, budget)
+            if n == 0:
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            scheduled[seq] = n
+            budget -= n
+        return list(scheduled.items())
+
+    def advance(self, seq: Sequence, n: int) -> None:
+        """After a step ran n of seq's tokens: they are in the cache; full blocks join the prefix cache."""
+        seq.computed += n
+        full = seq.computed // self.block_size
+        if self.prefix_caching and full > seq.registered:
+            seq.hashes = chain_hashes(seq.tokens, self.block_size, start=seq.hashes, limit=full)
+            for i in range(seq.registered, full):
+                self.blocks.register(seq.blocks[i], seq.hashes[i])
+            seq.registered = full
+
+    def finish(self, seq: Sequence) -> None:
+        """A finished or cancelled sequence leaves at once; its blocks are freed (cached ones stay
+        findable until evicted)."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self._free(seq)
+        seq.status = Status.FINISHED
+
+    # -- the pieces -------------------------------------------------------------------------------
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def _reserve(self, seq: Sequence, tokens: int, scheduled: dict[Sequence, int]) -> bool:
+        """Blocks for seq's first `tokens` tokens, preempting running sequences from the most recently
+        admitted one while none are free; False (seq not to run this step) if seq itself was the one
+        preempted, or if the next one to preempt is already part of this step."""
+        need = self._blocks_for(tokens) - len(seq.blocks)
+        while need > 0:
+            got = self.blocks.allocate(need)
+            if got is not None:
+                seq.blocks += got
+                return True
+            victim = self.running[-1]
+            if victim in scheduled:
+                return False
+            self.running.pop()
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._free(seq)
+        seq.status = Status.WAITING
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _free(self, seq: Sequence) -> None:
+        self.blocks.release(seq.blocks)
+        seq.blocks, seq.computed, seq.registered = [], 0, 0
+
+    def _admit(self, seq: Sequence, budget: int) -> int:
+        """Give a waiting sequence its cached prefix and blocks for its first chunk; the chunk's
+        length, or 0 if the blocks (beyond one spare per running sequence) are not there."""
+        cached: list[int] = []
+        hashes: list[bytes] = []
+        if self.prefix_caching:
+            # at least the last token is computed again: its logits give the first new token
+            limit = (len(seq.tokens) - 1) // self.block_size
+            seq.hashes = chain_hashes(seq.tokens, self.block_size, start=seq.hashes, limit=limit)
+            hashes = seq.hashes[:limit]
+            cached = self.blocks.peek(hashes)
+        start = len(cached) * self.block_size
+        n = min(len(seq.tokens) - start, budget)
+        fresh = self._blocks_for(start + n) - len(cached)
+        taken_from_free = fresh + sum(1 for b in cached if self.blocks.ref_count[b] == 0)
+        if self.blocks.free - taken_from_free < len(self.running):
+            return 0
+        if self.prefix_caching:
+            seq.blocks = self.blocks.lookup(hashes, tokens=len(seq.tokens))
+            seq.registered = len(seq.blocks)
+            seq.computed = start
+        seq.blocks += self.blocks.allocate(fresh)
+        seq.status = Status.RUNNING
+        return n

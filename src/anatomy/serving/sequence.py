@@ -1,0 +1,88 @@
+"""One generated sequence as the scheduler and the serving loop see it, and what it reports.
+
+    tokens     prompt + generated ids; the KV cache holds the first `computed` of them
+    a step     runs tokens[computed : computed + n] (a prefill chunk, or n = 1 when decoding);
+               once computed == len(tokens), the step's logits give the next token, appended
+    preempted  blocks freed, computed = 0: later the whole of `tokens` (prompt and what was
+               generated) is computed again (recompute), and decoding goes on where it stopped
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from anatomy.inference.sampling import SamplingParams
+from anatomy.inference.streaming import TextRow
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The chosen token's log-probability and the `top` most likely tokens' (ids and values)."""
+
+    logprob: float
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass(frozen=True)
+class Event:
+    """What a sequence reports after each of its steps that sampled a token: the token, the text it
+    completes (stop strings held back), its log-probabilities if asked for (None for a token that
+    is not part of the text, such as the EOS), and, on its last event, why it ended ("stop",
+    "length", or "error" with a message)."""
+
+    token: int | None
+    text: str
+    logprob: TokenLogprob | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A sequence in the serving loop. Scheduler fields first, then the output side."""
+
+    tokens: list[int]
+    prompt_len: int
+    params: SamplingParams
+    text: TextRow
+    sink: Callable[[Event], Any]
+    logprobs: int | None = None  # None: none asked; k: the chosen token's and the k most likely
+    stop_ids: frozenset[int] = frozenset()  # token ids that end it (EOS unless ignored, and params.stop_ids)
+    arrival: float = field(default_factory=time.perf_counter)
+    status: Status = Status.WAITING
+    computed: int = 0
+    blocks: list[int] = field(default_factory=list)
+    hashes: list[bytes] = field(default_factory=list)  # prefix-cache keys of its full blocks so far
+    registered: int = 0  # full blocks entered into the prefix cache
+    preemptions: int = 0
+    generator: torch.Generator | None = None
+    seen: torch.Tensor | None = None  # bool [V]: prompt and output tokens (repetition penalty)
+    counts: torch.Tensor | None = None  # [V]: output token counts (presence/frequency penalties)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still to run before the next token can be sampled."""
+        return len(self.tokens) - self.computed
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
