@@ -3,6 +3,7 @@ is served (a busy port, an unknown model, a size that is not one, a URL off this
 
 from __future__ import annotations
 
+import re
 import socket
 
 import pytest
@@ -73,5 +74,6 @@ def test_a_kv_memory_too_small_for_two_blocks_stops_the_server():
                   timeout=300)
     lines = out.stderr.decode().splitlines()
     assert out.returncode == 2, lines
-    assert lines[-1] == ("anatomy serve: error: a KV memory of 102,400 bytes holds 0 blocks of 16 tokens "
-                         "(737,280 bytes each); at least 2 are needed")
+    # a block: 30 layers x K and V x 3 KV heads x 64 dims x 16 tokens, in the branches' bf16 or f32 (per the plan)
+    assert re.fullmatch(r"anatomy serve: error: a KV memory of 102,400 bytes holds 0 blocks of 16 tokens "
+                        r"\((368,640|737,280) bytes each\); at least 2 are needed", lines[-1]), lines
