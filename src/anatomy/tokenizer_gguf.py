@@ -113,12 +113,7 @@ def _sentencepiece(meta: Mapping[str, Any], *, source: str) -> Tokenizer:
 
 
 def _scores(meta: Mapping[str, Any], n_tokens: int, *, source: str) -> list[float]:
-    scores = meta.get("tokenizer.ggml.scores")
-    is_array = hasattr(scores, "__len__") and not isinstance(scores, (str, bytes))
-    if not is_array or len(scores) != n_tokens:
-        size = len(scores) if is_array else type(scores).__name__
-        raise CheckpointError(f"{source}: tokenizer.ggml.scores has {size} entries, tokenizer.ggml.tokens has "
-                              f"{n_tokens} (SentencePiece merges by score)")
+    scores = _per_token(meta, "tokenizer.ggml.scores", n_tokens, source=source, why=" (SentencePiece merges by score)")
     return [float(x) for x in scores]
 
 
@@ -171,12 +166,17 @@ def _token_types(meta: Mapping[str, Any], n_tokens: int, *, source: str) -> list
     types = meta.get("tokenizer.ggml.token_type")
     if types is None:
         return [NORMAL] * n_tokens
-    is_array = hasattr(types, "__len__") and not isinstance(types, (str, bytes))
-    if not is_array or len(types) != n_tokens:
-        size = len(types) if is_array else type(types).__name__
-        raise CheckpointError(f"{source}: tokenizer.ggml.token_type has {size} entries, "
-                              f"tokenizer.ggml.tokens has {n_tokens}")
-    return [int(t) for t in types]
+    return [int(t) for t in _per_token(meta, "tokenizer.ggml.token_type", n_tokens, source=source)]
+
+
+def _per_token(meta: Mapping[str, Any], key: str, n_tokens: int, *, source: str, why: str = "") -> Any:
+    """meta[key], an array with one entry per token (CheckpointError naming both lengths otherwise)."""
+    values = meta.get(key)
+    is_array = hasattr(values, "__len__") and not isinstance(values, (str, bytes))
+    if not is_array or len(values) != n_tokens:
+        size = len(values) if is_array else type(values).__name__
+        raise CheckpointError(f"{source}: {key} has {size} entries, tokenizer.ggml.tokens has {n_tokens}{why}")
+    return values
 
 
 def _pre_tokenizer(meta: Mapping[str, Any], *, source: str) -> PreTokenizer:

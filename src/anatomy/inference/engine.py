@@ -54,7 +54,7 @@ class DecoderEngine:
         self.captured = capture and not compile and self.device.type == "cpu"
         self._compiled_step = _compiled(self._forward_step) if compile else None
         self._caches: dict[tuple[int, int], KVCache] = {}
-        self._bodies: dict[tuple, Captured | None] = {}  # (B, T, Context fields) -> the captured blocks
+        self._bodies: dict[tuple, Captured | None] = {}  # (cache, Context fields) -> the captured blocks
         self.last_cache: KVCache | None = None  # the latest call's cache, for inspection
 
     @property
@@ -128,7 +128,7 @@ class DecoderEngine:
     def _body(self, cache: KVCache, ids: Tensor, positions: Tensor, ctx, record: bool) -> Captured | None:
         """The captured blocks for this cache and Context fields, recorded now if `record` and not yet
         (None: not recorded yet, or not capturable)."""
-        key = (ids.shape[0], cache.max_len, id(cache), signature(ctx))
+        key = (id(cache), signature(ctx))  # the cache fixes the batch and length (kept alive in self._caches)
         if key not in self._bodies and record:
             self._bodies[key] = capture(self.model.stack, cache, ids, positions, ctx)
         return self._bodies.get(key)
