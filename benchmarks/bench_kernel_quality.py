@@ -24,8 +24,8 @@ from anatomy.checkpoints.gguf_reader import read_gguf
 from anatomy.checkpoints.registry import resolve
 from anatomy.weights.formats import Int4Weight, Int8Weight, WeightFormat
 from anatomy.weights.gguf import matrix_formats, named
-from anatomy.inference.kernels import KERNELS_BY_NAME
-from anatomy.inference.planned_linear import PlannedLinear
+from anatomy.kernels.candidates import KERNELS_BY_NAME
+from anatomy.kernels.planned_linear import PlannedLinear
 
 MODEL = "smollm2-135m-instruct"
 TOKENS = int(os.environ.get("ANATOMY_BENCH_TOKENS", "2048"))

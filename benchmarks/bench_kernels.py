@@ -31,10 +31,10 @@ from anatomy.checkpoints.gguf_reader import read_gguf
 from anatomy.checkpoints.registry import resolve
 from anatomy.weights.formats import Int4Weight, Int8Weight, WeightFormat
 from anatomy.weights.gguf import matrix_formats, named
-from anatomy.inference.kernels import KERNELS, KERNELS_BY_NAME
-from anatomy.inference.plan import make_plan
-from anatomy.inference.plan_timing import Measurement, Phase, measure_weight
-from anatomy.inference.planned_linear import PlannedLinear
+from anatomy.kernels.candidates import KERNELS, KERNELS_BY_NAME
+from anatomy.kernels.plan import make_plan
+from anatomy.kernels.timing import Measurement, Phase, measure_weight
+from anatomy.kernels.planned_linear import PlannedLinear
 from benchmarks.timing import median_seconds
 
 MODEL = "smollm2-135m-instruct"

@@ -15,7 +15,7 @@ def _seed() -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _plan_cache(tmp_path_factory):
     """Kernel plans measured by the tests go to a directory of this session, not the user's cache."""
-    from anatomy.inference.plan_cache import CACHE_ENV
+    from anatomy.kernels.cache import CACHE_ENV
 
     mp = pytest.MonkeyPatch()
     mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("anatomy-cache")))

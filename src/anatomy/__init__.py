@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from anatomy import moved
 from anatomy.config import ModelConfig
 from anatomy.errors import AnatomyError, CheckpointError, ConfigError, InputError
 from anatomy.models import build_model
@@ -25,12 +26,14 @@ from anatomy.presets import get_preset, preset_names
 
 __version__ = "0.1.0"
 
+moved.install()  # old module paths (anatomy.tokenizer, anatomy.inference.planning, ...) for a release
+
 # The heavier entry points are imported on first use, so `import anatomy` stays fast.
 _LAZY = {
     "load": "anatomy.checkpoints.loader",
     "save": "anatomy.checkpoints.loader",
     "load_config": "anatomy.checkpoints.loader",
-    "load_tokenizer": "anatomy.tokenizer",
+    "load_tokenizer": "anatomy.text.tokenizer",
     "generate": "anatomy.inference.generate",
     "stream": "anatomy.inference.generate",
     "embed": "anatomy.inference.embed",
@@ -38,7 +41,7 @@ _LAZY = {
     "inspect": "anatomy.analysis.inspection",
     "compare": "anatomy.analysis.inspection",
     "attention": "anatomy.analysis.attention_maps",
-    "profile": "anatomy.analysis.profiling",
+    "profile": "anatomy.analysis.profile",
 }
 
 

@@ -23,8 +23,17 @@ def deprecated(message: str) -> None:
 
 
 def _outside_anatomy() -> int:
-    """The stacklevel of the first frame whose code is not anatomy's (the user's call)."""
+    """The stacklevel of the first frame whose code is neither anatomy's nor the import system's
+    (the user's call, or the user's import of a moved module). warnings.warn does not count the
+    import system's bootstrap frames, so neither does this."""
     level, frame = 1, sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "anatomy":
-        level, frame = level + 1, frame.f_back
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("anatomy", "importlib"):
+        frame = frame.f_back
+        if frame is not None and not _bootstrap(frame):
+            level += 1
     return level
+
+
+def _bootstrap(frame) -> bool:
+    filename = frame.f_code.co_filename
+    return "importlib" in filename and "_bootstrap" in filename

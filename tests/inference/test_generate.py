@@ -10,7 +10,7 @@ import torch
 
 import anatomy
 from anatomy.errors import InputError
-from anatomy.inference.streaming import StopStringFilter, TextRow
+from anatomy.text.stops import StopStringFilter, TextRow
 
 from .conftest import llama_tiny, seq2seq_tiny
 

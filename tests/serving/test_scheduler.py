@@ -4,7 +4,7 @@ prefix hits, preemption."""
 from __future__ import annotations
 
 from anatomy.inference.sampling import SamplingParams
-from anatomy.inference.streaming import StopStringFilter, TextRow
+from anatomy.text.stops import StopStringFilter, TextRow
 from anatomy.serving.blocks import BlockManager
 from anatomy.serving.scheduler import Scheduler
 from anatomy.serving.sequence import Sequence, Status

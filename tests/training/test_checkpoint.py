@@ -12,7 +12,7 @@ import torch
 
 from anatomy import build_model, get_preset
 from anatomy.errors import CheckpointError
-from anatomy.tokenizer_chars import chars_tokenizer
+from anatomy.text.chars import chars_tokenizer
 from anatomy.training.checkpoint import latest_checkpoint, load_checkpoint, prune, save_checkpoint
 from anatomy.training.distributed import Dist
 from anatomy.training.optim import make_optimizer

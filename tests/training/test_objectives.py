@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from anatomy import ModelConfig, build_model
 from anatomy.training.data import TokenSplit
 from anatomy.training.objectives import IGNORE, CausalLM, MaskedLM, Seq2Seq, mask_tokens
-from anatomy.tokenizer_chars import chars_tokenizer
+from anatomy.text.chars import chars_tokenizer
 
 
 def test_mlm_masking_statistics_and_specials_never_masked():

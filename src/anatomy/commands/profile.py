@@ -1,6 +1,6 @@
 """`anatomy profile --model MODEL`: the real engine under torch.profiler, every op put back on its
 module, its row of the shape trace and its position of the decoder's map, against this machine's
-measured roofs (analysis/profile.py; docs/profile.md)."""
+measured roofs (analysis/profile/measure.py; docs/profile.md)."""
 
 from __future__ import annotations
 
@@ -47,10 +47,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from anatomy.analysis.hardware import get_hardware
-    from anatomy.analysis.profile import ProfileOptions
-    from anatomy.analysis.profile_sweep import parse_sweep
-    from anatomy.analysis.profile_whatif import parse_what_if
-    from anatomy.analysis.profiling import parse_weights, run_session
+    from anatomy.analysis.profile.measure import ProfileOptions
+    from anatomy.analysis.profile.sweep import parse_sweep
+    from anatomy.analysis.profile.whatif import parse_what_if
+    from anatomy.analysis.profile.api import parse_weights, run_session
     from anatomy.figures import image_format
 
     weights = parse_weights(args.weights, option="--weights")
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     report = run_session(args.model, weights=weights, options=options, sweeps=sweeps, what_ifs=what_ifs,
                          hardware=hardware, name=args.model)
     if args.plot:
-        from anatomy.analysis.profile_plot import save_profile_plot
+        from anatomy.analysis.profile.plot import save_profile_plot
 
         save_profile_plot(report, args.plot)
     if args.html:
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
         write_page(profile_page(report), args.html)
         print(f"wrote {args.html}", file=sys.stderr)
-    from anatomy.analysis import profile_render
+    from anatomy.analysis.profile import render as profile_render
 
     print_report(report, args, profile_render, width=220)
     return 0

@@ -24,7 +24,7 @@ from anatomy.deprecation import deprecated
 from anatomy.errors import CheckpointError, InputError
 from anatomy.inference.model_cache import loaded_models
 from anatomy.models import Encoder
-from anatomy.tokenizer import Tokenizer
+from anatomy.text.tokenizer import Tokenizer
 
 DEFAULT_MODEL = "all-minilm-l6-v2"
 ModelSpec = Union[str, Path, tuple[nn.Module, Tokenizer]]

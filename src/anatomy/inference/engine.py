@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from anatomy.inference.capture import Captured, capture, signature
 from anatomy.inference.kv_cache import KVCache
-from anatomy.inference.planning import branch_dtype, decode_weight_bytes, kernel_summary, plan_view
+from anatomy.kernels.planning import branch_dtype, decode_weight_bytes, kernel_summary, plan_view
 from anatomy.inference.sampling import SamplingParams, make_generator, next_tokens
 from anatomy.inference.steps import DecodeSteps, PaddedBatch
 from anatomy.inference.view import engine_view

@@ -32,10 +32,10 @@ from anatomy.inference.result import GenerationResult
 from anatomy.inference.sampling import SamplingParams
 from anatomy.inference.speculative import Speculation, SpeculativeDecoder
 from anatomy.inference.speculative.setup import speculation_of
-from anatomy.inference.streaming import StopStringFilter, TextRow
+from anatomy.text.stops import StopStringFilter, TextRow
 from anatomy.inference.view import engine_view
 from anatomy.weights.choice import parse_weights
-from anatomy.tokenizer import Tokenizer
+from anatomy.text.tokenizer import Tokenizer
 
 
 def generate(model: nn.Module | DecoderEngine | str | Path, prompt: Any, *, tokenizer: Any = None, compile: bool = False,

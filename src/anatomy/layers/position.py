@@ -126,8 +126,10 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
 
 def alibi_bias(slopes: Tensor, q_pos: Tensor, k_pos: Tensor, *, causal: bool) -> Tensor:
-    """[1, H, S_q, S_k] additive bias: -slope * distance (|distance| when not causal)."""
-    distance = (q_pos[:, None] - k_pos[None, :]).float()  # [S_q, S_k]
+    """Additive bias -slope * distance (|distance| when not causal) of queries at q_pos [S_q] (or
+    [B, S_q], rows apart) and keys at k_pos [S_k] -> [1, H, S_q, S_k] (or [B, H, S_q, S_k]), float32."""
+    distance = (q_pos[..., :, None] - k_pos).float()  # [(B,) S_q, S_k]
     if not causal:
         distance = distance.abs()
-    return -slopes[None, :, None, None] * distance  # [1, H, S_q, S_k]
+    bias = -slopes.float()[:, None, None] * distance[..., None, :, :]  # [(B,) H, S_q, S_k]
+    return bias if bias.dim() == 4 else bias[None]

@@ -1,9 +1,26 @@
-"""The position machinery of a stack: from the positions and slots of queries and keys, the RoPE
-angles, the boolean attention masks and the ALiBi bias that every block of one pass shares.
+"""The position machinery of a stack and the one builder of every pass's Context.
 
-A sliding window is a rule on slots: a query at slot q sees the keys at slots q - window < k <= q.
-The sliding-window layers get that mask (`window_mask`) whenever some key of the pass could be
-outside the window (more key slots than the window); the other layers get the ordinary one."""
+Every pass describes its queries and keys by slots, and `build_context` turns that into the
+Context its blocks share: a model's own forward (slots 0..S-1), a prefill into a static cache, a
+decode step, a span of k tokens (speculative verification), a batch of chunks over a paged cache.
+
+    q_slots    [S], or [B, S] when rows differ   the slots the queries are written to (their causal order)
+    k_slots    [T]                              the slots of the keys attended over
+    positions  [B, S]                           the queries' positions (RoPE); a slot minus its row's padding
+    key_valid  bool [B, T] or None              which key slots hold real tokens (left padding excluded)
+
+    mask         [B|1, 1, S, T] additive, in the branches' dtype: 0 where a query may attend a key
+                 (a causal stack: key slot <= query slot; the key real), -inf elsewhere; a causal
+                 query always sees its own slot, so a padding query stays finite
+    window_mask  the same, only keys within the sliding window (q - window < k), for the sliding-window
+                 layers; None when no key of the pass can fall outside the window
+    bias         [B|1, H, S, T] ALiBi: -slope * (q - k) (|q - k| for a bidirectional stack)
+    rope         (cos, sin) [B, S, 1, d]: computed from the positions, or looked up in a table of the
+                 positions 0..n-1 made once (`ContextTables`) for the steps of a generation or a server
+
+A full pass needs no mask when nothing is padded and no cache is read (attention masks the future
+itself); every other pass gets one.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +33,7 @@ from anatomy.layers.context import Context
 
 
 class PositionContext(nn.Module):
-    """Holds the position machinery of a stack (RoPE inverse frequencies, ALiBi slopes)."""
+    """Holds the position machinery of a stack (RoPE inverse frequencies, ALiBi slopes, the window)."""
 
     def __init__(self, config: ModelConfig, *, causal: bool) -> None:
         super().__init__()
@@ -32,40 +49,88 @@ class PositionContext(nn.Module):
         if self.alibi:
             self.slopes = alibi_slopes(self.n_heads)
 
-    def forward(
-        self,
-        position_ids: Tensor,
-        *,
-        q_slots: Tensor,
-        k_slots: Tensor,
-        key_valid: Tensor | None = None,
-        explicit: bool = False,
-        input_pos: Tensor | None = None,
-        memory_mask: Tensor | None = None,
-        dtype: torch.dtype = torch.float32,
-    ) -> Context:
-        """position_ids [B, S]; q_slots [S] and k_slots [S_k] index the sequence (or the KV cache);
-        key_valid [B, S_k] marks real (non-padding) keys. `explicit` forces a mask (cache in use).
-        input_pos and memory_mask [B, 1, 1, S_m] are passed through to the blocks; the RoPE angles
-        come in `dtype`, the dtype of the activations they rotate."""
+    def forward(self, position_ids: Tensor, *, q_slots: Tensor, k_slots: Tensor, key_valid: Tensor | None = None,
+                explicit: bool = False, input_pos: Tensor | None = None, memory_mask: Tensor | None = None,
+                dtype: torch.dtype = torch.float32) -> Context:
+        """A model's own forward: position_ids [B, S]; q_slots [S] and k_slots [S_k] index the sequence
+        (or the KV cache); key_valid [B, S_k] marks real keys; `explicit` (a cache is read) forces a
+        mask; input_pos and memory_mask [B, 1, 1, S_m] pass through to the blocks. The angles and
+        masks come in `dtype`."""
         rope = self.rotary(position_ids, dtype) if self.rotary is not None else None
-        bias = alibi_bias(self.slopes, q_slots, k_slots, causal=self.causal) if self.slopes is not None else None
-        windowed = self.window is not None and len(k_slots) > self.window
-        mask = window_mask = None
-        if key_valid is not None or (explicit and self.causal) or windowed:
-            allowed = torch.ones(1, 1, len(q_slots), len(k_slots), dtype=torch.bool, device=k_slots.device)
-            if self.causal:
-                allowed = allowed & (k_slots[None, :] <= q_slots[:, None])
-            if key_valid is not None:
-                allowed = allowed & key_valid.bool()[:, None, None, :]
-            if key_valid is not None or (explicit and self.causal):
-                mask = self._see_self(allowed, q_slots, k_slots)
-            if windowed:
-                window_mask = self._see_self(allowed & (k_slots[None, :] > q_slots[:, None] - self.window),
-                                             q_slots, k_slots)
-        return Context(rope=rope, mask=mask, bias=bias, input_pos=input_pos, memory_mask=memory_mask,
-                       window_mask=window_mask)
+        needs_mask = key_valid is not None or (explicit and self.causal)
+        return build_context(self, rope=rope, q_slots=q_slots, k_slots=k_slots, key_valid=key_valid,
+                             needs_mask=needs_mask, input_pos=input_pos, memory_mask=memory_mask, dtype=dtype)
 
-    def _see_self(self, allowed: Tensor, q_slots: Tensor, k_slots: Tensor) -> Tensor:
-        """A left-padding query sees only padding: let it see itself, to keep it finite."""
-        return allowed | (k_slots[None, :] == q_slots[:, None]) if self.causal else allowed
+
+def build_context(context: PositionContext, *, rope: tuple[Tensor, Tensor] | None, q_slots: Tensor, k_slots: Tensor,
+                  key_valid: Tensor | None = None, needs_mask: bool = True, input_pos: Tensor | None = None,
+                  memory_mask: Tensor | None = None, dtype: torch.dtype = torch.float32) -> Context:
+    """The Context of one pass (the module docstring has the shapes and rules)."""
+    q = q_slots[..., :, None]  # [S, 1] or [B, S, 1]
+    k = k_slots  # [T]
+    windowed = context.window is not None and len(k_slots) > context.window
+    mask = window_mask = None
+    if needs_mask or windowed:
+        if context.causal:
+            allowed = k <= q  # [(B,) S, T]
+        else:
+            allowed = torch.ones(*q.shape[:-1], len(k), dtype=torch.bool, device=k.device)  # [(B,) S, T]
+        if key_valid is not None:
+            allowed = allowed & key_valid.bool()[:, None, :]  # [B, S, T]
+        if context.causal:
+            allowed = allowed | (k == q)  # a padding query sees itself
+        if needs_mask:
+            mask = _additive(allowed, dtype)
+        if windowed:
+            window_mask = _additive(allowed & (k > q - context.window), dtype)
+    bias = None
+    if context.slopes is not None:
+        bias = alibi_bias(context.slopes.to(k.device), q_slots, k_slots, causal=context.causal)
+    return Context(rope=rope, mask=mask, bias=bias, input_pos=input_pos, memory_mask=memory_mask,
+                   window_mask=window_mask)
+
+
+def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """bool [(B,) S, T] -> [B|1, 1, S, T]: 0 where allowed, -inf elsewhere."""
+    zero = torch.zeros((), dtype=dtype, device=allowed.device)
+    mask = torch.where(allowed, zero, torch.tensor(float("-inf"), dtype=dtype, device=allowed.device))
+    return mask.view(-1, 1, *mask.shape[-2:])
+
+
+class ContextTables:
+    """What the steps over one cache of `length` slots share, made once: the slots 0..length-1 and,
+    with RoPE, the angles of positions 0..length-1 [length, 1, d] (a step indexes them). A rotary
+    rule whose frequencies depend on how far a pass reaches (dynamic NTK, LongRoPE) computes each
+    token's angles from its own reach instead, as its own decode step would."""
+
+    def __init__(self, context: PositionContext, *, length: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> None:
+        self.context, self.dtype, self.device = context, dtype, torch.device(device)
+        self.slots = torch.arange(length, device=self.device)  # [T]
+        rotary = context.rotary
+        self.rotary = rotary if rotary is not None and rotary.length_dependent else None
+        self.cos = self.sin = None
+        if rotary is not None and self.rotary is None:
+            cos, sin = rotary(self.slots[None], dtype)  # 2 x [1, T, 1, d]
+            self.cos, self.sin = cos[0], sin[0]  # [T, 1, d]
+
+    def build(self, positions: Tensor, *, q_slots: Tensor, keys: int | None = None, key_valid: Tensor | None = None,
+              input_pos: Tensor | None = None) -> Context:
+        """The Context of queries at `q_slots` ([S], or [B, S] per row) with positions [B, S], over the
+        first `keys` slots (default all); key_valid [B, keys] marks the real ones."""
+        k_slots = self.slots if keys is None else self.slots[:keys]
+        return build_context(self.context, rope=self.rope(positions), q_slots=q_slots, k_slots=k_slots,
+                             key_valid=key_valid, input_pos=input_pos, dtype=self.dtype)
+
+    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor] | None:
+        """(cos, sin) [B, S, 1, d] of positions [B, S]; None without RoPE."""
+        if self.rotary is not None:
+            columns = [self.rotary(positions[b:b + 1, i:i + 1], self.dtype)
+                       for b in range(positions.shape[0]) for i in range(positions.shape[1])]
+            B, S = positions.shape
+            cos = torch.cat([c for c, _ in columns]).view(B, S, 1, -1)
+            sin = torch.cat([s for _, s in columns]).view(B, S, 1, -1)
+            return cos, sin
+        if self.cos is None:
+            return None
+        return self.cos[positions], self.sin[positions]  # [B, S, 1, d]

@@ -31,7 +31,7 @@ from anatomy.errors import InputError
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.generate import eos_ids
 from anatomy.inference.sampling import SamplingParams, make_generator, next_tokens, token_logprobs
-from anatomy.inference.streaming import StopStringFilter, TextRow
+from anatomy.text.stops import StopStringFilter, TextRow
 from anatomy.serving.blocks import BlockManager
 from anatomy.serving.metrics import ServingMetrics
 from anatomy.serving.paged import Chunk, PagedKVCache, StepBuilder

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from anatomy.inference.sampling import SamplingParams
-from anatomy.inference.streaming import TextRow
+from anatomy.text.stops import TextRow
 
 
 class Status(enum.Enum):

@@ -43,7 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
 from anatomy.checkpoints.assign import tied_aliases
 from anatomy.config import ModelConfig
 from anatomy.errors import AnatomyError, CheckpointError, ConfigError
-from anatomy.tokenizer import Tokenizer
+from anatomy.text.tokenizer import Tokenizer
 from anatomy.training.distributed import Dist, all_reduce_sum, barrier
 
 ADAMW_STATE = ("step", "exp_avg", "exp_avg_sq")

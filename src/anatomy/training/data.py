@@ -26,7 +26,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn, 
 
 from anatomy.errors import InputError
 from anatomy.text_file import read_text
-from anatomy.tokenizer import Tokenizer
+from anatomy.text.tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
 CHUNK_CHARS = 1 << 20  # tokenize in ~1M-character pieces, cut at line ends
@@ -102,10 +102,10 @@ def training_tokenizer(spec: str, texts: Iterable[str]) -> Tokenizer:
     """"chars" (built from the texts), or a named model, a model directory, a .gguf or a
     tokenizer.json (anatomy.load_tokenizer), with the pad/bos/eos/mask roles training needs."""
     if spec == "chars":
-        from anatomy.tokenizer_chars import chars_tokenizer
+        from anatomy.text.chars import chars_tokenizer
 
         return chars_tokenizer(c for text in texts for c in set(text))
-    from anatomy.tokenizer import load_tokenizer
+    from anatomy.text.tokenizer import load_tokenizer
 
     return load_tokenizer(spec).with_usual_roles()
 

@@ -26,7 +26,7 @@ from anatomy.config import ModelConfig
 from anatomy.errors import InputError
 from anatomy.layers.moe import load_balancing_loss
 from anatomy.training.data import Dataset, PairSplit, TokenSplit
-from anatomy.tokenizer import Tokenizer
+from anatomy.text.tokenizer import Tokenizer
 
 IGNORE = -100
 OBJECTIVES = ("auto", "clm", "mlm", "seq2seq")

@@ -18,7 +18,7 @@ from anatomy.errors import ConfigError, InputError
 from anatomy.models import build_model
 from anatomy.presets import PRESETS, get_preset
 from anatomy.text_file import read_text
-from anatomy.tokenizer import Tokenizer
+from anatomy.text.tokenizer import Tokenizer
 from anatomy.training.loop import compute_dtype
 
 GiB = 1 << 30

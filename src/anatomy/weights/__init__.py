@@ -8,5 +8,5 @@
 A model with compact weights stays an ordinary model: its forward computes the reference product
 (each weight dequantized, then F.linear: exact with respect to what is stored, not fast), saving
 writes float tensors, and it reports its real bytes. The inference engine runs the kernels its
-measured plan chose on the same formats (inference/plan.py, inference/planned_linear.py).
+measured plan chose on the same formats (kernels/plan.py, kernels/planned_linear.py).
 """

@@ -2,7 +2,7 @@
 
 Each format is an nn.Module holding its stored tensors as buffers; it knows its `name`, its real
 size in bytes (`nbytes`) and how to give back the float weight it stands for (`dequantize()`,
-exact with respect to what it stores). Kernels (anatomy.inference.kernels) turn a format into
+exact with respect to what it stores). Kernels (anatomy.kernels.candidates) turn a format into
 whatever layout a matrix-product routine wants; the format itself stays portable.
 
     name     stored                                              W[n, k]

@@ -86,13 +86,6 @@ def inspect_page(report: dict[str, Any]) -> str:
     return _env().get_template("inspect.html.j2").render(**context)
 
 
-def compare_page(reports: dict[str, dict[str, Any]]) -> str:
-    """Several reports side by side (`anatomy compare A B C --html`)."""
-    from anatomy.analysis.page.compare import compare_context
-
-    return _env().get_template("compare.html.j2").render(**compare_context(reports))
-
-
 def render_template(name: str, **context: Any) -> str:
     return _env().get_template(name).render(**context)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from anatomy.analysis.page import charts, svg
-from anatomy.analysis.page.build import KIND_LABELS, kind_class, summary
+from anatomy.analysis.page.build import KIND_LABELS, kind_class, render_template, summary
 from anatomy.analysis.page.diagram import diagram_svg
 
 # (label, path into the report, format)
@@ -100,3 +100,8 @@ def composition_svg(reports: dict[str, dict[str, Any]], *, width: int = 900, row
         out.append(f'<text class="value-label" x="{x1 + 8:.1f}" y="{y + row / 2 + 4:.1f}">{svg.short(total)}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def compare_page(reports: dict[str, dict[str, Any]]) -> str:
+    """Several reports side by side (`anatomy compare A B C --html`)."""
+    return render_template("compare.html.j2", **compare_context(reports))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from anatomy.analysis import profile_render
+from anatomy.analysis.profile import render as profile_render
 from anatomy.analysis.page import charts, svg
 from anatomy.analysis.page.build import render_template
 
@@ -88,6 +88,6 @@ def _roofline(report: dict[str, Any], phase: str, d: dict[str, Any]) -> str:
 
 
 def _figure(report: dict[str, Any]) -> str:
-    from anatomy.analysis.profile_plot import png_bytes
+    from anatomy.analysis.profile.plot import png_bytes
 
     return "data:image/png;base64," + base64.b64encode(png_bytes(report)).decode("ascii")

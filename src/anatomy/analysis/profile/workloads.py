@@ -1,0 +1,158 @@
+"""What `anatomy profile` runs: the steps of each phase, through the code that serves the model.
+
+    decoder            DecoderEngine(model): prefill = the first token of engine.tokens(prompts)
+                       (cache setup, the prompt pass, sampling); decode = each later token
+    encoder            the model's forward over [B, S] (one phase, "prefill")
+    encoder-decoder    the source encoded and its cross-attention K/V projected (inference/beam.py's
+                       decoder state, "prefill"); decode = one decoder step of B rows + greedy choice
+
+Every phase is an endless iterator factory: each `next()` is one step. A decode step always sees a
+static cache of T = context slots (the engine's cache is sized prompt + new tokens), so every
+measured step attends over the same T positions: the shape the trace's decode step has.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from anatomy.analysis.profile.run import named_stage
+from anatomy.inference.sampling import SamplingParams, next_tokens
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    prompt_len: int  # S: prompt (an encoder's sequence, a seq2seq model's source)
+    context: int  # T: the cache slots a decode step attends over
+
+
+@dataclass
+class Workload:
+    """The model the steps run (the engine's view: hooks go on it) and each phase's step factory."""
+
+    model: nn.Module
+    phases: dict[str, Callable[[], Iterator[None]]]
+    tokens: dict[str, int]  # tokens each phase's step processes (prefill) or produces (decode)
+    dtype: torch.dtype  # the activations' dtype (the engine's choice, with its kernel plan)
+    plan: object = None  # the engine's KernelPlan (kernels/plan.py), for a decoder
+
+
+def prompt_ids(vocab_size: int, shape: Shape) -> list[list[int]]:
+    """Deterministic token ids, different per row, away from the low ids where special tokens live."""
+    low = min(100, vocab_size // 2)
+    span = vocab_size - low
+    return [[low + (131 * row + 17 * j) % span for j in range(shape.prompt_len)] for row in range(shape.batch)]
+
+
+def workload(model: nn.Module, shape: Shape, *, attention: str | None = None) -> Workload:
+    """The phases of `model` at `shape`; `attention` switches the backend of the view's attention
+    layers ("sdpa" or "eager"; the caller's model keeps its own)."""
+    config = model.config
+    if config.is_decoder:
+        work = _decoder(model, shape)
+    elif config.is_seq2seq:
+        work = _seq2seq(model, shape)
+    else:
+        work = _encoder(model, shape)
+    from anatomy.layers.attention import Attention, check_backend
+
+    for module in work.model.modules():
+        if isinstance(module, Attention):
+            module.__dict__.setdefault("_built_backend", module.backend)
+            module.backend = check_backend(attention) if attention is not None else module._built_backend
+    return work
+
+
+_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def engine_for(model: nn.Module):
+    """The DecoderEngine of `model`, made once per model: making one measures (or loads) its kernel
+    plan, which a sweep's points and a what-if's runs share. Its decode step is eager (capture=False):
+    a captured step replays a graph without module calls, so its operators could not be attributed
+    to their modules and positions."""
+    from anatomy.inference.engine import DecoderEngine
+
+    if model not in _ENGINES:
+        engine = DecoderEngine(model, capture=False)
+        engine._choose = named_stage("sampling", engine._choose)  # this engine's own instance only
+        _ENGINES[model] = engine
+    return _ENGINES[model]
+
+
+def _decoder(model: nn.Module, shape: Shape) -> Workload:
+    engine = engine_for(model)
+    prompts = prompt_ids(model.config.vocab_size, shape)
+    first = SamplingParams(max_new_tokens=1, ignore_eos=True)
+    decode = SamplingParams(max_new_tokens=shape.context - shape.prompt_len, ignore_eos=True)
+
+    def prefills() -> Iterator[None]:
+        while True:
+            tokens = engine.tokens(prompts, first)
+            next(tokens)
+            tokens.close()
+            yield
+
+    def decodes() -> Iterator[None]:
+        for _ in engine.tokens(prompts, decode):
+            yield
+        raise RuntimeError("the decode steps outran the cache: context too small for the steps asked for")
+
+    return Workload(engine.model, {"prefill": prefills, "decode": decodes},
+                    {"prefill": shape.batch * shape.prompt_len, "decode": shape.batch}, engine.dtype, engine.plan)
+
+
+def _encoder(model: nn.Module, shape: Shape) -> Workload:
+    from anatomy.inference.view import engine_view
+
+    view = engine_view(model)
+    ids = torch.tensor(prompt_ids(model.config.vocab_size, shape), device=_device(view))
+
+    def forwards() -> Iterator[None]:
+        while True:
+            view(ids)
+            yield
+
+    return Workload(view, {"prefill": forwards}, {"prefill": shape.batch * shape.prompt_len}, view_dtype(view))
+
+
+def _seq2seq(model: nn.Module, shape: Shape) -> Workload:
+    from anatomy.inference.beam import _Decoder
+    from anatomy.inference.view import engine_view
+
+    view = engine_view(model)
+    source = prompt_ids(model.config.vocab_size, Shape(1, shape.prompt_len, shape.context))[0]
+    greedy = SamplingParams()
+    choose = named_stage("sampling", lambda logprobs: next_tokens(logprobs, greedy))
+
+    def encodes() -> Iterator[None]:
+        while True:
+            _Decoder(view, source, rows=shape.batch, max_new_tokens=shape.context)
+            yield
+
+    def decodes() -> Iterator[None]:
+        state = _Decoder(view, source, rows=shape.batch, max_new_tokens=shape.context)
+        tokens = torch.full((shape.batch,), state.start_id, dtype=torch.long, device=_device(view))
+        for slot in range(shape.context):
+            tokens = choose(state.step(tokens, slot))
+            yield
+        raise RuntimeError("the decode steps outran the cache: context too small for the steps asked for")
+
+    return Workload(view, {"prefill": encodes, "decode": decodes},
+                    {"prefill": shape.prompt_len, "decode": shape.batch}, view_dtype(view))
+
+
+def view_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype a model computes in without the engine's plan: that of its token embedding."""
+    from anatomy.models.embedding import Embeddings
+
+    return next(m for m in model.modules() if isinstance(m, Embeddings)).dtype
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device

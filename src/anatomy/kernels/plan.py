@@ -1,0 +1,272 @@
+"""The measured kernel plan: which kernel computes each linear layer's product, per phase.
+
+    plan = make_plan(formats, model_id="smollm2-135m-instruct:<file digest>", weights="gguf",
+                     phases_of={"embed.tokens.weight": ["decode", "batch"]})    # formats: {layer: WeightFormat}
+    print("\\n".join(plan.describe()))   # decode int4[960,576]g32 x30: int4pack (0.040 ms, err 3e-03) beat f16 ...
+    layer = PlannedLinear.from_plan(plan, "blocks.0.attn.qkv.weight", formats["blocks.0.attn.qkv.weight"])
+
+Weights of the same signature (format, shape, group) are measured once, on the first of them.
+For each phase (decode: 1 row, batch: 8, prefill: 128 by default; `phases_of` limits a layer to
+some of them, e.g. an LM head that only ever sees the last position) every candidate kernel of the
+format is checked against the float64 product (relative error at most `threshold`, else it is
+never chosen) and timed (plan_timing). Per signature the fastest decode kernel's layout is held;
+a later phase whose fastest kernel needs another layout (e.g. a bf16 copy for prefill GEMMs next
+to int4 for decode) gets it only when that is at least MIN_GAIN faster than the best kernel on the
+held layout and the extra bytes fit the memory budget (the largest relative gains per byte are
+served first); otherwise it uses the held layout. Every decision is recorded with the timings and
+errors behind it, and the plan is cached on disk (plan_cache) so that a model loads without
+measuring again on the same machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from anatomy.errors import InputError
+from anatomy.kernels import cache as plan_cache
+from anatomy.weights.formats import WeightFormat
+from anatomy.kernels.candidates import KERNELS, Kernel
+from anatomy.kernels.record import KernelPlan, WeightPlan, by_kernel
+from anatomy.kernels.timing import Measurement, Phase, measure_weight
+
+# torch's int4pack kernel dequantizes its weights once per block of 4 rows: 1-4 rows cost alike, 5-8
+# about twice that, and from ~12 rows a GEMM on a dense bf16 copy is faster (bench_kernels)
+DECODE = Phase("decode", rows=1, max_rows=4)
+BATCH = Phase("batch", rows=8, max_rows=8)
+PREFILL = Phase("prefill", rows=128, max_rows=None)
+DEFAULT_PHASES = (DECODE, BATCH, PREFILL)
+ERROR_THRESHOLD = 1e-2  # relative (Frobenius) error of a kernel's output against the float64 product
+MIN_GAIN = 0.10  # a second layout must make a phase at least this much faster
+REPEATS = 5
+
+
+# -- making a plan -------------------------------------------------------------------------------
+
+@dataclass
+class _Group:
+    """Layers measured together: one signature, one set of phases."""
+
+    signature: str
+    phases: tuple[Phase, ...]
+    members: list[tuple[str, WeightFormat]]
+    threshold: float
+
+
+def make_plan(linears: Mapping[str, WeightFormat], *, model_id: str, weights: str,
+              phases: tuple[Phase, ...] = DEFAULT_PHASES, phases_of: Mapping[str, Sequence[str]] | None = None,
+              kernels: tuple[Kernel, ...] = KERNELS, threshold: float = ERROR_THRESHOLD,
+              memory_budget: int | None = None, samples: Mapping[str, Tensor] | None = None,
+              repeats: int = REPEATS, cache: bool | str | Path = True,
+              thresholds: Mapping[str, float] | None = None) -> KernelPlan:
+    """The kernel plan for `linears` ({layer name: its weight format}), from the cache when a plan
+    with the same key is stored there, else measured now (and stored unless cache=False or the
+    measurement was too noisy to trust later).
+
+    model_id: identifies the model's weights (e.g. name + file digest); weights: the weights choice
+    ("gguf", "f16", ...). phases_of: {layer name: names of the phases it sees} for layers that do
+    not see all (the last of its phases serves any larger number of rows). memory_budget: bytes
+    allowed for second layouts over the whole model (default a quarter of physical memory).
+    samples: activations [S, K] per layer name for the accuracy check (standard normal ones
+    otherwise). cache: True (the default directory), a directory, or False. thresholds: {layer name:
+    its own accuracy threshold} for layers held to another standard (an LM head's products are the
+    logits themselves).
+    """
+    _check_phases(phases)
+    budget = default_budget() if memory_budget is None else int(memory_budget)
+    groups = _group(linears, phases, phases_of or {}, thresholds or {}, threshold)
+    key = _key(groups, model_id=model_id, weights=weights, phases=phases, kernels=kernels, threshold=threshold,
+               budget=budget)
+    path = None if cache is False else plan_cache.plan_path(key, None if cache is True else Path(cache))
+    if path is not None:
+        stored = plan_cache.load_entry(path, key)
+        plan = _valid_plan(stored, groups, phases, kernels) if stored is not None else None
+        if plan is not None:
+            plan.from_cache, plan.path = True, path
+            return plan
+    plan = measure_plan(groups, phases=phases, kernels=kernels, threshold=threshold, budget=budget,
+                        samples=samples, repeats=repeats)
+    if path is not None and plan.trusted:
+        plan_cache.save_entry(path, key, plan.to_json())
+        plan.path = path
+    return plan
+
+
+def _check_phases(phases: tuple[Phase, ...]) -> None:
+    limits = [p.max_rows for p in phases]
+    ok = phases and all(p.rows >= 1 for p in phases) and None not in limits[:-1] and \
+        all(p.max_rows is None or p.rows <= p.max_rows for p in phases) and \
+        all(a < b for a, b in itertools.pairwise(limits) if b is not None) and \
+        len({p.name for p in phases}) == len(phases)
+    if not ok:
+        raise InputError(f"phases {phases}: each must measure rows >= 1 within its max_rows, with distinct names, "
+                         "max_rows increasing and only the last one unbounded (None)")
+
+
+def default_budget() -> int:
+    """A quarter of the machine's physical memory (1 GiB where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (AttributeError, ValueError, OSError):
+        return 2 ** 30
+
+
+def _group(linears: Mapping[str, WeightFormat], phases: tuple[Phase, ...], phases_of: Mapping[str, Sequence[str]],
+           thresholds: Mapping[str, float], threshold: float) -> dict[str, _Group]:
+    """{group key: _Group} in first-seen order; the key is the signature (+ the phases when limited,
+    + the threshold when a layer has its own)."""
+    if not linears:
+        raise InputError("make_plan needs at least one linear layer")
+    unknown = sorted((set(phases_of) | set(thresholds)) - set(linears))
+    if unknown:
+        raise InputError(f"phases_of or thresholds name layers that are not given: {unknown}")
+    groups: dict[str, _Group] = {}
+    for name, fmt in linears.items():
+        if not isinstance(fmt, WeightFormat):
+            raise InputError(f"layer {name!r}: expected a WeightFormat, got {type(fmt).__name__}")
+        own = _own_phases(name, phases, phases_of)
+        limit = thresholds.get(name, threshold)
+        key = fmt.signature if own == phases else f"{fmt.signature} ({'+'.join(p.name for p in own)})"
+        key += "" if limit == threshold else f" (error <= {limit:g})"
+        groups.setdefault(key, _Group(fmt.signature, own, [], limit)).members.append((name, fmt))
+    return groups
+
+
+def _own_phases(name: str, phases: tuple[Phase, ...], phases_of: Mapping[str, Sequence[str]]) -> tuple[Phase, ...]:
+    if name not in phases_of:
+        return phases
+    wanted = list(phases_of[name])
+    own = tuple(p for p in phases if p.name in wanted)
+    if not own or len(own) != len(set(wanted)):
+        raise InputError(f"phases_of[{name!r}] = {wanted}: must name some of the phases {[p.name for p in phases]}")
+    return own
+
+
+def _key(groups: dict[str, _Group], *, model_id: str, weights: str, phases: tuple[Phase, ...],
+         kernels: tuple[Kernel, ...], threshold: float, budget: int) -> dict[str, Any]:
+    key = {"machine": plan_cache.machine_key(), "model": model_id, "weights": weights,
+           "phases": [[p.name, p.rows, p.max_rows] for p in phases], "threshold": threshold,
+           "kernels": [k.name for k in kernels], "budget_bytes": budget,
+           "layers": {k: [name for name, _ in g.members] for k, g in groups.items()}}
+    return json.loads(json.dumps(key))  # the form it has after a round trip through the file
+
+
+def _valid_plan(stored: dict[str, Any], groups: dict[str, _Group], phases: tuple[Phase, ...],
+                kernels: tuple[Kernel, ...]) -> KernelPlan | None:
+    """The stored plan if it is well formed and every choice is a kernel that supports its format now."""
+    try:
+        plan = KernelPlan.from_json(stored)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    by_name = {k.name: k for k in kernels}
+    if plan.phases != tuple(phases) or list(plan.weights) != list(groups):
+        return None
+    for key, g in groups.items():
+        w, fmt = plan.weights[key], g.members[0][1]
+        names = [p.name for p in g.phases]
+        if w.phases != names or set(w.choices) != set(names) or w.layers != [n for n, _ in g.members]:
+            return None
+        if not all(k in by_name and by_name[k].supports(fmt) and by_name[k].form.name in w.forms
+                   for k in w.choices.values()):
+            return None
+        if not all(phase in w.measurements and k in by_kernel(w.measurements[phase]) for phase, k in w.choices.items()):
+            return None
+    return plan
+
+
+def measure_plan(groups: dict[str, _Group], *, phases: tuple[Phase, ...], kernels: tuple[Kernel, ...],
+                 threshold: float, budget: int, samples: Mapping[str, Tensor] | None = None,
+                 repeats: int = REPEATS) -> KernelPlan:
+    """Measure every group's candidates now and decide (no cache)."""
+    start = time.perf_counter()
+    plans = {}
+    for key, g in groups.items():
+        name, fmt = g.members[0]
+        sample = (samples or {}).get(name)
+        ms = measure_weight(fmt, phases=g.phases, kernels=kernels, threshold=g.threshold, repeats=repeats,
+                            sample=sample)
+        plans[key] = _fastest_layouts(key, g, ms, kernels)
+    extra = _allot_second_layouts(plans, budget, {k.name: k.form.name for k in kernels})
+    spreads = [m.spread for w in plans.values() for ms in w.measurements.values() for m in ms if m.spread is not None]
+    return KernelPlan(phases=tuple(phases), weights=plans, threshold=threshold, budget_bytes=budget,
+                      extra_bytes=extra, measure_seconds=time.perf_counter() - start,
+                      noise=statistics.median(spreads) if spreads else 0.0)
+
+
+def _fastest_layouts(key: str, g: _Group, ms: dict[str, list[Measurement]], kernels: tuple[Kernel, ...]) -> WeightPlan:
+    """Every phase on the first phase's layout (second layouts are allotted later)."""
+    fmt = g.members[0][1]
+    forms = {k.name: k.form.name for k in kernels}
+    names = [p.name for p in g.phases]
+    first = _fastest(ms[names[0]], forms, None)
+    if first is None:
+        raise InputError(f"{g.signature} ({g.members[0][0]}): no kernel computed it accurately at phase {names[0]!r}: "
+                         + "; ".join(f"{m.kernel}: {m.note}" for m in ms[names[0]]))
+    w = WeightPlan(key=key, signature=g.signature, phases=names, layers=[n for n, _ in g.members], nbytes=fmt.nbytes,
+                   choices={}, forms=[forms[first.kernel]], measurements=ms,
+                   form_bytes={k.form.name: k.form.nbytes(fmt) for k in kernels if k.supports(fmt)})
+    for phase in names:
+        on_held = _fastest(ms[phase], forms, set(w.forms))
+        best = _fastest(ms[phase], forms, None)
+        if best is None:
+            raise InputError(f"{g.signature}: no kernel computed it accurately at phase {phase!r}")
+        w.choices[phase] = (on_held or best).kernel
+        if on_held is None:
+            w.forms.append(forms[best.kernel])
+            w.reasons[phase] = "needs a second layout: no kernel on the first layout serves these rows"
+    return w
+
+
+def _fastest(ms: list[Measurement], forms: dict[str, str], allowed: set[str] | None) -> Measurement | None:
+    """The fastest eligible measurement whose kernel's layout (forms: kernel -> layout) is allowed."""
+    ok = [m for m in ms if m.eligible and m.kernel in forms and (allowed is None or forms[m.kernel] in allowed)]
+    return min(ok, key=lambda m: m.seconds, default=None)
+
+
+def _allot_second_layouts(plans: dict[str, WeightPlan], budget: int, forms: dict[str, str]) -> int:
+    """Give weights a second layout where it pays (per weight the layout of the largest gain; across
+    weights the largest gain per byte first, while the budget lasts); -> extra bytes held."""
+    offers = []
+    for w in plans.values():
+        if len(w.forms) > 1:
+            continue  # already holds two
+        options = {forms.get(m.kernel) for ms in w.measurements.values() for m in ms if m.eligible}
+        gains = [(*_gain(w, form, forms), form) for form in options - {w.forms[0], None}]
+        gain, moves, form = max(gains, key=lambda g: (g[0], -w.form_bytes[g[2]]), default=(0.0, {}, None))
+        if moves:
+            cost = w.form_bytes[form] * len(w.layers)
+            offers.append((gain / max(cost, 1), gain, cost, w, form, moves))
+    spent = sum(w.form_bytes[f] * len(w.layers) for w in plans.values() for f in w.forms[1:])
+    for _, gain, cost, w, form, moves in sorted(offers, key=lambda o: -o[0]):
+        if spent + cost > budget:
+            for phase in moves:
+                w.reasons[phase] = f"{moves[phase]} on a second layout {form} would be faster; its " \
+                                   f"{cost / 2 ** 20:.1f} MiB do not fit the memory budget"
+            continue
+        spent += cost
+        w.forms.append(form)
+        for phase, kernel in moves.items():
+            w.choices[phase] = kernel
+            w.reasons[phase] = f"second layout {form}: {cost / 2 ** 20:.1f} MiB over {len(w.layers)} layers"
+    return spent
+
+
+def _gain(w: WeightPlan, form: str, forms: dict[str, str]) -> tuple[float, dict[str, str]]:
+    """(summed relative time saved over the later phases, {phase: kernel} it would switch) by adding `form`."""
+    gain, moves = 0.0, {}
+    for phase in w.phases[1:]:
+        current = w.seconds(phase)
+        best = _fastest(w.measurements[phase], forms, {form})
+        if best is not None and current > 0 and best.seconds < (1 - MIN_GAIN) * current:
+            gain += 1 - best.seconds / current
+            moves[phase] = best.kernel
+    return gain, moves

@@ -1,0 +1,94 @@
+"""PlannedLinear: a linear layer that runs the kernel a KernelPlan chose for the number of rows.
+
+    layer = PlannedLinear.from_plan(plan, "blocks.0.attn.qkv.weight", fmt)   # fmt: the layer's WeightFormat
+    y = layer(x)                                                          # x [..., K] -> y [..., N]
+
+Dtype contract: x may be any float dtype; it is cast to the chosen kernel's activation dtype
+(int4pack and oneDNN: bfloat16, FBGEMM fp16: float32, dense f16: float16) only when it differs,
+and y comes back in the layer's `dtype` (float32 unless given), cast only when the kernel's output
+differs. A model whose activations already are the decode kernel's dtype (and `dtype` the same)
+makes no casts at all. The bias, when there is one, is added in `dtype`.
+
+forward does no host synchronisation and little Python: the number of rows picks one of at most
+a few routes (phase by phase, the last phase taking any larger count), each a function bound at
+construction to its prepared layout. The layouts (torch's packed int4, oneDNN's reordered bf16,
+...) are machine-specific and built from the format when the layer is made: they are not in the
+state dict; save the format, not this module. CPU only.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from anatomy.errors import InputError
+from anatomy.weights.formats import WeightFormat
+from anatomy.kernels.candidates import KERNELS, Kernel, Prepared
+from anatomy.kernels.record import KernelPlan
+
+Route = tuple[int, torch.dtype, Callable[[Tensor], Tensor]]  # (max rows, activation dtype, x [M, K] -> [M, N])
+
+
+class PlannedLinear(nn.Module):
+    """y = x @ W^T (+ bias) through the planned kernel per phase."""
+
+    def __init__(self, routes: list[Route], *, in_features: int, out_features: int, bias: Tensor | None = None,
+                 dtype: torch.dtype = torch.float32, layouts: dict[str, Prepared] | None = None,
+                 description: str = "") -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
+        self._routes = routes
+        self.layouts = layouts or {}  # layout name -> prepared tensors (kept alive; for inspection)
+        self.description = description
+        self.bias = None if bias is None else bias.detach().to(dtype)  # a plain attribute: read per call, cheaply
+
+    @classmethod
+    def from_plan(cls, plan: KernelPlan, name: str, fmt: WeightFormat, *, bias: Tensor | None = None,
+                  dtype: torch.dtype = torch.float32, kernels: tuple[Kernel, ...] = KERNELS) -> PlannedLinear:
+        """The layer `name` of `plan`, its layouts built from `fmt` (which must have the planned signature)."""
+        w = plan.for_layer(name)
+        if fmt.signature != w.signature:
+            raise InputError(f"layer {name!r}: the plan is for {w.signature}, the weight given is {fmt.signature}")
+        by_name = {k.name: k for k in kernels}
+        chosen = [(phase, by_name[w.choices[phase.name]]) for phase in plan.phases_of(w)]
+        forms = {k.form.name: k.form for _, k in chosen}  # the plan's w.forms
+        layouts = {name: form.build(fmt) for name, form in forms.items()}  # each built once
+        routes = [(sys.maxsize if i == len(chosen) - 1 else phase.max_rows, k.act_dtype, k.bind(layouts[k.form.name]))
+                  for i, (phase, k) in enumerate(chosen)]
+        text = ", ".join(f"{phase.name} {k.name}" for phase, k in chosen)
+        N, K = fmt.shape
+        return cls(routes, in_features=K, out_features=N, bias=bias, dtype=dtype, layouts=layouts,
+                   description=f"{w.signature}: {text}")
+
+    @classmethod
+    def with_kernel(cls, kernel: Kernel, fmt: WeightFormat, *, bias: Tensor | None = None,
+                    dtype: torch.dtype = torch.float32) -> PlannedLinear:
+        """One kernel for every number of rows, unmeasured (comparisons, quality checks)."""
+        if not kernel.supports(fmt):
+            raise InputError(f"kernel {kernel.name!r} cannot compute with {fmt.signature} on this machine")
+        layout = kernel.form.build(fmt)
+        N, K = fmt.shape
+        return cls([(sys.maxsize, kernel.act_dtype, kernel.bind(layout))], in_features=K, out_features=N, bias=bias,
+                   dtype=dtype, layouts={kernel.form.name: layout}, description=f"{fmt.signature}: {kernel.name}")
+
+    def forward(self, x: Tensor) -> Tensor:
+        K = self.in_features
+        rows = x.numel() // K
+        for max_rows, act, fn in self._routes:
+            if rows <= max_rows:
+                break
+        x2 = x.reshape(rows, K)  # [M, K]
+        if x2.dtype != act:
+            x2 = x2.to(act)
+        y = fn(x2)  # [M, N]
+        if y.dtype != self.dtype:
+            y = y.to(self.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{self.description}, layouts {'+'.join(self.layouts)}, out {self.dtype}"

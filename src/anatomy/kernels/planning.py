@@ -1,0 +1,131 @@
+"""The engine's view made fast: each linear layer runs the kernel the measured plan chose for it.
+
+    plan = plan_view(view)      # view: the engine's own copy of the model (inference/view.py)
+
+1. Every linear layer's weight is read as a format (a dense nn.Linear's weight as a FloatWeight view,
+   a CompactLinear's as its own format); the LM head sees only the last positions (decode and batch
+   rows), and its kernels must be ten times as accurate as the blocks' (its products are the logits).
+2. inference.plan measures the candidate kernels on these shapes (once per machine, model shapes
+   and weights: then the plan cache answers) and chooses per phase.
+3. Each linear layer becomes a PlannedLinear over its format, casting its input to the dtype its
+   kernel takes (torch's int4 and int8 kernels and oneDNN's take bf16) only when it differs.
+4. The branches compute in the kernels' dtype: when every block linear's kernels take one dtype
+   (`branch_dtype`), the layers give their output in it, and RoPE, the KV cache and attention work
+   in it too; the products come out of the kernel in that dtype anyway, so casting them back
+   would add ops, not precision. The residual stream and the norms keep the model's dtype (a bf16
+   residual stream flips near-ties: SmolLM2's first answer token to "What is the capital of
+   France?" is one), and so do the LM head's logits; `x + branch(x)` promotes to it.
+
+The caller's model is not touched: the view's modules are its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+
+import torch
+from torch import nn
+
+from anatomy.kernels.candidates import COMPILABLE_KERNELS, KERNELS, KERNELS_BY_NAME
+from anatomy.kernels.plan import make_plan
+from anatomy.kernels.record import KernelPlan
+from anatomy.kernels.planned_linear import PlannedLinear
+from anatomy.weights.formats import FloatWeight, WeightFormat
+from anatomy.weights.modules import CompactLinear
+
+HEAD_LAYERS = {"lm_head.weight"}
+HEAD_PHASES = ("decode", "batch")  # the LM head computes the last position of each row only
+HEAD_THRESHOLD = 1e-3  # its products are the logits: near-ties between tokens are decided there
+
+
+def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True) -> KernelPlan | None:
+    """Measure (or load) the kernel plan of the view's linear layers and swap them for PlannedLinear
+    layers giving the branch dtype (the LM head: the model's). Returns the plan; None on a GPU,
+    where every layer is a dense product in the model's dtype (accelerator_view)."""
+    layers = linear_layers(view)
+    if next(view.parameters()).device.type != "cpu":
+        accelerator_view(view, layers)
+        return None
+    formats = {name: fmt for name, (fmt, _) in layers.items()}
+    plan = make_plan(formats, model_id=model_id(view), weights=_weights_label(formats),
+                     phases_of={name: HEAD_PHASES for name in layers if name in HEAD_LAYERS},
+                     thresholds={name: HEAD_THRESHOLD for name in layers if name in HEAD_LAYERS},
+                     kernels=COMPILABLE_KERNELS if compile else KERNELS, cache=cache)
+    model_dtype = view.stack.embed.dtype
+    branch = branch_dtype(plan, model_dtype)
+    for name, (fmt, bias) in layers.items():
+        dtype = model_dtype if name in HEAD_LAYERS else branch
+        view.set_submodule(name.removesuffix(".weight"), PlannedLinear.from_plan(plan, name, fmt, bias=bias, dtype=dtype))
+    return plan
+
+
+def branch_dtype(plan: KernelPlan | None, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the blocks' branches compute in: the activation dtype every block linear's kernels
+    take in every phase, when they agree on one no wider than the model's; else the model's."""
+    if plan is None:
+        return model_dtype
+    taken = {KERNELS_BY_NAME[kernel].act_dtype for w in plan.weights.values() if not set(w.layers) & HEAD_LAYERS
+             for kernel in w.choices.values()}
+    if len(taken) == 1 and (dtype := taken.pop()).itemsize <= model_dtype.itemsize:
+        return dtype
+    return model_dtype
+
+
+def accelerator_view(view: nn.Module, layers: dict[str, tuple[WeightFormat, torch.Tensor | None]]) -> None:
+    """On a GPU the kernels are the vendor's dense GEMMs: every layer a dense product in the
+    activations' dtype (compact formats dequantized once), nothing measured. Untested here: no GPU
+    was at hand when this was written."""
+    dtype = view.stack.embed.dtype
+    kernel = KERNELS_BY_NAME[{torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]]
+    for name, (fmt, bias) in layers.items():
+        view.set_submodule(name.removesuffix(".weight"), PlannedLinear.with_kernel(kernel, fmt, bias=bias, dtype=dtype))
+
+
+def linear_layers(model: nn.Module) -> dict[str, tuple[WeightFormat, torch.Tensor | None]]:
+    """{weight name: (format, bias)} of the model's linear layers (nn.Linear or CompactLinear)."""
+    out = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if isinstance(module, CompactLinear):
+            out[f"{name}.weight"] = (module.compact, module.bias)
+        elif isinstance(module, nn.Linear):
+            out[f"{name}.weight"] = (FloatWeight(module.weight.detach(), label=f"{name}.weight"), module.bias)
+    return out
+
+
+def kernel_summary(plan: KernelPlan | None) -> list[str]:
+    """Per phase, the kernels chosen and for how many layers, e.g. 'decode: int4pack x120, int8g/int4x2 x1'."""
+    if plan is None:
+        return ["every phase: the accelerator's dense GEMM (not measured)"]
+    lines = []
+    for phase in plan.phases:
+        counts: Counter[str] = Counter()
+        for w in plan.weights.values():
+            if phase.name in w.choices:
+                counts[w.choices[phase.name]] += len(w.layers)
+        lines.append(f"{phase.name}: " + ", ".join(f"{k} x{n}" for k, n in counts.most_common()))
+    return lines
+
+
+def decode_weight_bytes(plan: KernelPlan | None, view: nn.Module) -> int:
+    """Bytes of the layouts a batch-1 decode step reads: every linear layer's decode layout once."""
+    if plan is None:  # one dense layout per layer
+        return sum(t.nbytes for m in view.modules() if isinstance(m, PlannedLinear)
+                   for layout in m.layouts.values() for t in layout if isinstance(t, torch.Tensor))
+    total = 0
+    for w in plan.weights.values():
+        form = KERNELS_BY_NAME[w.choices[w.phases[0]]].form.name
+        total += w.form_bytes.get(form, w.nbytes) * len(w.layers)
+    return total
+
+
+def model_id(model: nn.Module) -> str:
+    """The plan cache's name for a model: a digest of its config (the plan depends on its shapes)."""
+    config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
+    return hashlib.sha256(config.encode()).hexdigest()[:16]
+
+
+def _weights_label(formats: dict[str, WeightFormat]) -> str:
+    """The formats a model holds, e.g. 'int4+int8g+f32' (part of the plan's cache key)."""
+    return "+".join(sorted({fmt.name for fmt in formats.values()}))

@@ -1,0 +1,252 @@
+"""anatomy profile on tiny random models of every family: the reconciliation identities, the
+mapping of ops to trace rows and positions, FLOPs and bytes from the trace, verdicts, sweeps and
+what-ifs (the checks before a run: test_checks.py). No wall-clock time is asserted: only
+sums, structure and bounds that hold on any machine."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from anatomy import build_model, get_preset
+from anatomy.analysis import flops, trace
+from anatomy.analysis.hardware import Hardware
+from anatomy.analysis.profile.measure import ProfileOptions, measure as profile
+from anatomy.analysis.profile.match import canonical, layer_kinds, op_name
+from anatomy.analysis.profile.rows import Roofs, Row, row_dict
+from anatomy.analysis.profile.sweep import fit_ridge, parse_sweep
+from anatomy.analysis.profile.whatif import parse_what_if
+from anatomy.errors import InputError
+
+from ...inference.conftest import SMALL, gpt2_tiny, llama_tiny, seq2seq_tiny
+
+MACHINE = Hardware("test", {"f32": 1e11, "bf16": 2e11, "any": 1e11}, 2e10)  # fixed roofs: nothing measured
+OPTIONS = ProfileOptions(prompt_len=8, new_tokens=4, warmup=1, prefill_runs=4)
+
+
+llama = llama_tiny
+
+
+def bert():
+    return build_model(get_preset("bert-base", **SMALL, n_layers=2, d_ff=128)).eval()
+
+
+@pytest.fixture(scope="module")
+def reports():
+    torch.manual_seed(0)
+    return {name: profile(make(), options=OPTIONS, machine=MACHINE, name=name)
+            for name, make in (("llama", llama_tiny), ("gpt2", gpt2_tiny), ("bert", bert), ("seq2seq", seq2seq_tiny))}
+
+
+@pytest.mark.parametrize("family, phases", [("llama", {"prefill", "decode"}), ("gpt2", {"prefill", "decode"}),
+                                            ("bert", {"prefill"}), ("seq2seq", {"prefill", "decode"})])
+def test_every_family_has_its_phases_and_they_reconcile(reports, family, phases):
+    report = reports[family]
+    assert set(report["phases"]) == phases
+    for d in report["phases"].values():
+        # the rows (ops and each module's Python) plus the unattributed time are the profiled step
+        assert d["ops_s"] + d["unattributed_s"] == pytest.approx(d["step_s"], rel=1e-9)
+        assert sum(o["time_s"] for o in d["ops"]) == pytest.approx(d["ops_s"], rel=1e-9)
+        assert sum(d["positions"].values()) == pytest.approx(d["ops_s"], rel=1e-9)
+        assert d["unattributed_s"] >= 0 and all(o["time_s"] >= 0 for o in d["ops"])
+        assert d["profiler_overhead_s"] == pytest.approx(d["step_s"] - d["unprofiled_step_s"])
+        assert d["tok_per_s"] == pytest.approx(d["tokens_per_step"] / d["unprofiled_step_s"])
+        assert d["steps_used"] <= d["steps_measured"] and d["steps_used"] >= 1
+
+
+def test_json_keys_of_the_issue(reports):
+    report = reports["llama"]
+    assert {"bandwidth_bytes_per_s", "peak_flops_per_s"} <= set(report["machine"])
+    assert report["machine"]["bandwidth_bytes_per_s"] == MACHINE.bandwidth
+    for d in report["phases"].values():
+        assert {"step_s", "ops_s", "unattributed_s", "tok_per_s", "predicted_tok_per_s", "positions", "ops"} <= set(d)
+        for o in d["ops"]:
+            assert {"module", "op", "shapes", "flops", "bytes", "time_s", "flops_per_s", "bytes_per_s",
+                    "roofline_s", "bound"} <= set(o)
+            assert o["bound"] in ("compute", "bandwidth", "overhead")
+
+
+def test_decode_ops_are_the_trace_rows_summed_over_layers(reports):
+    """Each block row carries the trace row's FLOPs and bytes times the layers; their FLOPs add up to
+    the analytic decode step of analysis/flops.py."""
+    model = llama()
+    config = model.config
+    o = reports["llama"]["options"]
+    rows = {(r["module"], r["op"]): r for r in reports["llama"]["phases"]["decode"]["ops"]}
+    traced = trace.trace(config, phase="decode", batch=1, seq=o["prompt_len"], context=o["context"],
+                         attention="sdpa")
+    qkv = next(t for t in traced if t.module == "stack.blocks.0.attn.qkv")
+    row = rows[("stack.blocks.*.attn.qkv", "linear")]
+    assert row["calls"] == config.n_layers
+    assert row["flops"] == qkv.flops * config.n_layers and row["bytes"] == qkv.bytes * config.n_layers
+    assert row["shapes"] == {"inputs": qkv.inputs, "output": qkv.output}
+    sdpa = rows[("stack.blocks.*.attn", "scaled_dot_product_attention")]
+    assert sdpa["shapes"]["inputs"][1][2] == o["context"]  # K of all T cache slots
+    timed = sum(r["flops"] or 0 for r in reports["llama"]["phases"]["decode"]["ops"])
+    assert timed == flops.decode_flops(config, batch=1, context=o["context"], source_len=o["prompt_len"]).total
+
+
+def test_positions_follow_the_module_kinds(reports):
+    ops = reports["llama"]["phases"]["decode"]["ops"]
+    where = {(o["module"], o["op"]): o["position"] for o in ops}
+    for linear in ("attn.qkv", "attn.out", "ffn.gate_up", "ffn.down"):
+        assert where[(f"stack.blocks.*.{linear}", "linear")] == "qkv_ffn_gemm"
+    assert where[("stack.blocks.*.attn", "scaled_dot_product_attention")] == "rope_attention"
+    assert where[("stack.blocks.*.attn", "index_copy_")] == "kv_cache"
+    assert where[("stack.blocks.*.attn_norm", "rms_norm")] == "residual_norm"
+    assert where[("stack.blocks.*", "add")] == "residual_norm"
+    assert where[("lm_head", "linear")] == "lm_head"
+    assert where[("stack.embed.tokens", "embedding")] == "embedding"
+    assert where[("engine:sampling", "argmax")] == "sampling"
+    decode = reports["llama"]["phases"]["decode"]["positions"]
+    assert decode["qkv_ffn_gemm"] > 0 and decode["rope_attention"] > 0 and decode["kv_cache"] > 0
+
+
+def test_seq2seq_prefill_is_the_encoder_and_the_cross_attention_projection(reports):
+    prefill = {o["module"] for o in reports["seq2seq"]["phases"]["prefill"]["ops"]}
+    assert "encoder.blocks.*.attn.qkv" in prefill and "decoder.blocks.*.cross_attn.kv" in prefill
+    assert "decoder.blocks.*.attn.qkv" not in prefill
+    decode = {o["module"] for o in reports["seq2seq"]["phases"]["decode"]["ops"]}
+    assert "decoder.blocks.*.cross_attn.q" in decode and "encoder.blocks.*.attn.qkv" not in decode
+
+
+def test_the_callers_model_is_untouched():
+    model = llama()
+    linear_classes = {type(m) for m in model.modules()}
+    profile(model, options=OPTIONS, machine=MACHINE)
+    assert {type(m) for m in model.modules()} == linear_classes
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_real_weight_bytes_replace_the_traced_ones():
+    """int8 weights: a linear row reads what its planned kernel's layout holds, and shows the bytes
+    of the format as loaded beside it (codes + scales), not the trace's 4 bytes per weight."""
+    from anatomy.analysis.profile.workloads import engine_for
+    from anatomy.analysis.profile.api import converted
+
+    model = converted(llama_tiny(), "int8")
+    report = profile(model, options=ProfileOptions(prompt_len=8, new_tokens=2, warmup=1, prefill_runs=2, rounds=1,
+                                                   phases=("decode",)), machine=MACHINE)
+    row = next(o for o in report["phases"]["decode"]["ops"] if o["module"] == "stack.blocks.*.attn.qkv")
+    fmt = model.stack.blocks[0].attn.qkv.compact
+    assert row["weight_bytes"] == 2 * fmt.nbytes  # two layers
+    w = engine_for(model).plan.for_layer("stack.blocks.0.attn.qkv.weight")  # the engine the profile ran
+    kernel = w.choices["decode"]
+    assert row["kernel"] == kernel
+    from anatomy.kernels.candidates import KERNELS_BY_NAME
+
+    read = w.form_bytes[KERNELS_BY_NAME[kernel].form.name]
+    assert row["kernel_weight_bytes"] == 2 * read
+    x, out = 64 * 4, fmt.shape[0] * 4  # f32 activations in the trace (the engine's dtype may differ)
+    element = 2 if report["options"]["compute_dtype"] == "bf16" else 4
+    x, out = x // 4 * element, out // 4 * element
+    assert row["bytes"] == 2 * (x + read + out)
+
+
+@pytest.mark.parametrize("flops_, bytes_, seconds, bound", [
+    (1e9, 1e3, 0.011, "compute"),  # 10 ms at the 1e11 peak; the bytes are nothing
+    (1e3, 1e9, 0.06, "bandwidth"),  # 50 ms at 2e10 B/s
+    (1e3, 1e8, 0.1, "bandwidth"),  # 20x above its 5 ms roof: a slow kernel (a miss), not overhead
+    (1e3, 1e4, 1e-4, "overhead"),  # 0.5 us at its roof, below the 10 us one op takes: latency
+    (0, 0, 1e-6, "overhead"),  # a view: nothing to put on a roof
+])
+def test_verdicts(flops_, bytes_, seconds, bound):
+    from anatomy.analysis.profile.match import RowKey
+    from anatomy.analysis.trace import TraceRow
+
+    row = Row(RowKey("m", "", 0, "op"), "qkv_ffn_gemm", TraceRow("decode", "m", "op", [], [], flops_, bytes_),
+              time_s=seconds, calls=1)
+    d = row_dict(row, Roofs(1e11, 2e10, 1e-5))
+    assert d["bound"] == bound
+    assert d["roofline_s"] == max(flops_ / 1e11, bytes_ / 2e10)
+
+
+def test_predicted_keeps_overhead_rows_at_their_time(reports):
+    d = reports["llama"]["phases"]["decode"]
+    bound = [o for o in d["ops"] if o["bound"] != "overhead"]
+    excess = sum(o["time_s"] - o["roofline_s"] for o in bound)
+    rest = d["unprofiled_step_s"] - sum(o["time_s"] for o in bound)
+    assert d["predicted_step_s"] == pytest.approx(sum(o["roofline_s"] for o in bound) + max(0.0, rest))
+    if rest >= 0:  # the prediction misses by the bound rows' time above their roofs, exactly
+        assert d["unprofiled_step_s"] - d["predicted_step_s"] == pytest.approx(excess)
+    assert d["predicted_tok_per_s"] == pytest.approx(1 / d["predicted_step_s"])
+    assert d["miss"]["ratio"] == pytest.approx(d["unprofiled_step_s"] / d["predicted_step_s"])
+
+
+def test_layer_kinds_and_names():
+    assert canonical("stack.blocks.12.attn.qkv") == ("stack.blocks.*.attn.qkv", 12)
+    assert canonical("lm_head") == ("lm_head", None)
+    assert op_name("__getitem__") == op_name("select") == "getitem"
+    assert op_name("split_with_sizes") == op_name("split")
+    mixed = get_preset("gemma-2-9b", **SMALL, n_layers=4, n_kv_heads=2, head_dim=16, sliding_window=8,
+                       sliding_window_layers=(0, 2))
+    first, kinds = layer_kinds(mixed)
+    assert set(first.values()) == {0, 1} and kinds[2] == kinds[0] != kinds[1]
+    assert layer_kinds(get_preset("llama-7b", **SMALL, n_layers=2)) == ({"": 0}, {0: "", 1: ""})
+
+
+def test_a_stack_of_two_kinds_matches_each_layer_to_its_kind():
+    config = get_preset("gemma-2-9b", **SMALL, n_layers=4, n_kv_heads=2, head_dim=16, sliding_window=8,
+                        sliding_window_layers=(0, 2), d_ff=96, attn_softcap=None)  # a softcap has no sdpa
+    report = profile(build_model(config).eval(), machine=MACHINE,
+                     options=ProfileOptions(prompt_len=12, new_tokens=2, warmup=1, prefill_runs=2, rounds=1))
+    modules = {o["module"] for o in report["phases"]["decode"]["ops"]}
+    assert any(m.startswith("stack.blocks.*.attn (window 8)") for m in modules)
+    assert any(m.startswith("stack.blocks.*.attn (dense, full attention)") for m in modules)
+    sdpa = [o for o in report["phases"]["decode"]["ops"] if o["op"] == "scaled_dot_product_attention"]
+    assert len(sdpa) == 2 and all(o["calls"] == 2 and o["flops"] for o in sdpa)
+
+
+def test_fit_ridge():
+    xs = [1, 2, 4, 8, 16, 32, 64]
+    assert fit_ridge(xs, [max(10.0, 1.25 * x) for x in xs]) == pytest.approx(8.0)
+    assert fit_ridge(xs, [10.0] * len(xs)) is None
+    assert fit_ridge([1, 2], [1.0, 2.0]) is None
+
+
+def test_sweep_and_what_if_parsing():
+    assert parse_sweep("batch=4,1,2,2") == ("batch", [1, 2, 4])
+    assert parse_what_if("weights=bf16") == ("weights", "bf16")
+    for bad in ("batch", "depth=1,2", "batch=1,x", "batch=0"):
+        with pytest.raises(InputError, match="--sweep"):
+            parse_sweep(bad)
+    for bad in ("weights", "speed=fast", "batch=two", "batch="):
+        with pytest.raises(InputError, match="--what-if"):
+            parse_what_if(bad)
+
+
+def test_sweep_rows_and_what_if_rows():
+    from anatomy.analysis.profile.api import run_session
+
+    report = run_session(llama(), weights="f32", options=ProfileOptions(prompt_len=8, new_tokens=2, warmup=1,
+                                                                        prefill_runs=2, rounds=1),
+                         sweeps=[("batch", [1, 2, 4]), ("context", [16, 24])], what_ifs=[("attention", "eager"),
+                                                                                        ("weights", "bf16")],
+                         machine=MACHINE)
+    rows = report["sweep"]
+    assert [(r["sweep"], r["batch"], r["context"]) for r in rows] == [
+        ("batch", 1, 12), ("batch", 2, 12), ("batch", 4, 12), ("context", 1, 16), ("context", 1, 24)]
+    for r in rows:
+        assert {"batch", "context", "tok_per_s", "predicted_tok_per_s"} <= set(r) and r["tok_per_s"] > 0
+    assert rows[4]["attention_bytes"] > rows[3]["attention_bytes"]  # more cache slots read
+    assert "predicted_batch" in report["ridge"]
+    switches = [w["switch"] for w in report["what_if"]]
+    assert switches == ["attention=eager", "weights=bf16"]
+    for w in report["what_if"]:
+        assert set(w["phases"]) == {"prefill", "decode"}
+        for p in w["phases"].values():
+            assert p["before_step_s"] > 0 and p["after_step_s"] > 0
+            assert all(len(v) == 2 for v in p["positions"].values())
+
+
+def test_named_hardware_prediction(reports):
+    from anatomy.analysis.hardware import BUILTIN
+    from anatomy.analysis.profile.measure import named_prediction
+    from anatomy.analysis.profile.workloads import Shape
+
+    o = reports["llama"]["options"]
+    out = named_prediction(llama().config, BUILTIN["h100-sxm"], Shape(1, o["prompt_len"], o["context"]), "f32",
+                           reports["llama"]["phases"])
+    assert out["decode"]["bound"] == "memory" and math.isfinite(out["decode"]["tok_per_s"])

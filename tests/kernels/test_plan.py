@@ -1,0 +1,248 @@
+"""The kernel plan: only accurate kernels are chosen, the fastest per phase; a second layout is
+held only when it pays and fits the memory budget; plans are cached per machine and model, and a
+corrupt, truncated or foreign cache file is measured again, never trusted. PlannedLinear runs the
+chosen kernel per number of rows with the documented dtype contract.
+
+Most tests use fake kernels that compute the right (or a wrong) product and advance a virtual
+clock by a set cost, so that the decisions are deterministic whatever else the machine runs;
+timings of the real kernels are never asserted."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from anatomy.errors import InputError
+from anatomy.kernels import plan as plan_module
+from anatomy.kernels import timing as plan_timing
+from anatomy.kernels import record as plan_record
+from anatomy.weights.formats import FloatWeight, Int4Weight
+from anatomy.kernels.candidates import KERNELS, Form, Kernel, relative_error
+from anatomy.kernels.plan import DEFAULT_PHASES, KernelPlan, make_plan
+from anatomy.kernels.timing import Phase
+from anatomy.kernels.planned_linear import PlannedLinear
+
+PHASES = (Phase("decode", 1, 4), Phase("batch", 8, 32), Phase("prefill", 64, None))
+FAST, SLOW = 1e-5, 3e-3  # virtual seconds a fake kernel takes
+
+
+class VirtualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+CLOCK = VirtualClock()
+
+
+@pytest.fixture(autouse=True)
+def _deterministic(monkeypatch, tmp_path):
+    monkeypatch.setattr(plan_timing, "MAX_COPIES", 2)
+    monkeypatch.setattr(plan_timing, "PASS_SECONDS", 1e-4)  # ten fast calls a pass
+    monkeypatch.setattr(plan_timing, "clock", CLOCK)
+    monkeypatch.setattr(plan_record, "NOISE_LIMIT", float("inf"))  # other processes' noise must not stop caching
+    monkeypatch.setenv("ANATOMY_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _form(name: str) -> Form:
+    return Form(name, lambda fmt: (fmt.dequantize(),), lambda fmt: True, lambda fmt: fmt.shape[0] * fmt.shape[1] * 4)
+
+
+def _fake(name: str, form: Form, *, slow_above: int | None = None, slow_upto: int | None = None,
+          wrong: bool = False, fails: bool = False, calls: list | None = None) -> Kernel:
+    """A kernel computing F.linear in f32 that takes SLOW (virtual) seconds when the rows are above/up to a
+    limit, FAST otherwise."""
+
+    def bind(p):
+        (w,) = p
+
+        def run(x):
+            rows = x.shape[0]
+            if calls is not None:
+                calls.append((name, rows))
+            if fails:
+                raise RuntimeError("this kernel does not work here")
+            slow = (slow_above is not None and rows > slow_above) or (slow_upto is not None and rows <= slow_upto)
+            CLOCK.now += SLOW if slow else FAST
+            return torch.zeros(rows, w.shape[0]) if wrong else F.linear(x, w)
+
+        return run
+
+    return Kernel(name, form, torch.float32, bind)
+
+
+A, B = _form("a"), _form("b")
+FAST_DECODE = _fake("fast-decode", A, slow_above=4)  # layout a: fast for 1 row, slow for more
+FAST_GEMM = _fake("fast-gemm", B, slow_upto=4)  # layout b: slow for 1 row, fast for more
+WRONG = _fake("wrong", A, wrong=True)  # the fastest of all, and wrong
+BROKEN = _fake("broken", B, fails=True)
+FAKES = (FAST_DECODE, FAST_GEMM, WRONG, BROKEN)
+
+
+def _linears(n: int = 2) -> dict[str, FloatWeight]:
+    return {f"blocks.{i}.ffn.down": FloatWeight.from_float(torch.randn(32, 64)) for i in range(n)}
+
+
+def _plan(linears=None, **kw) -> KernelPlan:
+    kw = {"model_id": "test-model", "weights": "f32", "phases": PHASES, "kernels": FAKES, "repeats": 3, **kw}
+    return make_plan(linears or _linears(), **kw)
+
+
+def test_accurate_fastest_kernels_chosen_and_second_layout_when_it_pays():
+    plan = _plan(cache=False)
+    w = plan.for_layer("blocks.1.ffn.down")
+    assert w.choices == {"decode": "fast-decode", "batch": "fast-gemm", "prefill": "fast-gemm"}
+    assert w.forms == ["a", "b"] and plan.extra_bytes == 2 * 32 * 64 * 4
+    notes = {m.kernel: m.note for m in w.measurements["decode"]}
+    assert notes["wrong"].startswith("inaccurate") and notes["broken"].startswith("failed")
+    assert all(m.kernel not in ("wrong", "broken") for ms in w.measurements.values() for m in ms if m.eligible)
+    text = "\n".join(plan.describe())
+    assert "decode   f32[32,64] x2: fast-decode" in text and "wrong (inaccurate)" in text and "broken (failed)" in text
+
+
+def test_no_budget_keeps_one_layout():
+    plan = _plan(cache=False, memory_budget=0)
+    w = plan.for_layer("blocks.0.ffn.down")
+    assert w.choices == {"decode": "fast-decode", "batch": "fast-decode", "prefill": "fast-decode"}
+    assert w.forms == ["a"] and plan.extra_bytes == 0
+    assert "budget" in w.reasons["batch"]
+    assert "on the held layout; faster elsewhere: fast-gemm" in "\n".join(plan.describe())
+
+
+def test_no_accurate_kernel_raises():
+    with pytest.raises(InputError, match="no kernel computed it accurately"):
+        _plan(cache=False, kernels=(WRONG, BROKEN))
+
+
+def test_cache_hit_skips_measuring(tmp_path, monkeypatch):
+    first = _plan()
+    assert not first.from_cache and first.path is not None and first.path.is_relative_to(tmp_path / "cache")
+    monkeypatch.setattr(plan_module, "measure_weight", _must_not_measure)
+    second = _plan()
+    assert second.from_cache and second.path == first.path
+    assert second.to_json() == first.to_json()
+
+
+def _must_not_measure(*args, **kwargs):
+    raise AssertionError("measured again although the plan was cached")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "not a plan", "unknown kernel", "foreign machine"])
+def test_damaged_or_foreign_cache_is_measured_again(damage):
+    path = _plan().path
+    data = json.loads(path.read_text())
+    if damage == "truncated":
+        path.write_text(path.read_text()[: len(path.read_text()) // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"\x00\xff not json")
+    elif damage == "not a plan":
+        data["plan"]["weights"] = 5
+        path.write_text(json.dumps(data))
+    elif damage == "unknown kernel":
+        data["plan"]["weights"][0]["choices"]["decode"] = "a-kernel-from-elsewhere"
+        path.write_text(json.dumps(data))
+    else:
+        data["key"]["machine"]["cpu"] = "some other CPU"
+        path.write_text(json.dumps(data))
+    plan = _plan()
+    assert not plan.from_cache and plan.for_layer("blocks.0.ffn.down").choices["decode"] == "fast-decode"
+    assert _plan().from_cache  # the file was rewritten with a good plan
+
+
+def test_key_separates_models_and_weights():
+    a = _plan()
+    assert _plan(model_id="another-model").path != a.path
+    assert _plan(weights="f16").path != a.path
+    assert _plan(linears=_linears(3)).path != a.path
+
+
+def test_cache_directory_default_and_overrides(tmp_path, monkeypatch):
+    monkeypatch.delenv("ANATOMY_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _plan().path.is_relative_to(tmp_path / "xdg" / "anatomy" / "plans")
+    assert _plan(cache=tmp_path / "mine").path.is_relative_to(tmp_path / "mine")
+    assert _plan(cache=False).path is None
+
+
+def test_noisy_plan_is_not_cached(monkeypatch):
+    monkeypatch.setattr(plan_record, "NOISE_LIMIT", -1.0)
+    plan = _plan()
+    assert plan.path is None and "too noisy to cache" in plan.describe()[-1]
+
+
+def test_bad_phases_and_layers_raise():
+    with pytest.raises(InputError, match="phases"):
+        _plan(cache=False, phases=(Phase("prefill", 64, None), Phase("decode", 1, 4)))
+    plan = _plan(cache=False)
+    with pytest.raises(InputError, match="not in this kernel plan"):
+        plan.for_layer("lm_head")
+    with pytest.raises(InputError, match=r"plan is for f32\[32,64\]"):
+        PlannedLinear.from_plan(plan, "blocks.0.ffn.down", FloatWeight.from_float(torch.randn(32, 128)), kernels=FAKES)
+
+
+def test_planned_linear_routes_by_rows():
+    calls = []
+    kernels = (_fake("fast-decode", A, slow_above=4, calls=calls), _fake("fast-gemm", B, slow_upto=4, calls=calls))
+    lin = _linears(1)
+    plan = _plan(linears=lin, kernels=kernels, cache=False)
+    layer = PlannedLinear.from_plan(plan, "blocks.0.ffn.down", lin["blocks.0.ffn.down"], kernels=kernels)
+    calls.clear()
+    for shape in [(1, 1, 64), (2, 2, 64), (8, 64), (3, 30, 64)]:
+        layer(torch.randn(shape))
+    assert calls == [("fast-decode", 1), ("fast-decode", 4), ("fast-gemm", 8), ("fast-gemm", 90)]
+    assert set(layer.layouts) == {"a", "b"}
+
+
+def test_planned_linear_with_real_kernels_and_dtype_contract(monkeypatch):
+    monkeypatch.setattr(plan_timing, "clock", time.perf_counter)  # real kernels, real time
+    lin = {"q": Int4Weight.from_float(torch.randn(64, 128)), "o": FloatWeight.from_float(torch.randn(64, 128))}
+    plan = make_plan(lin, model_id="real", weights="mixed", phases=DEFAULT_PHASES, kernels=KERNELS, repeats=1,
+                     cache=False)
+    bias = torch.randn(64)
+    for name, fmt in lin.items():
+        w = fmt.dequantize()
+        for dtype in (torch.float32, torch.bfloat16):
+            layer = PlannedLinear.from_plan(plan, name, fmt, bias=bias, dtype=dtype)
+            for shape in [(1, 1, 128), (2, 4, 128), (3, 50, 128)]:
+                x = torch.randn(shape).to(torch.bfloat16)  # any float input dtype
+                y = layer(x)
+                assert y.dtype == dtype and y.shape == (*shape[:-1], 64)
+                ref = x.double() @ w.double().T + bias.double()
+                assert relative_error(y, ref) < 1e-2, (name, dtype, shape)
+
+
+def test_phases_of_limits_a_layer_and_its_last_phase_takes_any_rows():
+    calls = []
+    kernels = (_fake("fast-decode", A, slow_above=4, calls=calls), _fake("fast-gemm", B, slow_upto=4, calls=calls))
+    lin = {**_linears(1), "lm_head": FloatWeight.from_float(torch.randn(32, 64))}  # same signature, fewer phases
+    plan = _plan(linears=lin, kernels=kernels, phases_of={"lm_head": ["decode"]})
+    head = plan.for_layer("lm_head")
+    assert head.phases == ["decode"] and head is not plan.for_layer("blocks.0.ffn.down")
+    assert sum(line.startswith("prefill") for line in plan.describe()) == 1  # the blocks only
+    layer = PlannedLinear.from_plan(plan, "lm_head", lin["lm_head"], kernels=kernels)
+    calls.clear()
+    layer(torch.randn(50, 64))
+    assert calls == [("fast-decode", 50)]
+    assert _plan(linears=lin, kernels=kernels, phases_of={"lm_head": ["decode"]}).from_cache
+    with pytest.raises(InputError, match="phases_of"):
+        _plan(linears=lin, kernels=kernels, phases_of={"lm_head": ["generate"]})
+    with pytest.raises(InputError, match="not given"):
+        _plan(linears=lin, kernels=kernels, phases_of={"blocks.9.ffn.down": ["decode"]})
+
+
+def test_file_identity_changes_with_the_file(tmp_path):
+    from anatomy.kernels.cache import file_identity
+
+    f = tmp_path / "model.gguf"
+    f.write_bytes(b"x" * 10)
+    first = file_identity(f)
+    assert first == file_identity(f) and str(f.resolve()) in first
+    f.write_bytes(b"x" * 11)
+    assert file_identity(f) != first
+    assert file_identity(tmp_path) != file_identity(f)  # a directory: its files together

@@ -1,0 +1,69 @@
+"""The engine's planned view: float weights run on exact f32 kernels (the logits of weights="f32"
+are the model's), compact weights on the measured kernels within the plan's error bound, the LM
+head held ten times tighter; and on SmolLM2 the fast path's mean token NLL is within 1% of fp32."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import anatomy
+from anatomy.inference.engine import DecoderEngine
+from anatomy.kernels.planned_linear import PlannedLinear
+from anatomy.kernels.planning import HEAD_THRESHOLD
+from anatomy.inference.quality import mean_nll
+
+from ..inference.conftest import llama_tiny
+
+ENGLISH = Path(__file__).parents[1] / "data" / "english.txt"
+
+
+def _planned(engine: DecoderEngine) -> dict[str, PlannedLinear]:
+    return {n: m for n, m in engine.model.named_modules() if isinstance(m, PlannedLinear)}
+
+
+def _chosen(engine: DecoderEngine) -> set[str]:
+    return {k for w in engine.plan.weights.values() for k in w.choices.values()}
+
+
+def test_float_weights_run_on_exact_kernels():
+    model = llama_tiny()
+    engine = DecoderEngine(model)
+    assert len(_planned(engine)) == 2 * 4 + 1 and _chosen(engine) <= {"f32", "f32/chunked"}
+    ids = torch.randint(0, 97, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(engine.model(ids), model(ids), rtol=1e-5, atol=1e-5)
+
+
+def test_compact_weights_within_the_plans_error(int4_tiny):
+    engine = DecoderEngine(int4_tiny)
+    ids = torch.randint(0, 96, (3, 11))
+    with torch.no_grad():
+        ref, got = int4_tiny(ids), engine.model(ids)
+    assert (got - ref).norm() / ref.norm() < 1e-2
+    head = next(w for w in engine.plan.weights.values() if "lm_head.weight" in w.layers)
+    for phase, kernel in head.choices.items():  # the head's products are the logits: held to 1e-3
+        chosen = next(m for m in head.measurements[phase] if m.kernel == kernel)
+        assert chosen.error <= HEAD_THRESHOLD
+    assert [line.split(":")[0] for line in engine.kernel_summary()] == ["decode", "batch", "prefill"]
+
+
+def test_the_callers_compact_model_is_left_alone(int4_tiny):
+    before = {n: type(m) for n, m in int4_tiny.named_modules()}
+    anatomy.generate(int4_tiny, [3, 4, 5], max_new_tokens=4)
+    assert {n: type(m) for n, m in int4_tiny.named_modules()} == before
+
+
+@pytest.mark.slow
+def test_fast_path_nll_within_one_percent_of_fp32(smollm2_gguf_path, smollm2, smollm2_tokenizer):
+    """2,068 tokens of English: the default load (the file's int4/int8 blocks) through the engine's
+    planned kernels against fp32 inference on the dequantized weights of the same file."""
+    ids = smollm2_tokenizer.encode(ENGLISH.read_text())
+    assert len(ids) >= 2000
+    reference = mean_nll(smollm2, ids)
+    fast = mean_nll(DecoderEngine(anatomy.load(smollm2_gguf_path)).model, ids)
+    assert abs(fast / reference - 1) < 0.01, (fast, reference)
+    exact = mean_nll(DecoderEngine(smollm2).model, ids)  # weights="f32": the same logits, f32 kernels
+    assert abs(exact - reference) < 1e-4

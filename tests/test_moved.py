@@ -1,0 +1,38 @@
+"""Old module paths keep working for a release: the same module object, with a deprecation warning."""
+
+import importlib
+import sys
+
+import pytest
+
+from anatomy.deprecation import AnatomyDeprecationWarning
+from anatomy.moved import MOVED
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_old_path_is_the_new_module_with_a_warning(old, monkeypatch):
+    monkeypatch.delitem(sys.modules, old, raising=False)
+    with pytest.warns(AnatomyDeprecationWarning, match=f"{old} moved to {MOVED[old]}"):
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(MOVED[old])
+
+
+def test_from_import_gives_the_same_objects(monkeypatch):
+    monkeypatch.delitem(sys.modules, "anatomy.tokenizer", raising=False)
+    with pytest.warns(AnatomyDeprecationWarning):
+        from anatomy.tokenizer import Tokenizer
+    from anatomy.text.tokenizer import Tokenizer as moved
+
+    assert Tokenizer is moved
+
+
+def test_the_warning_points_at_the_importing_line(monkeypatch):
+    monkeypatch.delitem(sys.modules, "anatomy.inference.planning", raising=False)
+    with pytest.warns(AnatomyDeprecationWarning) as caught:
+        importlib.import_module("anatomy.inference.planning")
+    assert caught[0].filename == __file__
+
+
+def test_an_unknown_module_is_still_an_import_error():
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("anatomy.no_such_module")
