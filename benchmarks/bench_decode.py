@@ -30,7 +30,7 @@ from anatomy import dtypes
 from anatomy.checkpoints.gguf_reader import read_gguf
 from anatomy.checkpoints.registry import resolve
 from anatomy.inference.engine import DecoderEngine
-from anatomy.inference.kv_cache import bytes_per_token
+from anatomy.inference.engine.kv_cache import bytes_per_token
 from anatomy.inference.quality import mean_nll
 from anatomy.inference.sampling import SamplingParams
 from benchmarks.timing import median_seconds
@@ -159,7 +159,7 @@ def _quality(f32: torch.nn.Module, engines: dict[str, DecoderEngine]) -> dict[st
     """Mean token NLL of each engine relative to fp32 inference on the same file's dequantized weights."""
     ids = anatomy.load_tokenizer(MODEL).encode(ENGLISH.read_text())
     reference = mean_nll(f32, ids)
-    return {name: mean_nll(engine.model, ids) / reference - 1 for name, engine in engines.items()}
+    return {name: mean_nll(engine, ids) / reference - 1 for name, engine in engines.items()}
 
 
 def _record(runs: dict, name: str, decode: tuple[float, float], prefill_s: float, batch_tps: float | None = None):

@@ -81,7 +81,7 @@ def hf_smollm2_tokenizer(smollm2_gguf_path):
 def greedy():
     """greedy(model, ids, n, eos=None) -> the n (or fewer, stopping after eos) greedy next tokens of
     an anatomy DecoderLM: one prefill, then one token per step through a static KV cache."""
-    from anatomy.inference.kv_cache import KVCache
+    from anatomy.inference.engine.kv_cache import KVCache
 
     @torch.no_grad()
     def run(model, ids: list[int], n: int, eos: int | None = None) -> list[int]:

@@ -63,8 +63,8 @@ def _raise_a_bug(*args, **kwargs):
 # each command with a function it calls made to fail like a bug would: the command must not turn it
 # into a one-line "error" (nothing between the CLI and the bug catches a plain ValueError)
 DEEP_BUGS = [
-    (["generate", "hi"], "anatomy.inference.generate", "load_named"),
-    (["chat"], "anatomy.inference.generate", "load_named"),
+    (["generate", "hi"], "anatomy.inference.loading", "load_named"),
+    (["chat"], "anatomy.inference.loading", "load_named"),
     (["embed", "a text"], "anatomy.inference.embed", "load_embedder"),
     (["inspect", "--model", "gpt2"], "anatomy.analysis.report", "build_report"),
     (["compare", "gpt2", "llama-7b"], "anatomy.analysis.report", "build_report"),

@@ -36,3 +36,15 @@ def test_the_warning_points_at_the_importing_line(monkeypatch):
 def test_an_unknown_module_is_still_an_import_error():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("anatomy.no_such_module")
+
+
+@pytest.mark.parametrize("module, old, new", [
+    ("anatomy.inference.generate", "NamedModel", "anatomy.inference.loading.LoadedModel"),
+    ("anatomy.inference.generate", "load_named", "anatomy.inference.loading.load_named"),
+    ("anatomy.checkpoints.registry", "NamedModel", "anatomy.checkpoints.registry.InstalledModel"),
+])
+def test_old_names_inside_a_module_warn_and_give_the_new_object(module, old, new):
+    where, name = new.rsplit(".", 1)
+    with pytest.warns(AnatomyDeprecationWarning, match=old):
+        got = getattr(importlib.import_module(module), old)
+    assert got is getattr(importlib.import_module(where), name)

@@ -32,6 +32,12 @@ MOVED = {
     "anatomy.inference.plan_cache": "anatomy.kernels.cache",
     "anatomy.inference.planned_linear": "anatomy.kernels.planned_linear",
     "anatomy.inference.planning": "anatomy.kernels.planning",
+    # the engine, a package of its own
+    "anatomy.inference.capture": "anatomy.inference.engine.capture",
+    "anatomy.inference.kv_cache": "anatomy.inference.engine.kv_cache",
+    "anatomy.inference.view": "anatomy.inference.engine.view",
+    "anatomy.inference.steps": "anatomy.inference.engine.run",
+    "anatomy.serving.paged": "anatomy.inference.engine.paged",
     # the profiler, a package
     "anatomy.analysis.profiling": "anatomy.analysis.profile.api",
     **{f"anatomy.analysis.profile_{part}": f"anatomy.analysis.profile.{part}"

@@ -13,7 +13,7 @@ from anatomy.analysis.flops import (
     layer_flops,
     training_time,
 )
-from anatomy.inference.kv_cache import KVCache
+from anatomy.inference.engine.kv_cache import KVCache
 from anatomy.models import build_model
 from anatomy.presets import get_preset
 

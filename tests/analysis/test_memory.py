@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from anatomy.analysis import memory
-from anatomy.inference.kv_cache import KVCache
+from anatomy.inference.engine.kv_cache import KVCache
 from anatomy.presets import get_preset
 
 

@@ -19,7 +19,7 @@ import torch
 import anatomy
 from anatomy.checkpoints.hf_config import config_from_hf
 from anatomy.errors import ConfigError
-from anatomy.inference.kv_cache import KVCache
+from anatomy.inference.engine.kv_cache import KVCache
 
 transformers = pytest.importorskip("transformers")
 TOL = 1e-4

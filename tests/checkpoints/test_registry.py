@@ -38,7 +38,7 @@ def test_unknown_name_suggests_close_names():
 
 
 def test_not_installed_name_says_how_to_install(monkeypatch):
-    entry = registry.NamedModel(package="anatomy_no_such_pkg", relative="m.gguf", pip_spec="no-such-pkg==1.0",
+    entry = registry.InstalledModel(package="anatomy_no_such_pkg", relative="m.gguf", pip_spec="no-such-pkg==1.0",
                                 description="missing")
     monkeypatch.setitem(registry.NAMED_MODELS, "ghost", entry)
     with pytest.raises(CheckpointError, match=r"pip install --no-deps no-such-pkg==1\.0"):

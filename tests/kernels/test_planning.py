@@ -63,7 +63,7 @@ def test_fast_path_nll_within_one_percent_of_fp32(smollm2_gguf_path, smollm2, sm
     ids = smollm2_tokenizer.encode(ENGLISH.read_text())
     assert len(ids) >= 2000
     reference = mean_nll(smollm2, ids)
-    fast = mean_nll(DecoderEngine(anatomy.load(smollm2_gguf_path)).model, ids)
+    fast = mean_nll(DecoderEngine(anatomy.load(smollm2_gguf_path)), ids)
     assert abs(fast / reference - 1) < 0.01, (fast, reference)
-    exact = mean_nll(DecoderEngine(smollm2).model, ids)  # weights="f32": the same logits, f32 kernels
+    exact = mean_nll(DecoderEngine(smollm2), ids)  # weights="f32": the same logits, f32 kernels
     assert abs(exact - reference) < 1e-4

@@ -9,7 +9,7 @@ import torch
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.sampling import SamplingParams
 from anatomy.serving.loop import ServingLoop, prefill_groups
-from anatomy.serving.paged import PagedKVCache
+from anatomy.inference.engine import PagedKVCache
 
 from .conftest import engine_tokens, random_prompts, run_all
 
@@ -184,16 +184,17 @@ def test_smollm2_sixteen_at_once_equal_the_engine_alone(smollm2, smollm2_tokeniz
 def test_a_failing_step_ends_its_sequences_with_an_error_and_the_loop_goes_on(tiny, capsys):
     import queue
 
-    loop = ServingLoop(DecoderEngine(tiny), kv_bytes=10 ** 7, block_size=4)
-    build, calls = loop.builder.build, []
+    engine = DecoderEngine(tiny)
+    loop = ServingLoop(engine, kv_bytes=10 ** 7, block_size=4)
+    step, calls = engine.step, []
 
-    def broken(chunks):
+    def broken(cache, chunks):
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("a bug in a step")
-        return build(chunks)
+        return step(cache, chunks)
 
-    loop.builder.build = broken
+    engine.step = broken  # this test's own engine
     loop.start()
     try:
         events: queue.Queue = queue.Queue()

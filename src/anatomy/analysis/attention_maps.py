@@ -243,10 +243,12 @@ def fit_tokens(ids: list[int], limit: int, why: str, *, truncate: bool, what: st
 def _target(model: nn.Module, source: list[int], target: str | Sequence[int] | None, tokenizer: Any, limit: int,
             why: str, truncate: bool, max_new_tokens: int) -> list[int]:
     """The decoder's input: its start token, then the given target or the model's greedy output."""
-    from anatomy.inference.beam import _start_id, greedy_search
+    from anatomy.inference.beam import greedy_search
+    from anatomy.inference.engine import engine_for
+    from anatomy.inference.engine.seq2seq import start_id
     from anatomy.inference.sampling import SamplingParams
 
-    start = _start_id(model.config)
+    start = start_id(model.config)
     if target is not None:
         body = token_ids(target, tokenizer, model.config, what="target")
         if isinstance(target, str) and tokenizer is not None and body and body[0] == start:
@@ -255,7 +257,7 @@ def _target(model: nn.Module, source: list[int], target: str | Sequence[int] | N
         eos = frozenset(tokenizer.eos_ids) if tokenizer is not None else frozenset(
             [model.config.eos_token_id] if model.config.eos_token_id is not None else [])
         steps = max(1, min(max_new_tokens, limit - 1))
-        body = greedy_search(model, source, SamplingParams(max_new_tokens=steps), eos_ids=eos).ids
+        body = greedy_search(engine_for(model), source, SamplingParams(max_new_tokens=steps), eos_ids=eos).ids
     return fit_tokens([start, *body], limit, why, truncate=truncate, what="target")
 
 

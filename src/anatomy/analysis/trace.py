@@ -99,7 +99,7 @@ def _decode(model: nn.Module, config: ModelConfig, batch: int, seq: int, context
 
 
 def _cache(config: ModelConfig, batch: int, max_len: int, model: nn.Module):
-    from anatomy.inference.kv_cache import KVCache
+    from anatomy.inference.engine.kv_cache import KVCache
 
     return KVCache(config, batch=batch, max_len=max_len, dtype=next(model.parameters()).dtype, device="meta")
 

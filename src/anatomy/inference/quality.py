@@ -8,18 +8,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from anatomy.inference.engine import DecoderEngine
+
 CHUNK = 256  # rows of the LM head at a time: [S, V] logits of a long text would be large
 
 
 @torch.inference_mode()
-def mean_nll(model: nn.Module, ids: list[int]) -> float:
-    """Mean of -log p(token_i | tokens_<i) over i = 1..n-1, in nats, for a DecoderLM (or an
-    engine's view of one)."""
+def mean_nll(runner: DecoderEngine | nn.Module, ids: list[int]) -> float:
+    """Mean of -log p(token_i | tokens_<i) over i = 1..n-1, in nats, through an engine (its planned
+    kernels: what it costs) or a DecoderLM (its reference forward); the logits come from the model's
+    one LM head, soft cap included."""
     x = torch.tensor([ids])  # [1, n]
-    hidden = model.stack(x)[0, :-1]  # [n-1, D]: position i predicts token i + 1
+    if isinstance(runner, DecoderEngine):
+        hidden, head = runner.hidden_states(x)[0, :-1], runner.head  # [n-1, D]: position i predicts token i + 1
+    else:
+        hidden, head = runner.stack(x)[0, :-1], runner.logits
     targets = x[0, 1:]
     total = 0.0
     for start in range(0, len(targets), CHUNK):
-        logits = model.lm_head(hidden[start:start + CHUNK]).float()  # [c, V]
+        logits = head(hidden[start:start + CHUNK]).float()  # [c, V]
         total += F.cross_entropy(logits, targets[start:start + CHUNK], reduction="sum").item()
     return total / len(targets)

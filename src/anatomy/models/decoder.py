@@ -53,6 +53,12 @@ class DecoderLM(nn.Module):
                        input_pos=input_pos, weights=weights, router_logits=router_logits)  # [B, S, D]
         if last_only:
             x = x[:, -1:]
-        logits = self.lm_head(x)  # [B, S, V]
+        return self.logits(x)  # [B, S, V]
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Final hidden states [..., D] -> logits [..., V]: the LM head, then the soft cap
+        cap * tanh(logits / cap) when the config has one (Gemma 2). Every path that makes logits
+        (this forward, the engine's steps, NLL) calls this one."""
+        logits = self.lm_head(hidden)
         cap = self.config.logit_softcap
         return torch.tanh(logits / cap) * cap if cap is not None else logits

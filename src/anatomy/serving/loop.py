@@ -2,15 +2,13 @@
 
     submit(prompt ids, params, sink) / cancel(seq)      from any thread: queued, picked up by the loop
     step():  new and cancelled sequences -> scheduler.schedule() -> (sequence, n tokens) pairs
-             -> one forward for the decoding rows [B, 1] and one per group of prefill chunks [B', S]
-                (engine.model.stack.run over the paged cache) -> logits of rows that reached their end
+             -> one engine.step for the decoding rows [B, 1] and one per group of prefill chunks [B', S]
+                over the paged cache -> logits of rows that reached their end
              -> sample -> detokenize, stop strings -> sink(Event) per sequence -> finished ones leave
 
-The loop runs the model only through what the engine gives it: `engine.model` (the engine's own
-view of the model, its linear layers on the measured kernel plan), `engine.head` for the logits and
-`engine.branch_dtype` for the KV cache, RoPE angles and masks (the dtype the blocks' branches
-compute in, as in the engine's own decode step). Its steps run eagerly: their shapes change from
-step to step, so the engine's captured graphs (one per batch and cache length) do not apply.
+The loop runs the model only through the engine's public API: `engine.paged_cache` (blocks in the
+dtype the blocks' branches compute in) and `engine.step`, whose decode steps replay a graph captured
+per (batch, blocks) shape, rounded up, as the engine's own static decode step does.
 `step()` can also be called directly (tests drive it without a thread).
 """
 
@@ -28,13 +26,12 @@ import torch
 from torch import Tensor
 
 from anatomy.errors import InputError
-from anatomy.inference.engine import DecoderEngine
+from anatomy.inference.engine import Chunk, DecoderEngine, PagedKVCache
 from anatomy.inference.generate import eos_ids
 from anatomy.inference.sampling import SamplingParams, make_generator, next_tokens, token_logprobs
 from anatomy.text.stops import StopStringFilter, TextRow
 from anatomy.serving.blocks import BlockManager
 from anatomy.serving.metrics import ServingMetrics
-from anatomy.serving.paged import Chunk, PagedKVCache, StepBuilder
 from anatomy.serving.scheduler import Scheduler
 from anatomy.serving.sequence import Event, Sequence, TokenLogprob
 
@@ -51,22 +48,19 @@ class ServingLoop:
                  max_seqs: int = 32, max_step_tokens: int = 512, prefix_caching: bool = True,
                  name: str = "model") -> None:
         self.engine, self.tokenizer = engine, tokenizer
-        config = engine.model.config
+        config = engine.config
         block_bytes = PagedKVCache.block_bytes(config, block_size, engine.branch_dtype)
         num_blocks = kv_bytes // block_bytes
         if num_blocks < 2:
             raise InputError(f"a KV memory of {kv_bytes:,} bytes holds {num_blocks} blocks of {block_size} tokens "
                              f"({block_bytes:,} bytes each); at least 2 are needed")
         self.context = min(config.max_seq_len, num_blocks * block_size)  # the most tokens one sequence can hold
-        self.cache = PagedKVCache(config, num_blocks=num_blocks, block_size=block_size, dtype=engine.branch_dtype,
-                                  device=engine.device)
+        self.cache = engine.paged_cache(num_blocks=num_blocks, block_size=block_size)
         self.blocks = BlockManager(num_blocks, block_size)
         self.scheduler = Scheduler(self.blocks, max_seqs=max_seqs, max_step_tokens=max_step_tokens,
                                    prefix_caching=prefix_caching)
-        self.builder = StepBuilder(engine.model.stack, self.cache, context=self.context, dtype=engine.branch_dtype,
-                                   device=engine.device)
         self.metrics = ServingMetrics(name)
-        self.eos_ids = eos_ids(engine.model, tokenizer)
+        self.eos_ids = eos_ids(engine.config, tokenizer)
         self._inbox: queue.SimpleQueue[tuple[str, Sequence]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = False
@@ -83,7 +77,7 @@ class ServingLoop:
         if len(prompt) + params.max_new_tokens > self.context:
             raise InputError(f"the prompt has {len(prompt)} tokens and max_new_tokens={params.max_new_tokens}: "
                              f"{len(prompt) + params.max_new_tokens} tokens, more than the context of {self.context}")
-        vocab = self.engine.model.config.vocab_size
+        vocab = self.engine.config.vocab_size
         decoder = self.tokenizer.decode_stream(skip_special_tokens=True) if self.tokenizer is not None else None
         seq = Sequence(tokens=list(prompt), prompt_len=len(prompt), params=params, sink=sink, logprobs=logprobs,
                        text=TextRow(decoder, StopStringFilter(params.stop)),
@@ -130,12 +124,12 @@ class ServingLoop:
     def step(self) -> bool:
         """One iteration: False if there was nothing to do."""
         self._take_inbox()
-        plan = self.scheduler.schedule()
-        if not plan:
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
             return False
         self.steps += 1
-        decode = [(seq, n) for seq, n in plan if n == 1]
-        for group in ([decode] if decode else []) + prefill_groups([(s, n) for s, n in plan if n > 1]):
+        decode = [(seq, n) for seq, n in scheduled if n == 1]
+        for group in ([decode] if decode else []) + prefill_groups([(s, n) for s, n in scheduled if n > 1]):
             self._run_group(group)
         return True
 
@@ -154,14 +148,10 @@ class ServingLoop:
     @torch.inference_mode()
     def _run_group(self, group: list[tuple[Sequence, int]]) -> None:
         """One forward over the chunks of `group`; rows that reach their sequence's end sample a token."""
-        inputs = self.builder.build([Chunk(seq.tokens[seq.computed:seq.computed + n], seq.computed, seq.blocks)
-                                     for seq, n in group])
-        hidden = self.engine.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions, cache=inputs.caches)
         ends = [i for i, (seq, n) in enumerate(group) if seq.computed + n == len(seq.tokens)]
-        logits = None
-        if ends:
-            rows = torch.tensor(ends, device=hidden.device)
-            logits = self.engine.head(hidden[rows, inputs.last[rows]])  # [R, D] -> [R, V]
+        chunks = [Chunk(seq.tokens[seq.computed:seq.computed + n], seq.computed, seq.blocks,
+                        logits=int(seq.computed + n == len(seq.tokens))) for seq, n in group]
+        logits = self.engine.step(self.cache, chunks)  # [len(ends), V]
         prompt_tokens = 0
         for seq, n in group:
             prompt_tokens += max(0, min(seq.computed + n, seq.prompt_len) - seq.computed)

@@ -123,7 +123,7 @@ def test_the_callers_model_is_untouched():
 def test_real_weight_bytes_replace_the_traced_ones():
     """int8 weights: a linear row reads what its planned kernel's layout holds, and shows the bytes
     of the format as loaded beside it (codes + scales), not the trace's 4 bytes per weight."""
-    from anatomy.analysis.profile.workloads import engine_for
+    from anatomy.inference.engine import engine_for
     from anatomy.analysis.profile.api import converted
 
     model = converted(llama_tiny(), "int8")
@@ -132,7 +132,7 @@ def test_real_weight_bytes_replace_the_traced_ones():
     row = next(o for o in report["phases"]["decode"]["ops"] if o["module"] == "stack.blocks.*.attn.qkv")
     fmt = model.stack.blocks[0].attn.qkv.compact
     assert row["weight_bytes"] == 2 * fmt.nbytes  # two layers
-    w = engine_for(model).plan.for_layer("stack.blocks.0.attn.qkv.weight")  # the engine the profile ran
+    w = engine_for(model, capture=False).plan.for_layer("stack.blocks.0.attn.qkv.weight")  # the profile's engine
     kernel = w.choices["decode"]
     assert row["kernel"] == kernel
     from anatomy.kernels.candidates import KERNELS_BY_NAME

@@ -111,8 +111,8 @@ class Wrong:
 
     name, free, forwards = "wrong", False, 0
 
-    def start(self, batch, params, generator) -> None:
-        self.last = batch.ids[:, -1:]
+    def start(self, run) -> None:
+        self.last = run.batch.ids[:, -1:]
 
     def propose(self, k: int) -> Proposal:
         return Proposal((self.last + 1).remainder(97).expand(-1, k))  # the last token + 1: never the argmax here

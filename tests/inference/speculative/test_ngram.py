@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -9,7 +11,7 @@ from anatomy.errors import InputError
 from anatomy.inference.sampling import SamplingParams
 from anatomy.inference.speculative import NgramProposer
 from anatomy.inference.speculative.ngram import NgramIndex
-from anatomy.inference.steps import PaddedBatch
+from anatomy.inference.engine import PaddedBatch
 
 
 def test_the_longest_ending_with_an_earlier_occurrence_wins():
@@ -38,7 +40,7 @@ def test_min_n_ignores_shorter_matches():
 
 def test_the_proposer_pads_rows_without_a_guess_and_follows_what_is_emitted():
     proposer = NgramProposer(max_n=2)
-    proposer.start(PaddedBatch.of([[1, 2, 3, 1, 2], [9, 8]]), SamplingParams(), None)
+    proposer.start(SimpleNamespace(batch=PaddedBatch.of([[1, 2, 3, 1, 2], [9, 8]])))  # what it reads of a Run
     proposal = proposer.propose(3)
     assert proposal.tokens.tolist() == [[3, 1, 2], [0, 0, 0]] and proposal.lengths.tolist() == [3, 0]
     assert proposal.valid().tolist() == [[True] * 3, [False] * 3] and proposal.proposed() == 3

@@ -1,10 +1,10 @@
 """What `anatomy profile` runs: the steps of each phase, through the code that serves the model.
 
-    decoder            DecoderEngine(model): prefill = the first token of engine.tokens(prompts)
-                       (cache setup, the prompt pass, sampling); decode = each later token
+    decoder            the model's kept engine (eager step): prefill = engine.start + run.prefill + the
+                       first token's choice; decode = each later run.decode + choice
     encoder            the model's forward over [B, S] (one phase, "prefill")
-    encoder-decoder    the source encoded and its cross-attention K/V projected (inference/beam.py's
-                       decoder state, "prefill"); decode = one decoder step of B rows + greedy choice
+    encoder-decoder    its engine's Seq2SeqRun: the source encoded and its cross-attention K/V projected
+                       ("prefill"); decode = one decoder step of B rows + greedy choice
 
 Every phase is an endless iterator factory: each `next()` is one step. A decode step always sees a
 static cache of T = context slots (the engine's cache is sized prompt + new tokens), so every
@@ -13,7 +13,6 @@ measured step attends over the same T positions: the shape the trace's decode st
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -50,56 +49,40 @@ def prompt_ids(vocab_size: int, shape: Shape) -> list[list[int]]:
 
 
 def workload(model: nn.Module, shape: Shape, *, attention: str | None = None) -> Workload:
-    """The phases of `model` at `shape`; `attention` switches the backend of the view's attention
-    layers ("sdpa" or "eager"; the caller's model keeps its own)."""
+    """The phases of `model` at `shape` through its engine; `attention` ("sdpa" or "eager") is the
+    backend of the engine's attention layers (the caller's model keeps its own)."""
     config = model.config
     if config.is_decoder:
-        work = _decoder(model, shape)
-    elif config.is_seq2seq:
-        work = _seq2seq(model, shape)
-    else:
-        work = _encoder(model, shape)
-    from anatomy.layers.attention import Attention, check_backend
-
-    for module in work.model.modules():
-        if isinstance(module, Attention):
-            module.__dict__.setdefault("_built_backend", module.backend)
-            module.backend = check_backend(attention) if attention is not None else module._built_backend
-    return work
+        return _decoder(model, shape, attention)
+    if config.is_seq2seq:
+        return _seq2seq(model, shape, attention)
+    return _encoder(model, shape, attention)
 
 
-_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+def _decoder(model: nn.Module, shape: Shape, attention: str | None) -> Workload:
+    """The engine kept for the model with an eager decode step (capture=False): a captured step replays
+    a graph without module calls, so its operators could not be attributed to their modules and
+    positions. A sweep's points and a what-if's runs share it (its kernel plan is measured once)."""
+    from anatomy.inference.engine import engine_for
 
-
-def engine_for(model: nn.Module):
-    """The DecoderEngine of `model`, made once per model: making one measures (or loads) its kernel
-    plan, which a sweep's points and a what-if's runs share. Its decode step is eager (capture=False):
-    a captured step replays a graph without module calls, so its operators could not be attributed
-    to their modules and positions."""
-    from anatomy.inference.engine import DecoderEngine
-
-    if model not in _ENGINES:
-        engine = DecoderEngine(model, capture=False)
-        engine._choose = named_stage("sampling", engine._choose)  # this engine's own instance only
-        _ENGINES[model] = engine
-    return _ENGINES[model]
-
-
-def _decoder(model: nn.Module, shape: Shape) -> Workload:
-    engine = engine_for(model)
+    engine = engine_for(model, capture=False, attention=attention)
     prompts = prompt_ids(model.config.vocab_size, shape)
     first = SamplingParams(max_new_tokens=1, ignore_eos=True)
     decode = SamplingParams(max_new_tokens=shape.context - shape.prompt_len, ignore_eos=True)
 
     def prefills() -> Iterator[None]:
         while True:
-            tokens = engine.tokens(prompts, first)
-            next(tokens)
-            tokens.close()
+            run = engine.start(prompts, first)
+            named_stage("sampling", run.choose)(run.prefill())
             yield
 
     def decodes() -> Iterator[None]:
-        for _ in engine.tokens(prompts, decode):
+        run = engine.start(prompts, decode)
+        choose = named_stage("sampling", run.choose)
+        token = choose(run.prefill())
+        yield  # the first step is the prompt's (the profile's warm-up takes it)
+        for _ in range(decode.max_new_tokens - 1):
+            token = choose(run.decode(token))
             yield
         raise RuntimeError("the decode steps outran the cache: context too small for the steps asked for")
 
@@ -107,10 +90,10 @@ def _decoder(model: nn.Module, shape: Shape) -> Workload:
                     {"prefill": shape.batch * shape.prompt_len, "decode": shape.batch}, engine.dtype, engine.plan)
 
 
-def _encoder(model: nn.Module, shape: Shape) -> Workload:
-    from anatomy.inference.view import engine_view
+def _encoder(model: nn.Module, shape: Shape, attention: str | None) -> Workload:
+    from anatomy.inference.engine.view import engine_view
 
-    view = engine_view(model)
+    view = engine_view(model, attention=attention)
     ids = torch.tensor(prompt_ids(model.config.vocab_size, shape), device=_device(view))
 
     def forwards() -> Iterator[None]:
@@ -121,30 +104,29 @@ def _encoder(model: nn.Module, shape: Shape) -> Workload:
     return Workload(view, {"prefill": forwards}, {"prefill": shape.batch * shape.prompt_len}, view_dtype(view))
 
 
-def _seq2seq(model: nn.Module, shape: Shape) -> Workload:
-    from anatomy.inference.beam import _Decoder
-    from anatomy.inference.view import engine_view
+def _seq2seq(model: nn.Module, shape: Shape, attention: str | None) -> Workload:
+    from anatomy.inference.engine import engine_for
 
-    view = engine_view(model)
+    engine = engine_for(model, attention=attention)
     source = prompt_ids(model.config.vocab_size, Shape(1, shape.prompt_len, shape.context))[0]
     greedy = SamplingParams()
     choose = named_stage("sampling", lambda logprobs: next_tokens(logprobs, greedy))
 
     def encodes() -> Iterator[None]:
         while True:
-            _Decoder(view, source, rows=shape.batch, max_new_tokens=shape.context)
+            engine.start(source, rows=shape.batch, max_new_tokens=shape.context)
             yield
 
     def decodes() -> Iterator[None]:
-        state = _Decoder(view, source, rows=shape.batch, max_new_tokens=shape.context)
-        tokens = torch.full((shape.batch,), state.start_id, dtype=torch.long, device=_device(view))
+        run = engine.start(source, rows=shape.batch, max_new_tokens=shape.context)
+        tokens = torch.full((shape.batch,), run.start_id, dtype=torch.long, device=engine.device)
         for slot in range(shape.context):
-            tokens = choose(state.step(tokens, slot))
+            tokens = choose(run.step(tokens, slot))
             yield
         raise RuntimeError("the decode steps outran the cache: context too small for the steps asked for")
 
-    return Workload(view, {"prefill": encodes, "decode": decodes},
-                    {"prefill": shape.prompt_len, "decode": shape.batch}, view_dtype(view))
+    return Workload(engine.model, {"prefill": encodes, "decode": decodes},
+                    {"prefill": shape.prompt_len, "decode": shape.batch}, view_dtype(engine.model))
 
 
 def view_dtype(model: nn.Module) -> torch.dtype:

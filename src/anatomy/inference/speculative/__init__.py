@@ -9,10 +9,9 @@ exactly (rejection sampling).
     proposal.py   Proposal, the Proposer interface
     ngram.py      prompt lookup: continue the latest earlier occurrence of the text's ending
     draft.py      a draft model (smaller, fewer layers, cheaper weights) with the same vocabulary
-    forward.py    k + 1 tokens through the target in one pass over its static KV cache
     acceptance.py greedy acceptance and the rejection-sampling rule
     policy.py     adaptive k and the fallback to plain decoding
-    decoder.py    the loop: propose, verify, keep, rewind
+    decoder.py    the loop: propose, verify (the target Run's verify: k + 1 tokens in one forward), keep, rewind
     setup.py      what generate()'s options become: a checked Speculation
 """
 

@@ -9,7 +9,8 @@
 Rejected proposals leave keys and values in the cache beyond the new write position; they are
 never attended to (a query sees only slots up to its own) and the next round writes over them.
 The tokens are yielded one at a time as [B] tensors, like DecoderEngine.tokens, so streaming, stop
-strings and the step clock work unchanged.
+strings and the step clock work unchanged. Everything runs through the target engine's Run (its
+prefill, decode, verify and rewind): the decoder never touches the engine's model or cache itself.
 
 A batch advances together (one write position for all rows, as in the engine): every row keeps
 the fewest proposals any row kept (n = min over rows), followed by its own token at that position
@@ -28,13 +29,11 @@ import torch
 from torch import Tensor
 
 from anatomy.inference.engine import DecoderEngine
-from anatomy.inference.sampling import SamplingParams, make_generator, penalized, sampling_probs
+from anatomy.inference.sampling import SamplingParams, penalized, sampling_probs
 from anatomy.inference.speculative.acceptance import accept_greedy, accept_sampled
-from anatomy.inference.speculative.forward import span_logits
 from anatomy.inference.speculative.policy import AdaptiveK, FixedK
 from anatomy.inference.speculative.proposal import Proposal, Proposer
 from anatomy.inference.speculative.stats import SpeculativeStats
-from anatomy.inference.steps import DecodeSteps, PaddedBatch
 
 
 class SpeculativeDecoder:
@@ -49,33 +48,26 @@ class SpeculativeDecoder:
         self.stats = SpeculativeStats(proposer.name, k)
 
     def tokens(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[Tensor]:
-        e = self.engine
-        config = e.model.config
-        batch = PaddedBatch.of(prompts, pad_id=config.pad_token_id or 0, device=e.device)
-        B, P = batch.ids.shape
+        run = self.run = self.engine.start(prompts, params)
         N = params.max_new_tokens
-        self.cache = e.last_cache = e._cache_for(B, P + N)
-        self.steps = DecodeSteps(e.model.stack, batch, max_len=self.cache.max_len, dtype=e.branch_dtype)
-        self.params, self.generator = params, make_generator(params.seed, e.device)
-        self.seen = e._seen(batch) if params.repetition_penalty != 1.0 else None
-        self.proposer.start(batch, params, self.generator)
+        self.proposer.start(run)
         self.shadow: _Shadow | None = None
         self.stats = SpeculativeStats(self.proposer.name, self.k)
         self.policy = self.make_policy()
 
-        token = e._choose(e._prefill(batch, self.cache), params, self.seen, self.generator)
+        token = run.choose(run.prefill())
         self.proposer.advance(token[:, None], 0)
         yield token
         emitted = 1
         while emitted < N:
-            tokens = self._round(token, slot=P + emitted - 1, room=N - emitted - 1)  # [B, m]
+            tokens = self._round(token, room=N - emitted - 1)  # [B, m]
             for j in range(tokens.shape[1]):
                 yield tokens[:, j]
             emitted += tokens.shape[1]
             token = tokens[:, -1]
 
-    def _round(self, token: Tensor, *, slot: int, room: int) -> Tensor:
-        """One target forward from `token` [B] at cache slot `slot` -> the tokens it emits [B, m]
+    def _round(self, token: Tensor, *, room: int) -> Tensor:
+        """One target forward from `token` [B] at the run's slot -> the tokens it emits [B, m]
         (`room`: how many tokens may follow the first without passing max_new_tokens)."""
         k = min(self.policy.next_k(), room)
         start = time.perf_counter()
@@ -84,9 +76,9 @@ class SpeculativeDecoder:
         proposed = time.perf_counter()
         if speculating:
             self.policy.draft_time((proposed - start) / proposal.k)
-            tokens, accepted = self._verify(token, proposal, slot)
+            tokens, accepted = self._verify(token, proposal)
         else:
-            tokens, accepted = self._plain(token, slot), 0
+            tokens, accepted = self._plain(token), 0
         self.policy.target_time(1 + (proposal.k if speculating else 0), time.perf_counter() - proposed)
         self.proposer.advance(tokens, accepted)
         self.stats.target_forwards += 1
@@ -94,33 +86,33 @@ class SpeculativeDecoder:
         self.stats.draft_forwards = self.proposer.forwards
         return tokens
 
-    def _plain(self, token: Tensor, slot: int) -> Tensor:
+    def _plain(self, token: Tensor) -> Tensor:
         """A plain decode step -> [B, 1]; a free proposer's guess is scored against it meanwhile."""
-        e = self.engine
         if self.proposer.free and self.shadow is None:
             guess = self.proposer.propose(self.k)
             self.shadow = _Shadow(guess) if guess.k > 0 else None
-        logits = e._decode(token, torch.tensor([slot], device=token.device), self.steps, self.cache)
-        token = e._choose(logits, self.params, self.seen, self.generator)
+        token = self.run.choose(self.run.decode(token))
         if self.shadow is not None and (score := self.shadow.push(token.tolist())) is not None:
             self.policy.kept(*score)
             self.shadow = None
         return token[:, None]
 
     @torch.inference_mode()
-    def _verify(self, token: Tensor, proposal: Proposal, slot: int) -> tuple[Tensor, int]:
-        """One forward over the last token and the proposal -> (tokens [B, n+1], n proposals kept)."""
+    def _verify(self, token: Tensor, proposal: Proposal) -> tuple[Tensor, int]:
+        """One forward over the last token and the proposal -> (tokens [B, n+1], n proposals kept);
+        the run rewinds to after the kept ones."""
+        run, params = self.run, self.run.params
+        start = run.slot
         ids = torch.cat([token[:, None], proposal.tokens], dim=1)  # [B, k+1]
-        logits = penalized(span_logits(self.engine, ids, slot, self.steps, self.cache), self.params,
-                           _seen_along(self.seen, proposal.tokens))  # [B, k+1, V]
-        if self.params.greedy:
+        logits = penalized(run.verify(ids), params, _seen_along(run.seen, proposal.tokens))  # [B, k+1, V]
+        if params.greedy:
             tokens, accepted = accept_greedy(logits, proposal)
         else:
-            tokens, accepted = accept_sampled(sampling_probs(logits, self.params), proposal, self.generator)
+            tokens, accepted = accept_sampled(sampling_probs(logits, params), proposal, run.generator)
         n = int(accepted.min())
         tokens = tokens[:, :n + 1]
-        if self.seen is not None:
-            self.seen.scatter_(1, tokens, True)
+        run.rewind(start + n + 1)  # the token and the n kept proposals are in the cache; the new token is not
+        run.observe(tokens)
         self.policy.kept(proposal.k, n)
         self.shadow = None
         self.stats.verifications += 1

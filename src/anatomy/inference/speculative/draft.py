@@ -1,6 +1,6 @@
 """Proposals from a draft model: a smaller or cheaper decoder with the target's vocabulary.
 
-    prompts -> the draft's own prefill (its own engine, cache and steps)
+    prompts -> the draft's own prefill (its own engine's Run over its own cache)
     propose(k): the tokens the draft has not seen yet (1, or 2 after a round that kept all k) in
                 one pass, then k - 1 single steps -> k tokens, and the distributions they were drawn from
     advance(emitted, n): the draft's cache holds the sequence and its first k - 1 guesses; of those
@@ -19,11 +19,9 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.errors import InputError
-from anatomy.inference.engine import DecoderEngine
-from anatomy.inference.sampling import SamplingParams, penalized, sampling_probs
-from anatomy.inference.speculative.forward import span_logits
+from anatomy.inference.engine import DecoderEngine, Run
+from anatomy.inference.sampling import penalized, sampling_probs
 from anatomy.inference.speculative.proposal import Proposal
-from anatomy.inference.steps import DecodeSteps, PaddedBatch
 
 
 class DraftProposer:
@@ -36,36 +34,34 @@ class DraftProposer:
         self.engine = engine
         self.forwards = 0
 
-    def start(self, batch: PaddedBatch, params: SamplingParams, generator: torch.Generator | None) -> None:
-        e = self.engine
+    def start(self, target: Run) -> None:
+        batch, params = target.batch, target.params
         B, P = batch.ids.shape
-        self.params, self.generator = params, generator
-        self.cache = e._cache_for(B, P + params.max_new_tokens)
-        self.steps = DecodeSteps(e.model.stack, batch, max_len=self.cache.max_len, dtype=e.branch_dtype)
+        self.params, self.generator = params, target.generator
+        prompts = [row[pad:] for row, pad in zip(batch.ids.tolist(), batch.padding.tolist())]
+        self.run = self.engine.start(prompts, params)  # the same left padding: the same slots as the target's
         self.sequence = torch.zeros(B, P + params.max_new_tokens, dtype=torch.long, device=batch.ids.device)
         self.sequence[:, :P] = batch.ids
-        self.length = self.written = P  # tokens in the sequence; of them, in the draft's cache
-        e._prefill(batch, self.cache)  # the target chooses the first token: these logits are not needed
+        self.length = P  # tokens in the sequence; the draft's cache holds the first run.slot of them
+        self.run.prefill()  # the target chooses the first token: these logits are not needed
         self.forwards = 1
 
     def propose(self, k: int) -> Proposal:
-        e = self.engine
-        pending = self.sequence[:, self.written:self.length]  # [B, m]: emitted, not yet seen by the draft
-        logits = span_logits(e, pending, self.written, self.steps, self.cache)[:, -1]  # [B, V]
+        run = self.run
+        pending = self.sequence[:, run.slot:self.length]  # [B, m]: emitted, not yet seen by the draft
+        logits = run.verify(pending)[:, -1]  # [B, V]
         tokens, probs = [], []
         for i in range(k):
             if i:
-                logits = e._decode(tokens[-1], torch.tensor([self.length + i - 1], device=logits.device),
-                                   self.steps, self.cache)
+                logits = run.decode(tokens[-1])
             token, q = self._draw(logits)
             tokens.append(token)
             probs.append(q)
-        self.written = self.length + k - 1  # the sequence and the guesses but the last are in the cache
-        self.forwards += k
+        self.forwards += k  # the sequence and the guesses but the last are in the cache now
         return Proposal(torch.stack(tokens, dim=1), None, None if self.params.greedy else torch.stack(probs, dim=1))
 
     def advance(self, emitted: Tensor, accepted: int) -> None:
-        self.written = min(self.written, self.length + accepted)  # the guesses after the kept ones are stale
+        self.run.rewind(min(self.run.slot, self.length + accepted))  # the guesses after the kept ones are stale
         m = emitted.shape[1]
         self.sequence[:, self.length:self.length + m] = emitted
         self.length += m

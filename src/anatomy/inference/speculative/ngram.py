@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 
 from anatomy.errors import InputError
-from anatomy.inference.sampling import SamplingParams
+from anatomy.inference.engine import Run
 from anatomy.inference.speculative.proposal import Proposal
-from anatomy.inference.steps import PaddedBatch
 
 
 class NgramIndex:
@@ -69,7 +68,8 @@ class NgramProposer:
         self.rows: list[NgramIndex] = []
         self.device = torch.device("cpu")
 
-    def start(self, batch: PaddedBatch, params: SamplingParams, generator: torch.Generator | None) -> None:
+    def start(self, run: Run) -> None:
+        batch = run.batch
         ids, padding = batch.ids.tolist(), batch.padding.tolist()
         self.rows = [NgramIndex(row[pad:], min_n=self.min_n, max_n=self.max_n) for row, pad in zip(ids, padding)]
         self.device = batch.ids.device

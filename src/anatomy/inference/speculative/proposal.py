@@ -1,6 +1,7 @@
 """What a proposer hands the target to verify, and the interface every proposer has.
 
-    proposer.start(batch, params, generator)    before the first token (a draft model prefills the prompts)
+    proposer.start(run)                          before the first token: the target's Run (its batch, sampling
+                                                 parameters and generator); a draft model prefills the prompts
     proposal = proposer.propose(k)               up to k guessed tokens per row
     proposer.advance(emitted [B, m], n)          the target emitted m tokens per row: the proposal's first n,
                                                  then one of its own (a draft model rewinds to that)
@@ -14,8 +15,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from anatomy.inference.sampling import SamplingParams
-from anatomy.inference.steps import PaddedBatch
+from anatomy.inference.engine import Run
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Proposer(Protocol):
     free: bool  # proposing runs no model: the policy may score proposals it does not verify
     forwards: int  # model forwards run so far (a draft model's)
 
-    def start(self, batch: PaddedBatch, params: SamplingParams, generator: torch.Generator | None) -> None: ...
+    def start(self, run: Run) -> None: ...
 
     def propose(self, k: int) -> Proposal: ...
 

@@ -19,7 +19,8 @@ from torch import nn
 
 from anatomy.config import ModelConfig
 from anatomy.errors import InputError
-from anatomy.inference.engine import DecoderEngine
+from anatomy.inference.engine import DecoderEngine, engine_for
+from anatomy.inference.loading import load_named
 from anatomy.inference.speculative.decoder import SpeculativeDecoder
 from anatomy.inference.speculative.draft import DraftProposer
 from anatomy.inference.speculative.ngram import NgramProposer
@@ -110,19 +111,17 @@ def draft_engine(draft: Any, tokenizer: Any = None) -> DecoderEngine:
     if isinstance(draft, DecoderEngine):
         return draft
     if isinstance(draft, (str, Path)):
-        from anatomy.inference.generate import load_named
-
         named = load_named(str(draft))
         if tokenizer is not None and named.tokenizer is not None and not same_vocabulary(tokenizer, named.tokenizer):
             raise InputError(f"the draft model {str(draft)!r} has another tokenizer vocabulary than the target's: "
                              "speculative decoding needs one tokenizer for both")
         decoder_only(named.model.config, f"the draft {str(draft)!r}")
-        return named.engine()
+        return engine_for(named.model)
     if not isinstance(draft, nn.Module) or not hasattr(draft, "config"):
         raise InputError(f"draft_model must be an anatomy model, a DecoderEngine or a model name/path, "
                          f"got {type(draft).__name__}")
     decoder_only(draft.config, "the draft")
-    return DecoderEngine(draft)
+    return engine_for(draft)
 
 
 def same_vocabulary(a: Any, b: Any) -> bool:

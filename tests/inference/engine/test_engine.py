@@ -10,7 +10,7 @@ from anatomy import build_model, get_preset
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.sampling import SamplingParams
 
-from .conftest import llama_tiny
+from ..conftest import llama_tiny
 
 PROMPTS = [[5, 17, 33, 2, 9, 41, 8], [60, 3], [11, 12, 13, 14]]
 

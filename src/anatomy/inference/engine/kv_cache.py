@@ -50,6 +50,7 @@ class KVCache(nn.ModuleList):
                          dtype=dtype, device=device)
             for _ in range(n_layers))
         self.max_len = max_len
+        self.owner = None  # a weak reference to the run the engine lent this cache to
 
     def reorder(self, rows: Tensor) -> None:
         for layer in self:

@@ -13,8 +13,17 @@ import itertools
 
 from torch import nn
 
+from anatomy.layers.attention import Attention, check_backend
 
-def engine_view(model: nn.Module) -> nn.Module:
-    """A copy of `model`'s modules sharing its parameters and buffers, in eval mode."""
+
+def engine_view(model: nn.Module, *, attention: str | None = None) -> nn.Module:
+    """A copy of `model`'s modules sharing its parameters and buffers, in eval mode; `attention`
+    ("sdpa" or "eager") sets the backend of the copy's attention layers (default: the model's)."""
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
-    return copy.deepcopy(model, memo=shared).eval()
+    view = copy.deepcopy(model, memo=shared).eval()
+    if attention is not None:
+        check_backend(attention)
+        for module in view.modules():
+            if isinstance(module, Attention):
+                module.backend = attention
+    return view

@@ -1,4 +1,4 @@
-"""The captured decode step (inference/capture.py) against the eager step it records: the same
+"""The captured decode step (inference/engine/capture.py) against the eager step it records: the same
 logits, bit for bit, at every step, for each family and each position and mask rule, batched with
 padding, across generations that reuse the captured graph; what cannot be captured runs eagerly."""
 
@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from anatomy import build_model, get_preset
-from anatomy.inference import engine as engine_module
-from anatomy.inference.engine import CAPTURE_AFTER, DecoderEngine
+from anatomy.inference.engine import DecoderEngine
+from anatomy.inference.engine.run import CAPTURE_AFTER
 from anatomy.inference.sampling import SamplingParams
 from anatomy.weights.choice import compact_formats, install
 
-from .conftest import SMALL, gpt2_tiny, llama_tiny
+from ..conftest import SMALL, gpt2_tiny, llama_tiny
 
 PROMPTS = [[5, 17, 33, 2, 9, 41, 8], [60, 3], [11, 12, 13, 14]]
 
@@ -43,72 +43,67 @@ MODELS = {
 }
 
 
-def step_logits(engine: DecoderEngine, prompts: list[list[int]], monkeypatch, steps: int | None = None) -> list[torch.Tensor]:
-    """The logits [B, V] the engine samples from at each step (prefill's first). By default as many
+def step_logits(engine: DecoderEngine, prompts: list[list[int]], steps: int | None = None) -> list[torch.Tensor]:
+    """The logits [B, V] a run samples from at each step (prefill's first). By default as many
     steps as fill the model's context: the captured engine's cache (rounded up to a bucket, capped
     at max_seq_len) then has the eager one's length, and attention sums over the same slots."""
     steps = steps or SMALL["max_seq_len"] - max(map(len, prompts))
-    seen = []
-    choose = engine_module.next_tokens
-
-    def recording(logits, params, **kwargs):
-        seen.append(logits.clone())
-        return choose(logits, params, **kwargs)
-
-    monkeypatch.setattr(engine_module, "next_tokens", recording)
-    list(engine.tokens(prompts, SamplingParams(max_new_tokens=steps)))
-    monkeypatch.setattr(engine_module, "next_tokens", choose)
+    run = engine.start(prompts, SamplingParams(max_new_tokens=steps))
+    seen = [run.prefill()]
+    for _ in range(steps - 1):
+        seen.append(run.decode(run.choose(seen[-1])))
     return seen
 
 
 def eager_twin(engine: DecoderEngine) -> DecoderEngine:
-    """The same engine (same view, same measured kernel plan) with capture switched off."""
+    """The same engine (same view, same measured kernel plan) with capture switched off (this test
+    of the engine's own package may reach into it: no code outside the package does)."""
     twin = copy.copy(engine)
     twin.captured, twin._caches, twin._bodies = False, {}, {}
     return twin
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_captured_steps_give_the_eager_logits_bit_for_bit(name, monkeypatch):
+def test_captured_steps_give_the_eager_logits_bit_for_bit(name):
     captured = DecoderEngine(MODELS[name]())
     eager = eager_twin(captured)
     for prompts in (PROMPTS, PROMPTS[1:2], PROMPTS):  # batched with padding, alone, and the first graph again
-        got, want = step_logits(captured, prompts, monkeypatch), step_logits(eager, prompts, monkeypatch)
+        got, want = step_logits(captured, prompts), step_logits(eager, prompts)
         assert len(got) == len(want) == 64 - max(map(len, prompts))
         for step, (a, b) in enumerate(zip(got, want)):
             assert torch.equal(a, b), f"{name}: step {step} differs by {(a - b).abs().max():.3g}"
-    assert all(body is not None for body in captured._bodies.values())
-    assert len(captured._bodies) == 2  # one graph per (batch size, cache length), reused
+    assert captured.captured_graphs == 2  # one graph per (batch size, cache length), reused
 
 
 def test_int4_branches_compute_in_the_kernels_dtype():
     engine = DecoderEngine(int4(llama_tiny()))
     if engine.branch_dtype != torch.bfloat16:
         pytest.skip(f"this machine's plan runs the tiny model's layers in {engine.branch_dtype}")
-    list(engine.tokens(PROMPTS, SamplingParams(max_new_tokens=2)))
-    assert engine.dtype == torch.float32 and engine.last_cache[0].k.dtype == torch.bfloat16
+    run = engine.start(PROMPTS, SamplingParams(max_new_tokens=2))
+    assert engine.dtype == torch.float32 and run.cache[0].k.dtype == torch.bfloat16
 
 
-def test_experts_route_by_value_so_a_moe_stack_is_not_captured(monkeypatch):
+def test_experts_route_by_value_so_a_moe_stack_is_not_captured():
     captured = DecoderEngine(llama_with(n_experts=4, n_experts_per_token=2))
     eager = eager_twin(captured)
-    got, want = step_logits(captured, PROMPTS, monkeypatch), step_logits(eager, PROMPTS, monkeypatch)
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
-    assert list(captured._bodies.values()) == [None]
+    got, want = step_logits(captured, PROMPTS), step_logits(eager, PROMPTS)
+    assert len(got) > CAPTURE_AFTER and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert captured.captured_graphs == 0
 
 
 def test_captured_engine_keeps_a_cache_per_bucket_and_eager_one_of_the_exact_length():
     model = llama_tiny()
     captured, eager = DecoderEngine(model), DecoderEngine(model, capture=False)
-    for engine in (captured, eager):
-        list(engine.tokens(PROMPTS, SamplingParams(max_new_tokens=5)))
-    assert eager.last_cache.max_len == 7 + 5 and eager.last_cache[0].k.shape[0] == 3
-    assert captured.last_cache.max_len == model.config.max_seq_len  # 12 rounded up to the bucket, capped at 64
+    caches = [engine.start(PROMPTS, SamplingParams(max_new_tokens=5)).cache for engine in (captured, eager)]
+    assert caches[1].max_len == 7 + 5 and caches[1][0].k.shape[0] == 3
+    assert caches[0].max_len == model.config.max_seq_len  # 12 rounded up to the bucket, capped at 64
+    assert captured.start(PROMPTS, SamplingParams(max_new_tokens=7)).cache is caches[0]  # kept, lent again
+    assert eager.start(PROMPTS, SamplingParams(max_new_tokens=5)).cache is not caches[1]
 
 
 def test_a_short_generation_is_not_captured_and_a_longer_one_is_from_its_33rd_step():
     engine = DecoderEngine(llama_tiny())
     list(engine.tokens(PROMPTS, SamplingParams(max_new_tokens=CAPTURE_AFTER)))
-    assert engine._bodies == {}  # a short answer does not pay for the recording
+    assert engine.captured_graphs == 0  # a short answer does not pay for the recording
     list(engine.tokens(PROMPTS, SamplingParams(max_new_tokens=CAPTURE_AFTER + 2)))
-    assert len(engine._bodies) == 1 and None not in engine._bodies.values()
+    assert engine.captured_graphs == 1

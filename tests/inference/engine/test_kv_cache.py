@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from anatomy import get_preset
-from anatomy.inference.kv_cache import KVCache, bytes_per_token
+from anatomy.inference.engine.kv_cache import KVCache, bytes_per_token
 
-from .conftest import seq2seq_tiny
+from ..conftest import seq2seq_tiny
 
 ATOL = 1e-4  # fp32
 

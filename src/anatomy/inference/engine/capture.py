@@ -1,0 +1,134 @@
+"""A decode step's blocks captured as one graph: on a CPU, what CUDA graphs are on a GPU.
+
+An eager decode step of a small model is bound by the host, not the kernels: SmolLM2-135M's 30
+blocks dispatch ~1,200 operators per token, and the Python around each one (module calls, the
+planned layer's routing, RoPE, the cache write) costs more than the matrix products it feeds.
+Recording the step once with `torch.jit.trace` (then `torch.jit.freeze`, which inlines the
+weights as constants and drops the attribute lookups) turns it into a graph that TorchScript's C++
+interpreter replays: the same operators on the same tensors in the same order (the outputs are
+bit-identical to the eager step's, which the tests check), without the Python between them.
+
+    body = capture_static(stack, cache, ids, positions, ctx)   # once per (batch, cache length)
+    hidden = body(ids, positions, ctx)                         # [B, D]: the last position's hidden state
+    body = capture_paged(stack, paged_cache, inputs)           # once per (batch, blocks read)
+    hidden = body.paged(inputs)                                # [B, D]
+
+A trace is a recording, so it holds only for what it saw: the shapes (one trace per batch size
+and cache length, the cache it was recorded on) and the decisions Python made on them, which in a
+decode step depend only on shapes and on which Context fields are present (part of the key).
+A mixture-of-experts layer routes tokens by value (which expert gets which token), so a stack
+with one is never captured; neither is a stack whose layers hold something a trace cannot
+(then capture returns None and the step stays eager). torch.jit is deprecated in favour of
+torch.compile, which fuses more but takes tens of seconds to start; tracing takes a fraction of
+a second. The LM head stays eager: its kernel (FBGEMM's packed fp16 here) is an object a trace
+cannot hold as a constant.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor, nn
+
+from anatomy.inference.engine.paged import BlockSlots
+from anatomy.layers.context import Context
+from anatomy.models.stack import Stack
+
+FIELDS = ("mask", "bias", "input_pos", "window_mask")  # the Context's tensors a decode step sets (besides rope)
+
+
+def signature(ctx: Context) -> tuple[str, ...]:
+    """Which of the Context's tensors a step has: a trace holds for one such set."""
+    return ("rope",) * (ctx.rope is not None) + tuple(f for f in FIELDS if getattr(ctx, f) is not None)
+
+
+def arguments(ctx: Context) -> tuple[Tensor, ...]:
+    """The Context's tensors, in signature order."""
+    return (ctx.rope or ()) + tuple(getattr(ctx, f) for f in FIELDS if getattr(ctx, f) is not None)
+
+
+def context_of(names: tuple[str, ...], tensors: tuple[Tensor, ...]) -> Context:
+    """The Context whose tensors `arguments` gave, by their signature."""
+    rope = (tensors[0], tensors[1]) if names[:1] == ("rope",) else None
+    fields = names[1:] if rope is not None else names
+    return Context(rope=rope, **dict(zip(fields, tensors[2 if rope is not None else 0:])))
+
+
+class StaticBody(nn.Module):
+    """The blocks of one decode step over one static cache: (ids [B, 1], positions [B, 1], the
+    Context's tensors) -> the last position's final-normed hidden state [B, D]."""
+
+    def __init__(self, stack: Stack, cache: nn.Module, names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.stack, self.cache, self.names = stack, cache, names
+
+    def forward(self, ids: Tensor, positions: Tensor, *tensors: Tensor) -> Tensor:
+        ctx = context_of(self.names, tensors)
+        return self.stack.run(ids, ctx, position_ids=positions, cache=self.cache)[:, -1]
+
+
+class PagedBody(nn.Module):
+    """The blocks of one decode step over a paged cache: (ids [B, 1], positions [B, 1], slots [B],
+    tables [B * nb], the Context's tensors) -> [B, D]."""
+
+    def __init__(self, stack: Stack, cache: nn.Module, names: tuple[str, ...], blocks: int) -> None:
+        super().__init__()
+        self.stack, self.cache, self.names, self.blocks = stack, cache, names, blocks
+
+    def forward(self, ids: Tensor, positions: Tensor, slots: Tensor, tables: Tensor, *tensors: Tensor) -> Tensor:
+        where = BlockSlots(slots, tables, ids.shape[0], 1, self.blocks)
+        ctx = context_of(self.names, tensors)
+        return self.stack.run(ids, ctx, position_ids=positions, cache=self.cache.layers(where))[:, -1]
+
+
+class Captured:
+    """A traced body, called with a Context (and a paged step's inputs) instead of its tensors."""
+
+    def __init__(self, traced: torch.jit.ScriptModule) -> None:
+        self.traced = traced
+
+    def __call__(self, ids: Tensor, positions: Tensor, ctx: Context) -> Tensor:
+        # replayed as recorded: the graph executor's profiling and optimising passes cost ~0.4 s on
+        # the first two calls and gain nothing here (no fuser runs on a CPU by default)
+        with torch.jit.optimized_execution(False):
+            return self.traced(ids, positions, *arguments(ctx))
+
+    def paged(self, inputs) -> Tensor:
+        with torch.jit.optimized_execution(False):
+            return self.traced(inputs.ids, inputs.positions, inputs.where.slots, inputs.where.tables,
+                               *arguments(inputs.ctx))
+
+
+def capturable(stack: Stack, ctx: Context) -> bool:
+    """Does every decision of the stack's decode step depend on shapes only (no expert routing)?"""
+    return not any(block.moe for block in stack.blocks) and ctx.router_logits is None
+
+
+def capture_static(stack: Stack, cache: nn.Module, ids: Tensor, positions: Tensor, ctx: Context) -> Captured | None:
+    """Trace the blocks of a decode step over `cache` on these example inputs. Tracing runs the
+    step (writing its cache slot, which the real step then writes again with the same values).
+    None when the stack cannot be captured."""
+    if not capturable(stack, ctx):
+        return None
+    return _trace(StaticBody(stack, cache, signature(ctx)), (ids, positions, *arguments(ctx)))
+
+
+def capture_paged(stack: Stack, cache: nn.Module, inputs) -> Captured | None:
+    """Trace the blocks of a paged decode step of this shape (as capture_static)."""
+    if not capturable(stack, inputs.ctx):
+        return None
+    body = PagedBody(stack, cache, signature(inputs.ctx), inputs.where.blocks)
+    return _trace(body, (inputs.ids, inputs.positions, inputs.where.slots, inputs.where.tables,
+                         *arguments(inputs.ctx)))
+
+
+def _trace(body: nn.Module, example: tuple[Tensor, ...]) -> Captured | None:
+    with warnings.catch_warnings():
+        # deprecated for torch.compile; the route a planned layer picks by its row count is fixed by the shapes
+        warnings.simplefilter("ignore")
+        try:
+            traced = torch.jit.trace(body.eval(), example, check_trace=False)
+        except RuntimeError:  # a layer holds an object a trace cannot (e.g. a packed-weight handle)
+            return None
+    return Captured(torch.jit.freeze(traced))

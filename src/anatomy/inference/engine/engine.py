@@ -1,0 +1,206 @@
+"""DecoderEngine: the one way to run a decoder-only model.
+
+It owns the engine's view of the model (the caller's model is never changed), its measured kernel
+plan, its captured decode steps and the LM head, and every caller goes through its public API:
+
+    engine = DecoderEngine(model)                  # or anatomy.engine_for(model): the one kept for it
+    for tokens in engine.tokens(prompts, params):  # [B] per step, up to params.max_new_tokens times
+        ...
+    run = engine.start(prompts, params)            # the step API (run.py): prefill, decode, verify, rewind
+    logits = engine.logits(ids)                    # [B, S, V]: one full pass, no cache (NLL, prompt logprobs)
+    cache = engine.paged_cache(num_blocks=N, block_size=16)
+    logits = engine.step(cache, chunks)            # [R, V]: a batch of chunks over a paged cache (serving)
+
+    prompts (lists of ids, any lengths)
+      -> left-padded ids [B, P]; cache [B, H_kv, T, d_h] per layer with T = P + max_new_tokens
+      -> prefill: one forward over [B, P] at slots 0..P-1, logits of the last position only
+      -> decode: one forward over [B, 1] at slot P+j per step, attending over all T slots
+
+Everything a decode step needs has the same shape at every step, so on a CPU its blocks are captured
+as a graph once per shape (capture.py) and replayed without Python in between; `compile=True`
+compiles the step instead. A static cache is kept per (batch, length rounded up to BUCKET), a
+paged decode step is captured per (batch, blocks) rounded up the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from anatomy.errors import InputError
+from anatomy.inference.engine.capture import Captured, capture_paged, capture_static, signature
+from anatomy.inference.engine.kv_cache import KVCache
+from anatomy.inference.engine.paged import Chunk, PagedKVCache, paged_inputs
+from anatomy.inference.engine.run import PaddedBatch, Run
+from anatomy.inference.engine.view import engine_view
+from anatomy.inference.sampling import SamplingParams
+from anatomy.kernels.planning import branch_dtype, decode_weight_bytes, kernel_summary, plan_view
+
+BUCKET = 256  # a compiled or captured step is specialised to its cache length: round it up so few sizes occur
+PAGED_RECORD_AFTER = 32  # paged decode steps of one shape before it is captured
+
+
+class DecoderEngine:
+    """Runs a DecoderLM on its measured kernel plan.
+
+    compile=True compiles the decode step with torch.compile; otherwise, on a CPU, `capture` (default
+    True) replays the blocks of each decode step from a graph traced once per shape. `attention`
+    ("sdpa" or "eager") sets the backend of the view's attention layers (default: the model's).
+    """
+
+    def __init__(self, model: nn.Module, *, compile: bool = False, capture: bool = True, plan_cache: bool = True,
+                 attention: str | None = None) -> None:
+        if not getattr(getattr(model, "config", None), "is_decoder", False):
+            raise InputError(f"DecoderEngine needs a decoder-only anatomy model, got {type(model).__name__}")
+        self.model = engine_view(model, attention=attention)
+        self.plan = plan_view(self.model, compile=compile, cache=plan_cache)
+        self.branch_dtype = branch_dtype(self.plan, self.dtype)  # RoPE, the KV cache and attention compute in it
+        self.compiled = compile
+        self.captured = capture and not compile and self.device.type == "cpu"
+        self._compiled_step = torch.compile(self._eager_step, dynamic=False) if compile else None
+        self._caches: dict[tuple[int, int], list[KVCache]] = {}  # (batch, length) -> caches lent to runs
+        self._bodies: dict[tuple, Captured | None] = {}  # (cache, shape, Context fields) -> the captured blocks
+        self._seen_shapes: dict[tuple, int] = {}  # paged decode shapes -> steps run eagerly so far
+
+    # -- what it is --------------------------------------------------------------------------------
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The residual stream's dtype: the model's (that of its token embeddings)."""
+        return self.model.stack.embed.dtype
+
+    def kernel_summary(self) -> list[str]:
+        """Per phase, the kernels the plan chose and for how many layers."""
+        return kernel_summary(self.plan)
+
+    @property
+    def captured_graphs(self) -> int:
+        """How many decode-step shapes (static and paged) are replayed from a captured graph so far."""
+        return sum(body is not None for body in self._bodies.values())
+
+    @property
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights a batch-1 decode step reads (each linear layer's decode layout)."""
+        return decode_weight_bytes(self.plan, self.model)
+
+    # -- the numbers -------------------------------------------------------------------------------
+
+    def head(self, hidden: Tensor) -> Tensor:
+        """Final hidden states [..., D] -> logits [..., V]: the model's LM head with its soft cap."""
+        return self.model.logits(hidden)
+
+    @torch.inference_mode()
+    def hidden_states(self, ids: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
+        """ids [B, S] -> final hidden states [B, S, D] of one full pass (no cache), every input checked."""
+        return self.model.stack(ids, attention_mask=attention_mask)
+
+    def logits(self, ids: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
+        """ids [B, S] -> logits [B, S, V] of one full pass: position i predicts token i + 1."""
+        with torch.inference_mode():
+            return self.head(self.hidden_states(ids, attention_mask=attention_mask))
+
+    # -- generation over a static cache ------------------------------------------------------------
+
+    def start(self, prompts: list[list[int]], params: SamplingParams | None = None) -> Run:
+        """A Run of `prompts` (lists of ids) with room for params.max_new_tokens more tokens."""
+        params = params or SamplingParams()
+        pad_id = self.config.pad_token_id if self.config.pad_token_id is not None else 0
+        batch = PaddedBatch.of(prompts, pad_id=pad_id, device=self.device)
+        B, P = batch.ids.shape
+        if P + params.max_new_tokens > self.config.max_seq_len:
+            raise InputError(f"a {P}-token prompt + max_new_tokens={params.max_new_tokens} overflows the model's "
+                             f"context of {self.config.max_seq_len} tokens (max_seq_len)")
+        return Run(self, batch, self._cache_for(B, P + params.max_new_tokens), params)
+
+    def tokens(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[Tensor]:
+        """The next token of every row ([B] LongTensor), up to params.max_new_tokens times; the caller
+        decides when to stop (EOS, stop strings) by no longer asking."""
+        run = self.start(prompts, params)
+        token = run.choose(run.prefill())
+        yield token
+        for _ in range(params.max_new_tokens - 1):
+            token = run.choose(run.decode(token))
+            yield token
+
+    @torch.inference_mode()
+    def decode_hidden(self, ids: Tensor, positions: Tensor, ctx, cache: KVCache, *, record: bool) -> Tensor:
+        """One decode step's blocks, nothing checked (a Run's own tokens): ids [B, 1] at the Context's
+        slot -> final hidden states [B, D]. Compiled, captured (recorded now when `record` and not yet),
+        or eager."""
+        if self._compiled_step is not None:
+            return self._compiled_step(ids, positions, ctx, cache)
+        if self.captured:
+            key = (id(cache), signature(ctx))  # the cache fixes the batch and length (it is kept in self._caches)
+            if key not in self._bodies and record:
+                self._bodies[key] = capture_static(self.model.stack, cache, ids, positions, ctx)
+            if (body := self._bodies.get(key)) is not None:
+                return body(ids, positions, ctx)
+        return self._eager_step(ids, positions, ctx, cache)
+
+    def _eager_step(self, ids: Tensor, positions: Tensor, ctx, cache) -> Tensor:
+        return self.model.stack.run(ids, ctx, position_ids=positions, cache=cache)[:, -1]  # [B, D]
+
+    def _cache_for(self, batch: int, max_len: int) -> KVCache:
+        """A cache of exactly the needed length (eager); compiled or captured, one kept per (batch,
+        bucketed length) and lent to one run at a time, so that the step always sees the same cache
+        objects (a compiled step is not compiled again, a captured one was recorded writing to them).
+        A run still alive keeps its cache: a second run of the same shape meanwhile (a draft that is
+        the target's own engine) gets another."""
+        if not (self.compiled or self.captured):
+            return KVCache(self.config, batch=batch, max_len=max_len, dtype=self.branch_dtype, device=self.device)
+        max_len = min(-(-max_len // BUCKET) * BUCKET, self.config.max_seq_len)
+        pool = self._caches.setdefault((batch, max_len), [])
+        for cache in pool:
+            if cache.owner is None or cache.owner() is None:
+                return cache
+        pool.append(KVCache(self.config, batch=batch, max_len=max_len, dtype=self.branch_dtype, device=self.device))
+        return pool[-1]
+
+    # -- serving over a paged cache ----------------------------------------------------------------
+
+    def paged_cache(self, *, num_blocks: int, block_size: int) -> PagedKVCache:
+        """A paged KV cache of `num_blocks` blocks of `block_size` tokens, in the branches' dtype."""
+        return PagedKVCache(self.config, num_blocks=num_blocks, block_size=block_size, dtype=self.branch_dtype,
+                            device=self.device)
+
+    @torch.inference_mode()
+    def step(self, cache: PagedKVCache, chunks: list[Chunk]) -> Tensor:
+        """One forward over a batch of chunks (each a sequence's next tokens at its positions, through
+        its block table) -> the logits [R, V] of every chunk's last `logits` tokens, chunk after chunk.
+        A batch of single tokens (decode) runs on a captured graph of its shape, rounded up."""
+        captured = self.captured and all(len(c.tokens) == 1 for c in chunks)
+        inputs = paged_inputs(self.model.stack, cache, chunks, rows=_rows_bucket(len(chunks)) if captured else None,
+                              blocks_multiple=max(1, BUCKET // cache.block_size) if captured else None)
+        if captured:
+            hidden = self._paged_decode(cache, inputs)[:len(chunks), None]  # [B, 1, D]
+        else:
+            hidden = self.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions,
+                                          cache=cache.layers(inputs.where))  # [B, S, D]
+        return self.head(hidden[inputs.wanted])  # [R, V]
+
+    def _paged_decode(self, cache: PagedKVCache, inputs) -> Tensor:
+        key = (id(cache), tuple(inputs.ids.shape), inputs.where.blocks, signature(inputs.ctx))
+        body = self._bodies.get(key)
+        if body is None and key not in self._bodies:
+            seen = self._seen_shapes[key] = self._seen_shapes.get(key, 0) + 1
+            if seen > PAGED_RECORD_AFTER:
+                body = self._bodies[key] = capture_paged(self.model.stack, cache, inputs)
+        if body is not None:
+            return body.paged(inputs)
+        layers = cache.layers(inputs.where)
+        return self.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions, cache=layers)[:, -1]
+
+
+def _rows_bucket(rows: int) -> int:
+    """Batch sizes a paged decode step is captured for: powers of two (padding rows write to scratch)."""
+    return 1 << (rows - 1).bit_length()

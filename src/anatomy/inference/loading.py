@@ -1,0 +1,77 @@
+"""What a caller passed as "the model", made runnable: a name loaded once, a model given its kept engine.
+
+    load_named("smollm2-135m-instruct")   -> LoadedModel(model, tokenizer), kept in anatomy.loaded_models
+    resolve_model(model_or_engine_or_name, tokenizer) -> (the engine's model, the tokenizer, the engine)
+
+A name (an installed model, a .gguf file, an HF directory) is loaded once, with its tokenizer, into
+`anatomy.loaded_models`; a model object runs on the engine kept for it (`anatomy.engine_for`), so
+the second call with the same model pays no set-up; an engine is used as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from anatomy.dtypes import torch_dtype
+from anatomy.errors import CheckpointError, InputError
+from anatomy.inference.engine import DecoderEngine, Seq2SeqEngine, engine_for
+from anatomy.inference.model_cache import loaded_models
+from anatomy.text.tokenizer import Tokenizer
+from anatomy.weights.choice import parse_weights
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model loaded by name and its tokenizer; `engine()` is the one kept for the model."""
+
+    model: nn.Module
+    tokenizer: Any
+
+    def engine(self, **options: Any) -> DecoderEngine | Seq2SeqEngine:
+        return engine_for(self.model, **options)
+
+
+def load_named(name: str, dtype: str | torch.dtype = "f32", weights: str = "auto") -> LoadedModel:
+    """The model and tokenizer of a name / .gguf path / HF directory, loaded once (anatomy.loaded_models)
+    with `anatomy.load`'s dtype and weights choice."""
+    dtype, weights = torch_dtype(dtype), parse_weights(weights)
+    return loaded_models.get(("generate", name, dtype, weights), lambda: _load_named(name, dtype, weights))
+
+
+def _load_named(name: str, dtype: torch.dtype, weights: str) -> LoadedModel:
+    from anatomy.checkpoints.loader import load
+    from anatomy.checkpoints.registry import resolve
+    from anatomy.text.tokenizer import load_tokenizer
+
+    try:
+        resolve(name)
+    except CheckpointError as exc:  # an unknown name or a missing package: bad input, not a bad file
+        raise InputError(str(exc)) from None
+    return LoadedModel(load(name, dtype=dtype, weights=weights), load_tokenizer(name))
+
+
+def resolve_model(model: Any, tokenizer: Any, *, compile: bool = False
+                  ) -> tuple[nn.Module, Any, DecoderEngine | Seq2SeqEngine]:
+    """(the engine's model, the tokenizer, the engine) of what a caller passed: an engine as is; a name
+    loaded once into `loaded_models`; a model object on the engine kept for it (the model itself is
+    never changed)."""
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+        raise InputError(f"tokenizer must be an anatomy Tokenizer (anatomy.load_tokenizer), got {type(tokenizer).__name__}")
+    if isinstance(model, (DecoderEngine, Seq2SeqEngine)):
+        return model.model, tokenizer, model
+    if isinstance(model, (str, Path)):
+        named = load_named(str(model))
+        model, tokenizer = named.model, tokenizer if tokenizer is not None else named.tokenizer
+    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+        raise InputError(f"model must be an anatomy model, an engine or a model name/path, got {type(model).__name__}")
+    if not (model.config.is_decoder or model.config.is_seq2seq):
+        raise InputError(f"generation needs a decoder or encoder-decoder model, got architecture="
+                         f"{model.config.architecture!r}")
+    options = {"compile": compile} if model.config.is_decoder else {}
+    engine = engine_for(model, **options)
+    return engine.model, tokenizer, engine
