@@ -8,6 +8,7 @@ FLOP and byte visible.
     anatomy.generate(model, prompt, ...)  / anatomy.stream(...)
     anatomy.embed(model, texts)           sentence embeddings
     anatomy.loaded_models                 the models loaded by name for generate/embed (LRU; .clear())
+    anatomy.engine_for(model)             the engine kept for a model: its step API (engine.start, .step, ...)
     anatomy.inspect(model) / compare(...)  the anatomy report; renders as a page in a notebook
     anatomy.attention(model, text, ...)   attention weights per layer and head over the real tokens
     anatomy.profile(model, ...)           the run measured: time per op and per position, against the roofs
@@ -38,6 +39,8 @@ _LAZY = {
     "stream": "anatomy.inference.generate",
     "embed": "anatomy.inference.embed",
     "loaded_models": "anatomy.inference.model_cache",
+    "engine_for": "anatomy.inference.engine",
+    "kept_engines": "anatomy.inference.engine",
     "inspect": "anatomy.analysis.inspection",
     "compare": "anatomy.analysis.inspection",
     "attention": "anatomy.analysis.attention_maps",
