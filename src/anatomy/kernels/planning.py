@@ -43,10 +43,10 @@ HEAD_THRESHOLD = 1e-3  # its products are the logits: near-ties between tokens a
 def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True) -> KernelPlan | None:
     """Measure (or load) the kernel plan of the view's linear layers and swap them for PlannedLinear
     layers giving the branch dtype (the LM head: the model's). Returns the plan; None on a GPU,
-    where every layer is a dense product in the model's dtype (accelerator_view)."""
+    where every layer is a dense product in the model's dtype (dense_kernels)."""
     layers = linear_layers(view)
     if next(view.parameters()).device.type != "cpu":
-        accelerator_view(view, layers)
+        dense_kernels(view, layers)
         return None
     formats = {name: fmt for name, (fmt, _) in layers.items()}
     plan = make_plan(formats, model_id=model_id(view), weights=_weights_label(formats),
@@ -73,7 +73,7 @@ def branch_dtype(plan: KernelPlan | None, model_dtype: torch.dtype) -> torch.dty
     return model_dtype
 
 
-def accelerator_view(view: nn.Module, layers: dict[str, tuple[WeightFormat, torch.Tensor | None]]) -> None:
+def dense_kernels(view: nn.Module, layers: dict[str, tuple[WeightFormat, torch.Tensor | None]]) -> None:
     """On a GPU the kernels are the vendor's dense GEMMs: every layer a dense product in the
     activations' dtype (compact formats dequantized once), nothing measured. Untested here: no GPU
     was at hand when this was written."""
