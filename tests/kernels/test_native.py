@@ -87,6 +87,19 @@ def test_bad_shapes_are_refused_by_the_operator():
 
 @pytest.mark.skipif(not native.available(), reason="this CPU has no AVX-512 VNNI")
 def test_offered_for_the_formats_and_shapes_they_take():
-    assert KERNELS_BY_NAME["q4x"] in candidates(int4(64, 128))
+    assert KERNELS_BY_NAME["q4x"] in candidates(int4(64, 128)) and KERNELS_BY_NAME["q4f"] in candidates(int4(64, 128))
     assert KERNELS_BY_NAME["q8x"] in candidates(int8g(64, 128))
     assert KERNELS_BY_NAME["q4x"] not in candidates(int4(64, 96))  # K not a multiple of 64
+
+
+@pytest.mark.parametrize("rows", [1, 7, 8, 19])
+@pytest.mark.parametrize("portable", PATHS, ids=lambda p: "portable" if p else "avx512")
+def test_the_float_paths_are_the_float_product(rows, portable):
+    """q4f / q8f decode the weights in float32 and take the activations as they are: the float32 product
+    of the weights the format holds, to float32 rounding (the LM head's kernel must be this exact)."""
+    fmt4, fmt8 = int4(96, 256), int8g(96, 256)
+    p4 = torch.ops.anatomy.pack_q4(fmt4.codes, fmt4.scale.float(), fmt4.offset.float())
+    p8 = torch.ops.anatomy.pack_q8(fmt8.codes, fmt8.scale.float())
+    x = torch.randn(rows, 256)
+    assert relative_error(torch.ops.anatomy.q4f_linear(x, p4, portable), reference_product(fmt4, x)) < 1e-6
+    assert relative_error(torch.ops.anatomy.q8f_linear(x, p8, portable), reference_product(fmt8, x)) < 1e-6

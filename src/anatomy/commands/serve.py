@@ -131,7 +131,7 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
             state.embedder = _embedder(state.embedding_name)
         loop.start()
         state.loop, state.tokenizer = loop, named.tokenizer
-        _report(args, loop, PagedKVCache.block_bytes(engine.config, args.block_size, engine.branch_dtype),
+        _report(args, loop, PagedKVCache.block_bytes(engine.config, args.block_size, engine.kv_dtype),
                 time.perf_counter() - start)
         state.ready.set()
     except Exception as exc:  # re-raised by run() once the server has stopped

@@ -17,6 +17,8 @@ activations of one dtype; `kernel.bind(prepared)` gives the function `x [M, K] -
     q4x             q4x          any          anatomy's own (kernels/native): int4 groups x activations
                                               quantized to int8 per 32, VNNI dot products, up to 16 rows
     q8x             q8x          any          the same for int8 groups (GGUF Q8_0)
+    q4f / q8f       q4x / q8x    any          the same layouts, weights decoded to float32 in registers and
+                                              multiplied with the activations as they are: the float product
 
 `candidates(fmt)` lists the kernels available for a format on this machine; which one is fastest
 is never assumed here: inference.plan measures them. COMPILABLE_KERNELS are those that work inside
@@ -262,6 +264,16 @@ def _bind_q8x(p: Prepared) -> Callable[[Tensor], Tensor]:
     return lambda x: torch.ops.anatomy.q8_linear(x, w)
 
 
+def _bind_q4f(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (w,) = p
+    return lambda x: torch.ops.anatomy.q4f_linear(x, w)
+
+
+def _bind_q8f(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (w,) = p
+    return lambda x: torch.ops.anatomy.q8f_linear(x, w)
+
+
 def _chunkable(fmt: WeightFormat) -> bool:
     return _chunks(fmt.shape[0]) > 1
 
@@ -280,6 +292,8 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("int8pack", INT8PACK, torch.bfloat16, _bind_int8pack),
     Kernel("q4x", Q4X, None, _bind_q4x, NATIVE_ROWS, compiles=False),  # an operator without a compiled form
     Kernel("q8x", Q8X, None, _bind_q8x, NATIVE_ROWS, compiles=False),
+    Kernel("q4f", Q4X, None, _bind_q4f, NATIVE_ROWS, compiles=False),
+    Kernel("q8f", Q8X, None, _bind_q8f, NATIVE_ROWS, compiles=False),
 )
 KERNELS_BY_NAME = {k.name: k for k in KERNELS}
 COMPILABLE_KERNELS = tuple(k for k in KERNELS if k.compiles)  # for a plan whose layers will be compiled

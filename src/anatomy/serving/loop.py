@@ -54,7 +54,7 @@ class ServingLoop:
                  name: str = "model", speculation: ServedSpeculation | None = None) -> None:
         self.engine, self.tokenizer, self.speculation = engine, tokenizer, speculation
         config = engine.config
-        block_bytes = PagedKVCache.block_bytes(config, block_size, engine.branch_dtype)
+        block_bytes = PagedKVCache.block_bytes(config, block_size, engine.kv_dtype)
         num_blocks = kv_bytes // block_bytes
         if num_blocks < 2:
             raise InputError(f"a KV memory of {kv_bytes:,} bytes holds {num_blocks} blocks of {block_size} tokens "

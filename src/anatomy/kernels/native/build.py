@@ -1,4 +1,5 @@
-"""Build anatomy's native kernels (gemv.cpp) into a shared library that `torch.ops.load_library` loads.
+"""Build anatomy's native kernels (gemv.cpp, attention.cpp) into a shared library that
+`torch.ops.load_library` loads.
 
     python -m anatomy.kernels.native.build       (what `make` runs; ~30 s on 2 cores, once per source
                                                   and torch version)
@@ -19,7 +20,7 @@ import sysconfig
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SOURCE = HERE / "gemv.cpp"
+SOURCES = (HERE / "gemv.cpp", HERE / "exact.cpp", HERE / "attention.cpp")
 FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-D_GLIBCXX_USE_CXX11_ABI=1", "-DTORCH_API_INCLUDE_EXTENSION_H"]
 
 
@@ -27,7 +28,8 @@ def library_path() -> Path:
     """Where the library of this source, torch version and flags lives (built or not)."""
     import torch
 
-    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()
+    text = b"".join(source.read_bytes() for source in SOURCES)
+    digest = hashlib.sha256(text + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()
     return HERE / "_build" / f"anatomy_kernels-{digest[:16]}.so"
 
 
@@ -37,7 +39,8 @@ def command(output: Path) -> list[str]:
     includes = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
     libs = [f"-L{p}" for p in cpp_extension.library_paths()]
     rpath = [f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()]
-    return ["g++", *FLAGS, *includes, str(SOURCE), "-o", str(output), *libs, *rpath, "-lc10", "-ltorch_cpu", "-ltorch"]
+    return ["g++", *FLAGS, *includes, *map(str, SOURCES), "-o", str(output), *libs, *rpath, "-lc10", "-ltorch_cpu",
+            "-ltorch"]
 
 
 def build() -> Path:
