@@ -32,7 +32,8 @@ LIMITS = {"int8": 127.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}  # the largest 
 
 @dataclass(frozen=True)
 class Codes:
-    """8-bit keys or values as a cache returns them to attention: codes uint8 [B, H_kv, T, d_h], scale
+    """8-bit keys or values as a cache returns them to attention: codes [B, H_kv, T, d_h] (int8, or an
+    fp8 code's byte as uint8: torch writes no fp8 tensor in place on a CPU), scale
     float16 [B, H_kv, T], the table lut float32 [256] of each code byte's value (value = lut[code] *
     scale), and `reader`, attention that reads codes as they are (kernels/native: the engine's caches
     set it), or None: attention turns them into floats first."""
@@ -44,7 +45,8 @@ class Codes:
 
     def dequantize(self, dtype: torch.dtype) -> Tensor:
         """The values [B, H_kv, T, d_h] in `dtype` (a full copy: what a reader avoids)."""
-        return (self.lut[self.codes.int()] * self.scale.float()[..., None]).to(dtype)
+        values = self.lut[self.codes.long()] if self.codes.dtype == torch.uint8 else self.codes.float()
+        return (values * self.scale.float()[..., None]).to(dtype)
 
 
 def available() -> tuple[str, ...]:
@@ -64,27 +66,37 @@ def parse_kv_dtype(value: str | torch.dtype | None, *, option: str = "kv_dtype")
 
 
 def kv_bytes_per_token(config: ModelConfig, kv_dtype: str) -> int:
-    """Bytes one token's keys and values take in every cached layer, scales included."""
-    dtype = dtypes.parse(kv_dtype, option="kv_dtype", choices=dtypes.KV)
+    """Bytes one token's keys and values take in every cached layer, an 8-bit cache's scales included
+    (any dtype anatomy names: the anatomy also sizes caches anatomy does not run, such as int4)."""
+    dtype = dtypes.parse(kv_dtype, option="kv_dtype", choices=dtypes.ALL)
     scales = config.kv_scales_per_token * SCALE_BYTES if dtype.name in CODES else 0
     return dtype.nbytes(config.kv_values_per_token) + scales
 
 
+def code_dtype(kind: str) -> torch.dtype:
+    """The dtype an 8-bit cache's codes are stored in: int8 as int8; an fp8 code as its byte (uint8:
+    index_copy_ has no fp8 on a CPU), which reinterpreting makes a captured step fall back to eager."""
+    return torch.int8 if kind == "int8" else torch.uint8
+
+
 def quantize(x: Tensor, kind: str) -> tuple[Tensor, Tensor]:
-    """x [..., d] -> (codes uint8 [..., d], scale float16 [...]): one scale per row of d values."""
+    """x [..., d] -> (codes [..., d] in code_dtype(kind), scale float16 [...]): one scale per row of d
+    values. The scale is rounded to float16 first and the codes computed with the rounded one; they are
+    clamped to the code's largest magnitude (float16 rounding may put max|x| / scale a hair above it,
+    which fp8 e4m3 would turn into NaN)."""
+    limit = LIMITS[kind]
     amax = x.float().abs().amax(dim=-1)  # [...]
-    scale = (amax / LIMITS[kind]).to(torch.float16)
+    scale = (amax / limit).to(torch.float16)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row: any scale, codes 0
-    y = x.float() / scale.float()[..., None]
+    y = (x.float() / scale.float()[..., None]).clamp_(-limit, limit)
     if kind == "int8":
-        codes = y.round_().clamp_(-127, 127).to(torch.int8)
-    else:
-        codes = y.to(dtypes.DTYPES[kind].torch)
-    return codes.view(torch.uint8), scale
+        return y.round_().to(torch.int8), scale
+    return y.to(dtypes.DTYPES[kind].torch).view(torch.uint8), scale
 
 
 def table(kind: str, device: torch.device | str = "cpu") -> Tensor:
-    """float32 [256]: the value of each code byte (int8: the integer; fp8: its float)."""
+    """float32 [256]: the value of each code byte (int8: the integer; fp8: its float), for a kernel that
+    reads the codes' bytes."""
     byte = torch.arange(256, dtype=torch.uint8, device=device)
     return byte.view(torch.int8 if kind == "int8" else dtypes.DTYPES[kind].torch).float()
 

@@ -26,6 +26,8 @@ def free_port() -> int:
     (["serve", "--model", "smollm-135m"], "--model: 'smollm-135m' is neither an existing file"),
     (["serve", "--embedding-model", "nonesuch-encoder"], "--embedding-model: 'nonesuch-encoder' is neither"),
     (["serve", "--api-key", " "], "--api-key must not be empty"),
+    (["serve", "--kv-dtype", "q4_0"], "--kv-dtype 'q4_0' is not one of f32, f16, bf16, int8"),
+    (["serve", "--num-speculative-tokens", "3"], "--num-speculative-tokens 3 needs --speculative ngram"),
     (["bench-serve", "--url", "http://example.com:8000"], "only http:// on this machine"),
     (["bench-serve", "--concurrency", "0"], "--concurrency must be in [1, 512]"),
     (["bench-serve", "--requests", "0"], "--requests 0 must be >= 1"),

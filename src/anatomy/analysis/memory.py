@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from anatomy import dtypes
+from anatomy import dtypes, kv_format
 from anatomy.config import ModelConfig
 
 
@@ -62,16 +62,17 @@ def training_state(n_params: int, *, dtype: str) -> TrainingState:
 
 
 def kv_bytes_per_token(config: ModelConfig, kv_dtype: str) -> int:
-    """config.kv_values_per_token (2 * cached layers * H_kv * d_h) at `kv_dtype`."""
-    return dtypes.parse(kv_dtype, option="--kv-dtype", choices=dtypes.ALL).nbytes(config.kv_values_per_token)
+    """config.kv_values_per_token (2 * cached layers * H_kv * d_h) at `kv_dtype`, an 8-bit cache's
+    scales included (anatomy/kv_format.py)."""
+    return kv_format.kv_bytes_per_token(config, dtypes.parse(kv_dtype, option="--kv-dtype", choices=dtypes.ALL).name)
 
 
 def kv_cache_bytes(config: ModelConfig, *, batch: int, tokens: int, kv_dtype: str, windowed: bool = True) -> int:
     """K and V of `tokens` positions for B sequences; a sliding-window layer keeps at most its window
     of them (`windowed`: what a window-capped cache holds; False: every position, as a cache
     addressed by absolute slots, like anatomy's static cache, allocates)."""
-    values = config.kv_values(tokens) if windowed else tokens * config.kv_values_per_token
-    return batch * dtypes.parse(kv_dtype, option="--kv-dtype", choices=dtypes.ALL).nbytes(values)
+    kept = config.kv_values(tokens) if windowed else tokens * config.kv_values_per_token  # values held
+    return batch * kept * kv_bytes_per_token(config, kv_dtype) // config.kv_values_per_token
 
 
 def naive_scores_bytes(config: ModelConfig, *, batch: int, seq: int, dtype: str) -> int:

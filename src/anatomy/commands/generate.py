@@ -17,6 +17,7 @@ from anatomy.commands.common import DefaultsHelpFormatter, read_stdin
 from anatomy.commands.speculative_options import (
     add_speculative_options, check_speculative_options, speculative_options)
 from anatomy.errors import InputError
+from anatomy.kv_format import parse_kv_dtype
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -58,6 +59,15 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="also print the whole kernel plan: every candidate's time and error per weight shape and phase")
     p.add_argument("--truncate", action="store_true",
                    help="keep the end of a prompt longer than the model's context instead of failing")
+    add_kv_dtype_option(p)
+
+
+def add_kv_dtype_option(p: argparse.ArgumentParser) -> None:
+    from anatomy import kv_format
+
+    p.add_argument("--kv-dtype", default=None,
+                   help=f"what the KV cache holds: {', '.join(kv_format.available())} (int8 and fp8: 8-bit codes with a "
+                        "scale per token and head, half of bf16's bytes; default: the dtype the branches compute in)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
@@ -86,6 +96,7 @@ def check_options(args: argparse.Namespace) -> None:
 
     SamplingParams(**sampling_options(args))
     args.dtype = dtypes.parse(args.dtype, option="--dtype").name
+    args.kv_dtype = parse_kv_dtype(args.kv_dtype, option="--kv-dtype")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,8 +122,8 @@ def start(model: Any, tokenizer: Any, prompt: Any, args: argparse.Namespace,
     speculative_options made of them); iterate `.deltas()`."""
     from anatomy.inference.generate import Generation
 
-    return Generation.start(model, prompt, tokenizer=tokenizer, compile=args.compile, truncate=args.truncate,
-                            sampling=sampling_options(args), speculative=speculative)
+    return Generation.start(model, prompt, tokenizer=tokenizer, truncate=args.truncate,
+                            sampling=sampling_options(args), speculative=speculative)  # model: the loaded engine
 
 
 def print_stats(gen: Any, *, verbose: bool = False) -> None:
@@ -130,7 +141,8 @@ def print_stats(gen: Any, *, verbose: bool = False) -> None:
     read = engine.decode_weight_bytes
     per_step = r.speculative.tokens_per_forward if r.speculative is not None else 1.0  # tokens per weight read
     rate = f" -> {read * r.tokens_per_s / per_step / 1e9:.1f} GB/s of weights" if r.tokens_per_s > 0 and per_step else ""
-    print(f"[residual stream {dtypes.name_of(engine.dtype)}, branches {dtypes.name_of(engine.branch_dtype)}; "
+    print(f"[residual stream {dtypes.name_of(engine.dtype)}, branches {dtypes.name_of(engine.branch_dtype)}, "
+          f"KV cache {engine.kv_dtype}; "
           f"{'; '.join(engine.kernel_summary())}; "
           f"a decode step reads {read / 1e6:.0f} MB of weights{rate}]", file=sys.stderr, flush=True)
     if verbose and engine.plan is not None:
@@ -158,7 +170,8 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
         named = load_named(args.model, args.dtype, args.weights)
         config = named.model.config
         if config.is_decoder or config.is_seq2seq:
-            return named.engine(**({"compile": args.compile} if config.is_decoder else {})), named.tokenizer
+            options = {"compile": args.compile, "kv_dtype": args.kv_dtype} if config.is_decoder else {}
+            return named.engine(**options), named.tokenizer
         return named.model, named.tokenizer  # generation refuses it, naming its architecture
 
 

@@ -40,7 +40,9 @@ def add_size_options(p: argparse.ArgumentParser) -> None:
     add_old_name(p, "--seq", new="--seq-len", dest="seq_len", type=int)
     p.add_argument("--context", type=int, default=None, help="decode context T (default max_seq_len)")
     p.add_argument("--dtype", default="bf16", help=f"weight dtype: {', '.join(dtypes.ALL)} (default bf16)")
-    p.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the compute dtype)")
+    p.add_argument("--kv-dtype", default=None,
+                   help=f"KV cache dtype: {', '.join(dtypes.ALL)} (int8 and fp8 with a float16 scale per token and head, "
+                        "as anatomy's 8-bit caches hold them; default: the compute dtype)")
     p.add_argument("--hardware", default="h100-sxm", help=f"{', '.join(hardware_names())} (default h100-sxm)")
     p.add_argument("--tokens", type=float, default=None, help="training tokens, e.g. 1e12 (adds a training estimate)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs for the training estimate (default 1)")

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from anatomy.commands.generate import WEIGHTS_HELP
+from anatomy.commands.generate import WEIGHTS_HELP, add_kv_dtype_option
 from anatomy.errors import InputError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -60,6 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-memory", default="0.1",
                    help="KV-cache budget: bytes (2GiB, 512MB, 1e9) or a fraction of the machine's memory (0.1)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    add_kv_dtype_option(p)
     p.add_argument("--batch-size", type=int, default=32, help="most sequences one step advances")
     p.add_argument("--max-step-tokens", type=int, default=512,
                    help="most tokens one step computes (decodes + prefill chunks): long prompts are prefilled in "
@@ -78,6 +79,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from anatomy import dtypes
+    from anatomy.kv_format import parse_kv_dtype
     from anatomy.weights.choice import parse_weights
 
     kv_bytes = parse_memory(args.kv_memory)
@@ -86,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     _check_args(args)
     args.dtype = dtypes.parse(args.dtype, option="--dtype").name
     args.weights = parse_weights(args.weights, option="--weights")
+    args.kv_dtype = parse_kv_dtype(args.kv_dtype, option="--kv-dtype")
     from anatomy.serving.app import ServerState, create_app
 
     embedding = _embedding_name(args.embedding_model)
@@ -123,7 +126,7 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
         if not named.model.config.is_decoder:
             raise InputError(f"{args.model}: serving needs a decoder model, got architecture="
                              f"{named.model.config.architecture!r}")
-        engine = named.engine()
+        engine = named.engine(kv_dtype=args.kv_dtype)
         loop = ServingLoop(engine, named.tokenizer, kv_bytes=kv_bytes, block_size=args.block_size,
                            max_seqs=args.batch_size, max_step_tokens=args.max_step_tokens,
                            prefix_caching=not args.no_prefix_cache, name=args.model, speculation=_speculation(args))
@@ -152,7 +155,8 @@ def _report(args: argparse.Namespace, loop, block_bytes: int, seconds: float) ->
           f"{dtypes.name_of(engine.branch_dtype)}) ready in {seconds:.1f} s; kernels "
           f"{'; '.join(engine.kernel_summary())}; a decode step reads {engine.decode_weight_bytes / 1e6:,.0f} MB "
           f"of weights", file=sys.stderr, flush=True)
-    print(f"anatomy serve: KV cache {total / 2 ** 20:,.0f} MiB = {blocks:,} blocks of {loop.blocks.block_size} tokens "
+    print(f"anatomy serve: KV cache {engine.kv_dtype}, {total / 2 ** 20:,.0f} MiB = {blocks:,} blocks of "
+          f"{loop.blocks.block_size} tokens "
           f"= {tokens:,} tokens ({block_bytes // loop.blocks.block_size:,} B per token); context {loop.context:,} "
           f"tokens per sequence, up to {args.batch_size} sequences and {args.max_step_tokens} tokens per step; "
           f"prefix cache {'off' if args.no_prefix_cache else 'on'}; speculative decoding "

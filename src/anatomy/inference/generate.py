@@ -35,21 +35,24 @@ from anatomy.inference.speculative.setup import speculation_of
 from anatomy.text.stops import StopStringFilter, TextRow
 
 
-def generate(model: nn.Module | DecoderEngine | Seq2SeqEngine | str | Path, prompt: Any, *, tokenizer: Any = None, compile: bool = False,
-             truncate: bool = False, num_beams: int = 1, length_penalty: float = 1.0, speculative: Any = None,
-             draft_model: Any = None, num_speculative_tokens: int | None = None,
-             **sampling: Any) -> GenerationResult | list[GenerationResult]:
+def generate(model: nn.Module | DecoderEngine | Seq2SeqEngine | str | Path, prompt: Any, *, tokenizer: Any = None,
+             compile: bool = False, kv_dtype: str | None = None, truncate: bool = False, num_beams: int = 1,
+             length_penalty: float = 1.0, speculative: Any = None, draft_model: Any = None,
+             num_speculative_tokens: int | None = None, **sampling: Any) -> GenerationResult | list[GenerationResult]:
     """Generate a continuation of `prompt` (or of each prompt of a batch).
 
     `model` is a model, a DecoderEngine, or a name / .gguf path / HF directory. Sampling
     options are the fields of SamplingParams (max_new_tokens, temperature, top_k, top_p, min_p,
     repetition_penalty, seed, stop, stop_ids, ignore_eos). `truncate` keeps the end of a prompt
     that does not fit the context. `num_beams`/`length_penalty` apply to encoder-decoder models.
+    `kv_dtype` is what the KV cache holds: None (the branches' dtype), f32, f16, bf16, or 8-bit
+    int8 / fp8_e4m3 / fp8_e5m2 with a scale per token and head (anatomy/kv_format.py).
     `speculative` ("ngram" or "draft", with `draft_model` a model, engine or name) verifies up to
     `num_speculative_tokens` proposed tokens per target forward (inference/speculative/): the same
     greedy output, the same sampling distribution; the results' `speculative` field has the counts.
     """
-    run = Generation.start(model, prompt, tokenizer=tokenizer, compile=compile, truncate=truncate, sampling=sampling,
+    run = Generation.start(model, prompt, tokenizer=tokenizer, engine=dict(compile=compile, kv_dtype=kv_dtype),
+                           truncate=truncate, sampling=sampling,
                            speculative=dict(speculative=speculative, draft_model=draft_model,
                                             num_speculative_tokens=num_speculative_tokens))
     if run.model.config.is_seq2seq:
@@ -61,11 +64,12 @@ def generate(model: nn.Module | DecoderEngine | Seq2SeqEngine | str | Path, prom
 
 
 def stream(model: nn.Module | DecoderEngine | str | Path, prompt: Any, *, tokenizer: Any = None, compile: bool = False,
-           truncate: bool = False, speculative: Any = None, draft_model: Any = None,
+           kv_dtype: str | None = None, truncate: bool = False, speculative: Any = None, draft_model: Any = None,
            num_speculative_tokens: int | None = None, **sampling: Any) -> Iterator[str]:
     """Yield the text of one prompt's continuation piece by piece, as it is generated. The pieces
     join to `generate(...).text`: no broken characters, no part of a stop string."""
-    run = Generation.start(model, prompt, tokenizer=tokenizer, compile=compile, truncate=truncate, sampling=sampling,
+    run = Generation.start(model, prompt, tokenizer=tokenizer, engine=dict(compile=compile, kv_dtype=kv_dtype),
+                           truncate=truncate, sampling=sampling,
                            speculative=dict(speculative=speculative, draft_model=draft_model,
                                             num_speculative_tokens=num_speculative_tokens))
     if run.batched or run.model.config.is_seq2seq:
@@ -92,10 +96,11 @@ class Generation:
     speculator: SpeculativeDecoder | None = None  # the latest deltas() call's, with its stats
 
     @classmethod
-    def start(cls, model: Any, prompt: Any, *, tokenizer: Any, compile: bool, truncate: bool,
-              sampling: dict[str, Any], speculative: dict[str, Any] | None = None) -> Generation:
+    def start(cls, model: Any, prompt: Any, *, tokenizer: Any, truncate: bool, sampling: dict[str, Any],
+              engine: dict[str, Any] | None = None, speculative: dict[str, Any] | None = None) -> Generation:
+        """`engine`: the engine options (compile, kv_dtype) a model or a name runs with."""
         params = _params(sampling)
-        model, tokenizer, engine = resolve_model(model, tokenizer, compile=compile)
+        model, tokenizer, engine = resolve_model(model, tokenizer, **(engine or {}))
         speculation = speculation_of(**(speculative or {}), tokenizer=tokenizer)
         batched, prompts = split_batch(prompt)
         ids = [encode_prompt(p, tokenizer) for p in prompts]

@@ -21,6 +21,7 @@ from anatomy.dtypes import torch_dtype
 from anatomy.errors import CheckpointError, InputError
 from anatomy.inference.engine import DecoderEngine, Seq2SeqEngine, engine_for
 from anatomy.inference.model_cache import loaded_models
+from anatomy.kv_format import parse_kv_dtype
 from anatomy.text.tokenizer import Tokenizer
 from anatomy.weights.choice import parse_weights
 
@@ -55,14 +56,18 @@ def _load_named(name: str, dtype: torch.dtype, weights: str) -> LoadedModel:
     return LoadedModel(load(name, dtype=dtype, weights=weights), load_tokenizer(name))
 
 
-def resolve_model(model: Any, tokenizer: Any, *, compile: bool = False
+def resolve_model(model: Any, tokenizer: Any, *, compile: bool = False, kv_dtype: str | None = None
                   ) -> tuple[nn.Module, Any, DecoderEngine | Seq2SeqEngine]:
-    """(the engine's model, the tokenizer, the engine) of what a caller passed: an engine as is; a name
-    loaded once into `loaded_models`; a model object on the engine kept for it (the model itself is
-    never changed)."""
+    """(the engine's model, the tokenizer, the engine) of what a caller passed: an engine as is (it
+    keeps its own options); a name loaded once into `loaded_models`; a model object on the engine kept
+    for it with these options (the model itself is never changed)."""
     if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
         raise InputError(f"tokenizer must be an anatomy Tokenizer (anatomy.load_tokenizer), got {type(tokenizer).__name__}")
     if isinstance(model, (DecoderEngine, Seq2SeqEngine)):
+        if kv_dtype is not None and parse_kv_dtype(kv_dtype) != getattr(model, "kv_dtype", None):
+            raise InputError(f"kv_dtype={kv_dtype!r}: the engine given holds its KV cache in "
+                             f"{getattr(model, 'kv_dtype', 'its own dtype')}; make it with DecoderEngine(model, "
+                             "kv_dtype=...) or pass the model")
         return model.model, tokenizer, model
     if isinstance(model, (str, Path)):
         named = load_named(str(model))
@@ -72,6 +77,6 @@ def resolve_model(model: Any, tokenizer: Any, *, compile: bool = False
     if not (model.config.is_decoder or model.config.is_seq2seq):
         raise InputError(f"generation needs a decoder or encoder-decoder model, got architecture="
                          f"{model.config.architecture!r}")
-    options = {"compile": compile} if model.config.is_decoder else {}
+    options = {"compile": compile, "kv_dtype": parse_kv_dtype(kv_dtype)} if model.config.is_decoder else {}
     engine = engine_for(model, **options)
     return engine.model, tokenizer, engine

@@ -29,3 +29,19 @@ def mean_nll(runner: DecoderEngine | nn.Module, ids: list[int]) -> float:
         logits = head(hidden[start:start + CHUNK]).float()  # [c, V]
         total += F.cross_entropy(logits, targets[start:start + CHUNK], reduction="sum").item()
     return total / len(targets)
+
+
+@torch.inference_mode()
+def cached_nll(engine: DecoderEngine, ids: list[int], *, chunk: int = 64) -> float:
+    """The same mean NLL, with every token's keys and values going through the engine's KV cache
+    first: the text is fed in spans of `chunk` tokens (run.verify), each attending over the cache as
+    it holds the tokens before (its kv_dtype's precision: what an 8-bit cache costs)."""
+    from anatomy.inference.sampling import SamplingParams
+
+    run = engine.start([ids[:1]], SamplingParams(max_new_tokens=len(ids) - 1))
+    logits = [run.prefill()[:, None]]  # [1, 1, V]
+    for start in range(1, len(ids) - 1, chunk):
+        logits.append(run.verify(torch.tensor([ids[start:min(start + chunk, len(ids) - 1)]])))
+    logprobs = torch.cat(logits, dim=1)[0].float().log_softmax(dim=-1)  # [n-1, V]
+    targets = torch.tensor(ids[1:])
+    return float(-logprobs[torch.arange(len(targets)), targets].mean())

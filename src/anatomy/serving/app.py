@@ -330,6 +330,8 @@ def gauges(loop: ServingLoop) -> dict[str, tuple[str, float]]:
         "kv_blocks_used": ("KV-cache blocks held by sequences", blocks.used),
         "kv_blocks_free": ("KV-cache blocks free (cached, unreferenced blocks included)", blocks.free),
         "kv_blocks_total": (f"KV-cache blocks of {blocks.block_size} tokens", blocks.num_blocks),
+        "kv_cache_tokens": (f"Tokens the KV cache holds ({loop.engine.kv_dtype})", blocks.num_blocks * blocks.block_size),
+        "kv_cache_bytes": ("Bytes of the KV cache's blocks (scales included)", loop.cache.nbytes),
         "prefix_cache_queries_total": ("Prompt tokens looked up in the prefix cache", blocks.queried_tokens),
         "prefix_cache_hits_total": ("Prompt tokens found in the prefix cache", blocks.hit_tokens),
         "prefix_cache_hit_rate": ("Prefix-cache hits / queries, in tokens", blocks.hit_rate),

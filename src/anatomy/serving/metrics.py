@@ -5,6 +5,7 @@ under one lock. Gauges (running/waiting, KV blocks, prefix-cache hit rate) are r
 scheduler and the block manager when scraped.
 
     anatomy_requests_running / _waiting           sequences in the running batch / the queue
+    anatomy_kv_cache_tokens / anatomy_kv_cache_bytes   tokens the paged KV cache holds, and its bytes
     anatomy_kv_blocks_used / _free / _total       blocks of the paged KV cache (free includes
                                                   cached blocks no sequence holds: evictable)
     anatomy_prefix_cache_queries_total / _hits_total / anatomy_prefix_cache_hit_rate

@@ -30,7 +30,7 @@ class LayerKVCache(nn.Module):
         super().__init__()
         self.max_len, self.kind, self.reader = max_len, codes, reader
         shape = (batch, n_kv_heads, max_len, head_dim)
-        stored = torch.uint8 if codes else dtype
+        stored = kv_format.code_dtype(codes) if codes else dtype
         self.register_buffer("k", torch.zeros(shape, dtype=stored, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=stored, device=device), persistent=False)
         if codes:

@@ -46,7 +46,7 @@ class PagedPool(nn.Module):
                  codes: str | None = None, reader=None) -> None:
         super().__init__()
         self.kind, self.reader = codes, reader
-        stored = torch.uint8 if codes else dtype
+        stored = kv_format.code_dtype(codes) if codes else dtype
         self.register_buffer("k", torch.zeros(shape, dtype=stored, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=stored, device=device), persistent=False)
         if codes:

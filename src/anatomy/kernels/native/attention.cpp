@@ -165,8 +165,8 @@ bool has_avx512() {
 Cache cache_of(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& scale_f32) {
   TORCH_CHECK(x.dim() == 4 && x.stride(3) == 1, "anatomy::decode_attention: k and v must be [B, H, T, d] with d contiguous");
   Kind kind = x.scalar_type() == at::kFloat ? F32 : x.scalar_type() == at::kBFloat16 ? BF16 : CODES;
-  TORCH_CHECK(kind != CODES || x.scalar_type() == at::kByte, "anatomy::decode_attention: k and v must be float32, "
-              "bfloat16 or uint8 codes, got ", x.scalar_type());
+  TORCH_CHECK(kind != CODES || x.element_size() == 1, "anatomy::decode_attention: k and v must be float32, "
+              "bfloat16 or 8-bit codes (their bytes are looked up in lut), got ", x.scalar_type());
   TORCH_CHECK(kind != CODES || (scale.defined() && scale.dim() == 3), "anatomy::decode_attention: 8-bit codes need "
               "their scales [B, H, T]");
   Cache c{x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), nullptr, 0, 0, 0, kind};
@@ -190,7 +190,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   at::Tensor ks = k_scale.has_value() ? k_scale->to(at::kFloat) : at::Tensor();
   at::Tensor vs = v_scale.has_value() ? v_scale->to(at::kFloat) : at::Tensor();
   at::Tensor table = lut.has_value() ? lut->to(at::kFloat).contiguous() : at::Tensor();
-  TORCH_CHECK(k.scalar_type() != at::kByte || (table.defined() && table.numel() == 256),
+  TORCH_CHECK(k.element_size() != 1 || (table.defined() && table.numel() == 256),
               "anatomy::decode_attention: 8-bit codes need their table of 256 values");
   at::Tensor m;
   if (mask.has_value()) {
