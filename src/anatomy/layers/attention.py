@@ -155,6 +155,8 @@ def attend(
                 and q.shape[2] <= READ_ROWS and (mask is None or mask.dtype != torch.bool)):
             return k.reader(q, k, v, mask=mask, scale=scale if scale is not None else q.shape[-1] ** -0.5), None
         k, v = k.dequantize(q.dtype), v.dequantize(q.dtype)
+    elif k.dtype != q.dtype:  # a float cache in another dtype than the branches compute in (kv_dtype=...)
+        k, v = k.to(q.dtype), v.to(q.dtype)
     B, H, S, d_h = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
     rep = H // H_kv
