@@ -148,8 +148,9 @@ def test_bad_kv_dtypes_are_refused_naming_the_option(monkeypatch):
 
 @pytest.mark.slow
 def test_an_int8_cache_costs_smollm2_under_half_a_percent_of_nll(smollm2_gguf_path):
-    """SmolLM2 from its Q4_1 file, 2,068 tokens of English fed through the cache: mean token NLL with
-    an int8 cache within 0.5% of the bf16 cache's (the issue's bar; measured +0.01%), fp8 reported."""
+    """SmolLM2 from its Q4_1 file, the first 1,024 tokens of English fed through the cache in spans of
+    128: mean token NLL with an int8 cache within 0.5% of the bf16 cache's (the issue's bar; `python -m
+    benchmarks kv` measures all 2,068 tokens and the fp8 kinds)."""
     from pathlib import Path
 
     import anatomy
@@ -157,7 +158,7 @@ def test_an_int8_cache_costs_smollm2_under_half_a_percent_of_nll(smollm2_gguf_pa
 
     model = anatomy.load(smollm2_gguf_path)
     text = (Path(__file__).parents[2] / "data" / "english.txt").read_text()
-    ids = anatomy.load_tokenizer(smollm2_gguf_path).encode(text)
-    base = cached_nll(DecoderEngine(model, kv_dtype="bf16"), ids)
-    int8 = cached_nll(DecoderEngine(model, kv_dtype="int8"), ids)
+    ids = anatomy.load_tokenizer(smollm2_gguf_path).encode(text)[:1024]
+    base = cached_nll(DecoderEngine(model, kv_dtype="bf16"), ids, chunk=128)
+    int8 = cached_nll(DecoderEngine(model, kv_dtype="int8"), ids, chunk=128)
     assert abs(int8 / base - 1) < 0.005, (base, int8)
