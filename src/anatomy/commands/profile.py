@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from anatomy.commands.common import add_report_options, print_report
+from anatomy.commands.generate import add_kv_dtype_option
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -37,9 +38,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="decode at each batch=... or context=... value: measured and predicted tok/s, the ridge "
                         "(repeatable)")
     p.add_argument("--what-if", action="append", default=[], metavar="SWITCH=VALUE",
-                   help="the same run with weights=DTYPE, attention=sdpa|eager or batch=N: before/after per "
-                        "position (repeatable)")
+                   help="the same run with weights=DTYPE, attention=sdpa|eager, kv_dtype=DTYPE or batch=N: "
+                        "before/after per position (repeatable)")
     p.add_argument("--hardware", default=None, help=f"add the prediction on {', '.join(hardware_names())}")
+    add_kv_dtype_option(p)
     add_report_options(p, docs="docs/profile.md", plot="the positions and the sweeps as a chart",
                        html="positions, every op on this machine's roofline, sweeps, what-ifs")
     p.set_defaults(run=run)
@@ -53,7 +55,10 @@ def run(args: argparse.Namespace) -> int:
     from anatomy.analysis.profile.api import parse_weights, run_session
     from anatomy.figures import image_format
 
+    from anatomy.kv_format import parse_kv_dtype
+
     weights = parse_weights(args.weights, option="--weights")
+    kv_dtype = parse_kv_dtype(args.kv_dtype, option="--kv-dtype")
     sweeps = [parse_sweep(s) for s in args.sweep]
     what_ifs = [parse_what_if(w) for w in args.what_if]
     if args.plot:
@@ -64,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_path(args.html)  # before the work: a bad path fails fast
     hardware = get_hardware(args.hardware) if args.hardware else None
     options = ProfileOptions(batch=args.batch_size, prompt_len=args.prompt_len, context=args.context,
-                             new_tokens=args.new_tokens)
+                             new_tokens=args.new_tokens, kv_dtype=kv_dtype)
     report = run_session(args.model, weights=weights, options=options, sweeps=sweeps, what_ifs=what_ifs,
                          hardware=hardware, name=args.model)
     if args.plot:

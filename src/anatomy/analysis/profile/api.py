@@ -45,18 +45,21 @@ class ProfileReport(Report):
 def profile(model: str | os.PathLike[str] | nn.Module, *, weights: str = "auto", batch_size: int = 1,
             prompt_len: int = 128, context: int | None = None, new_tokens: int = 16,
             sweep: str | list[str] | tuple[str, ...] = (), what_if: str | list[str] | tuple[str, ...] = (),
-            hardware: str | None = None, name: str | None = None) -> ProfileReport:
+            hardware: str | None = None, name: str | None = None, kv_dtype: str | None = None) -> ProfileReport:
     """Profile a model (a loaded model, or a name / .gguf / HF directory / preset loaded at `weights`,
     as anatomy.load takes it). `sweep`: "batch=1,2,4" or "context=256,512" (one or a list);
-    `what_if`: "weights=bf16", "attention=eager", "batch=8" (one or a list); `hardware`: a named
-    accelerator whose prediction is added."""
+    `what_if`: "weights=bf16", "attention=eager", "kv_dtype=int8", "batch=8" (one or a list); `hardware`: a
+    named accelerator whose prediction is added; `kv_dtype`: what the engine's KV cache holds."""
     from anatomy.analysis.hardware import get_hardware
     from anatomy.analysis.profile.measure import ProfileOptions
 
     weights = parse_weights(weights)
     sweeps = [_sweep(s) for s in ([sweep] if isinstance(sweep, str) else sweep)]
     what_ifs = [_what_if(w) for w in ([what_if] if isinstance(what_if, str) else what_if)]
-    options = ProfileOptions(batch=batch_size, prompt_len=prompt_len, context=context, new_tokens=new_tokens)
+    from anatomy.kv_format import parse_kv_dtype
+
+    options = ProfileOptions(batch=batch_size, prompt_len=prompt_len, context=context, new_tokens=new_tokens,
+                             kv_dtype=parse_kv_dtype(kv_dtype))
     return ProfileReport(run_session(model, weights=weights, options=options, sweeps=sweeps, what_ifs=what_ifs,
                                      hardware=get_hardware(hardware) if hardware else None, name=name))
 
@@ -212,8 +215,8 @@ def _run_what_if(model: nn.Module, source: str | None, key: str, value: str, opt
     if key == "weights":
         other = _with_weights(model, source, parse_weights(value, option="--what-if weights"))
         after = profile_model(other, options=options, machine=machine)
-    elif key == "attention":
-        after = profile_model(model, options=dataclasses.replace(options, attention=value), machine=machine)
+    elif key in ("attention", "kv_dtype"):
+        after = profile_model(model, options=dataclasses.replace(options, **{key: value}), machine=machine)
     else:
         after = profile_model(model, options=dataclasses.replace(options, batch=int(value)), machine=machine)
     return compare(f"{key}={value}", base, after)

@@ -62,7 +62,8 @@ def run_bytes(config: ModelConfig, options, weights: str) -> dict[str, int]:
     widest = max(config.q_dim + 2 * config.kv_dim, 2 * max(config.d_ff, config.d_ff_expert or 0))
     scores = B * config.n_heads * S * S if options.attention == "eager" else 0
     return {"weights": stored.nbytes(parameter_ledger(config).total),
-            "KV cache": 0 if config.is_encoder else kv_cache_bytes(config, batch=B, tokens=T, kv_dtype=act.name,
+            "KV cache": 0 if config.is_encoder else kv_cache_bytes(config, batch=B, tokens=T,
+                                                                     kv_dtype=options.kv_dtype or act.name,
                                                                      windowed=False),
             "activations": act.nbytes(B * S * (widest + 4 * config.d_model) + scores) + 4 * B * config.vocab_size}
 

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from anatomy import dtypes
+from anatomy.kv_format import kv_bytes_per_token
 from anatomy.analysis import trace as shape_trace
 from anatomy.analysis.hardware import Hardware
 from anatomy.analysis.params import parameter_ledger
@@ -59,6 +60,7 @@ class ProfileOptions:
     rounds: int = 2  # alternations of unprofiled and profiled runs
     phases: tuple[str, ...] = ("prefill", "decode")  # those the model has are run
     attention: str | None = None  # the attention backend of the engine's view ("sdpa", "eager"); None: as built
+    kv_dtype: str | None = None  # what the engine's KV cache holds (kv_format.py); None: the branches' dtype
 
     def context_for(self, config: ModelConfig) -> int:
         if self.context is not None:
@@ -76,7 +78,7 @@ def measure(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), nam
     config = model.config
     shape = Shape(options.batch, options.prompt_len, options.context_for(config))
     check_shape(config, shape, options)  # the caller checks memory (check_run) before loading
-    work = workload(model, shape, attention=options.attention)
+    work = workload(model, shape, attention=options.attention, kv_dtype=options.kv_dtype)
     compute = dtypes.name_of(work.dtype)
     measured = machine if isinstance(machine, Machine) else Machine(machine)
     machine = measured.roofs(compute)
@@ -95,11 +97,13 @@ def measure(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), nam
         timed = run_phase(make_steps, ranges, phase=phase, warmup=warmup, count=count, rounds=options.rounds)
         phases[phase] = _phase(timed, index, positions, weights, roofs, tokens=work.tokens[phase],
                                element_size=dtypes.parse(compute).torch.itemsize)
+        if phase == "decode" and work.kv_dtype is not None:  # the cache a step reads, scales included
+            phases[phase]["kv_bytes_per_step"] = shape.batch * shape.context * kv_bytes_per_token(config, work.kv_dtype)
     report = {
         "model": {"name": name, "architecture": config.architecture, "parameters": parameter_ledger(config).total},
         "options": {"batch": shape.batch, "prompt_len": shape.prompt_len, "context": shape.context,
                     "new_tokens": options.new_tokens, "prefill_runs": options.prefill_runs,
-                    "compute_dtype": compute, "threads": torch.get_num_threads()},
+                    "compute_dtype": compute, "kv_dtype": work.kv_dtype, "threads": torch.get_num_threads()},
         "machine": {**machine_dict(machine, compute), "op_latency_s": roofs.op_latency_s, "load": load_note(load)},
         "positions": {k: {"label": label, "serves": serves} for k, (label, serves) in POSITIONS.items()},
         "phases": phases,

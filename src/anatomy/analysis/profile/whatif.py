@@ -3,6 +3,7 @@ each position of the map, so that a user sees where an optimization acts and by 
 
     weights=bf16       the weights (and activations) loaded in another format
     attention=eager    the attention backend of the engine's view (the score matrix as a tensor)
+    kv_dtype=int8      what the engine's KV cache holds (int8, fp8_e4m3, fp8_e5m2, bf16, ...)
     batch=8            more rows per step
 
 Step times are unprofiled; the positions' times are the profiled ones (their sum is the profiled
@@ -15,7 +16,7 @@ from typing import Any
 
 from anatomy.errors import InputError
 
-SWITCHES = ("weights", "attention", "batch")
+SWITCHES = ("weights", "attention", "kv_dtype", "batch")
 
 
 def parse_what_if(text: str) -> tuple[str, str]:
@@ -25,6 +26,10 @@ def parse_what_if(text: str) -> tuple[str, str]:
         raise InputError(f"--what-if {text!r}: write SWITCH=VALUE with SWITCH one of {', '.join(SWITCHES)}")
     if key == "batch" and (not value.isdigit() or int(value) < 1):
         raise InputError(f"--what-if {text!r}: batch must be a positive integer")
+    if key == "kv_dtype":
+        from anatomy.kv_format import parse_kv_dtype
+
+        value = parse_kv_dtype(value, option="--what-if kv_dtype")
     return key, value
 
 

@@ -39,6 +39,7 @@ class Workload:
     tokens: dict[str, int]  # tokens each phase's step processes (prefill) or produces (decode)
     dtype: torch.dtype  # the activations' dtype (the engine's choice, with its kernel plan)
     plan: object = None  # the engine's KernelPlan (kernels/plan.py), for a decoder
+    kv_dtype: str | None = None  # what its KV cache holds, for a decoder
 
 
 def prompt_ids(vocab_size: int, shape: Shape) -> list[list[int]]:
@@ -48,24 +49,25 @@ def prompt_ids(vocab_size: int, shape: Shape) -> list[list[int]]:
     return [[low + (131 * row + 17 * j) % span for j in range(shape.prompt_len)] for row in range(shape.batch)]
 
 
-def workload(model: nn.Module, shape: Shape, *, attention: str | None = None) -> Workload:
+def workload(model: nn.Module, shape: Shape, *, attention: str | None = None, kv_dtype: str | None = None) -> Workload:
     """The phases of `model` at `shape` through its engine; `attention` ("sdpa" or "eager") is the
-    backend of the engine's attention layers (the caller's model keeps its own)."""
+    backend of the engine's attention layers (the caller's model keeps its own), `kv_dtype` what a
+    decoder's KV cache holds."""
     config = model.config
     if config.is_decoder:
-        return _decoder(model, shape, attention)
+        return _decoder(model, shape, attention, kv_dtype)
     if config.is_seq2seq:
         return _seq2seq(model, shape, attention)
     return _encoder(model, shape, attention)
 
 
-def _decoder(model: nn.Module, shape: Shape, attention: str | None) -> Workload:
+def _decoder(model: nn.Module, shape: Shape, attention: str | None, kv_dtype: str | None) -> Workload:
     """The engine kept for the model with an eager decode step (capture=False): a captured step replays
     a graph without module calls, so its operators could not be attributed to their modules and
     positions. A sweep's points and a what-if's runs share it (its kernel plan is measured once)."""
     from anatomy.inference.engine import engine_for
 
-    engine = engine_for(model, capture=False, attention=attention)
+    engine = engine_for(model, capture=False, attention=attention, kv_dtype=kv_dtype)
     prompts = prompt_ids(model.config.vocab_size, shape)
     first = SamplingParams(max_new_tokens=1, ignore_eos=True)
     decode = SamplingParams(max_new_tokens=shape.context - shape.prompt_len, ignore_eos=True)
@@ -87,7 +89,8 @@ def _decoder(model: nn.Module, shape: Shape, attention: str | None) -> Workload:
         raise RuntimeError("the decode steps outran the cache: context too small for the steps asked for")
 
     return Workload(engine.model, {"prefill": prefills, "decode": decodes},
-                    {"prefill": shape.batch * shape.prompt_len, "decode": shape.batch}, engine.dtype, engine.plan)
+                    {"prefill": shape.batch * shape.prompt_len, "decode": shape.batch}, engine.dtype, engine.plan,
+                    engine.kv_dtype)
 
 
 def _encoder(model: nn.Module, shape: Shape, attention: str | None) -> Workload:
