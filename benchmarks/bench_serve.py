@@ -3,18 +3,27 @@ continuous batching, one slot per concurrent request) and llama-cpp-python's ser
 (`python -m llama_cpp.server`), on the same GGUF file (the embedded SmolLM2-135M-Instruct Q4_1),
 with the same prompts and the same client (anatomy.serving.bench, vLLM's serving metrics).
 
-    every server started and warmed up; then for concurrency 1, 4, 16, each server in turn:
-        REQUESTS x concurrency streamed /v1/completions requests, all at once behind the concurrency cap,
-        PROMPT_WORDS random ordinary words each, MAX_TOKENS new tokens each (EOS ignored), greedy
-        (ROUNDS times over: the run with the median output tok/s is reported)
-    threads: torch's intra-op count for anatomy; -t / --n_threads the same for the llama.cpp servers
+Three scenarios, each server started once and warmed up, the servers measured in turn:
+
+    plain        random 64-word prompts, /v1/completions, concurrency 1, 4, 16: anatomy (its defaults),
+                 llama-server, llama_cpp.server
+    speculative  input-grounded chat prompts (benchmarks/speculative_prompts.py: copy-edits, typo fixes,
+                 code edits), concurrency 1 and 4: anatomy plain and with llama-server's per-request
+                 `speculative.n_max` = 5 (prompt lookup), llama-server plain
+    kv           long prompts (800 words), concurrency 16, a 128 MiB KV budget: anatomy --kv-dtype bf16
+                 against --kv-dtype int8 (twice the tokens in the same memory)
+
+Every run: REQUESTS x concurrency streamed requests behind the concurrency cap, MAX_TOKENS new tokens
+each (EOS ignored), greedy (ROUNDS times over: the run with the median output tok/s is reported);
+threads: torch's intra-op count for anatomy, -t / --n_threads the same for the llama.cpp servers.
 
     python -m benchmarks serve
         ANATOMY_BENCH_SERVE_REQUESTS=3 (per unit of concurrency), ANATOMY_BENCH_SERVE_MAX_TOKENS=128,
-        ANATOMY_BENCH_SERVE_CONCURRENCY=1,4,16, ANATOMY_BENCH_SERVE_SERVERS=anatomy,llama-server,llama_cpp.server
-        ANATOMY_BENCH_SERVE_ROUNDS=1, ANATOMY_BENCH_SERVE_DTYPES=f32,bf16 (anatomy's; bf16 only on CPUs with bf16 instructions)
+        ANATOMY_BENCH_SERVE_ROUNDS=1, ANATOMY_BENCH_SERVE_SCENARIOS=plain,speculative,kv
         LLAMA_SERVER=/path/to/llama-server (else benchmarks/build_llama_cpp.sh builds it, once, ~10-15 min)
 
+Targets (issues 11, 22, 20): concurrency 1 >= 1.0x llama-server's, concurrency 16 >= 1.5x; speculation
+faster on grounded prompts with the same greedy text; int8 KV at least as fast as bf16 with long prompts.
 Figures vary with the machine's load: the targets are judged on a run with the machine otherwise idle.
 """
 
@@ -37,11 +46,10 @@ from benchmarks.llama_cpp import llama_tool
 MODEL = "smollm2-135m-instruct"
 REQUESTS = int(os.environ.get("ANATOMY_BENCH_SERVE_REQUESTS", "3"))
 MAX_TOKENS = int(os.environ.get("ANATOMY_BENCH_SERVE_MAX_TOKENS", "128"))
-PROMPT_WORDS = 64
+PROMPT_WORDS, LONG_WORDS = 64, 800
 ROUNDS = int(os.environ.get("ANATOMY_BENCH_SERVE_ROUNDS", "1"))
-CONCURRENCY = [int(c) for c in os.environ.get("ANATOMY_BENCH_SERVE_CONCURRENCY", "1,4,16").split(",")]
-SERVERS = os.environ.get("ANATOMY_BENCH_SERVE_SERVERS", "anatomy,llama-server,llama_cpp.server").split(",")
-DTYPES = os.environ.get("ANATOMY_BENCH_SERVE_DTYPES", "f32,bf16").split(",")
+SCENARIOS = os.environ.get("ANATOMY_BENCH_SERVE_SCENARIOS", "plain,speculative,kv").split(",")
+SPECULATIVE = {"speculative.n_max": 5}
 
 
 def free_port() -> int:
@@ -60,28 +68,15 @@ def llama_server_binary() -> str:
     return llama_tool("llama-server")
 
 
-def cpu_has_bf16() -> bool:
-    """Does this CPU have bf16 matrix instructions (AVX-512 BF16 or AMX)? Without them torch's bf16
-    products are emulated and hundreds of times slower than f32 (docs/serving.md)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def anatomy_variants() -> list[str]:
-    return [f"anatomy {d}" for d in DTYPES if d != "bf16" or cpu_has_bf16()]
-
-
 def server_command(name: str, port: int, threads: int, slots: int) -> tuple[list[str], dict, str]:
-    """(argv, extra request fields, readiness path) of each server."""
+    """(argv, extra request fields, readiness path) of each server: "anatomy [--option value ...]",
+    "llama-server", "llama_cpp.server"."""
     gguf = str(gguf_path())
-    context = slots * (PROMPT_WORDS * 2 + MAX_TOKENS + 64)
+    context = slots * (LONG_WORDS * 2 + MAX_TOKENS + 64)
     if name.startswith("anatomy"):
-        dtype = name.split()[-1]
+        options = name.split()[1:]
         return ([sys.executable, "-m", "anatomy", "serve", "--port", str(port), "--kv-memory", "1GiB",
-                 "--dtype", dtype, "--embedding-model", "none", "--batch-size", str(max(slots, 16))],
+                 "--embedding-model", "none", "--batch-size", str(max(slots, 16)), *options],
                 {"ignore_eos": True}, "/health")
     if name == "llama-server":
         return ([llama_server_binary(), "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
@@ -127,21 +122,22 @@ class Running:
     """One server up for the whole run (idle servers cost nothing), so that the servers can be
     measured in turn, each concurrency level after the others: they share the machine's ups and downs."""
 
-    def __init__(self, name: str, threads: int) -> None:
+    def __init__(self, name: str, threads: int, slots: int = 16) -> None:
         self.name, self.port = name, free_port()
-        argv, self.extra, ready = server_command(name, self.port, threads, max(CONCURRENCY))
+        argv, self.extra, ready = server_command(name, self.port, threads, slots)
         self.log = tempfile.TemporaryFile()
         self.proc = start(argv, self.port, ready, self.log)
         self.url = f"http://127.0.0.1:{self.port}"
         if name.startswith("anatomy"):  # its start-up report: the weights, the kernels per phase, the KV cache
             self.log.seek(0)
             print("\n".join(f"  {line}" for line in self.log.read().decode(errors="replace").splitlines()
-                            if "ready in" in line), flush=True)
+                            if "ready in" in line or "KV cache" in line), flush=True)
         self.run(make_prompts(2, PROMPT_WORDS, seed=99), 8, 2)  # warm-up
 
-    def run(self, prompts: list[str], max_tokens: int, concurrency: int) -> BenchResult:
+    def run(self, prompts: list[str], max_tokens: int, concurrency: int, *, chat: bool = False,
+            extra: dict | None = None) -> BenchResult:
         result = run_benchmark(self.url, model=MODEL, prompts=prompts, max_tokens=max_tokens,
-                               concurrency=concurrency, extra=self.extra)
+                               concurrency=concurrency, extra={**self.extra, **(extra or {})}, chat=chat)
         if result.failed:
             raise RuntimeError(f"{self.name}: {result.failed} requests failed: {result.errors[:2]}")
         return result
@@ -151,17 +147,18 @@ class Running:
         self.log.close()
 
 
-def measure(servers: list[Running]) -> dict[str, dict[int, BenchResult]]:
-    """Every concurrency level, ROUNDS times, the servers in turn; per server and level the run with
-    the median output throughput."""
-    runs: dict[str, dict[int, list[BenchResult]]] = {s.name: {c: [] for c in CONCURRENCY} for s in servers}
+def measure(rows: dict[str, tuple[Running, dict]], prompts_of, levels: list[int], *,
+            chat: bool = False) -> dict[str, dict[int, BenchResult]]:
+    """Every concurrency level, ROUNDS times, the rows in turn ({row: (server, extra request fields)});
+    per row and level the run with the median output throughput."""
+    runs: dict[str, dict[int, list[BenchResult]]] = {name: {c: [] for c in levels} for name in rows}
     for round_ in range(ROUNDS):
-        for concurrency in CONCURRENCY:
-            prompts = make_prompts(REQUESTS * concurrency, PROMPT_WORDS, seed=concurrency + 100 * round_)
-            for server in servers:
-                r = server.run(prompts, MAX_TOKENS, concurrency)
-                runs[server.name][concurrency].append(r)
-                print(f"  {server.name} c={concurrency}: {r.output_throughput:.1f} output tok/s, TTFT median "
+        for concurrency in levels:
+            prompts = prompts_of(REQUESTS * concurrency, seed=concurrency + 100 * round_)
+            for name, (server, extra) in rows.items():
+                r = server.run(prompts, MAX_TOKENS, concurrency, chat=chat, extra=extra)
+                runs[name][concurrency].append(r)
+                print(f"  {name} c={concurrency}: {r.output_throughput:.1f} output tok/s, TTFT median "
                       f"{r.ttft_ms['median']:.0f} ms p99 {r.ttft_ms['p99']:.0f} ms, TPOT median "
                       f"{r.tpot_ms['median']:.1f} ms", flush=True)
     return {name: {c: sorted(rs, key=lambda r: r.output_throughput)[len(rs) // 2] for c, rs in by_c.items()}
@@ -181,42 +178,81 @@ def table(runs: dict[str, dict[int, BenchResult]]) -> str:
     return "\n".join(lines)
 
 
-def targets(runs: dict[str, dict[int, BenchResult]]) -> list[str]:
-    top, lines = max(CONCURRENCY), []
-    for name in (n for n in runs if n.startswith("anatomy")):
-        ours = runs[name]
-        if top in ours and top in runs.get("llama-server", {}):
-            ratio = ours[top].output_throughput / runs["llama-server"][top].output_throughput
-            lines.append(f"{name}: output tok/s at concurrency {top}: {ratio:.2f}x llama-server "
-                         "(target >= 1.0x, moonshot 2x)")
-        if top in ours and 1 in ours:
-            ratio = ours[top].output_throughput / ours[1].output_throughput
-            lines.append(f"{name}: output tok/s at concurrency {top}: {ratio:.2f}x its own at concurrency 1 "
-                         "(target >= 3x)")
-        if top in ours:
-            ttft = ours[top].ttft_ms
-            lines.append(f"{name}: p99 TTFT at concurrency {top}: {ttft['p99'] / ttft['median']:.2f}x its median "
-                         "(target < 2x)")
-    return lines
+def ratio(runs: dict, a: str, b: str, c: int) -> float:
+    return runs[a][c].output_throughput / runs[b][c].output_throughput
+
+
+def plain(threads: int) -> list[str]:
+    servers = {name: Running(name, threads) for name in ("anatomy", "llama-server", "llama_cpp.server")}
+    try:
+        runs = measure({name: (s, {}) for name, s in servers.items()},
+                       lambda n, seed: make_prompts(n, PROMPT_WORDS, seed=seed), [1, 4, 16])
+    finally:
+        for server in servers.values():
+            server.close()
+    print("\n" + table(runs) + "\n")
+    return [f"plain: concurrency 1 {ratio(runs, 'anatomy', 'llama-server', 1):.2f}x llama-server (>= 1.0x)",
+            f"plain: concurrency 16 {ratio(runs, 'anatomy', 'llama-server', 16):.2f}x llama-server (>= 1.5x)",
+            f"plain: concurrency 16 {runs['anatomy'][16].output_throughput / runs['anatomy'][1].output_throughput:.2f}x "
+            f"its own concurrency 1 (>= 3x); p99 TTFT at 16: "
+            f"{runs['anatomy'][16].ttft_ms['p99'] / runs['anatomy'][16].ttft_ms['median']:.2f}x its median (< 2x)"]
+
+
+def speculative(threads: int) -> list[str]:
+    from benchmarks.speculative_prompts import GROUNDED
+
+    texts = [messages[0]["content"] for messages in GROUNDED.values()]
+    anatomy_server, llama = Running("anatomy", threads), Running("llama-server", threads)
+    try:
+        rows = {"anatomy": (anatomy_server, {}), "anatomy, speculative.n_max 5": (anatomy_server, SPECULATIVE),
+                "llama-server": (llama, {})}
+        runs = measure(rows, lambda n, seed: [texts[(seed + i) % len(texts)] for i in range(n)], [1, 4], chat=True)
+        same = _same_text(anatomy_server, texts)
+    finally:
+        anatomy_server.close()
+        llama.close()
+    print("\n" + table(runs) + "\n")
+    return [f"speculative (grounded prompts): concurrency {c} {ratio(runs, 'anatomy, speculative.n_max 5', 'anatomy', c):.2f}x "
+            f"plain anatomy, {ratio(runs, 'anatomy, speculative.n_max 5', 'llama-server', c):.2f}x llama-server"
+            for c in (1, 4)] + [f"speculative: greedy text identical to plain on {same}/{len(texts)} prompts"]
+
+
+def _same_text(server: Running, texts: list[str]) -> int:
+    """On how many prompts the greedy answer with speculation is the plain one (the openai client)."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+    same = 0
+    for text in texts:
+        answers = [client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}],
+                                                  max_tokens=MAX_TOKENS, temperature=0, extra_body=extra)
+                   .choices[0].message.content for extra in ({}, SPECULATIVE)]
+        same += answers[0] == answers[1]
+    return same
+
+
+def kv(threads: int) -> list[str]:
+    servers = {kind: Running(f"anatomy --kv-dtype {kind} --kv-memory 128MiB", threads) for kind in ("bf16", "int8")}
+    try:
+        runs = measure({f"anatomy --kv-dtype {k}": (s, {}) for k, s in servers.items()},
+                       lambda n, seed: make_prompts(n, LONG_WORDS, seed=seed), [16])
+    finally:
+        for server in servers.values():
+            server.close()
+    print("\n" + table(runs) + "\n")
+    return [f"kv (800-word prompts, 128 MiB): int8 {ratio(runs, 'anatomy --kv-dtype int8', 'anatomy --kv-dtype bf16', 16):.2f}x "
+            "the bf16 cache's output tok/s at concurrency 16 (>= 1.0x)"]
 
 
 def main() -> None:
     threads = torch.get_num_threads()
-    print(f"{MODEL} ({gguf_path().name}), {PROMPT_WORDS}-word prompts, {MAX_TOKENS} new tokens each (EOS ignored), "
-          f"greedy; {REQUESTS} x concurrency requests per run, {ROUNDS} round(s); {threads} threads", flush=True)
-    names = [v for name in SERVERS for v in (anatomy_variants() if name == "anatomy" else [name])]
-    servers: list[Running] = []
-    try:
-        for name in names:
-            servers.append(Running(name, threads))
-        runs = measure(servers)
-    finally:
-        for server in servers:
-            server.close()
-    print()
-    print(table(runs))
-    print()
-    print("\n".join(targets(runs)))
+    print(f"{MODEL} ({gguf_path().name}), {MAX_TOKENS} new tokens each (EOS ignored), greedy; {REQUESTS} x "
+          f"concurrency requests per run, {ROUNDS} round(s); {threads} threads", flush=True)
+    lines = []
+    for name in SCENARIOS:
+        print(f"\n### {name}\n", flush=True)
+        lines += {"plain": plain, "speculative": speculative, "kv": kv}[name](threads)
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
