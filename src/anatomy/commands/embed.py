@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor
 
-from anatomy.commands.common import read_stdin
+from anatomy.commands.common import add_model_option, read_stdin
 from anatomy.errors import InputError
 from anatomy.inference.embed import DEFAULT_MODEL
 
@@ -27,8 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Embed texts with an encoder: mean pooling over the tokens, L2-normalised. "
                     "With no texts (or '-'), reads one text per line from stdin.")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to embed; '-' or none: read lines from stdin")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"installed model name or HF model directory (default: {DEFAULT_MODEL})")
+    add_model_option(p, forms=("installed", "hf"), default=DEFAULT_MODEL, note=" (an encoder)")
     p.add_argument("--similarity", action="store_true", help="also print the cosine similarity matrix")
     p.add_argument("--json", action="store_true", help="print every vector in full as JSON")
     p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default: 32)")

@@ -13,7 +13,7 @@ import threading
 from typing import Any, Iterator
 
 from anatomy import dtypes
-from anatomy.commands.common import DefaultsHelpFormatter, read_stdin
+from anatomy.commands.common import DefaultsHelpFormatter, add_model_option, read_stdin
 from anatomy.commands.speculative_options import (
     add_speculative_options, check_speculative_options, speculative_options)
 from anatomy.errors import InputError
@@ -42,8 +42,7 @@ WEIGHTS_HELP = ("the format of the model's matrices: auto (a GGUF file's own qua
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="an installed model name, a .gguf file or a Hugging Face model directory")
+    add_model_option(p, forms=("installed", "gguf", "hf"), default=DEFAULT_MODEL)
     p.add_argument("--weights", default="auto", help=f"{WEIGHTS_HELP} (--verbose shows it)")
     p.add_argument("--dtype", default="f32",
                    help=f"dtype of the model's other tensors (norms, biases, dense matrices): {', '.join(dtypes.FLOATS)}; "

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 
+from anatomy.commands.common import add_model_option
 from anatomy.commands.generate import WEIGHTS_HELP
 from anatomy.errors import InputError
 
@@ -42,8 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "/v1/embeddings, /v1/models) with continuous batching over a paged KV cache with prefix "
                     "caching; /health, /metrics (Prometheus), /tokenize, /detokenize.",
         formatter_class=DefaultsShown)
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="an installed model name, a .gguf file or a Hugging Face model directory")
+    add_model_option(p, forms=("installed", "gguf", "hf"), default=DEFAULT_MODEL, note=" (a decoder)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="TCP port")
     p.add_argument("--api-key", default=None,
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from anatomy.serving.app import ServerState, create_app
 
     embedding = _embedding_name(args.embedding_model)
-    _resolve(args.model, "--model")
+    _resolve(args.model, "--model", "serving")
     sock = _listen(args.host, args.port)
     state = ServerState(model_name=args.model, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                         embedding_name=embedding)
@@ -201,22 +201,21 @@ def _embedding_name(option: str | None) -> str | None:
     if option is not None and option.lower() == "none":
         return None
     if option is not None:
-        _resolve(option, "--embedding-model")
+        _resolve(option, "--embedding-model", "embedding")
         return option
     try:
-        _resolve(DEFAULT_EMBEDDING_MODEL, "--embedding-model")
+        _resolve(DEFAULT_EMBEDDING_MODEL, "--embedding-model", "embedding")
     except InputError:
         return None  # the default encoder is not installed: no embeddings endpoint model
     return DEFAULT_EMBEDDING_MODEL
 
 
-def _resolve(name: str, option: str) -> None:
-    from anatomy.checkpoints.loader import resolve_path
-    from anatomy.errors import CheckpointError
+def _resolve(name: str, option: str, needs: str) -> None:
+    from anatomy.inference.loading import checkpoint_of
 
     try:
-        resolve_path(name)
-    except CheckpointError as exc:
+        checkpoint_of(name, needs)
+    except InputError as exc:
         raise InputError(f"{option}: {exc}") from None
 
 

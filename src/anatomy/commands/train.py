@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from anatomy.atomic import write_errors_named
+from anatomy.commands.common import MODEL_FORMS, add_model_option
 from anatomy.errors import InputError
 from anatomy.models import set_activation_checkpointing
 from anatomy.training import checkpoint as ckpt
@@ -68,7 +69,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, type=Path, help="text file, directory of text files, or a .tsv of pairs")
     p.add_argument("--tokenizer", default="chars", help="chars | a named model | tokenizer.json | model dir")
-    p.add_argument("--model", default="gpt2", help="preset, config JSON (anatomy or HF), or checkpoint to fine-tune")
+    add_model_option(p, forms=MODEL_FORMS, default="gpt2",
+                     note=": a preset or a config (HF or anatomy JSON) trains a fresh model, a checkpoint is fine-tuned")
     for name, kind in OVERRIDES.items():
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=f"override the config's {name}")
     p.add_argument("--objective", default="auto", choices=OBJECTIVES)

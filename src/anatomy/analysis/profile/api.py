@@ -108,10 +108,11 @@ def parse_weights(value: str, *, option: str = "weights") -> str:
 
 
 def _checkpoint_name(model) -> str | None:
-    """The name a model is loaded from (not a preset, not a model object), for loading it again."""
-    from anatomy.presets import PRESETS
+    """The name a model is loaded from (not a preset or config without weights, not a model object),
+    for loading it again."""
+    from anatomy.checkpoints.source import find_model
 
-    return None if isinstance(model, nn.Module) or str(model) in PRESETS else str(model)
+    return None if isinstance(model, nn.Module) or not find_model(model).with_weights else str(model)
 
 
 def _config_of(model):
@@ -169,17 +170,14 @@ def check_all(config, options, sweeps, what_ifs, weights: str, *, loaded: bool =
 
 
 def load_model(name: str, weights: str) -> nn.Module:
-    """A preset is built with random weights (f32 for "auto"), converted to the `weights` choice;
-    anything else is loaded: anatomy.load(name, weights=...)."""
-    from anatomy.presets import PRESETS
+    """A preset or a config without weights is built with random weights (f32 for "auto"), converted
+    to the `weights` choice; a checkpoint is loaded: anatomy.load(name, weights=...)."""
+    import anatomy
+    from anatomy.checkpoints.source import find_model
 
-    if name not in PRESETS:
-        import anatomy
-
+    if find_model(name).with_weights:
         return anatomy.load(name, weights=weights)
-    from anatomy import build_model, get_preset
-
-    return converted(build_model(get_preset(name)).eval(), weights)
+    return converted(anatomy.build_model(anatomy.load_config(name)).eval(), weights)
 
 
 def converted(model: nn.Module, weights: str) -> nn.Module:
