@@ -76,14 +76,16 @@ class _OldName(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         deprecated(f"{option_string} is deprecated, use {self.new}")
-        setattr(namespace, self.dest, values)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
 
 def add_old_name(p: argparse.ArgumentParser, old: str, *, new: str, dest: str,
-                 type: Callable[[str], Any] | None = None) -> None:
-    """Accept `old` as a deprecated spelling of the option `new` (which stores into `dest`)."""
-    p.add_argument(old, dest=dest, type=type, action=_OldName, new=new, default=argparse.SUPPRESS,
-                   help=argparse.SUPPRESS)
+                 type: Callable[[str], Any] | None = None, flag: bool = False) -> None:
+    """Accept `old` as a deprecated spelling of the option `new` (which stores into `dest`); a
+    `flag` takes no value and stores True."""
+    extra = {"nargs": 0, "const": True} if flag else {"type": type}
+    p.add_argument(old, dest=dest, action=_OldName, new=new, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                   **extra)
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from anatomy.atomic import write_errors_named
-from anatomy.commands.common import MODEL_FORMS, add_model_option
+from anatomy.commands.common import MODEL_FORMS, add_model_option, add_old_name
 from anatomy.errors import InputError
 from anatomy.models import set_activation_checkpointing
 from anatomy.training import checkpoint as ckpt
@@ -100,7 +100,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", default="ddp", choices=STRATEGIES)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute block activations in backward")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", action="store_true", help="no progress display on stderr (none either when stderr "
+                   "is not a terminal)")
+    add_old_name(p, "--no-progress", new="--quiet", dest="quiet", flag=True)
     p.set_defaults(run=run)
 
 
@@ -173,7 +175,7 @@ def _train(args: argparse.Namespace, info: Dist) -> int:
     settings = Settings(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, accum=args.accum,
                         seed=args.seed, grad_clip=args.grad_clip, eval_every=args.eval_every, eval_steps=args.eval_steps,
                         save_every=args.save_every, keep=args.keep, label_smoothing=args.label_smoothing,
-                        max_nonfinite=args.max_nonfinite, progress=not args.no_progress)
+                        max_nonfinite=args.max_nonfinite, progress=not args.quiet)
     state = train(run_, settings, state)
     if info.is_main:
         val = f", val loss {state.val_loss:.4f}" if state.val_loss is not None else ""
@@ -190,7 +192,7 @@ def _dataset(args: argparse.Namespace, info: Dist, out: Path):
             with write_errors_named(directory, option=option):
                 directory.mkdir(parents=True, exist_ok=True)
         data = prepare(args.data, args.tokenizer, cache_dir=cache, val_fraction=args.val_fraction,
-                       progress=not args.no_progress)
+                       progress=not args.quiet)
     barrier(info)
     if not info.is_main:
         data = prepare(args.data, args.tokenizer, cache_dir=cache, val_fraction=args.val_fraction, progress=False)

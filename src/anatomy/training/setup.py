@@ -66,9 +66,11 @@ def _config_file(path: Path) -> ModelConfig:
 
 
 def _loaded(spec: str) -> tuple[ModelConfig, nn.Module]:
+    """A checkpoint to fine-tune, every matrix dequantized to f32: training updates dense weights (a
+    GGUF file's quantized blocks, which anatomy.load keeps by default, have none to update)."""
     from anatomy.checkpoints.loader import load
 
-    model = load(spec)
+    model = load(spec, weights="f32", dtype="f32")
     return model.config, model
 
 
