@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import anatomy
-from anatomy import dtypes
+from anatomy import dtypes, progress
 from anatomy.checkpoints.gguf_reader import read_gguf
 from anatomy.checkpoints.registry import resolve
 from anatomy.inference.engine import DecoderEngine
@@ -140,7 +140,7 @@ def main() -> None:
             for prompts, new in (([short], NEW), ([long_], 1), (batch, NEW)):
                 anatomy_run(engine, prompts, new)
         runs = {"bandwidth": []}
-        for rep in range(REPEATS):
+        for rep in progress.track(range(REPEATS), "decode benchmark runs"):
             runs["bandwidth"].append(bandwidth_gbs())
             for name, engine in engines.items():
                 _record(runs, name, anatomy_run(engine, [short], NEW), anatomy_run(engine, [long_], 1)[0],

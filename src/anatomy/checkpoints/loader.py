@@ -41,6 +41,7 @@ def load(name_or_path: str | Path, *, weights: str | torch.dtype = "auto",
     activations of model(ids)) and for dense matrices. None keeps the checkpoint's own, in both
     formats: an HF checkpoint's tensors stay as the safetensors hold them; a GGUF file's model gets
     the float type its matrices are stored in (F32, F16 or BF16), f32 when they are quantized."""
+    from anatomy import progress
     from anatomy.weights.choice import parse_weights
 
     source = find_model(name_or_path)
@@ -49,13 +50,14 @@ def load(name_or_path: str | Path, *, weights: str | torch.dtype = "auto",
     path = source.checkpoint("anatomy.load")
     choice = parse_weights(weights)
     wanted = dtypes.torch_dtype(dtype) if dtype is not None else None
-    if path.suffix == ".gguf":
-        from anatomy.checkpoints.gguf import load_gguf
+    with progress.task(f"reading {path.name}"):
+        if path.suffix == ".gguf":
+            from anatomy.checkpoints.gguf import load_gguf
 
-        return load_gguf(path, dtype=wanted if wanted is not None else _gguf_file_dtype(path), weights=choice)
-    from anatomy.checkpoints.safetensors import load_hf
+            return load_gguf(path, dtype=wanted if wanted is not None else _gguf_file_dtype(path), weights=choice)
+        from anatomy.checkpoints.safetensors import load_hf
 
-    return load_hf(_hf_directory(path), dtype=wanted, weights=choice)
+        return load_hf(_hf_directory(path), dtype=wanted, weights=choice)
 
 
 def _gguf_file_dtype(path: Path) -> torch.dtype:

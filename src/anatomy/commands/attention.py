@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from anatomy.analysis.attention_maps import DEFAULT_MODEL, MAX_TOKENS, TARGET_TOKENS
-from anatomy.commands.common import forms_text
+from anatomy.commands.common import add_quiet_option, forms_text
 from anatomy.errors import InputError
 
 TOP = 3  # key tokens listed per query token in the terminal
@@ -35,6 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "instead of stopping with an error")
     p.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help=f"the most tokens drawn (default "
                    f"{MAX_TOKENS}; a page stores layers x heads x tokens^2 weights)")
+    add_quiet_option(p)
     out = p.add_mutually_exclusive_group()
     out.add_argument("--html", metavar="FILE.html", help="write the maps as one self-contained page")
     out.add_argument("--png", metavar="FILE.png", help="write the grid and the enlarged map as a PNG")

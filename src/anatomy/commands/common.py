@@ -88,6 +88,12 @@ def add_old_name(p: argparse.ArgumentParser, old: str, *, new: str, dest: str,
                    **extra)
 
 
+def add_quiet_option(p: argparse.ArgumentParser) -> None:
+    """--quiet of a command with long work (anatomy/progress.py; cli.py applies it)."""
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress display on stderr (there is none when stderr is not a terminal either)")
+
+
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """--help with each option's default, except a default of None (the help says what happens then)."""
 

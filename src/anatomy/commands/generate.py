@@ -7,13 +7,11 @@ once; chat imports them.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
-import threading
-from typing import Any, Iterator
+from typing import Any
 
 from anatomy import dtypes
-from anatomy.commands.common import DefaultsHelpFormatter, add_model_option, read_stdin
+from anatomy.commands.common import DefaultsHelpFormatter, add_model_option, add_quiet_option, read_stdin
 from anatomy.commands.speculative_options import (
     add_speculative_options, check_speculative_options, speculative_options)
 from anatomy.errors import InputError
@@ -57,6 +55,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="also print the whole kernel plan: every candidate's time and error per weight shape and phase")
     p.add_argument("--truncate", action="store_true",
                    help="keep the end of a prompt longer than the model's context instead of failing")
+    add_quiet_option(p)
 
 
 def add_sampling_options(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
@@ -149,32 +148,14 @@ def read_prompt(prompt: str) -> str:
 
 
 def load(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(the engine of a decoder, or the encoder-decoder model; the tokenizer), with a spinner on
-    stderr if loading takes over a second. The engine is kept for every reply of a chat."""
+    """(the engine of a decoder, or the encoder-decoder model; the tokenizer), with progress on a
+    terminal's stderr (anatomy/progress.py). The engine is kept for every reply of a chat."""
+    from anatomy import progress
     from anatomy.inference.loading import load_named
 
-    with delayed_status(f"loading {args.model}"):
+    with progress.task(f"loading {args.model}"):
         named = load_named(args.model, args.dtype, args.weights)
         config = named.model.config
         if config.is_decoder or config.is_seq2seq:
             return named.engine(**({"compile": args.compile} if config.is_decoder else {})), named.tokenizer
         return named.model, named.tokenizer  # generation refuses it, naming its architecture
-
-
-@contextlib.contextmanager
-def delayed_status(message: str, delay_s: float = 1.0) -> Iterator[None]:
-    """Show a spinner with `message` on stderr only once `delay_s` has passed (and stderr is a terminal)."""
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    status = console.status(message) if console.is_terminal else None
-    timer = threading.Timer(delay_s, status.start) if status is not None else None
-    if timer is not None:
-        timer.daemon = True
-        timer.start()
-    try:
-        yield
-    finally:
-        if timer is not None:
-            timer.cancel()
-            status.stop()

@@ -8,7 +8,8 @@ import argparse
 import sys
 
 from anatomy.commands.common import (
-    MODEL_FORMS, DefaultsHelpFormatter, add_model_option, add_report_options, model_of, print_report)
+    MODEL_FORMS, DefaultsHelpFormatter, add_model_option, add_quiet_option, add_report_options, model_of,
+    print_report)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -43,6 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hardware", default=None, help=f"add the prediction on {', '.join(hardware_names())}")
     add_report_options(p, docs="docs/profile.md", plot="the positions and the sweeps as a chart",
                        html="positions, every op on this machine's roofline, sweeps, what-ifs")
+    add_quiet_option(p)
     p.set_defaults(run=run)
 
 

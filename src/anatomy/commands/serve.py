@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from anatomy.commands.common import add_model_option
+from anatomy.commands.common import DefaultsHelpFormatter, add_model_option, add_quiet_option
 from anatomy.commands.generate import WEIGHTS_HELP
 from anatomy.errors import InputError
 
@@ -29,20 +29,13 @@ UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6
          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30}
 
 
-class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
-    """Defaults in --help, except unset ones (and so never a key taken from the environment)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        return action.help if action.default is None else super()._get_help_string(action)
-
-
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve", help="serve a model over the OpenAI API (continuous batching, paged KV cache)",
         description="Serve a decoder model over the OpenAI HTTP API (/v1/chat/completions, /v1/completions, "
                     "/v1/embeddings, /v1/models) with continuous batching over a paged KV cache with prefix "
                     "caching; /health, /metrics (Prometheus), /tokenize, /detokenize.",
-        formatter_class=DefaultsShown)
+        formatter_class=DefaultsHelpFormatter)  # unset defaults unshown: never a key from the environment
     add_model_option(p, forms=("installed", "gguf", "hf"), default=DEFAULT_MODEL, note=" (a decoder)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="TCP port")
@@ -66,6 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "chunks of what is left")
     p.add_argument("--no-prefix-cache", action="store_true", help="turn off reusing cached prompt prefixes")
     p.add_argument("--max-body-bytes", type=int, default=4 * 2 ** 20, help="larger request bodies get 413")
+    add_quiet_option(p)
     p.set_defaults(run=run)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from anatomy.atomic import write_errors_named
-from anatomy.commands.common import MODEL_FORMS, add_model_option, add_old_name
+from anatomy.commands.common import MODEL_FORMS, add_model_option, add_old_name, add_quiet_option
 from anatomy.errors import InputError
 from anatomy.models import set_activation_checkpointing
 from anatomy.training import checkpoint as ckpt
@@ -100,8 +100,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", default="ddp", choices=STRATEGIES)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute block activations in backward")
-    p.add_argument("--quiet", action="store_true", help="no progress display on stderr (none either when stderr "
-                   "is not a terminal)")
+    add_quiet_option(p)
     add_old_name(p, "--no-progress", new="--quiet", dest="quiet", flag=True)
     p.set_defaults(run=run)
 

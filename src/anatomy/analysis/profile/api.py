@@ -75,7 +75,8 @@ def _what_if(text: str) -> tuple[str, str]:
 
 def run_session(model: str | os.PathLike[str] | nn.Module, *, weights: str, options, sweeps, what_ifs,
                 hardware=None, name: str | None = None, machine=None) -> dict[str, Any]:
-    """The whole report: checks, load, roofs, profile, sweeps, what-ifs."""
+    """The whole report: checks, load, roofs, profile, sweeps, what-ifs (with progress on a terminal)."""
+    from anatomy import progress
     from anatomy.analysis.profile.measure import measure as profile_model
     from anatomy.analysis.profile.machine import Machine
 
@@ -83,18 +84,24 @@ def run_session(model: str | os.PathLike[str] | nn.Module, *, weights: str, opti
     source = _checkpoint_name(model)
     config = _config_of(model)
     check_all(config, options, sweeps, what_ifs, weights, loaded=isinstance(model, nn.Module))
-    if not isinstance(model, nn.Module):
-        model = load_model(str(model), weights)
-    machine = machine if isinstance(machine, Machine) else Machine(machine)
-    report = profile_model(model, options=options, name=label, machine=machine, hardware=hardware)
-    report["options"]["weights"] = weights_label(model)
-    report["sweep"] = []
-    for key, values in sweeps:
-        result = _run_sweep(model, key, values, options, machine)
-        report["sweep"] += result["rows"]
-        if "ridge" in result:
-            report["ridge"] = result["ridge"]
-    report["what_if"] = [_run_what_if(model, source, key, value, options, machine, report) for key, value in what_ifs]
+    with progress.task(f"profiling {label}", total=2 + len(sweeps) + len(what_ifs)) as bar:
+        if not isinstance(model, nn.Module):
+            model = load_model(str(model), weights)
+        bar.advance()
+        machine = machine if isinstance(machine, Machine) else Machine(machine)
+        report = profile_model(model, options=options, name=label, machine=machine, hardware=hardware)
+        report["options"]["weights"] = weights_label(model)
+        report["sweep"], report["what_if"] = [], []
+        bar.advance()
+        for key, values in sweeps:
+            result = _run_sweep(model, key, values, options, machine)
+            report["sweep"] += result["rows"]
+            if "ridge" in result:
+                report["ridge"] = result["ridge"]
+            bar.advance()
+        for key, value in what_ifs:
+            report["what_if"].append(_run_what_if(model, source, key, value, options, machine, report))
+            bar.advance()
     return report
 
 
