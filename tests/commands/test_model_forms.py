@@ -20,6 +20,8 @@ import torch
 import anatomy
 from anatomy.cli import main
 
+from ..conftest import tiny_chat_model
+
 FORMS = ("preset", "config", "config-dir", "hf", "gguf", "installed")
 WITHOUT_WEIGHTS = ("preset", "config", "config-dir")
 SLOW = {"installed", "preset"}  # the real 135M-parameter model, or a preset's random 124M
@@ -36,14 +38,7 @@ def decoder_forms(tmp_path_factory):
     """{form: what a user types} for one tiny decoder (and its tokenizer) in every form; "model" is
     the decoder itself."""
     root = tmp_path_factory.mktemp("forms")
-    tok = anatomy.load_tokenizer("smollm2-135m-instruct")
-    torch.manual_seed(0)
-    model = anatomy.build_model(anatomy.get_preset(
-        "llama-7b", vocab_size=tok.vocab_size, d_model=32, n_heads=2, n_kv_heads=1, n_layers=2, d_ff=64,
-        max_seq_len=128, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)).eval()
-    anatomy.save(model, root / "hf")
-    tok.save(root / "hf")
-    anatomy.save(model, root / "tiny.gguf", tokenizer=tok)
+    model = tiny_chat_model(root / "hf", root / "tiny.gguf")
     (root / "config-dir").mkdir()
     shutil.copy(root / "hf" / "config.json", root / "config-dir" / "config.json")
     return {"preset": "gpt2", "config": str(root / "config-dir" / "config.json"), "config-dir": str(root / "config-dir"),
