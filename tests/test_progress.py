@@ -19,6 +19,7 @@ from anatomy.cli import main
 def _quick(monkeypatch):
     monkeypatch.setattr(progress, "DELAY_S", 0.01)
     monkeypatch.delenv(progress.ENV, raising=False)
+    monkeypatch.setenv("COLUMNS", "250")  # a forced terminal is 80 columns wide otherwise: long paths are cut
 
 
 def _work(description: str = "counting sheep", total: int = 5, seconds: float = 0.3) -> None:

@@ -35,7 +35,7 @@ def _clean_env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     source = tmp_path_factory.mktemp("source")
-    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "_build"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     out = tmp_path_factory.mktemp("wheels")
@@ -57,13 +57,15 @@ def venv(wheel, tmp_path_factory) -> Path:
 
 
 def test_the_wheel_holds_every_file_of_the_package(wheel):
+    """Every source file (not caches, dotfiles or a native build's output) is in the wheel."""
     names = set(zipfile.ZipFile(wheel).namelist())
     files = {str(p.relative_to(ROOT / "src")) for p in (ROOT / "src" / "anatomy").rglob("*")
-             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
+             if p.is_file() and not {"__pycache__", "_build"} & set(p.parts) and p.suffix != ".pyc"
+             and not p.name.startswith(".")}
     assert files - names == set()
     assert {"anatomy/analysis/page/templates/inspect.html.j2", "anatomy/analysis/page/assets/page.css",
             "anatomy/text/__init__.py", "anatomy/kernels/plan.py", "anatomy/inference/engine/__init__.py",
-            "anatomy/analysis/profile/api.py"} <= names
+            "anatomy/analysis/profile/api.py", "anatomy/kernels/native/gemv.cpp"} <= names
 
 
 def _run(venv: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -163,6 +163,11 @@ class ModelConfig:
         the H_kv heads only, and d_h is head_dim, which need not be D/H."""
         return 2 * self.cached_layers * self.n_kv_heads * self.head_dim
 
+    @property
+    def kv_scales_per_token(self) -> int:
+        """Scales one token costs in an 8-bit KV cache: one per cached layer, K and V, and KV head."""
+        return 2 * self.cached_layers * self.n_kv_heads
+
     def kv_values(self, tokens: int) -> int:
         """KV-cache values a sequence of `tokens` needs when each layer keeps only what it can still
         attend to: all tokens, or at most sliding_window of them on a sliding-window layer."""

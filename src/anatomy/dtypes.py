@@ -4,8 +4,9 @@
     f32    32    torch.float32    weights, activations, KV cache (load, save, generate, train)
     f16    16    torch.float16
     bf16   16    torch.bfloat16
-    int8    8    torch.int8       weights whose sizes are computed, not run (inspect, compare)
+    int8    8    torch.int8       weights whose sizes are computed (inspect, compare); the KV cache
     int4    4    -
+    fp8_e4m3, fp8_e5m2   8   torch.float8_e4m3fn / float8_e5m2   the KV cache (kv_format.py)
 
 `parse(value, option=..., choices=...)` is the only way a dtype gets in: a canonical name, a
 torch.dtype (the Python API: torch.float16 is "f16"), or an old spelling ("fp32", "float32",
@@ -48,10 +49,13 @@ F16 = DType("f16", 16, torch.float16)
 BF16 = DType("bf16", 16, torch.bfloat16)
 INT8 = DType("int8", 8, torch.int8)
 INT4 = DType("int4", 4, None)
+FP8_E4M3 = DType("fp8_e4m3", 8, getattr(torch, "float8_e4m3fn", None))
+FP8_E5M2 = DType("fp8_e5m2", 8, getattr(torch, "float8_e5m2", None))
 
-DTYPES = {d.name: d for d in (F32, F16, BF16, INT8, INT4)}
+DTYPES = {d.name: d for d in (F32, F16, BF16, INT8, INT4, FP8_E4M3, FP8_E5M2)}
 FLOATS = ("f32", "f16", "bf16")  # what a model's weights and activations can be
 ALL = tuple(DTYPES)  # what a size can be computed for
+KV = ("f32", "f16", "bf16", "int8", "fp8_e4m3", "fp8_e5m2")  # what a KV cache can hold (kv_format.py)
 OLD_SPELLINGS = {"fp32": "f32", "float32": "f32", "float": "f32", "fp16": "f16", "float16": "f16", "half": "f16",
                  "bfloat16": "bf16"}
 

@@ -11,6 +11,10 @@
 With GQA each group of H/H_kv query heads shares one kv head. Rather than copying k/v H/H_kv
 times, the query heads of a group are folded into the sequence axis: q [B, H_kv, (H/H_kv)*S, d_h]
 attends to k/v [B, H_kv, S_k, d_h] directly.
+
+An 8-bit KV cache gives its keys and values as `Codes` (anatomy/kv_format.py): a step of a few query
+rows reads them as they are through the cache's `reader` (kernels/native/attention.cpp), anything
+else (a prefill, ALiBi, a soft cap, attention weights asked for, no reader) turns them into floats.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ from torch import Tensor, nn
 
 from anatomy.config import ModelConfig
 from anatomy.errors import InputError
+from anatomy.kv_format import Codes
 from anatomy.layers.norm import RMSNorm
 from anatomy.layers.position import apply_rope
 
 BACKENDS = ("sdpa", "eager")
+READ_ROWS = 16  # query rows per KV head up to which an 8-bit cache's reader attends (decode, verification)
 
 
 class LayerCache(Protocol):
@@ -141,8 +147,14 @@ def attend(
     scale defaults to 1/sqrt(d_h). A softcap (cap * tanh(scores / cap), before bias and mask) has no
     fused kernel: the scores are computed as a tensor.
 
-    mask [B|1, 1, S, S_k] is bool (True attends) or float (added to the scores)."""
+    mask [B|1, 1, S, S_k] is bool (True attends) or float (added to the scores). k and v may be Codes
+    (an 8-bit cache's)."""
     check_backend(backend)
+    if isinstance(k, Codes):
+        if (k.reader is not None and bias is None and softcap is None and not return_weights and not dropout
+                and q.shape[2] <= READ_ROWS and (mask is None or mask.dtype != torch.bool)):
+            return k.reader(q, k, v, mask=mask, scale=scale if scale is not None else q.shape[-1] ** -0.5), None
+        k, v = k.dequantize(q.dtype), v.dequantize(q.dtype)
     B, H, S, d_h = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
     rep = H // H_kv

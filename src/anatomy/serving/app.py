@@ -208,7 +208,9 @@ class RequestRun:
             for j in range(req.n):
                 index = p * req.n + j
                 sink = _sink(aio, self.queue, index)
-                self.seqs.append(loop.submit(ids, req.sampling(limit, choice=j), sink, logprobs=req.logprob_count))
+                self.seqs.append(loop.submit(ids, req.sampling(limit, choice=j), sink, logprobs=req.logprob_count,
+                                             speculative_tokens=req.speculative_n_max,
+                                             speculative_min=req.speculative_n_min))
         self.cancelled = False
 
     async def events(self) -> AsyncIterator[tuple[int, Event]]:

@@ -75,6 +75,10 @@ class _Sampling(_Body):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     user: str | None = None  # accepted, not used
+    # llama-server's per-request speculative decoding: at most n_max, at least n_min proposed tokens per
+    # round (n_max 0: none); the server verifies prompt-lookup proposals (or its --speculative method)
+    speculative_n_max: int | None = Field(default=None, ge=0, le=32, alias="speculative.n_max")
+    speculative_n_min: int = Field(default=0, ge=0, le=32, alias="speculative.n_min")
 
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

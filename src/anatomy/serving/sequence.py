@@ -73,6 +73,8 @@ class Sequence:
     counts: torch.Tensor | None = None  # [V]: output token counts (presence/frequency penalties)
     first_token_at: float | None = None
     last_token_at: float | None = None
+    speculation: Any = None  # its SequenceSpeculation (serving/speculation.py), None: it does not speculate
+    draft: list[int] = field(default_factory=list)  # the tokens it proposes to verify in the next step
 
     @property
     def remaining(self) -> int:

@@ -29,6 +29,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from anatomy import dtypes, kv_format
 from anatomy.errors import InputError
 from anatomy.inference.engine.capture import Captured, capture_paged, capture_static, signature
 from anatomy.inference.engine.kv_cache import KVCache
@@ -36,7 +37,9 @@ from anatomy.inference.engine.paged import Chunk, PagedKVCache, paged_inputs
 from anatomy.inference.engine.run import PaddedBatch, Run
 from anatomy.inference.engine.view import engine_view
 from anatomy.inference.sampling import SamplingParams
+from anatomy.kernels import native
 from anatomy.kernels.planning import branch_dtype, decode_weight_bytes, kernel_summary, plan_view
+from anatomy.kv_format import parse_kv_dtype
 
 BUCKET = 256  # a compiled or captured step is specialised to its cache length: round it up so few sizes occur
 PAGED_RECORD_AFTER = 32  # paged decode steps of one shape before it is captured
@@ -48,15 +51,22 @@ class DecoderEngine:
     compile=True compiles the decode step with torch.compile; otherwise, on a CPU, `capture` (default
     True) replays the blocks of each decode step from a graph traced once per shape. `attention`
     ("sdpa" or "eager") sets the backend of the view's attention layers (default: the model's).
+    `kv_dtype` is what the KV caches hold: None (the branches' dtype), "f32", "f16", "bf16", or 8-bit
+    codes with a scale per token and head, "int8", "fp8_e4m3", "fp8_e5m2" (anatomy/kv_format.py).
     """
 
     def __init__(self, model: nn.Module, *, compile: bool = False, capture: bool = True, plan_cache: bool = True,
-                 attention: str | None = None) -> None:
+                 attention: str | None = None, kv_dtype: str | None = None) -> None:
         if not getattr(getattr(model, "config", None), "is_decoder", False):
             raise InputError(f"DecoderEngine needs a decoder-only anatomy model, got {type(model).__name__}")
         self.model = engine_view(model, attention=attention)
         self.plan = plan_view(self.model, compile=compile, cache=plan_cache)
-        self.branch_dtype = branch_dtype(self.plan, self.dtype)  # RoPE, the KV cache and attention compute in it
+        self.branch_dtype = branch_dtype(self.plan, self.dtype)  # RoPE and attention compute in it
+        kv = parse_kv_dtype(kv_dtype) or dtypes.name_of(self.branch_dtype)
+        self.kv_dtype = kv  # what the caches hold (a name: f32, bf16, int8, ...)
+        self._codes = kv if kv in kv_format.CODES else None
+        self._cache_dtype = self.branch_dtype if self._codes else dtypes.torch_dtype(kv)
+        self._reader = native.read_codes if self._codes and native.loaded() else None
         self.compiled = compile
         self.captured = capture and not compile and self.device.type == "cpu"
         self._compiled_step = torch.compile(self._eager_step, dynamic=False) if compile else None
@@ -82,6 +92,17 @@ class DecoderEngine:
     def kernel_summary(self) -> list[str]:
         """Per phase, the kernels the plan chose and for how many layers."""
         return kernel_summary(self.plan)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights the engine holds: its view's parameters and buffers and every planned
+        layer's layouts, each storage counted once (a layout that is the format's own tensor is no copy)."""
+        from anatomy.kernels.planned_linear import PlannedLinear
+
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        tensors += [t for m in self.model.modules() if isinstance(m, PlannedLinear)
+                    for layout in m.layouts.values() for t in layout if isinstance(t, torch.Tensor)]
+        return sum(dict(_storage(t) for t in tensors).values())
 
     @property
     def captured_graphs(self) -> int:
@@ -157,21 +178,25 @@ class DecoderEngine:
         A run still alive keeps its cache: a second run of the same shape meanwhile (a draft that is
         the target's own engine) gets another."""
         if not (self.compiled or self.captured):
-            return KVCache(self.config, batch=batch, max_len=max_len, dtype=self.branch_dtype, device=self.device)
+            return self._new_cache(batch, max_len)
         max_len = min(-(-max_len // BUCKET) * BUCKET, self.config.max_seq_len)
         pool = self._caches.setdefault((batch, max_len), [])
         for cache in pool:
             if cache.owner is None or cache.owner() is None:
                 return cache
-        pool.append(KVCache(self.config, batch=batch, max_len=max_len, dtype=self.branch_dtype, device=self.device))
+        pool.append(self._new_cache(batch, max_len))
         return pool[-1]
+
+    def _new_cache(self, batch: int, max_len: int) -> KVCache:
+        return KVCache(self.config, batch=batch, max_len=max_len, dtype=self._cache_dtype, device=self.device,
+                       codes=self._codes, reader=self._reader)
 
     # -- serving over a paged cache ----------------------------------------------------------------
 
     def paged_cache(self, *, num_blocks: int, block_size: int) -> PagedKVCache:
-        """A paged KV cache of `num_blocks` blocks of `block_size` tokens, in the branches' dtype."""
-        return PagedKVCache(self.config, num_blocks=num_blocks, block_size=block_size, dtype=self.branch_dtype,
-                            device=self.device)
+        """A paged KV cache of `num_blocks` blocks of `block_size` tokens holding the engine's kv_dtype."""
+        return PagedKVCache(self.config, num_blocks=num_blocks, block_size=block_size, dtype=self._cache_dtype,
+                            device=self.device, codes=self._codes, reader=self._reader)
 
     @torch.inference_mode()
     def step(self, cache: PagedKVCache, chunks: list[Chunk]) -> Tensor:
@@ -199,6 +224,15 @@ class DecoderEngine:
             return body.paged(inputs)
         layers = cache.layers(inputs.where)
         return self.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions, cache=layers)[:, -1]
+
+
+def _storage(t: Tensor) -> tuple[int, int]:
+    """(an identity of t's storage, its bytes); an opaque tensor (oneDNN's reordered weight) is its own."""
+    try:
+        storage = t.untyped_storage()
+    except NotImplementedError:
+        return id(t), t.numel() * t.element_size()
+    return storage.data_ptr(), storage.nbytes()
 
 
 def _rows_bucket(rows: int) -> int:

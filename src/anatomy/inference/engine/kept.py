@@ -8,7 +8,8 @@ An engine is tied to the model object (weakly: it never keeps the model alive) a
 fingerprint of its weights, the identity and version counter of every parameter and buffer: any
 in-place change (`p.add_(...)`, `load_state_dict`), a new tensor put in place, a module swapped in
 makes the next call build a new engine on the new weights. Engines of one model are kept per set of
-engine options (`compile`, `capture`, `attention`, `plan_cache`; an encoder-decoder's: `attention`).
+engine options (`compile`, `capture`, `attention`, `plan_cache`, `kv_dtype`; an encoder-decoder's:
+`attention`).
 Safe to share between threads.
 """
 
@@ -56,7 +57,7 @@ class KeptEngines:
             self._entries.clear()
 
 
-DECODER_OPTIONS = {"compile": False, "capture": True, "attention": None, "plan_cache": True}
+DECODER_OPTIONS = {"compile": False, "capture": True, "attention": None, "plan_cache": True, "kv_dtype": None}
 SEQ2SEQ_OPTIONS = {"attention": None}
 
 

@@ -4,6 +4,11 @@ place at the slots `input_pos` names.
 Nothing is ever appended or reallocated, so every decode step sees the same shapes (the step can
 be compiled) and the memory is known up front: 2 * L * B * H_kv * T_max * d_h * bytes-per-value.
 With GQA only the H_kv key/value heads are stored, never the H query heads.
+
+An 8-bit cache (`kv_dtype` int8, fp8_e4m3 or fp8_e5m2; anatomy/kv_format.py) stores codes [B, H_kv, T,
+d_h] and a float16 scale per token and head [B, H_kv, T]; `update` then returns the keys and values as
+`Codes` (kv_format.py), which attention reads as they are (`reader`: kernels/native/attention.cpp) or
+turns into floats.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from anatomy import dtypes, kv_format
+from anatomy.kv_format import Codes
 from anatomy.config import ModelConfig
 
 
@@ -18,36 +25,59 @@ class LayerKVCache(nn.Module):
     """One layer's keys and values; `update` writes the new ones and returns all T_max slots."""
 
     def __init__(self, *, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+                 codes: str | None = None, reader=None) -> None:
         super().__init__()
-        self.max_len = max_len
+        self.max_len, self.kind, self.reader = max_len, codes, reader
         shape = (batch, n_kv_heads, max_len, head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        stored = torch.uint8 if codes else dtype
+        self.register_buffer("k", torch.zeros(shape, dtype=stored, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=stored, device=device), persistent=False)
+        if codes:
+            self.register_buffer("k_scale", torch.ones(shape[:3], dtype=torch.float16, device=device), persistent=False)
+            self.register_buffer("v_scale", torch.ones(shape[:3], dtype=torch.float16, device=device), persistent=False)
+            self.register_buffer("lut", kv_format.table(codes, device), persistent=False)
 
-    def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """input_pos [S]; k, v [B, H_kv, S, d_h] -> all slots, k_all/v_all [B, H_kv, T_max, d_h]."""
+    def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor | Codes, Tensor | Codes]:
+        """input_pos [S]; k, v [B, H_kv, S, d_h] -> all slots, k_all/v_all [B, H_kv, T_max, d_h]
+        (as Codes for an 8-bit cache)."""
+        if self.kind:
+            return self._write_codes(input_pos, k, "k"), self._write_codes(input_pos, v, "v")
         if k.dtype != self.k.dtype:
             k, v = k.to(self.k.dtype), v.to(self.v.dtype)
         self.k.index_copy_(2, input_pos, k)
         self.v.index_copy_(2, input_pos, v)
         return self.k, self.v
 
+    def _write_codes(self, input_pos: Tensor, x: Tensor, which: str) -> Codes:
+        codes, scale = kv_format.quantize(x, self.kind)  # [B, H_kv, S, d_h], [B, H_kv, S]
+        stored, scales = getattr(self, which), getattr(self, f"{which}_scale")
+        stored.index_copy_(2, input_pos, codes)
+        scales.index_copy_(2, input_pos, scale)
+        return Codes(stored, scales, self.lut, self.reader)
+
     def reorder(self, rows: Tensor) -> None:
         """Keep batch rows `rows` [B] (beam search: each beam continues from its parent's cache)."""
-        self.k.copy_(self.k.index_select(0, rows))
-        self.v.copy_(self.v.index_select(0, rows))
+        for buffer in (self.k, self.v) + ((self.k_scale, self.v_scale) if self.kind else ()):
+            buffer.copy_(buffer.index_select(0, rows))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for name, b in self.named_buffers() if name != "lut")
 
 
 class KVCache(nn.ModuleList):
-    """The caches of all L layers of a stack: model(..., cache=KVCache(...), input_pos=...)."""
+    """The caches of all L layers of a stack: model(..., cache=KVCache(...), input_pos=...);
+    `codes` ("int8", "fp8_e4m3", "fp8_e5m2") stores 8-bit codes with scales instead of `dtype`, and
+    `reader` is the attention that reads them as stored (None: they are turned into floats)."""
 
     def __init__(self, config: ModelConfig, *, batch: int, max_len: int, n_layers: int | None = None,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+                 codes: str | None = None, reader=None) -> None:
         n_layers = n_layers if n_layers is not None else config.cached_layers
         super().__init__(
             LayerKVCache(batch=batch, n_kv_heads=config.n_kv_heads, max_len=max_len, head_dim=config.head_dim,
-                         dtype=dtype, device=device)
+                         dtype=dtype, device=device, codes=codes, reader=reader)
             for _ in range(n_layers))
         self.max_len = max_len
         self.owner = None  # a weak reference to the run the engine lent this cache to
@@ -58,9 +88,9 @@ class KVCache(nn.ModuleList):
 
     @property
     def nbytes(self) -> int:
-        return sum(layer.k.nbytes + layer.v.nbytes for layer in self)
+        return sum(layer.nbytes for layer in self)
 
 
-def bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.float32) -> int:
-    """Cache bytes one token costs: config.kv_values_per_token * bytes per value."""
-    return config.kv_values_per_token * dtype.itemsize
+def bytes_per_token(config: ModelConfig, dtype: torch.dtype | str = torch.float32) -> int:
+    """Cache bytes one token costs (a KV dtype name or a float torch dtype), scales included."""
+    return kv_format.kv_bytes_per_token(config, dtypes.name_of(dtype) if isinstance(dtype, torch.dtype) else dtype)

@@ -16,6 +16,10 @@ would avoid that copy.
 
 The pools start zeroed and every slot ever gathered is finite (scratch included), so masked keys
 can never turn an attention row into NaN (0 * NaN is NaN, 0 * a finite value is 0).
+
+An 8-bit cache's pools hold codes [N + 1, bs, H_kv, d_h] and a float16 scale per token and head
+[N + 1, bs, H_kv] (anatomy/kv_format.py): a block costs about half of bf16's, so the same budget holds
+twice the tokens; the gather copies codes, and attention reads them as they are.
 """
 
 from __future__ import annotations
@@ -26,44 +30,56 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.config import ModelConfig
+from anatomy import kv_format
 from anatomy.inference.engine.kv_cache import bytes_per_token
+from anatomy.kv_format import Codes
 from anatomy.layers.context import Context
 from anatomy.models.context import ContextTables
 from anatomy.models.stack import Stack
 
 
 class PagedPool(nn.Module):
-    """One layer's K and V block pools [num_blocks + 1, block_size, H_kv, d_h]."""
+    """One layer's K and V block pools [num_blocks + 1, block_size, H_kv, d_h] (8-bit codes with their
+    scales [num_blocks + 1, block_size, H_kv] when `codes` names a kind)."""
 
-    def __init__(self, shape: tuple[int, ...], *, dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(self, shape: tuple[int, ...], *, dtype: torch.dtype, device: torch.device | str,
+                 codes: str | None = None, reader=None) -> None:
         super().__init__()
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.kind, self.reader = codes, reader
+        stored = torch.uint8 if codes else dtype
+        self.register_buffer("k", torch.zeros(shape, dtype=stored, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=stored, device=device), persistent=False)
+        if codes:
+            self.register_buffer("k_scale", torch.ones(shape[:3], dtype=torch.float16, device=device), persistent=False)
+            self.register_buffer("v_scale", torch.ones(shape[:3], dtype=torch.float16, device=device), persistent=False)
+            self.register_buffer("lut", kv_format.table(codes, device), persistent=False)
 
 
 class PagedKVCache(nn.ModuleList):
     """The block pools of every layer (an nn.ModuleList of PagedPool, so a captured step holds them)."""
 
     def __init__(self, config: ModelConfig, *, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", codes: str | None = None, reader=None) -> None:
         shape = (num_blocks + 1, block_size, config.n_kv_heads, config.head_dim)
-        super().__init__(PagedPool(shape, dtype=dtype, device=device) for _ in range(config.cached_layers))
-        self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
+        super().__init__(PagedPool(shape, dtype=dtype, device=device, codes=codes, reader=reader)
+                         for _ in range(config.cached_layers))
+        self.num_blocks, self.block_size, self.dtype, self.kind = num_blocks, block_size, dtype, codes
         self.scratch = num_blocks  # the extra block padding writes to and missing blocks read from
         self.tables: ContextTables | None = None  # the RoPE table of a stack, made on first use
 
     @staticmethod
-    def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-        """Bytes one block costs over all layers, K and V."""
+    def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype | str) -> int:
+        """Bytes one block costs over all layers, K and V (scales included): dtype a float torch dtype
+        or a KV dtype name."""
         return bytes_per_token(config, dtype) * block_size
 
     @property
     def nbytes(self) -> int:
-        return sum(pool.k.nbytes + pool.v.nbytes for pool in self)
+        return sum(b.nbytes for name, b in self.named_buffers() if not name.endswith("lut"))
 
     def layers(self, where: BlockSlots) -> list[PagedLayer]:
         """Each layer's LayerCache for one step laid out by `where`."""
-        return [PagedLayer(pool.k, pool.v, where) for pool in self]
+        return [PagedLayer(pool, where) for pool in self]
 
     def context_tables(self, stack: Stack, length: int) -> ContextTables:
         """The position tables of `stack` over `length` positions (made once, grown when a longer step comes)."""
@@ -91,22 +107,31 @@ class BlockSlots:
 class PagedLayer:
     """One layer's paged cache for one step (the `LayerCache` protocol of layers/attention.py)."""
 
-    def __init__(self, k_pool: Tensor, v_pool: Tensor, where: BlockSlots) -> None:
-        self.k_pool, self.v_pool, self.where = k_pool, v_pool, where
-        self.max_len = where.blocks * k_pool.shape[1]
+    def __init__(self, pool: PagedPool, where: BlockSlots) -> None:
+        self.pool, self.where = pool, where
+        self.max_len = where.blocks * pool.k.shape[1]
 
-    def update(self, input_pos: Tensor | None, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """k, v [B, H_kv, S, d_h] -> every row's keys and values [B, H_kv, nb * bs, d_h] (input_pos is
-        not used: `where` holds each row's own slots)."""
-        return self._update(self.k_pool, k), self._update(self.v_pool, v)
+    def update(self, input_pos: Tensor | None, k: Tensor, v: Tensor) -> tuple[Tensor | Codes, Tensor | Codes]:
+        """k, v [B, H_kv, S, d_h] -> every row's keys and values [B, H_kv, nb * bs, d_h] (as Codes for an
+        8-bit cache; input_pos is not used: `where` holds each row's own slots)."""
+        pool = self.pool
+        if pool.kind is None:
+            return self._update(pool.k, k), self._update(pool.v, v)
+        return self._codes(pool.k, pool.k_scale, k), self._codes(pool.v, pool.v_scale, v)
+
+    def _codes(self, codes: Tensor, scales: Tensor, new: Tensor) -> Codes:
+        q, s = kv_format.quantize(new, self.pool.kind)  # [B, H_kv, S, d_h], [B, H_kv, S]
+        return Codes(self._update(codes, q), self._update(scales, s), self.pool.lut, self.pool.reader)
 
     def _update(self, pool: Tensor, new: Tensor) -> Tensor:
+        """Write new [B, H_kv, S, ...] at the step's slots; every row's [B, H_kv, T, ...] through its table."""
         where = self.where
-        _, bs, H_kv, d_h = pool.shape
-        flat = pool.view(-1, H_kv, d_h)  # [(N+1) * bs, H_kv, d_h]
-        flat.index_copy_(0, where.slots, new.transpose(1, 2).reshape(-1, H_kv, d_h).to(pool.dtype))
-        rows = pool.index_select(0, where.tables)  # [B * nb, bs, H_kv, d_h]
-        return rows.view(where.rows, where.blocks * bs, H_kv, d_h).transpose(1, 2)  # [B, H_kv, T, d_h]
+        rest = pool.shape[2:]  # (H_kv, d_h), or (H_kv,) for scales
+        bs = pool.shape[1]
+        flat = pool.view(-1, *rest)  # [(N+1) * bs, H_kv, ...]
+        flat.index_copy_(0, where.slots, new.transpose(1, 2).reshape(-1, *rest).to(pool.dtype))
+        rows = pool.index_select(0, where.tables)  # [B * nb, bs, H_kv, ...]
+        return rows.view(where.rows, where.blocks * bs, *rest).transpose(1, 2)  # [B, H_kv, T, ...]
 
 
 @dataclass(frozen=True)

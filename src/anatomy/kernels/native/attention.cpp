@@ -1,0 +1,229 @@
+// Attention of a few query rows over one cache's keys and values, reading the cache as it is stored:
+// float32, bfloat16, or 8-bit codes (int8 or fp8 e4m3 / e5m2) with a scale per token and head.
+//
+//   out [B, H, R, d] = softmax(q k^T * scale + mask) v        q [B, H, R, d]; k, v [B, H, T, d]
+//
+// R is a decode step's query rows of one KV head (its GQA group, folded: rep * S rows), T the cache's
+// slots, mask [B|1, 1, R, T] additive (0 or -inf), shared by the heads. Keys and values are turned into
+// floats a block of KEYS slots at a time, in a buffer that stays in the L1 cache, so a step reads the
+// cache's own bytes (a quarter of float32's for 8-bit codes) and never a full-precision copy of it.
+// Softmax is the online (flash) form over the blocks; one task per (batch row, KV head, slice of the
+// slots), the slices merged at the end, so that 3 KV heads at batch 1 still keep 2 threads busy.
+//
+// 8-bit codes decode through a table of their 256 values (`lut`: int8 -> its integer, fp8 -> its
+// float), times the token's scale: value = lut[code] * scale[b, h, t].
+
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t KEYS = 64;       // slots turned into floats at a time
+constexpr int64_t MAX_DIM = 256;   // head dims up to this
+
+enum Kind { F32 = 0, BF16 = 1, CODES = 2 };
+
+struct Cache {
+  const void* data;
+  int64_t sb, sh, st;  // strides of [B, H, T, d] in elements (d is contiguous)
+  const float* scale;  // [B, H, T] as float32 (8-bit codes only), strides below
+  int64_t ssb, ssh, sst;
+  Kind kind;
+};
+
+inline float bf16_to_float(uint16_t x) {
+  uint32_t bits = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// rows [t0, t0 + n) of one (b, h) of the cache as floats: out[i * d + j]
+inline __attribute__((always_inline)) void decode_rows(const Cache& c, const float* lut, int64_t b, int64_t h,
+                                                       int64_t t0, int64_t n, int64_t d, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t at = b * c.sb + h * c.sh + (t0 + i) * c.st;
+    float* row = out + i * d;
+    if (c.kind == F32) {
+      std::memcpy(row, static_cast<const float*>(c.data) + at, d * sizeof(float));
+    } else if (c.kind == BF16) {
+      const uint16_t* src = static_cast<const uint16_t*>(c.data) + at;
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) row[j] = bf16_to_float(src[j]);
+    } else {
+      const uint8_t* src = static_cast<const uint8_t*>(c.data) + at;
+      const float s = c.scale[b * c.ssb + h * c.ssh + (t0 + i) * c.sst];
+      for (int64_t j = 0; j < d; ++j) row[j] = lut[src[j]] * s;
+    }
+  }
+}
+
+struct Partial {  // one slice's online-softmax state per query row: max, sum of exp, weighted values
+  std::vector<float> max, sum, acc;
+};
+
+// one (b, h) and slots [t0, t1): the partial softmax of every query row
+inline __attribute__((always_inline)) void attend_slice(const float* q, int64_t R, int64_t d, const Cache& k,
+                                                        const Cache& v, const float* lut, const float* mask,
+                                                        int64_t mr, int64_t mt, int64_t b, int64_t h, int64_t t0,
+                                                        int64_t t1, float scale, Partial& p) {
+  p.max.assign(R, -std::numeric_limits<float>::infinity());
+  p.sum.assign(R, 0.f);
+  p.acc.assign(R * d, 0.f);
+  float kb[KEYS * MAX_DIM], vb[KEYS * MAX_DIM], s[KEYS];
+  for (int64_t start = t0; start < t1; start += KEYS) {
+    const int64_t n = std::min(KEYS, t1 - start);
+    decode_rows(k, lut, b, h, start, n, d, kb);
+    decode_rows(v, lut, b, h, start, n, d, vb);
+    for (int64_t r = 0; r < R; ++r) {
+      const float* qr = q + r * d;
+      float block_max = -std::numeric_limits<float>::infinity();
+      for (int64_t i = 0; i < n; ++i) {
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t j = 0; j < d; ++j) dot += qr[j] * kb[i * d + j];
+        s[i] = dot * scale + (mask ? mask[r * mr + (start + i) * mt] : 0.f);
+        block_max = std::max(block_max, s[i]);
+      }
+      if (block_max == -std::numeric_limits<float>::infinity()) continue;  // every key of the block masked
+      const float new_max = std::max(p.max[r], block_max);
+      const float correction = std::exp(p.max[r] - new_max);  // 0 when the row had nothing yet
+      float* acc = p.acc.data() + r * d;
+      float total = p.sum[r] * correction;
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) acc[j] *= correction;
+      for (int64_t i = 0; i < n; ++i) {
+        const float w = std::exp(s[i] - new_max);
+        total += w;
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) acc[j] += w * vb[i * d + j];
+      }
+      p.sum[r] = total;
+      p.max[r] = new_max;
+    }
+  }
+}
+
+// the slices of one (b, h) merged: out [R, d]
+void merge(const std::vector<Partial>& parts, int64_t R, int64_t d, float* out) {
+  for (int64_t r = 0; r < R; ++r) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (const Partial& p : parts) m = std::max(m, p.max[r]);
+    float total = 0.f;
+    std::vector<float> acc(d, 0.f);
+    if (m != -std::numeric_limits<float>::infinity()) {
+      for (const Partial& p : parts) {
+        if (p.max[r] == -std::numeric_limits<float>::infinity()) continue;
+        const float w = std::exp(p.max[r] - m);
+        total += w * p.sum[r];
+        for (int64_t j = 0; j < d; ++j) acc[j] += w * p.acc[r * d + j];
+      }
+    }
+    for (int64_t j = 0; j < d; ++j) out[r * d + j] = total > 0.f ? acc[j] / total : 0.f;
+  }
+}
+
+struct Job {
+  const float* q;  // [B, H, R, d] contiguous float32
+  int64_t B, H, R, T, d;
+  Cache k, v;
+  const float* lut;
+  const float* mask;  // [Bm, 1, R, T] float32 contiguous, or null
+  int64_t mb, mr, mt;
+  float scale;
+  int64_t slices;
+};
+
+void run_portable(const Job& j, int64_t task, Partial& p) {
+  const int64_t slice = task % j.slices, bh = task / j.slices, b = bh / j.H, h = bh % j.H;
+  const int64_t per = (j.T + j.slices - 1) / j.slices, t0 = slice * per, t1 = std::min(j.T, t0 + per);
+  const float* mask = j.mask ? j.mask + (j.mb ? b * j.mb : 0) : nullptr;
+  attend_slice(j.q + bh * j.R * j.d, j.R, j.d, j.k, j.v, j.lut, mask, j.mr, j.mt, b, h, t0, t1, j.scale, p);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
+void run_avx512(const Job& j, int64_t task, Partial& p) {
+  const int64_t slice = task % j.slices, bh = task / j.slices, b = bh / j.H, h = bh % j.H;
+  const int64_t per = (j.T + j.slices - 1) / j.slices, t0 = slice * per, t1 = std::min(j.T, t0 + per);
+  const float* mask = j.mask ? j.mask + (j.mb ? b * j.mb : 0) : nullptr;
+  attend_slice(j.q + bh * j.R * j.d, j.R, j.d, j.k, j.v, j.lut, mask, j.mr, j.mt, b, h, t0, t1, j.scale, p);
+}
+
+bool has_avx512() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  return ok;
+}
+
+Cache cache_of(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& scale_f32) {
+  TORCH_CHECK(x.dim() == 4 && x.stride(3) == 1, "anatomy::decode_attention: k and v must be [B, H, T, d] with d contiguous");
+  Kind kind = x.scalar_type() == at::kFloat ? F32 : x.scalar_type() == at::kBFloat16 ? BF16 : CODES;
+  TORCH_CHECK(kind != CODES || x.scalar_type() == at::kByte, "anatomy::decode_attention: k and v must be float32, "
+              "bfloat16 or uint8 codes, got ", x.scalar_type());
+  TORCH_CHECK(kind != CODES || (scale.defined() && scale.dim() == 3), "anatomy::decode_attention: 8-bit codes need "
+              "their scales [B, H, T]");
+  Cache c{x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), nullptr, 0, 0, 0, kind};
+  if (kind == CODES) {
+    c.scale = scale_f32.data_ptr<float>();
+    c.ssb = scale_f32.stride(0), c.ssh = scale_f32.stride(1), c.sst = scale_f32.stride(2);
+  }
+  return c;
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
+                            const c10::optional<at::Tensor>& mask, const c10::optional<at::Tensor>& lut,
+                            double scale, bool portable) {
+  TORCH_CHECK(q.dim() == 4, "anatomy::decode_attention: q must be [B, H, R, d]");
+  const int64_t B = q.size(0), H = q.size(1), R = q.size(2), d = q.size(3), T = k.size(2);
+  TORCH_CHECK(k.size(0) == B && k.size(1) == H && k.size(3) == d && v.sizes() == k.sizes(),
+              "anatomy::decode_attention: k and v must be [B, H, T, d] of q's B, H and d");
+  TORCH_CHECK(d <= MAX_DIM, "anatomy::decode_attention: head dim ", d, " > ", MAX_DIM);
+  at::Tensor qf = q.to(at::kFloat).contiguous();
+  at::Tensor ks = k_scale.has_value() ? k_scale->to(at::kFloat) : at::Tensor();
+  at::Tensor vs = v_scale.has_value() ? v_scale->to(at::kFloat) : at::Tensor();
+  at::Tensor table = lut.has_value() ? lut->to(at::kFloat).contiguous() : at::Tensor();
+  TORCH_CHECK(k.scalar_type() != at::kByte || (table.defined() && table.numel() == 256),
+              "anatomy::decode_attention: 8-bit codes need their table of 256 values");
+  at::Tensor m;
+  if (mask.has_value()) {
+    TORCH_CHECK(mask->dim() == 4 && (mask->size(2) == R || mask->size(2) == 1) && mask->size(3) == T,
+                "anatomy::decode_attention: mask must be [B|1, 1, R|1, T]");
+    m = mask->to(at::kFloat).expand({mask->size(0), 1, R, T}).contiguous();
+  }
+  Job job{qf.data_ptr<float>(), B, H, R, T, d, cache_of(k, k_scale.value_or(at::Tensor()), ks),
+          cache_of(v, v_scale.value_or(at::Tensor()), vs), table.defined() ? table.data_ptr<float>() : nullptr,
+          m.defined() ? m.data_ptr<float>() : nullptr, m.defined() && m.size(0) > 1 ? R * T : 0, T, 1,
+          static_cast<float>(scale), 1};
+  const int64_t threads = at::get_num_threads();
+  job.slices = std::max<int64_t>(1, std::min<int64_t>((2 * threads + B * H - 1) / (B * H), T / KEYS));
+  const int64_t tasks = B * H * job.slices;
+  std::vector<Partial> parts(tasks);
+  const bool fast = !portable && has_avx512();
+  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) fast ? run_avx512(job, t, parts[t]) : run_portable(job, t, parts[t]);
+  });
+  at::Tensor out = at::empty({B, H, R, d}, qf.options());
+  float* dst = out.data_ptr<float>();
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    std::vector<Partial> mine(parts.begin() + bh * job.slices, parts.begin() + (bh + 1) * job.slices);
+    merge(mine, R, d, dst + bh * R * d);
+  }
+  return out.to(q.scalar_type());
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(anatomy, m) {
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? k_scale, Tensor? v_scale, Tensor? mask, "
+        "Tensor? lut, float scale, bool portable=False) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(anatomy, CPU, m) { m.impl("decode_attention", decode_attention); }

@@ -1,0 +1,99 @@
+"""What a KV cache holds its keys and values in: a float dtype, or 8-bit codes with a scale per token
+and head (the KV-cache quantization of llama.cpp's -ctk/-ctv q8_0 and vLLM's --kv-cache-dtype fp8).
+
+    kv_dtype   stored per value    per token and head    value
+    f32/f16/bf16  the float        -                     x
+    int8       int8 code q         float16 scale s       q * s,  s = max|x| / 127
+    fp8_e4m3   fp8 code (e4m3)     float16 scale s       fp8(x / s) * s,  s = max|x| / 448
+    fp8_e5m2   fp8 code (e5m2)     float16 scale s       fp8(x / s) * s,  s = max|x| / 57344
+
+A token's head (d_h values) has one scale, so an outlier in one token or head does not blur the others;
+bytes per token are kv_values_per_token * (1 byte) + kv_scales_per_token * 2 bytes, about half of bf16's.
+`kv_bytes_per_token` is the one place this is computed (the caches' sizes, `anatomy inspect`, the
+server's KV budget all use it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from anatomy import dtypes
+from anatomy.config import ModelConfig
+from anatomy.errors import InputError
+
+CODES = ("int8", "fp8_e4m3", "fp8_e5m2")  # the 8-bit kinds
+SCALE_BYTES = 2  # each token and head's scale is a float16
+LIMITS = {"int8": 127.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}  # the largest code magnitude
+
+
+@dataclass(frozen=True)
+class Codes:
+    """8-bit keys or values as a cache returns them to attention: codes uint8 [B, H_kv, T, d_h], scale
+    float16 [B, H_kv, T], the table lut float32 [256] of each code byte's value (value = lut[code] *
+    scale), and `reader`, attention that reads codes as they are (kernels/native: the engine's caches
+    set it), or None: attention turns them into floats first."""
+
+    codes: Tensor
+    scale: Tensor
+    lut: Tensor
+    reader: Callable | None = None
+
+    def dequantize(self, dtype: torch.dtype) -> Tensor:
+        """The values [B, H_kv, T, d_h] in `dtype` (a full copy: what a reader avoids)."""
+        return (self.lut[self.codes.int()] * self.scale.float()[..., None]).to(dtype)
+
+
+def available() -> tuple[str, ...]:
+    """The KV dtypes this machine's torch can hold (fp8 needs its float8 dtypes and their casts)."""
+    return tuple(name for name in dtypes.KV if name not in ("fp8_e4m3", "fp8_e5m2") or _fp8_works(name))
+
+
+def parse_kv_dtype(value: str | torch.dtype | None, *, option: str = "kv_dtype") -> str | None:
+    """The canonical name of a KV dtype (None stays None: the branches' dtype); InputError naming the
+    option, the value and what is available otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value in CODES and value not in available():
+        raise InputError(f"{dtypes._shown(option, value)}: this torch ({torch.__version__}) has no {value} on this "
+                         f"machine; available: {', '.join(available())}")
+    return dtypes.parse(value, option=option, choices=available()).name
+
+
+def kv_bytes_per_token(config: ModelConfig, kv_dtype: str) -> int:
+    """Bytes one token's keys and values take in every cached layer, scales included."""
+    dtype = dtypes.parse(kv_dtype, option="kv_dtype", choices=dtypes.KV)
+    scales = config.kv_scales_per_token * SCALE_BYTES if dtype.name in CODES else 0
+    return dtype.nbytes(config.kv_values_per_token) + scales
+
+
+def quantize(x: Tensor, kind: str) -> tuple[Tensor, Tensor]:
+    """x [..., d] -> (codes uint8 [..., d], scale float16 [...]): one scale per row of d values."""
+    amax = x.float().abs().amax(dim=-1)  # [...]
+    scale = (amax / LIMITS[kind]).to(torch.float16)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row: any scale, codes 0
+    y = x.float() / scale.float()[..., None]
+    if kind == "int8":
+        codes = y.round_().clamp_(-127, 127).to(torch.int8)
+    else:
+        codes = y.to(dtypes.DTYPES[kind].torch)
+    return codes.view(torch.uint8), scale
+
+
+def table(kind: str, device: torch.device | str = "cpu") -> Tensor:
+    """float32 [256]: the value of each code byte (int8: the integer; fp8: its float)."""
+    byte = torch.arange(256, dtype=torch.uint8, device=device)
+    return byte.view(torch.int8 if kind == "int8" else dtypes.DTYPES[kind].torch).float()
+
+
+def _fp8_works(name: str) -> bool:
+    kind = dtypes.DTYPES[name].torch
+    if kind is None:
+        return False
+    try:
+        return bool(torch.ones(2).to(kind).float().eq(1).all())
+    except (RuntimeError, TypeError):
+        return False
