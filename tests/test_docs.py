@@ -337,7 +337,9 @@ def _stop(proc: subprocess.Popen, block: Block) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    assert proc.returncode in (0, 130), f"{block.where}: the server stopped with {proc.returncode}:\n{_log(proc)}"
+    log, code = _log(proc), proc.returncode
+    proc.log.close()
+    assert code in (0, 130), f"{block.where}: the server stopped with {code}:\n{log}"
 
 
 def _log(proc: subprocess.Popen) -> str:
