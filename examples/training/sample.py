@@ -2,7 +2,8 @@
 last max_seq_len tokens (a sliding window, as nanoGPT's sampler does), so a model with a 64-token
 context can write a page. `anatomy generate` stops at the context length instead.
 
-    python examples/training/sample.py runs/shakespeare-char/checkpoints/step-002000 --prompt "ROMEO." --tokens 500
+    python examples/training/sample.py runs/shakespeare-char --prompt "ROMEO." --tokens 500
+    python examples/training/sample.py runs/shakespeare-char/checkpoints/step-001000 ...   # an earlier checkpoint
 """
 
 from __future__ import annotations
@@ -30,17 +31,19 @@ def sample(model: torch.nn.Module, ids: list[int], *, tokens: int, temperature: 
 
 def main() -> None:
     import anatomy
+    from anatomy.training.checkpoint import checkpoint_or_latest
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("checkpoint", type=Path, help="a run directory (its latest checkpoint) or a checkpoint")
     parser.add_argument("--prompt", default="\n")
     parser.add_argument("--tokens", type=int, default=500)
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    model = anatomy.load(args.checkpoint).eval()
-    tokenizer = anatomy.load_tokenizer(args.checkpoint)
+    checkpoint = checkpoint_or_latest(args.checkpoint)
+    model = anatomy.load(checkpoint).eval()
+    tokenizer = anatomy.load_tokenizer(checkpoint)
     prompt = tokenizer.encode(args.prompt)
     ids = sample(model, prompt, tokens=args.tokens, temperature=args.temperature, top_k=args.top_k,
                  generator=torch.Generator().manual_seed(args.seed))

@@ -101,8 +101,11 @@ def _one_line_warning(command: str | None):
 
 
 def _run(args: argparse.Namespace) -> int:
+    from anatomy import progress
+
     try:
-        return int(args.run(args) or 0)
+        with progress.quieted(getattr(args, "quiet", False)):  # --quiet of the commands with long work
+            return int(args.run(args) or 0)
     except AnatomyError as exc:
         print(f"anatomy {args.command}: error: {exc}", file=sys.stderr)
         return 2

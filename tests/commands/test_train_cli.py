@@ -21,7 +21,7 @@ import pytest
 from anatomy.cli import main
 
 TINY = ["--model", "gpt2", "--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--d-ff", "64",
-        "--seq-len", "16", "--lr", "1e-2", "--warmup", "2", "--eval-steps", "1", "--no-progress"]
+        "--seq-len", "16", "--lr", "1e-2", "--warmup", "2", "--eval-steps", "1", "--quiet"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
 
 

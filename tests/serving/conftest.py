@@ -43,6 +43,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_ready(proc, url: str, timeout: float) -> str | None:
+    """Wait until the server `proc` answers {url}/health with 200: None, or why it did not."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"the server exited with {proc.returncode}"
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return None
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return f"the server was not ready within {timeout} s"
+
+
 class Server:
     """`anatomy serve` in a subprocess on a free 127.0.0.1 port, ready (health 200) when made."""
 
@@ -51,8 +70,6 @@ class Server:
         import subprocess
         import sys
         import tempfile
-        import time
-        import urllib.request
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -63,19 +80,10 @@ class Server:
         env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
         self.proc = subprocess.Popen([sys.executable, "-m", "anatomy", "serve", "--port", str(self.port), *args],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        self.close()
-        raise RuntimeError(f"the server was not ready within {timeout} s:\n{self.output()}")
+        failure = wait_until_ready(self.proc, self.url, timeout)
+        if failure is not None:
+            self.close()
+            raise RuntimeError(f"{failure}:\n{self.output()}")
 
     def output(self) -> str:
         self.log.seek(0)

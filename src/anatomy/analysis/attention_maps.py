@@ -174,11 +174,11 @@ def _group(name: str, kind: str, queries: list[str], keys: list[str], weights: T
 def load_with_tokenizer(name: str | os.PathLike[str], tokenizer: Any = None) -> tuple[nn.Module, Any]:
     """`anatomy.load(name)` and its tokenizer, or None when the checkpoint has none (ids then)."""
     import anatomy
-    from anatomy.checkpoints.loader import resolve_path
+    from anatomy.checkpoints.source import find_model
 
-    model = anatomy.load(name)
+    path = find_model(name).checkpoint("drawing attention maps")
+    model = anatomy.load(path)
     if tokenizer is None:
-        path = resolve_path(name)
         has_tokenizer = path.suffix == ".gguf" or (path.is_dir() and (path / "tokenizer.json").is_file())
         tokenizer = anatomy.load_tokenizer(name) if has_tokenizer else None
     return model, tokenizer

@@ -115,15 +115,14 @@ def inspect(model: str | os.PathLike[str] | ModelConfig | nn.Module, *, batch_si
 
 
 def _stored(model: object) -> dict[str, Any] | None:
-    """The real bytes of a loaded model (by format) or of a checkpoint file; None for a config or preset."""
-    from anatomy.presets import PRESETS
-
+    """The real bytes of a loaded model (by format) or of a checkpoint; None for a ModelConfig, a
+    preset or a config without weights."""
     if isinstance(model, nn.Module):
         from anatomy.weights.modules import stored_by_format
 
         by_format = stored_by_format(model)
         return {"source": f"this {type(model).__name__}", "bytes": sum(by_format.values()), "by_format": by_format}
-    if isinstance(model, (str, os.PathLike)) and str(model) not in PRESETS:
+    if isinstance(model, (str, os.PathLike)):
         from anatomy.checkpoints.loader import stored_weights
 
         return stored_weights(model)

@@ -3,12 +3,13 @@
     an installed model name ("smollm2-135m-instruct")  -> registry.resolve -> a path, then:
     a .gguf file                                       -> checkpoints.gguf
     an HF directory (or its config.json / model.safetensors) -> checkpoints.safetensors
-    load_config also takes a preset name ("llama-7b").
+    load_config also takes a preset name ("llama-7b") and a config.json (or its directory) without weights.
+
+Which of these a name is, is decided once, in checkpoints/source.py (find_model).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,12 @@ from torch import nn
 
 from anatomy import dtypes
 from anatomy.atomic import write_errors_named
+from anatomy.checkpoints.source import as_path, find_model, resolve_path
 from anatomy.config import ModelConfig
 from anatomy.errors import CheckpointError, InputError
-from anatomy.presets import PRESETS, get_preset
+from anatomy.presets import get_preset
 
-_PATH_SUFFIXES = (".gguf", ".json", ".safetensors")
+__all__ = ["load", "save", "load_config", "stored_weights", "resolve_path"]
 _GGUF_FLOAT_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 
 
@@ -39,18 +41,23 @@ def load(name_or_path: str | Path, *, weights: str | torch.dtype = "auto",
     activations of model(ids)) and for dense matrices. None keeps the checkpoint's own, in both
     formats: an HF checkpoint's tensors stay as the safetensors hold them; a GGUF file's model gets
     the float type its matrices are stored in (F32, F16 or BF16), f32 when they are quantized."""
+    from anatomy import progress
     from anatomy.weights.choice import parse_weights
 
-    path = resolve_path(name_or_path)
+    source = find_model(name_or_path)
+    if source.kind == "config" and not source.with_weights:
+        load_config(name_or_path)  # a config that breaks a rule says so before its missing weights do
+    path = source.checkpoint("anatomy.load")
     choice = parse_weights(weights)
     wanted = dtypes.torch_dtype(dtype) if dtype is not None else None
-    if path.suffix == ".gguf":
-        from anatomy.checkpoints.gguf import load_gguf
+    with progress.task(f"reading {path.name}"):
+        if path.suffix == ".gguf":
+            from anatomy.checkpoints.gguf import load_gguf
 
-        return load_gguf(path, dtype=wanted if wanted is not None else _gguf_file_dtype(path), weights=choice)
-    from anatomy.checkpoints.safetensors import load_hf
+            return load_gguf(path, dtype=wanted if wanted is not None else _gguf_file_dtype(path), weights=choice)
+        from anatomy.checkpoints.safetensors import load_hf
 
-    return load_hf(_hf_directory(path), dtype=wanted, weights=choice)
+        return load_hf(_hf_directory(path), dtype=wanted, weights=choice)
 
 
 def _gguf_file_dtype(path: Path) -> torch.dtype:
@@ -68,7 +75,7 @@ def save(model: nn.Module, path: str | Path, *, dtype: str | torch.dtype | None 
     `dtype` converts the weights: "f32", "f16" or "bf16" (or a torch dtype) for an HF directory,
     "f32" or "f16" for GGUF (norms and biases stay f32 there, as llama.cpp expects). None keeps the
     model's own dtype."""
-    path = _as_path(path)
+    path = as_path(path)
     if not isinstance(model, nn.Module):
         raise InputError(f"save() writes an anatomy model (from anatomy.load or build_model), got {type(model).__name__}")
     if path.suffix == ".gguf":
@@ -95,10 +102,14 @@ def _gguf_save_dtype(model: nn.Module, dtype: str | torch.dtype | None, *, choic
     return own
 
 
-def stored_weights(name_or_path: str | Path) -> dict[str, Any]:
+def stored_weights(name_or_path: str | Path) -> dict[str, Any] | None:
     """What a checkpoint's tensors occupy, without loading them: {"source", "bytes", "by_format"},
-    by_format keyed by GGUF tensor type ("Q4_1", "F32", ...) or safetensors dtype ("f32", ...)."""
-    path = resolve_path(name_or_path)
+    by_format keyed by GGUF tensor type ("Q4_1", "F32", ...) or safetensors dtype ("f32", ...);
+    None for a preset or a config without weights."""
+    source = find_model(name_or_path)
+    if not source.with_weights:
+        return None
+    path = source.checkpoint()
     by_format: dict[str, int] = {}
     if path.suffix == ".gguf":
         from anatomy.checkpoints.gguf_reader import read_gguf
@@ -115,11 +126,12 @@ def stored_weights(name_or_path: str | Path) -> dict[str, Any]:
 
 
 def load_config(name_or_path: str | Path) -> ModelConfig:
-    """The ModelConfig of a preset name, an HF config.json (or its directory), a .gguf file or an
-    installed model name, without loading any weights."""
-    if isinstance(name_or_path, str) and name_or_path in PRESETS and not Path(name_or_path).exists():
-        return get_preset(name_or_path)
-    path = resolve_path(name_or_path)
+    """The ModelConfig of a preset name, an HF config.json (or its directory, weights or none), a
+    .gguf file or an installed model name, without reading any weights."""
+    source = find_model(name_or_path)
+    if source.kind == "preset":
+        return get_preset(source.given)
+    path = source.path
     if path.suffix == ".gguf":
         from anatomy.checkpoints.gguf import read_gguf_config
 
@@ -127,26 +139,6 @@ def load_config(name_or_path: str | Path) -> ModelConfig:
     from anatomy.checkpoints.safetensors import read_hf_config
 
     return read_hf_config(path if path.suffix == ".json" else _hf_directory(path))
-
-
-def resolve_path(name_or_path: str | Path) -> Path:
-    """An existing path as is; a path-like string that does not exist is an error naming it; any
-    other string is looked up among the installed models."""
-    path = _as_path(name_or_path).expanduser()
-    if path.exists():
-        return path
-    text = str(name_or_path)
-    if isinstance(name_or_path, Path) or "/" in text or "\\" in text or path.suffix in _PATH_SUFFIXES:
-        raise CheckpointError(f"{text}: no such file or directory")
-    from anatomy.checkpoints.registry import resolve
-
-    return resolve(text)
-
-
-def _as_path(name_or_path: Any) -> Path:
-    if not isinstance(name_or_path, (str, os.PathLike)):
-        raise InputError(f"expected a model name or a path, got {type(name_or_path).__name__}: {name_or_path!r:.80}")
-    return Path(name_or_path)
 
 
 def _hf_directory(path: Path) -> Path:

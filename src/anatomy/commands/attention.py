@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from anatomy.analysis.attention_maps import DEFAULT_MODEL, MAX_TOKENS, TARGET_TOKENS
+from anatomy.commands.common import add_quiet_option, forms_text
 from anatomy.errors import InputError
 
 TOP = 3  # key tokens listed per query token in the terminal
@@ -25,8 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "(the weights of the model's eager attention path). `anatomy attention MODEL TEXT` works too.")
     p.add_argument("args", nargs="+", metavar="TEXT", help="the text (token ids separated by spaces for a model "
                    "without a tokenizer); or MODEL TEXT")
-    p.add_argument("--model", default=None, help=f"installed model name, .gguf file or HF directory "
-                   f"(default: {DEFAULT_MODEL})")
+    p.add_argument("--model", default=None, help=f"{forms_text(('installed', 'gguf', 'hf'))} (default: {DEFAULT_MODEL})")
     p.add_argument("--layer", type=int, default=None, help="only this layer (0-based; default: all)")
     p.add_argument("--head", type=int, default=None, help="only this head (0-based; default: all)")
     p.add_argument("--target", default=None, help="encoder-decoder: the decoder's input text (default: the "
@@ -35,6 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "instead of stopping with an error")
     p.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help=f"the most tokens drawn (default "
                    f"{MAX_TOKENS}; a page stores layers x heads x tokens^2 weights)")
+    add_quiet_option(p)
     out = p.add_mutually_exclusive_group()
     out.add_argument("--html", metavar="FILE.html", help="write the maps as one self-contained page")
     out.add_argument("--png", metavar="FILE.png", help="write the grid and the enlarged map as a PNG")
@@ -46,8 +47,10 @@ def run(args: argparse.Namespace) -> int:
                                                   load_with_tokenizer, token_ids)
     from anatomy.analysis.page import check_output_path
     from anatomy.checkpoints.loader import load_config
+    from anatomy.inference.loading import checkpoint_of
 
     model_name, text = _model_and_text(args)
+    checkpoint_of(model_name, "drawing attention maps")  # a preset or a config without weights: refused before any work
     if args.html:
         check_output_path(args.html, option="--html")
     if args.png:

@@ -10,7 +10,7 @@ import argparse
 import json
 import os
 
-from anatomy.commands.serve import DefaultsShown
+from anatomy.commands.common import DefaultsHelpFormatter, add_quiet_option
 from anatomy.errors import InputError
 
 
@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "vLLM, ...) at a fixed concurrency or with Poisson arrivals, and report request and token "
                     "throughput and the mean, median and p99 of TTFT, TPOT, inter-token and end-to-end latency "
                     "(the figures vLLM's serving benchmark reports).",
-        formatter_class=DefaultsShown)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL (loopback only)")
     p.add_argument("--model", default="smollm2-135m-instruct", help="the model name the requests carry")
     p.add_argument("--concurrency", type=int, default=4, help="most requests in flight at once")
@@ -34,6 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=None, help="sent as a Bearer token (default: $ANATOMY_API_KEY, else none)")
     p.add_argument("--seed", type=int, default=0, help="prompts and arrival times")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_quiet_option(p)
     p.set_defaults(run=run)
 
 

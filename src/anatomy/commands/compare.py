@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from anatomy.commands.common import MODEL_FORMS, forms_text
 from anatomy.commands.inspect import add_size_options, options_from_args, resolve_config
 
 # (label, path into the report, formatter name)
@@ -30,7 +31,7 @@ ROWS = (
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="several models side by side (parameters, FLOPs, memory, roofline)")
-    p.add_argument("models", nargs="+", help="preset names, config.json files, .gguf files or model names")
+    p.add_argument("models", nargs="+", metavar="MODEL", help=f"each {forms_text(MODEL_FORMS)}")
     add_size_options(p)
     p.add_argument("--json", action="store_true", help="print {model: report-without-trace} as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor
 
-from anatomy.commands.common import read_stdin
+from anatomy.commands.common import add_model_option, add_quiet_option, read_stdin
 from anatomy.errors import InputError
 from anatomy.inference.embed import DEFAULT_MODEL
 
@@ -27,19 +27,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Embed texts with an encoder: mean pooling over the tokens, L2-normalised. "
                     "With no texts (or '-'), reads one text per line from stdin.")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to embed; '-' or none: read lines from stdin")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"installed model name or HF model directory (default: {DEFAULT_MODEL})")
+    add_model_option(p, forms=("installed", "hf"), default=DEFAULT_MODEL, note=" (an encoder)")
     p.add_argument("--similarity", action="store_true", help="also print the cosine similarity matrix")
     p.add_argument("--json", action="store_true", help="print every vector in full as JSON")
     p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default: 32)")
+    add_quiet_option(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from anatomy import progress
     from anatomy.inference.embed import embed, load_embedder
 
     texts = _texts(args.texts)
-    with Console(stderr=True).status(f"loading {args.model}"):
+    with progress.task(f"loading {args.model}"):
         load_embedder(args.model)  # kept by embed() for the call below
     vectors = embed(args.model, texts, batch_size=args.batch_size)  # [N, D]
     similarity = vectors @ vectors.T if args.similarity else None  # [N, N]: rows are unit vectors

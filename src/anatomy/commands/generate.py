@@ -7,13 +7,12 @@ once; chat imports them.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
-import threading
-from typing import Any, Iterator
+from typing import Any
 
 from anatomy import dtypes
-from anatomy.commands.common import DefaultsHelpFormatter, read_stdin
+from anatomy.commands.common import (
+    DefaultsHelpFormatter, add_kv_dtype_option, add_model_option, add_quiet_option, read_stdin)
 from anatomy.commands.speculative_options import (
     add_speculative_options, check_speculative_options, speculative_options)
 from anatomy.errors import InputError
@@ -43,8 +42,7 @@ WEIGHTS_HELP = ("the format of the model's matrices: auto (a GGUF file's own qua
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="an installed model name, a .gguf file or a Hugging Face model directory")
+    add_model_option(p, forms=("installed", "gguf", "hf"), default=DEFAULT_MODEL)
     p.add_argument("--weights", default="auto", help=f"{WEIGHTS_HELP} (--verbose shows it)")
     p.add_argument("--dtype", default="f32",
                    help=f"dtype of the model's other tensors (norms, biases, dense matrices): {', '.join(dtypes.FLOATS)}; "
@@ -60,14 +58,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--truncate", action="store_true",
                    help="keep the end of a prompt longer than the model's context instead of failing")
     add_kv_dtype_option(p)
-
-
-def add_kv_dtype_option(p: argparse.ArgumentParser) -> None:
-    from anatomy import kv_format
-
-    p.add_argument("--kv-dtype", default=None,
-                   help=f"what the KV cache holds: {', '.join(kv_format.available())} (int8 and fp8: 8-bit codes with a "
-                        "scale per token and head, half of bf16's bytes; default: the dtype the branches compute in)")
+    add_quiet_option(p)
 
 
 def add_sampling_options(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
@@ -162,33 +153,15 @@ def read_prompt(prompt: str) -> str:
 
 
 def load(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(the engine of a decoder, or the encoder-decoder model; the tokenizer), with a spinner on
-    stderr if loading takes over a second. The engine is kept for every reply of a chat."""
+    """(the engine of a decoder, or the encoder-decoder model; the tokenizer), with progress on a
+    terminal's stderr (anatomy/progress.py). The engine is kept for every reply of a chat."""
+    from anatomy import progress
     from anatomy.inference.loading import load_named
 
-    with delayed_status(f"loading {args.model}"):
+    with progress.task(f"loading {args.model}"):
         named = load_named(args.model, args.dtype, args.weights)
         config = named.model.config
         if config.is_decoder or config.is_seq2seq:
             options = {"compile": args.compile, "kv_dtype": args.kv_dtype} if config.is_decoder else {}
             return named.engine(**options), named.tokenizer
         return named.model, named.tokenizer  # generation refuses it, naming its architecture
-
-
-@contextlib.contextmanager
-def delayed_status(message: str, delay_s: float = 1.0) -> Iterator[None]:
-    """Show a spinner with `message` on stderr only once `delay_s` has passed (and stderr is a terminal)."""
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    status = console.status(message) if console.is_terminal else None
-    timer = threading.Timer(delay_s, status.start) if status is not None else None
-    if timer is not None:
-        timer.daemon = True
-        timer.start()
-    try:
-        yield
-    finally:
-        if timer is not None:
-            timer.cancel()
-            status.stop()

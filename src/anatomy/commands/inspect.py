@@ -10,18 +10,16 @@ import sys
 from pathlib import Path
 
 from anatomy import dtypes
-from anatomy.commands.common import add_old_name, add_report_options, print_report
+from anatomy.commands.common import (
+    MODEL_FORMS, add_model_option, add_old_name, add_report_options, model_of, print_report)
 from anatomy.config import ModelConfig
-from anatomy.deprecation import deprecated
 from anatomy.errors import CheckpointError, InputError
 from anatomy.figures import image_format
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="shapes, parameters, FLOPs, memory, roofline and training time of a model")
-    p.add_argument("--model", default=None,
-                   help="preset name, HF config.json or its directory, .gguf file, or installed model name")
-    p.add_argument("old_model", nargs="?", default=None, metavar="MODEL", help=argparse.SUPPRESS)
+    add_model_option(p, forms=MODEL_FORMS, old_positional=True)
     add_size_options(p)
     add_prediction_options(p)
     add_report_options(p, docs="docs/anatomy.md", plot="the parameter breakdown and roofline chart",
@@ -98,18 +96,6 @@ def speculative_options(args: argparse.Namespace, config: ModelConfig):
                               draft_dtype=dtype)
 
 
-def model_of(args: argparse.Namespace) -> str:
-    """--model, or the deprecated positional MODEL."""
-    if args.old_model is not None:
-        if args.model is not None:
-            raise InputError(f"two models: --model {args.model} and {args.old_model}; give one, as --model")
-        deprecated(f"`anatomy inspect {args.old_model}` is deprecated, use `anatomy inspect --model {args.old_model}`")
-        return args.old_model
-    if args.model is None:
-        raise InputError("no model to inspect: give one with --model (a preset, config.json, .gguf or model name)")
-    return args.model
-
-
 def resolve_config(name: str) -> ModelConfig:
     """load_config; a bare name it does not know that resembles a preset gets the preset suggestion."""
     from anatomy.checkpoints.loader import load_config
@@ -157,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     from anatomy.analysis.hardware import get_hardware
     from anatomy.analysis.plot import save_plot
     from anatomy.analysis.report import build_report
+    from anatomy.checkpoints.loader import stored_weights
 
     name = model_of(args)
     if args.plot:
@@ -171,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         print(diagram.mermaid(diagram.describe(config)))
         return 0
     report = build_report(config, name=name, options=options, hardware=get_hardware(args.hardware),
-                          stored=_stored(name))
+                          stored=stored_weights(name))
     if args.plot:
         save_plot(report, args.plot)
     if args.html:
@@ -182,10 +169,3 @@ def run(args: argparse.Namespace) -> int:
     print_report(report, args, render)
     return 0
 
-
-def _stored(name: str) -> dict | None:
-    """The real bytes of a checkpoint's tensors (by GGUF type or dtype); None for a preset."""
-    from anatomy.checkpoints.loader import stored_weights
-    from anatomy.presets import PRESETS
-
-    return None if name in PRESETS and not Path(name).exists() else stored_weights(name)

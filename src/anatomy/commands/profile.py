@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from anatomy.commands.common import add_report_options, print_report
-from anatomy.commands.generate import add_kv_dtype_option
+from anatomy.commands.common import (
+    MODEL_FORMS, DefaultsHelpFormatter, add_kv_dtype_option, add_model_option, add_quiet_option, add_report_options,
+    model_of, print_report)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -23,9 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "and report, per op and per position of the decoder's map, shapes, FLOPs, bytes, measured time, "
                     "the roofline time on this machine (its roofs measured in the same run) and the verdict: "
                     "compute, bandwidth or overhead.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="an installed model name, a .gguf file, an HF model directory, or a preset (random weights)")
+        formatter_class=DefaultsHelpFormatter)
+    add_model_option(p, forms=MODEL_FORMS, default=DEFAULT_MODEL, old_positional=True,
+                     note=" (a preset or a config without weights runs on random weights)")
     p.add_argument("--weights", default="auto",
                    help="the format of the matrices, as anatomy.load takes it: auto (a GGUF file's own blocks), "
                         "f32, f16, bf16, int8, int4; the engine picks the activations' dtype with its kernel plan")
@@ -44,6 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_kv_dtype_option(p)
     add_report_options(p, docs="docs/profile.md", plot="the positions and the sweeps as a chart",
                        html="positions, every op on this machine's roofline, sweeps, what-ifs")
+    add_quiet_option(p)
     p.set_defaults(run=run)
 
 
@@ -57,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     from anatomy.kv_format import parse_kv_dtype
 
+    model = model_of(args)
     weights = parse_weights(args.weights, option="--weights")
     kv_dtype = parse_kv_dtype(args.kv_dtype, option="--kv-dtype")
     sweeps = [parse_sweep(s) for s in args.sweep]
@@ -70,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
     hardware = get_hardware(args.hardware) if args.hardware else None
     options = ProfileOptions(batch=args.batch_size, prompt_len=args.prompt_len, context=args.context,
                              new_tokens=args.new_tokens, kv_dtype=kv_dtype)
-    report = run_session(args.model, weights=weights, options=options, sweeps=sweeps, what_ifs=what_ifs,
-                         hardware=hardware, name=args.model)
+    report = run_session(model, weights=weights, options=options, sweeps=sweeps, what_ifs=what_ifs,
+                         hardware=hardware, name=model)
     if args.plot:
         from anatomy.analysis.profile.plot import save_profile_plot
 

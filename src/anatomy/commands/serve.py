@@ -19,7 +19,8 @@ import sys
 import threading
 import time
 
-from anatomy.commands.generate import WEIGHTS_HELP, add_kv_dtype_option
+from anatomy.commands.common import DefaultsHelpFormatter, add_kv_dtype_option, add_model_option, add_quiet_option
+from anatomy.commands.generate import WEIGHTS_HELP
 from anatomy.errors import InputError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -28,22 +29,14 @@ UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6
          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30}
 
 
-class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
-    """Defaults in --help, except unset ones (and so never a key taken from the environment)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        return action.help if action.default is None else super()._get_help_string(action)
-
-
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve", help="serve a model over the OpenAI API (continuous batching, paged KV cache)",
         description="Serve a decoder model over the OpenAI HTTP API (/v1/chat/completions, /v1/completions, "
                     "/v1/embeddings, /v1/models) with continuous batching over a paged KV cache with prefix "
                     "caching; /health, /metrics (Prometheus), /tokenize, /detokenize.",
-        formatter_class=DefaultsShown)
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="an installed model name, a .gguf file or a Hugging Face model directory")
+        formatter_class=DefaultsHelpFormatter)  # unset defaults unshown: never a key from the environment
+    add_model_option(p, forms=("installed", "gguf", "hf"), default=DEFAULT_MODEL, note=" (a decoder)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="TCP port")
     p.add_argument("--api-key", default=None,
@@ -74,6 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the most tokens a sequence proposes per step (default 5; it backs off while they are "
                         "rejected)")
     p.add_argument("--max-body-bytes", type=int, default=4 * 2 ** 20, help="larger request bodies get 413")
+    add_quiet_option(p)
     p.set_defaults(run=run)
 
 
@@ -92,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from anatomy.serving.app import ServerState, create_app
 
     embedding = _embedding_name(args.embedding_model)
-    _resolve(args.model, "--model")
+    _resolve(args.model, "--model", "serving")
     sock = _listen(args.host, args.port)
     state = ServerState(model_name=args.model, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                         embedding_name=embedding)
@@ -230,22 +224,21 @@ def _embedding_name(option: str | None) -> str | None:
     if option is not None and option.lower() == "none":
         return None
     if option is not None:
-        _resolve(option, "--embedding-model")
+        _resolve(option, "--embedding-model", "embedding")
         return option
     try:
-        _resolve(DEFAULT_EMBEDDING_MODEL, "--embedding-model")
+        _resolve(DEFAULT_EMBEDDING_MODEL, "--embedding-model", "embedding")
     except InputError:
         return None  # the default encoder is not installed: no embeddings endpoint model
     return DEFAULT_EMBEDDING_MODEL
 
 
-def _resolve(name: str, option: str) -> None:
-    from anatomy.checkpoints.loader import resolve_path
-    from anatomy.errors import CheckpointError
+def _resolve(name: str, option: str, needs: str) -> None:
+    from anatomy.inference.loading import checkpoint_of
 
     try:
-        resolve_path(name)
-    except CheckpointError as exc:
+        checkpoint_of(name, needs)
+    except InputError as exc:
         raise InputError(f"{option}: {exc}") from None
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from anatomy.atomic import write_errors_named
+from anatomy.commands.common import MODEL_FORMS, add_model_option, add_old_name, add_quiet_option
 from anatomy.errors import InputError
 from anatomy.models import set_activation_checkpointing
 from anatomy.training import checkpoint as ckpt
@@ -68,7 +69,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, type=Path, help="text file, directory of text files, or a .tsv of pairs")
     p.add_argument("--tokenizer", default="chars", help="chars | a named model | tokenizer.json | model dir")
-    p.add_argument("--model", default="gpt2", help="preset, config JSON (anatomy or HF), or checkpoint to fine-tune")
+    add_model_option(p, forms=MODEL_FORMS, default="gpt2",
+                     note=": a preset or a config (HF or anatomy JSON) trains a fresh model, a checkpoint is fine-tuned")
     for name, kind in OVERRIDES.items():
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=f"override the config's {name}")
     p.add_argument("--objective", default="auto", choices=OBJECTIVES)
@@ -98,7 +100,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", default="ddp", choices=STRATEGIES)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute block activations in backward")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_quiet_option(p)
+    add_old_name(p, "--no-progress", new="--quiet", dest="quiet", flag=True)
     p.set_defaults(run=run)
 
 
@@ -171,7 +174,7 @@ def _train(args: argparse.Namespace, info: Dist) -> int:
     settings = Settings(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, accum=args.accum,
                         seed=args.seed, grad_clip=args.grad_clip, eval_every=args.eval_every, eval_steps=args.eval_steps,
                         save_every=args.save_every, keep=args.keep, label_smoothing=args.label_smoothing,
-                        max_nonfinite=args.max_nonfinite, progress=not args.no_progress)
+                        max_nonfinite=args.max_nonfinite, progress=not args.quiet)
     state = train(run_, settings, state)
     if info.is_main:
         val = f", val loss {state.val_loss:.4f}" if state.val_loss is not None else ""
@@ -188,7 +191,7 @@ def _dataset(args: argparse.Namespace, info: Dist, out: Path):
             with write_errors_named(directory, option=option):
                 directory.mkdir(parents=True, exist_ok=True)
         data = prepare(args.data, args.tokenizer, cache_dir=cache, val_fraction=args.val_fraction,
-                       progress=not args.no_progress)
+                       progress=not args.quiet)
     barrier(info)
     if not info.is_main:
         data = prepare(args.data, args.tokenizer, cache_dir=cache, val_fraction=args.val_fraction, progress=False)

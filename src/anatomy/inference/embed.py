@@ -141,9 +141,9 @@ def load_embedder(name_or_path: str) -> tuple[Encoder, Tokenizer, int]:
 
 def _load_embedder(name_or_path: str) -> tuple[Encoder, Tokenizer, int]:
     import anatomy
-    from anatomy.checkpoints.loader import resolve_path
+    from anatomy.checkpoints.source import find_model
 
-    path = resolve_path(name_or_path)
+    path = find_model(name_or_path).checkpoint("embedding")
     encoder = _encoder_of(anatomy.load(path), source=str(path))
     tokenizer = anatomy.load_tokenizer(path)
     return encoder, tokenizer, _max_length(path, encoder)

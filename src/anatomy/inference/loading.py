@@ -46,14 +46,21 @@ def load_named(name: str, dtype: str | torch.dtype = "f32", weights: str = "auto
 
 def _load_named(name: str, dtype: torch.dtype, weights: str) -> LoadedModel:
     from anatomy.checkpoints.loader import load
-    from anatomy.checkpoints.registry import resolve
     from anatomy.text.tokenizer import load_tokenizer
 
+    path = checkpoint_of(name, "generation")
+    return LoadedModel(load(path, dtype=dtype, weights=weights), load_tokenizer(path))
+
+
+def checkpoint_of(name: str, needs: str) -> Path:
+    """The checkpoint a name or path refers to (source.find_model): an unknown name, a missing
+    package, a preset or a config without weights is bad input (InputError), not a bad file."""
+    from anatomy.checkpoints.source import find_model
+
     try:
-        resolve(name)
-    except CheckpointError as exc:  # an unknown name or a missing package: bad input, not a bad file
+        return find_model(name).checkpoint(needs)
+    except CheckpointError as exc:
         raise InputError(str(exc)) from None
-    return LoadedModel(load(name, dtype=dtype, weights=weights), load_tokenizer(name))
 
 
 def resolve_model(model: Any, tokenizer: Any, *, compile: bool = False, kv_dtype: str | None = None

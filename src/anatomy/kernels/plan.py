@@ -187,15 +187,20 @@ def _valid_plan(stored: dict[str, Any], groups: dict[str, _Group], phases: tuple
 def measure_plan(groups: dict[str, _Group], *, phases: tuple[Phase, ...], kernels: tuple[Kernel, ...],
                  threshold: float, budget: int, samples: Mapping[str, Tensor] | None = None,
                  repeats: int = REPEATS) -> KernelPlan:
-    """Measure every group's candidates now and decide (no cache)."""
+    """Measure every group's candidates now and decide (no cache), with progress on a terminal."""
+    from anatomy import progress
+
     start = time.perf_counter()
     plans = {}
-    for key, g in groups.items():
-        name, fmt = g.members[0]
-        sample = (samples or {}).get(name)
-        ms = measure_weight(fmt, phases=g.phases, kernels=kernels, threshold=g.threshold, repeats=repeats,
-                            sample=sample)
-        plans[key] = _fastest_layouts(key, g, ms, kernels)
+    with progress.task("measuring kernels (first use)", total=len(groups)) as bar:
+        for key, g in groups.items():
+            name, fmt = g.members[0]
+            bar.update(info=g.signature)
+            sample = (samples or {}).get(name)
+            ms = measure_weight(fmt, phases=g.phases, kernels=kernels, threshold=g.threshold, repeats=repeats,
+                                sample=sample)
+            plans[key] = _fastest_layouts(key, g, ms, kernels)
+            bar.advance()
     extra = _allot_second_layouts(plans, budget, {k.name: k.form.name for k in kernels})
     spreads = [m.spread for w in plans.values() for ms in w.measurements.values() for m in ms if m.spread is not None]
     return KernelPlan(phases=tuple(phases), weights=plans, threshold=threshold, budget_bytes=budget,

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from anatomy import progress
 from anatomy.errors import InputError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -140,7 +141,8 @@ def run_benchmark(url: str, *, model: str, prompts: list[str], max_tokens: int, 
 
     gaps = random.Random(seed)
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+    with ThreadPoolExecutor(max_workers=concurrency) as pool, \
+            progress.task("requests", total=len(prompts)) as bar:
         slots = threading.Semaphore(concurrency)
         futures = []
         for i, prompt in enumerate(prompts):
@@ -148,7 +150,7 @@ def run_benchmark(url: str, *, model: str, prompts: list[str], max_tokens: int, 
                 time.sleep(gaps.expovariate(rate))
             slots.acquire()
             future = pool.submit(one, prompt)
-            future.add_done_callback(lambda _: slots.release())
+            future.add_done_callback(lambda _: (slots.release(), bar.advance()))
             futures.append(future)
         results = [f.result() for f in futures]
     return summarize(results, duration=time.perf_counter() - start, concurrency=concurrency, rate=rate)

@@ -238,7 +238,7 @@ def _check_texts(texts: Any) -> None:
 def load_tokenizer(name_or_path: str | Path) -> Tokenizer:
     """The tokenizer of an installed model name, a .gguf file, a model directory (tokenizer.json +
     tokenizer_config.json) or a tokenizer.json file."""
-    from anatomy.checkpoints.loader import resolve_path
+    from anatomy.checkpoints.source import resolve_path
 
     path = resolve_path(name_or_path)
     if path.is_dir():

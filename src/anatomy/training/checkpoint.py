@@ -223,6 +223,11 @@ def latest_checkpoint(run_dir: Path) -> Path:
     return directory
 
 
+def checkpoint_or_latest(path: Path) -> Path:
+    """A checkpoint directory as is; a run directory (one with checkpoints/latest.json): its latest checkpoint."""
+    return latest_checkpoint(path) if (checkpoint_root(Path(path)) / "latest.json").is_file() else Path(path)
+
+
 def read_trainer(directory: Path) -> dict[str, Any]:
     path = directory / "trainer.json"
     trainer = _read_json(path)

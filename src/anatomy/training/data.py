@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
+from anatomy import progress
 from anatomy.errors import InputError
 from anatomy.text_file import read_text
 from anatomy.text.tokenizer import Tokenizer
@@ -94,7 +94,7 @@ def prepare(data: Path, tokenizer_spec: str, *, cache_dir: Path, val_fraction: f
     key = _cache_key(texts, tok, val_fraction=val_fraction, pairs=pairs)
     directory = Path(cache_dir) / key
     if not (directory / "meta.json").is_file():
-        _build(directory, texts, tok, val_fraction=val_fraction, pairs=pairs, progress=progress)
+        _build(directory, texts, tok, val_fraction=val_fraction, pairs=pairs, show_progress=progress)
     return open_dataset(directory, tok)
 
 
@@ -118,17 +118,17 @@ def _cache_key(texts: dict[Path, str], tok: Tokenizer, *, val_fraction: float, p
 
 
 def _build(directory: Path, texts: dict[Path, str], tok: Tokenizer, *, val_fraction: float,
-           pairs: bool, progress: bool) -> None:
+           pairs: bool, show_progress: bool) -> None:
     """Tokenize into a temporary directory next to the cache entry, then rename it into place."""
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32
-    with _progress(progress) as bar:
+    with progress.quieted(not show_progress):
         if pairs:
-            counts = _write_pairs(tmp, next(iter(texts.items())), tok, dtype=dtype, val_fraction=val_fraction, bar=bar)
+            counts = _write_pairs(tmp, next(iter(texts.items())), tok, dtype=dtype, val_fraction=val_fraction)
         else:
-            counts = _write_stream(tmp, texts, tok, dtype=dtype, val_fraction=val_fraction, bar=bar)
+            counts = _write_stream(tmp, texts, tok, dtype=dtype, val_fraction=val_fraction)
     tok.save(tmp)
     meta = {"format": FORMAT_VERSION, "kind": "pairs" if pairs else "text", "dtype": np.dtype(dtype).name,
             "tokenizer": tok.source, "vocab_size": tok.vocab_size, **counts}
@@ -139,33 +139,28 @@ def _build(directory: Path, texts: dict[Path, str], tok: Tokenizer, *, val_fract
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _progress(enabled: bool) -> Progress:
-    return Progress(TextColumn("tokenizing {task.description}"), BarColumn(), TransferSpeedColumn(),
-                    TimeRemainingColumn(), disable=not enabled, transient=True)
-
-
 def _ids(tok: Tokenizer, text: str) -> np.ndarray:
     """The ids of a piece of corpus text: the text alone, nothing added around it."""
     return np.asarray(tok.encode(text, add_special_tokens=False), dtype=np.int64)
 
 
-def _encode_with_progress(text: str, tok: Tokenizer, bar: Progress, name: str) -> np.ndarray:
-    task = bar.add_task(name, total=len(text))
+def _encode_with_progress(text: str, tok: Tokenizer, name: str) -> np.ndarray:
     pieces, start = [], 0
-    while start < len(text):
-        end = text.find("\n", start + CHUNK_CHARS)
-        end = len(text) if end < 0 else end + 1
-        pieces.append(_ids(tok, text[start:end]))
-        bar.advance(task, end - start)
-        start = end
+    with progress.task(f"tokenizing {name}", total=len(text)) as bar:
+        while start < len(text):
+            end = text.find("\n", start + CHUNK_CHARS)
+            end = len(text) if end < 0 else end + 1
+            pieces.append(_ids(tok, text[start:end]))
+            bar.advance(end - start)
+            start = end
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
 
 
-def _write_stream(tmp: Path, texts: dict[Path, str], tok: Tokenizer, *, dtype: type, val_fraction: float,
-                  bar: Progress) -> dict[str, int]:
+def _write_stream(tmp: Path, texts: dict[Path, str], tok: Tokenizer, *, dtype: type, val_fraction: float
+                  ) -> dict[str, int]:
     docs = []
     for path, text in texts.items():
-        docs.append(_encode_with_progress(text, tok, bar, path.name))
+        docs.append(_encode_with_progress(text, tok, path.name))
         if tok.eos_id is not None:
             docs.append(np.array([tok.eos_id]))
     stream = np.concatenate(docs)
@@ -176,20 +171,18 @@ def _write_stream(tmp: Path, texts: dict[Path, str], tok: Tokenizer, *, dtype: t
     return {"train_tokens": len(train), "val_tokens": len(val)}
 
 
-def _write_pairs(tmp: Path, item: tuple[Path, str], tok: Tokenizer, *, dtype: type, val_fraction: float,
-                 bar: Progress) -> dict[str, int]:
+def _write_pairs(tmp: Path, item: tuple[Path, str], tok: Tokenizer, *, dtype: type, val_fraction: float
+                 ) -> dict[str, int]:
     path, text = item
     lines = [line for line in text.splitlines() if line.strip()]
     bad = next((n for n, line in enumerate(lines, 1) if line.count("\t") != 1), None)
     if bad is not None:
         raise InputError(f"--data {path}: line {bad} is not 'source<TAB>target' (one tab per line)")
-    task = bar.add_task(path.name, total=len(lines))
     src, tgt = [], []
-    for line in lines:
+    for line in progress.track(lines, f"tokenizing {path.name}"):
         s, t = line.split("\t")
         src.append(_ids(tok, s))
         tgt.append(_ids(tok, t))
-        bar.advance(task)
     n_val = int(len(lines) * val_fraction)
     cut = len(lines) - n_val
     for split, rows in (("train", slice(0, cut)), ("val", slice(cut, None))):

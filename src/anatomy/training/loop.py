@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import Tensor, nn
 
+from anatomy import progress
 from anatomy.errors import AnatomyError
 from anatomy.training.checkpoint import save_checkpoint
 from anatomy.training.data import Dataset, rank_rows, step_generator
@@ -82,8 +82,9 @@ class NonFiniteError(AnatomyError):
 
 def train(run: Run, settings: Settings, state: TrainState) -> TrainState:
     metrics = Metrics(run.out / "metrics.jsonl", enabled=run.info.is_main)
-    with _progress_bar(enabled=run.info.is_main and settings.progress) as bar:
-        task = bar.add_task("train", total=settings.steps, completed=state.step, loss="-", tok_s="-", mfu="-")
+    shown = run.info.is_main and settings.progress
+    with progress.quieted(not shown), progress.task("train", total=settings.steps) as bar:
+        bar.update(completed=state.step)
         if settings.eval_every and state.step == 0:  # the starting point of the validation curve
             _record_eval(run, settings, state, metrics)
         while state.step < settings.steps:
@@ -92,8 +93,8 @@ def train(run: Run, settings: Settings, state: TrainState) -> TrainState:
             record["tok_s"] = record.pop("processed") / (time.perf_counter() - start)
             record["mfu"] = run.flops_per_token * record["tok_s"] / (run.peak_flops * run.info.world)
             metrics.write(record)
-            bar.update(task, completed=state.step, loss=_fmt(record.get("loss")),
-                       tok_s=f"{record['tok_s']:,.0f}", mfu=f"{100 * record['mfu']:.1f}%")
+            bar.update(completed=state.step, info=f"loss {_fmt(record.get('loss'))}, {record['tok_s']:,.0f} tok/s, "
+                                                  f"MFU {100 * record['mfu']:.1f}%")
             _after_step(run, settings, state, metrics)
     return state
 
@@ -232,8 +233,3 @@ def _finite_or_none(x: float) -> float | None:
 def _fmt(x: float | None) -> str:
     return "nan" if x is None else f"{x:.4f}"
 
-
-def _progress_bar(*, enabled: bool) -> Progress:
-    return Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
-                    TextColumn("{task.fields[tok_s]} tok/s"), TextColumn("MFU {task.fields[mfu]}"), TimeElapsedColumn(),
-                    disable=not enabled)

@@ -28,9 +28,11 @@ def model_for_training(spec: str, *, overrides: dict[str, Any], tok: Tokenizer, 
                        ) -> tuple[ModelConfig, nn.Module]:
     """A fresh model from a preset or config file (vocab, special ids and context set from the
     tokenizer and --seq-len unless overridden), or a loaded checkpoint to fine-tune."""
-    path = Path(spec)
-    if spec in PRESETS or (path.is_file() and path.suffix == ".json"):
-        config = _fresh_config(spec, overrides=overrides, tok=tok, seq_len=seq_len)
+    from anatomy.checkpoints.source import find_model
+
+    source = find_model(spec)
+    if source.kind in ("preset", "config"):  # a config.json trains from scratch even with weights beside it
+        config = _fresh_config(spec, source.path, overrides=overrides, tok=tok, seq_len=seq_len)
         return config, build_model(config, head="mlm")
     if overrides:
         raise InputError(f"--model {spec}: a checkpoint keeps its architecture; "
@@ -38,14 +40,19 @@ def model_for_training(spec: str, *, overrides: dict[str, Any], tok: Tokenizer, 
     return _loaded(spec)
 
 
-def _fresh_config(spec: str, *, overrides: dict[str, Any], tok: Tokenizer, seq_len: int) -> ModelConfig:
-    base = dict(PRESETS[spec]) if spec in PRESETS else _config_file(Path(spec)).to_dict()
+def _fresh_config(spec: str, path: Path | None, *, overrides: dict[str, Any], tok: Tokenizer, seq_len: int
+                  ) -> ModelConfig:
+    """A preset's or config file's (or config directory's) fields, with the tokenizer's vocabulary and
+    special ids and --seq-len as the context unless overridden."""
+    if path is not None and path.is_dir():
+        path = path / "config.json"
+    base = dict(PRESETS[spec]) if path is None else _config_file(path).to_dict()
     defaults = {"vocab_size": tok.vocab_size, "max_seq_len": seq_len, "pad_token_id": tok.pad_id,
                 "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id}
     if base.get("architecture") == "encoder-decoder":
         defaults["decoder_start_token_id"] = tok.bos_id
     values = {**defaults, **overrides}
-    return get_preset(spec, **values) if spec in PRESETS else ModelConfig.from_dict({**base, **values})
+    return get_preset(spec, **values) if path is None else ModelConfig.from_dict({**base, **values})
 
 
 def _config_file(path: Path) -> ModelConfig:
@@ -59,9 +66,11 @@ def _config_file(path: Path) -> ModelConfig:
 
 
 def _loaded(spec: str) -> tuple[ModelConfig, nn.Module]:
+    """A checkpoint to fine-tune, every matrix dequantized to f32: training updates dense weights (a
+    GGUF file's quantized blocks, which anatomy.load keeps by default, have none to update)."""
     from anatomy.checkpoints.loader import load
 
-    model = load(spec)
+    model = load(spec, weights="f32", dtype="f32")
     return model.config, model
 
 

@@ -78,7 +78,8 @@ def _what_if(text: str) -> tuple[str, str]:
 
 def run_session(model: str | os.PathLike[str] | nn.Module, *, weights: str, options, sweeps, what_ifs,
                 hardware=None, name: str | None = None, machine=None) -> dict[str, Any]:
-    """The whole report: checks, load, roofs, profile, sweeps, what-ifs."""
+    """The whole report: checks, load, roofs, profile, sweeps, what-ifs (with progress on a terminal)."""
+    from anatomy import progress
     from anatomy.analysis.profile.measure import measure as profile_model
     from anatomy.analysis.profile.machine import Machine
 
@@ -86,18 +87,24 @@ def run_session(model: str | os.PathLike[str] | nn.Module, *, weights: str, opti
     source = _checkpoint_name(model)
     config = _config_of(model)
     check_all(config, options, sweeps, what_ifs, weights, loaded=isinstance(model, nn.Module))
-    if not isinstance(model, nn.Module):
-        model = load_model(str(model), weights)
-    machine = machine if isinstance(machine, Machine) else Machine(machine)
-    report = profile_model(model, options=options, name=label, machine=machine, hardware=hardware)
-    report["options"]["weights"] = weights_label(model)
-    report["sweep"] = []
-    for key, values in sweeps:
-        result = _run_sweep(model, key, values, options, machine)
-        report["sweep"] += result["rows"]
-        if "ridge" in result:
-            report["ridge"] = result["ridge"]
-    report["what_if"] = [_run_what_if(model, source, key, value, options, machine, report) for key, value in what_ifs]
+    with progress.task(f"profiling {label}", total=2 + len(sweeps) + len(what_ifs)) as bar:
+        if not isinstance(model, nn.Module):
+            model = load_model(str(model), weights)
+        bar.advance()
+        machine = machine if isinstance(machine, Machine) else Machine(machine)
+        report = profile_model(model, options=options, name=label, machine=machine, hardware=hardware)
+        report["options"]["weights"] = weights_label(model)
+        report["sweep"], report["what_if"] = [], []
+        bar.advance()
+        for key, values in sweeps:
+            result = _run_sweep(model, key, values, options, machine)
+            report["sweep"] += result["rows"]
+            if "ridge" in result:
+                report["ridge"] = result["ridge"]
+            bar.advance()
+        for key, value in what_ifs:
+            report["what_if"].append(_run_what_if(model, source, key, value, options, machine, report))
+            bar.advance()
     return report
 
 
@@ -111,10 +118,11 @@ def parse_weights(value: str, *, option: str = "weights") -> str:
 
 
 def _checkpoint_name(model) -> str | None:
-    """The name a model is loaded from (not a preset, not a model object), for loading it again."""
-    from anatomy.presets import PRESETS
+    """The name a model is loaded from (not a preset or config without weights, not a model object),
+    for loading it again."""
+    from anatomy.checkpoints.source import find_model
 
-    return None if isinstance(model, nn.Module) or str(model) in PRESETS else str(model)
+    return None if isinstance(model, nn.Module) or not find_model(model).with_weights else str(model)
 
 
 def _config_of(model):
@@ -172,17 +180,14 @@ def check_all(config, options, sweeps, what_ifs, weights: str, *, loaded: bool =
 
 
 def load_model(name: str, weights: str) -> nn.Module:
-    """A preset is built with random weights (f32 for "auto"), converted to the `weights` choice;
-    anything else is loaded: anatomy.load(name, weights=...)."""
-    from anatomy.presets import PRESETS
+    """A preset or a config without weights is built with random weights (f32 for "auto"), converted
+    to the `weights` choice; a checkpoint is loaded: anatomy.load(name, weights=...)."""
+    import anatomy
+    from anatomy.checkpoints.source import find_model
 
-    if name not in PRESETS:
-        import anatomy
-
+    if find_model(name).with_weights:
         return anatomy.load(name, weights=weights)
-    from anatomy import build_model, get_preset
-
-    return converted(build_model(get_preset(name)).eval(), weights)
+    return converted(anatomy.build_model(anatomy.load_config(name)).eval(), weights)
 
 
 def converted(model: nn.Module, weights: str) -> nn.Module:

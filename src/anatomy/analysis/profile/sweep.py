@@ -49,9 +49,11 @@ def run_sweep(model: nn.Module, key: str, values: list[int], *, options, machine
     from anatomy.analysis.profile.measure import measure as profile
     from anatomy.analysis.profile.machine import Machine
 
+    from anatomy import progress
+
     machine = machine if isinstance(machine, Machine) else Machine(machine)
     points = []
-    for value in values:
+    for value in progress.track(values, f"sweep {key}"):
         report = profile(model, options=sweep_options(model.config, options, key, value), machine=machine)
         points.append(_point(key, report))
     out: dict[str, Any] = {"rows": points}
