@@ -39,7 +39,7 @@ def test_old_spellings_still_work_with_a_deprecation_warning(old, new):
 
 @pytest.mark.parametrize("value", ["fp8", "F32", "float64", "", torch.float64, torch.int32, 16, None])
 def test_anything_else_is_an_input_error_naming_option_and_choices(value):
-    with pytest.raises(InputError, match=r"^--kv-dtype .* is not one of f32, f16, bf16, int8, int4$"):
+    with pytest.raises(InputError, match=r"^--kv-dtype .* is not one of f32, f16, bf16, int8, int4, fp8_e4m3, fp8_e5m2$"):
         dtypes.parse(value, option="--kv-dtype", choices=dtypes.ALL)
 
 

@@ -71,6 +71,8 @@ def kv_cache_bytes(config: ModelConfig, *, batch: int, tokens: int, kv_dtype: st
     """K and V of `tokens` positions for B sequences; a sliding-window layer keeps at most its window
     of them (`windowed`: what a window-capped cache holds; False: every position, as a cache
     addressed by absolute slots, like anatomy's static cache, allocates)."""
+    if config.kv_values_per_token == 0:
+        return 0  # an encoder keeps no cache
     kept = config.kv_values(tokens) if windowed else tokens * config.kv_values_per_token  # values held
     return batch * kept * kv_bytes_per_token(config, kv_dtype) // config.kv_values_per_token
 
