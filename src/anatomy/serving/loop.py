@@ -32,6 +32,8 @@ from anatomy.inference.sampling import SamplingParams, make_generator, next_toke
 from anatomy.text.stops import StopStringFilter, TextRow
 from anatomy.serving.blocks import BlockManager
 from anatomy.serving.metrics import ServingMetrics
+from anatomy.serving.processors import logit_bias, processed
+from anatomy.serving.prompt_logprobs import PromptLogprobStore, record, wants_prompt_logits
 from anatomy.serving.scheduler import Scheduler
 from anatomy.serving.sequence import Event, Sequence, TokenLogprob
 
@@ -57,8 +59,9 @@ class ServingLoop:
         self.context = min(config.max_seq_len, num_blocks * block_size)  # the most tokens one sequence can hold
         self.cache = engine.paged_cache(num_blocks=num_blocks, block_size=block_size)
         self.blocks = BlockManager(num_blocks, block_size)
+        self.prompt_store = PromptLogprobStore(block_size)
         self.scheduler = Scheduler(self.blocks, max_seqs=max_seqs, max_step_tokens=max_step_tokens,
-                                   prefix_caching=prefix_caching)
+                                   prefix_caching=prefix_caching, prompt_logprobs=self.prompt_store)
         self.metrics = ServingMetrics(name)
         self.eos_ids = eos_ids(engine.config, tokenizer)
         self._inbox: queue.SimpleQueue[tuple[str, Sequence]] = queue.SimpleQueue()
@@ -70,11 +73,15 @@ class ServingLoop:
     # -- from any thread --------------------------------------------------------------------------
 
     def submit(self, prompt: list[int], params: SamplingParams, sink: Callable[[Event], Any], *,
-               logprobs: int | None = None) -> Sequence:
-        """Queue a sequence; `sink` gets one Event per sampled token (from the loop's thread)."""
+               logprobs: int | None = None, prompt_logprobs: int | None = None, constraint: Any = None,
+               bias: dict[int, float] | None = None, min_tokens: int = 0, generate: bool = True) -> Sequence:
+        """Queue a sequence; `sink` gets one Event per sampled token (from the loop's thread).
+        `prompt_logprobs` (k) asks for each prompt token's logprob and top k (on the first event);
+        `constraint` (a grammar.Constraint) and `bias` ({token id: logit bias}) shape every next token;
+        `generate=False` runs the prompt only (one event, finish_reason "length")."""
         if not prompt:
             raise InputError("the prompt is empty")
-        if len(prompt) + params.max_new_tokens > self.context:
+        if len(prompt) + params.max_new_tokens * generate > self.context:
             raise InputError(f"the prompt has {len(prompt)} tokens and max_new_tokens={params.max_new_tokens}: "
                              f"{len(prompt) + params.max_new_tokens} tokens, more than the context of {self.context}")
         vocab = self.engine.config.vocab_size
@@ -82,7 +89,10 @@ class ServingLoop:
         seq = Sequence(tokens=list(prompt), prompt_len=len(prompt), params=params, sink=sink, logprobs=logprobs,
                        text=TextRow(decoder, StopStringFilter(params.stop)),
                        stop_ids=frozenset(params.stop_ids) | (frozenset() if params.ignore_eos else self.eos_ids),
-                       generator=make_generator(params.seed, self.engine.device))
+                       generator=make_generator(params.seed, self.engine.device),
+                       bias=logit_bias(bias or {}, self.engine.device), constraint=constraint, min_tokens=min_tokens,
+                       score_only=not generate, prompt_logprobs=prompt_logprobs,
+                       prompt_entries=[None] * len(prompt) if prompt_logprobs is not None else [])
         if params.repetition_penalty != 1.0:
             seq.seen = torch.zeros(vocab, dtype=torch.bool, device=self.engine.device)
             seq.seen[torch.tensor(prompt, device=self.engine.device)] = True
@@ -147,21 +157,32 @@ class ServingLoop:
 
     @torch.inference_mode()
     def _run_group(self, group: list[tuple[Sequence, int]]) -> None:
-        """One forward over the chunks of `group`; rows that reach their sequence's end sample a token."""
-        ends = [i for i, (seq, n) in enumerate(group) if seq.computed + n == len(seq.tokens)]
+        """One forward over the chunks of `group`; rows that reach their sequence's end sample a token.
+        A chunk of a sequence that wants its prompt's logprobs asks for the logits of all its tokens."""
         chunks = [Chunk(seq.tokens[seq.computed:seq.computed + n], seq.computed, seq.blocks,
-                        logits=int(seq.computed + n == len(seq.tokens))) for seq, n in group]
-        logits = self.engine.step(self.cache, chunks)  # [len(ends), V]
-        prompt_tokens = 0
-        for seq, n in group:
+                        logits=n if wants_prompt_logits(seq, n) else int(seq.computed + n == len(seq.tokens)))
+                  for seq, n in group]
+        logits = self.engine.step(self.cache, chunks)  # [sum of chunk.logits, V]
+        prompt_tokens, row, ends = 0, 0, []
+        for (seq, n), chunk in zip(group, chunks):
+            if chunk.logits > 1 or (chunk.logits and seq.prompt_logprobs is not None):
+                record(seq, seq.computed + n - chunk.logits, logits[row:row + chunk.logits])
+            row += chunk.logits
+            if seq.computed + n == len(seq.tokens):
+                ends.append((seq, row - 1))
             prompt_tokens += max(0, min(seq.computed + n, seq.prompt_len) - seq.computed)
             self.scheduler.advance(seq, n)
+            if seq.prompt_logprobs is not None:
+                self.prompt_store.put(seq)
         self.metrics.step(prompt_tokens, len(ends))
+        for seq, _ in [e for e in ends if e[0].score_only]:
+            self._emit_prompt_only(seq)
+        ends = [e for e in ends if not e[0].score_only]
         if ends:
-            self._sample([group[i][0] for i in ends], logits)
+            self._sample([seq for seq, _ in ends], logits[torch.tensor([r for _, r in ends])])
 
     def _sample(self, seqs: list[Sequence], logits: Tensor) -> None:
-        tokens = choose_tokens(logits, seqs)
+        tokens = choose_tokens(processed(logits, seqs), seqs)
         wanted = [i for i, seq in enumerate(seqs) if seq.logprobs is not None]
         logprobs: dict[int, TokenLogprob] = {}
         if wanted:
@@ -187,14 +208,27 @@ class ServingLoop:
             seq.counts[token] += 1
         text = seq.text.add(token, seq.stop_ids)
         reason = seq.text.finish_reason
+        if reason is None and seq.constraint is not None:
+            seq.constraint.accept(token)
+            if seq.constraint.finished:  # the grammar is complete: nothing but a stop could follow
+                text += seq.text.finish("stop")
+                reason = "stop"
         if reason is None and (seq.generated >= seq.params.max_new_tokens or len(seq.tokens) >= self.context):
             text += seq.text.finish("length")
             reason = "length"
         kept = token not in seq.stop_ids
-        _deliver(seq, Event(token, text, logprob if kept else None, reason))
+        _deliver(seq, Event(token, text, logprob if kept else None, reason,
+                            prompt_logprobs=seq.prompt_entries if first and seq.prompt_logprobs is not None else None))
         if reason is not None:
             self.scheduler.finish(seq)
             self.metrics.finish(reason, now - seq.arrival)
+
+    def _emit_prompt_only(self, seq: Sequence) -> None:
+        """A sequence that generates nothing (max_tokens 0) ends once its prompt has run."""
+        _deliver(seq, Event(None, "", finish_reason="length",
+                            prompt_logprobs=seq.prompt_entries if seq.prompt_logprobs is not None else None))
+        self.scheduler.finish(seq)
+        self.metrics.finish("length", time.perf_counter() - seq.arrival)
 
     def _fail_all(self, message: str) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
