@@ -1,21 +1,27 @@
 """The OpenAI-compatible HTTP app (Starlette on uvicorn): the edge between clients and the serving loop.
 
     POST /v1/chat/completions, /v1/completions   generation (SSE when "stream": true)
+    POST /v1/responses                           the Responses API on the same loop (responses_api.py)
     POST /v1/embeddings                          sentence embeddings from the encoder model
     GET  /v1/models, /health, /metrics           what is served, readiness (200 / 503 loading), Prometheus
-    POST /tokenize, /detokenize                  the served model's tokenizer
+    POST /tokenize, /detokenize                  the served model's tokenizer (vLLM's shapes)
+    GET  /tokenizer_info                         its special tokens and chat template (vLLM's)
 
 Every error is OpenAI's JSON, {"error": {"message", "type", "param", "code"}}: 400 for bad input,
 401 for a wrong or missing key (when the server has one; /health and /metrics stay open), 404
-for an unknown model or path, 413 for a body over the limit, 503 while loading, 500 for a bug.
+for an unknown model or path, 413 for a body over the limit, 429 (with Retry-After) past the
+admission limit, 503 while loading or shutting down, 500 for a bug.
 A client that goes away (a closed connection) has its sequences cancelled at once: the loop
-frees their blocks at the start of its next step.
+frees their blocks at the start of its next step. On shutdown (`drain`) new requests get 503, the
+ones in flight finish up to a deadline, and those still running then end with an error (a stream:
+an error event and [DONE]).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import math
 import sys
 import threading
 import time
@@ -32,10 +38,13 @@ from starlette.routing import Route
 
 from anatomy.errors import InputError
 from anatomy.serving import responses
+from anatomy.serving.chat_prompt import chat_ids
+from anatomy.serving.grammar import GrammarEngine, GrammarError, GrammarSpec
 from anatomy.serving.loop import ServingLoop
 from anatomy.serving.protocol import (ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest,
-                                      RequestError, TokenizeRequest, parse)
+                                      RequestError, TokenizeRequest, ignored_fields, parse)
 from anatomy.serving.sequence import Event
+from anatomy.serving.tools import choice_grammar
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 OPEN_PATHS = ("/health", "/metrics")
@@ -56,6 +65,13 @@ class ServerState:
     load_error: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     embed_lock: threading.Lock = field(default_factory=threading.Lock)
+    strict_fields: bool = False  # unknown request fields: 400 (OpenAI) rather than ignored and logged (vLLM)
+    max_queue: int | None = None  # sequences that may wait beyond a full batch; past it, 429
+    runs: set = field(default_factory=set)  # the RequestRuns in flight
+    draining: bool = False  # shutting down: new requests get 503
+    warned: set = field(default_factory=set)  # unknown field names already logged
+    grammar_engine: GrammarEngine | None = None
+    grammar_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def serving(self) -> ServingLoop:
         if self.load_error is not None:
@@ -63,7 +79,46 @@ class ServerState:
         if not self.ready.is_set():
             raise RequestError("the model is still loading; retry shortly", status=503, type="server_error",
                                code="loading")
+        if self.draining:
+            raise RequestError("the server is shutting down", status=503, type="server_error", code="shutting_down")
         return self.loop
+
+    def admit(self, sequences: int) -> None:
+        """429 with Retry-After when `sequences` more would queue past the admission limit."""
+        if self.max_queue is None:
+            return
+        waiting = self.in_flight + sequences - self.loop.scheduler.max_seqs
+        if waiting > self.max_queue:
+            raise RequestError(f"the server is at its admission limit ({self.max_queue} sequences waiting beyond "
+                               f"a full batch of {self.loop.scheduler.max_seqs}); retry later", status=429,
+                               type="server_error", code="too_many_requests",
+                               headers={"Retry-After": str(self.retry_after())})
+
+    @property
+    def in_flight(self) -> int:
+        return sum(run.open for run in self.runs)
+
+    def retry_after(self) -> int:
+        """Seconds until a batch's worth of the queue is likely done: the median request latency, at least 1."""
+        return max(1, math.ceil(self.loop.metrics.median_latency() or 1.0))
+
+    def grammars(self) -> GrammarEngine:
+        with self.grammar_lock:
+            if self.grammar_engine is None:
+                loop = self.serving()
+                self.grammar_engine = GrammarEngine(self.tokenizer, vocab_size=loop.engine.config.vocab_size,
+                                                    stop_ids=loop.eos_ids)
+            return self.grammar_engine
+
+    def parse(self, model: type, request: Request, body: bytes) -> Any:
+        """The validated body; unknown fields are refused (strict_fields) or named once in the log."""
+        req = parse(model, body, strict=self.strict_fields)
+        new = [f for f in ignored_fields(req) if f not in self.warned]
+        if new:
+            self.warned.update(new)
+            print(f"anatomy serve: warning: ignoring unrecognized fields in a {request.url.path} request: "
+                  f"{', '.join(new)} (logged once per field)", file=sys.stderr, flush=True)
+        return req
 
     def check_model(self, name: str, *, embedding: bool = False) -> None:
         served = self.embedding_name if embedding else self.model_name
@@ -89,21 +144,34 @@ def create_app(state: ServerState) -> Starlette:
         return JSONResponse({"object": "list", "data": entries})
 
     async def chat(request: Request) -> Response:
-        req = parse(ChatRequest, await read_body(request, state.max_body_bytes))
+        req = state.parse(ChatRequest, request, await read_body(request, state.max_body_bytes))
         state.check_model(req.model)
         state.serving()
-        ids = encode_chat(state.tokenizer, req.messages)
-        return await generate(state, request, req, [ids], chat=True)
+        tools = req.tools if req.tool_choice_name != "none" else None
+        ids = chat_ids(state.tokenizer, req.messages, tools=tools, add_generation_prompt=req.add_generation_prompt,
+                       variables=req.chat_template_kwargs)
+        spec = req.structure() or choice_grammar(req.tools or [], req.tool_choice_name,
+                                                 parallel=req.parallel_tool_calls)
+        return await generate(state, request, req, [ids], chat=True, spec=spec)
 
     async def completions(request: Request) -> Response:
-        req = parse(CompletionRequest, await read_body(request, state.max_body_bytes))
+        req = state.parse(CompletionRequest, request, await read_body(request, state.max_body_bytes))
         state.check_model(req.model)
         state.serving()
         prompts = [encode_text(state.tokenizer, p) for p in req.prompts()]
-        return await generate(state, request, req, prompts, chat=False)
+        return await generate(state, request, req, prompts, chat=False, spec=req.structure())
+
+    async def responses_api(request: Request) -> Response:
+        from anatomy.serving.responses_api import handle
+
+        return await handle(state, request, await read_body(request, state.max_body_bytes))
+
+    async def tokenizer_info(request: Request) -> Response:
+        loop = state.serving()
+        return JSONResponse(responses.tokenizer_info(state.tokenizer, loop.context))
 
     async def embeddings(request: Request) -> Response:
-        req = parse(EmbeddingRequest, await read_body(request, state.max_body_bytes))
+        req = state.parse(EmbeddingRequest, request, await read_body(request, state.max_body_bytes))
         if state.embedder is None:
             state.serving()  # 503 while loading
         state.check_model(req.model, embedding=True)
@@ -117,18 +185,21 @@ def create_app(state: ServerState) -> Starlette:
         return JSONResponse(responses.embeddings(vectors, req.model, req.encoding_format, tokens))
 
     async def tokenize(request: Request) -> Response:
-        req = parse(TokenizeRequest, await read_body(request, state.max_body_bytes))
+        req = state.parse(TokenizeRequest, request, await read_body(request, state.max_body_bytes))
         if req.model is not None:
             state.check_model(req.model)
         loop = state.serving()
         if req.messages is not None:
-            ids = encode_chat(state.tokenizer, req.messages, add_generation_prompt=req.add_generation_prompt)
+            ids = chat_ids(state.tokenizer, req.messages, add_generation_prompt=req.add_generation_prompt)
         else:
             ids = state.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": loop.context})
+        body = {"tokens": ids, "count": len(ids), "max_model_len": loop.context}
+        if req.return_token_strs:
+            body["token_strs"] = [state.tokenizer.id_to_token(i) for i in ids]
+        return JSONResponse(body)
 
     async def detokenize(request: Request) -> Response:
-        req = parse(DetokenizeRequest, await read_body(request, state.max_body_bytes))
+        req = state.parse(DetokenizeRequest, request, await read_body(request, state.max_body_bytes))
         if req.model is not None:
             state.check_model(req.model)
         state.serving()
@@ -145,6 +216,8 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/responses", responses_api, methods=["POST"]),
+        Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
@@ -159,15 +232,23 @@ def create_app(state: ServerState) -> Starlette:
 # -- generation ------------------------------------------------------------------------------------
 
 async def generate(state: ServerState, request: Request, req: ChatRequest | CompletionRequest,
-                   prompts: list[list[int]], *, chat: bool) -> Response:
+                   prompts: list[list[int]], *, chat: bool, spec: GrammarSpec | None = None,
+                   render: Any = None) -> Response:
+    """Run the prompts (n choices each) on the loop; the response whole, or streamed as SSE."""
     loop = state.serving()
     limits = [token_limit(len(ids), req.token_limit, loop.context, chat=chat) for ids in prompts]
-    run = RequestRun(loop, prompts, req, limits)
-    render = responses.ChatRender if chat else responses.CompletionRender
-    out = render(req, state.tokenizer, usage_prompt=sum(len(p) for p in prompts), choices=len(run.seqs))
+    count = len(prompts) * req.n
+    state.admit(count)
+    constraints = await compile_constraints(state, spec, count)
+    bias = req.bias(loop.engine.config.vocab_size)
+    run = RequestRun(state, prompts, req, limits, constraints=constraints, bias=bias)
+    if render is None:
+        render = responses.ChatRender(req, state.tokenizer, usage_prompt=sum(map(len, prompts)), choices=count) \
+            if chat else responses.CompletionRender(req, state.tokenizer, usage_prompt=sum(map(len, prompts)),
+                                                    choices=count, prompts=echoed(state.tokenizer, req, prompts))
     if req.stream:
-        return EventStream(out.stream(run.events()), on_disconnect=run.cancel)
-    gathered = asyncio.ensure_future(out.collect(run.events()))
+        return EventStream(render.stream(run.events()), on_disconnect=run.cancel)
+    gathered = asyncio.ensure_future(render.collect(run.events()))
     gone = asyncio.ensure_future(_disconnected(request))
     await asyncio.wait({gathered, gone}, return_when=asyncio.FIRST_COMPLETED)
     if not gathered.done():  # the client left: free its sequences now
@@ -176,6 +257,38 @@ async def generate(state: ServerState, request: Request, req: ChatRequest | Comp
         return Response(status_code=499)
     gone.cancel()
     return JSONResponse(gathered.result())
+
+
+async def compile_constraints(state: ServerState, spec: GrammarSpec | None, count: int) -> list:
+    """One Constraint per sequence (the grammar compiled once, off the event loop), or Nones."""
+    if spec is None:
+        return [None] * count
+    engine = await asyncio.to_thread(state.grammars)
+    try:
+        first = await asyncio.to_thread(engine.compile, spec)
+    except GrammarError as exc:
+        raise RequestError(exc.message, param=exc.param) from None
+    return [first] + [engine.compile(spec) for _ in range(count - 1)]  # copies of the cached grammar
+
+
+def echoed(tokenizer: Any, req: CompletionRequest, prompts: list[list[int]]) -> list[tuple[str, list[int]]] | None:
+    """echo: each prompt's text (as sent, or its ids decoded) and ids."""
+    if not req.echo:
+        return None
+    given = req.prompts()
+    return [(p if isinstance(p, str) else tokenizer.decode(ids), ids) for p, ids in zip(given, prompts)]
+
+
+async def drain(state: ServerState, deadline_s: float) -> None:
+    """Shutdown: new requests get 503 from now on; the runs in flight have up to `deadline_s` seconds
+    to finish, then the rest are aborted (a stream ends with an error event and [DONE])."""
+    state.draining = True
+    end = time.monotonic() + deadline_s
+    while state.runs and time.monotonic() < end:
+        await asyncio.sleep(0.05)
+    for run in list(state.runs):
+        run.abort(f"the server shut down before this request finished ({deadline_s:g} s after the signal)")
+    await asyncio.sleep(0.2)  # the streams write their last events
 
 
 def token_limit(prompt: int, asked: int | None, context: int, *, chat: bool) -> int:
@@ -196,45 +309,70 @@ def token_limit(prompt: int, asked: int | None, context: int, *, chat: bool) -> 
 
 
 class RequestRun:
-    """The sequences of one HTTP request (n per prompt) and the queue their events arrive on."""
+    """The sequences of one HTTP request (n per prompt) and the queue their events arrive on; while
+    it runs it is in state.runs (the admission limit counts its open choices; shutdown aborts it)."""
 
-    def __init__(self, loop: ServingLoop, prompts: list[list[int]], req: ChatRequest | CompletionRequest,
-                 limits: list[int]) -> None:
-        self.loop = loop
+    def __init__(self, state: ServerState, prompts: list[list[int]], req: ChatRequest | CompletionRequest,
+                 limits: list[int], *, constraints: list, bias: dict[int, float]) -> None:
+        self.state, self.loop = state, state.loop
         self.queue: asyncio.Queue[tuple[int, Event] | None] = asyncio.Queue()
         aio = asyncio.get_running_loop()
         self.seqs = []
+        prompt_logprobs = getattr(req, "prompt_logprob_count", None)
         for p, (ids, limit) in enumerate(zip(prompts, limits)):
             for j in range(req.n):
                 index = p * req.n + j
                 sink = _sink(aio, self.queue, index)
-                self.seqs.append(loop.submit(ids, req.sampling(limit, choice=j), sink, logprobs=req.logprob_count))
+                self.seqs.append(self.loop.submit(
+                    ids, req.sampling(limit, choice=j), sink, logprobs=req.logprob_count,
+                    prompt_logprobs=prompt_logprobs, constraint=constraints[index], bias=bias,
+                    min_tokens=req.min_tokens, generate=limit > 0))
+        self.open = len(self.seqs)
         self.cancelled = False
+        self.aborted: str | None = None
+        state.runs.add(self)
 
     async def events(self) -> AsyncIterator[tuple[int, Event]]:
-        """(choice index, event) until every choice has finished (or the run is cancelled)."""
-        open_choices = len(self.seqs)
-        while open_choices:
-            item = await self.queue.get()
-            if item is None:
-                return
-            if item[1].finish_reason is not None:
-                open_choices -= 1
-            yield item
+        """(choice index, event) until every choice has finished (or the run is cancelled); a
+        RequestError (503) if the server's shutdown ended it first."""
+        try:
+            while self.open:
+                item = await self.queue.get()
+                if item is None:
+                    break
+                if item[1].finish_reason is not None:
+                    self.open -= 1
+                yield item
+        finally:
+            self.state.runs.discard(self)
+        if self.aborted:
+            raise RequestError(self.aborted, status=503, type="server_error", code="shutting_down")
 
     def cancel(self) -> None:
         if self.cancelled:
             return
         self.cancelled = True
+        self.open = 0
         for seq in self.seqs:
             if not seq.finished:
                 self.loop.cancel(seq)
         self.queue.put_nowait(None)
+        self.state.runs.discard(self)
+
+    def abort(self, message: str) -> None:
+        """End the run now (shutdown): its sequences are cancelled, its response ends with `message`."""
+        self.aborted = message
+        self.cancel()
 
 
 def _sink(aio: asyncio.AbstractEventLoop, queue: asyncio.Queue, index: int) -> Callable[[Event], None]:
     def sink(event: Event) -> None:  # called on the serving loop's thread
-        aio.call_soon_threadsafe(queue.put_nowait, (index, event))
+        if aio.is_closed():  # the server has stopped: nobody is listening
+            return
+        try:
+            aio.call_soon_threadsafe(queue.put_nowait, (index, event))
+        except RuntimeError:  # closed between the check and the call
+            pass
     return sink
 
 
@@ -298,16 +436,6 @@ def _too_large(size: int, limit: int) -> RequestError:
                         code="request_too_large")
 
 
-def encode_chat(tokenizer: Any, messages: list, *, add_generation_prompt: bool = True) -> list[int]:
-    from anatomy.inference.generate import encode_prompt
-
-    rendered = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in messages]
-    if not add_generation_prompt:
-        text = tokenizer.apply_chat_template(rendered, add_generation_prompt=False)
-        return tokenizer.encode(text, add_special_tokens=False)
-    return encode_prompt(rendered, tokenizer)
-
-
 def encode_text(tokenizer: Any, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
@@ -343,8 +471,10 @@ def error_json(status: int, message: str, *, type: str = "invalid_request_error"
 
 async def _request_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, RequestError):
-        return error_json(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code)
-    return error_json(400, str(exc))
+        response = error_json(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code)
+        response.headers.update(exc.headers or {})
+        return response
+    return error_json(400, str(exc), param=getattr(exc, "param", None))
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
