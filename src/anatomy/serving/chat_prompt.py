@@ -9,7 +9,8 @@ A template without tool support (SmolLM2's, Gemma's, Phi-3's) gets what vLLM's a
 generic handling gives such models: the tool definitions and the Hermes calling convention in the
 system message (appended to the request's own system message, else a new first message), earlier
 calls written back as <tool_call> blocks and tool results as a user turn of <tool_response> blocks,
-which is how Qwen2.5's template renders the same conversation.
+which is how Qwen2.5's template renders the same conversation (also when no tools are offered any
+more, so that a round trip's call and result are never dropped).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def chat_ids(tokenizer: Any, messages: list, *, tools: list | None = None, add_g
     """Token ids of the conversation (the template's special tokens are in its text: none added)."""
     variables = dict(variables or {})
     tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
-    if tool_dicts and not renders_tools(tokenizer):
+    has_calls = any(m.role == "tool" or m.tool_calls for m in messages)
+    if (tool_dicts or has_calls) and not renders_tools(tokenizer):
         rendered = with_tool_prompt(messages, tool_dicts)
     else:
         rendered = [_native(m) for m in messages]
@@ -93,10 +95,10 @@ def _arguments(arguments: str | dict) -> Any:
         return arguments  # not JSON: the template gets the text as it is
 
 
-def with_tool_prompt(messages: list, tools: list[dict]) -> list[dict[str, Any]]:
-    """Plain messages for a template without tools: the tool prompt in the system message, calls as
-    <tool_call> blocks, consecutive tool results as one user turn of <tool_response> blocks."""
-    prompt = TOOL_SYSTEM_PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+def with_tool_prompt(messages: list, tools: list[dict] | None) -> list[dict[str, Any]]:
+    """Plain messages for a template without tools: the tool prompt in the system message (when tools
+    are offered), calls as <tool_call> blocks, consecutive tool results as one user turn of
+    <tool_response> blocks."""
     out: list[dict[str, Any]] = []
     for m in messages:
         if m.role == "tool":
@@ -113,6 +115,9 @@ def with_tool_prompt(messages: list, tools: list[dict]) -> list[dict[str, Any]]:
         out.append({"role": m.role, "content": text})
     for m in out:
         m.pop("_tool_results", None)
+    if not tools:
+        return out
+    prompt = TOOL_SYSTEM_PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
     if out[0]["role"] in ("system", "developer"):
         out[0]["content"] = (out[0]["content"] + "\n\n" if out[0]["content"] else "") + prompt
     else:

@@ -80,7 +80,7 @@ class ToolStream:
         self.buffer = ""  # text held back
         self.inside = False  # within <tool_call> ... </tool_call>
         self.whole = False  # the answer is to be read as a whole at the end (JSON, or a marker)
-        self.started = False  # any text seen (a JSON answer must start the output)
+        self.decided = False  # whether the start of the output is a JSON answer or a marker is known
         self.calls = 0
 
     def push(self, text: str) -> list[tuple[str, Any]]:
@@ -89,11 +89,13 @@ class ToolStream:
         self.buffer += text
         if self.mode == "required" or self.whole:
             return []
-        if not self.started and self.buffer.strip():
-            self.started = True
-            if self.buffer.lstrip()[0] in "{[" or self.buffer.lstrip().startswith(MARKERS[1:]):
+        if not self.decided:
+            head = self.buffer.lstrip()
+            if head and (head[0] in "{[" or head.startswith(MARKERS[1:])):
                 self.whole = True
-                return []
+            if self.whole or not head or any(m.startswith(head) for m in MARKERS[1:]):
+                return []  # a JSON answer or a marker must start the output: wait until it is known
+            self.decided = True
         return self._scan()
 
     def finish(self) -> list[tuple[str, Any]]:
