@@ -208,6 +208,27 @@ def apply_cost(V: int) -> list[float]:
     return times
 
 
+def batch_cost(tok, rows: int = 8) -> list[float]:
+    """Per step: the processors' grammar work for `rows` sequences of the served engine (llguidance)."""
+    from types import SimpleNamespace
+
+    from anatomy.serving.grammar import GrammarEngine, GrammarSpec
+    from anatomy.serving.processors import processed
+
+    engine = GrammarEngine(tok, vocab_size=tok.vocab_size, stop_ids=tok.eos_ids)
+    seqs = [SimpleNamespace(bias=None, generated=0, min_tokens=0, stop_ids=tok.eos_ids,
+                            constraint=engine.compile(GrammarSpec("json", PERSON, param="x"))) for _ in range(rows)]
+    example = tok.encode(json.dumps(CONSTRAINTS[1][2]), add_special_tokens=False)
+    logits, times = torch.randn(rows, tok.vocab_size), []
+    for token in example:
+        t0 = time.perf_counter()
+        processed(logits, seqs)
+        times.append(time.perf_counter() - t0)
+        for seq in seqs:
+            seq.constraint.accept(token)
+    return times
+
+
 def _us(values: list[float], q: float | None = None) -> str:
     if not values:
         return "-"
@@ -239,6 +260,9 @@ def main() -> None:
     applied = apply_cost(tok.vocab_size)
     print(f"\napplying a bitmask to a [1, {tok.vocab_size:,}] row (anatomy.serving.grammar.apply_bitmask): "
           f"median {_us(applied)} us, p99 {_us(applied, 0.99)} us")
+    batch = batch_cost(tok)
+    print(f"a serving step's grammar work for 8 constrained rows (anatomy.serving.processors.processed, llguidance): "
+          f"median {_us(batch)} us, p99 {_us(batch, 0.99)} us per step")
 
 
 if __name__ == "__main__":

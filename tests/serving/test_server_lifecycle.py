@@ -11,7 +11,9 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
 
@@ -23,8 +25,13 @@ LONG = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long s
 pytestmark = pytest.mark.slow
 
 
-def start(*args: str) -> Server:
-    return Server("--weights", "f32", "--kv-memory", "64MiB", "--embedding-model", "none", *args)
+@contextmanager
+def start(*args: str) -> Iterator[Server]:
+    server = Server("--weights", "f32", "--kv-memory", "64MiB", "--embedding-model", "none", *args)
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 def raw_post(server: Server, body: dict, *, timeout: float = 60) -> tuple[int, dict[str, str], bytes]:
@@ -59,8 +66,7 @@ def exits(server: Server, sig: int, seconds: float = 60) -> int:
 
 
 def test_overload_gets_429_with_retry_after_and_the_server_keeps_serving():
-    server = start("--batch-size", "1", "--max-queue", "0")
-    try:
+    with start("--batch-size", "1", "--max-queue", "0") as server:
         body = {**LONG, "max_tokens": 60}
         with ThreadPoolExecutor(4) as pool:
             answers = list(pool.map(lambda _: raw_post(server, body), range(4)))
@@ -71,13 +77,10 @@ def test_overload_gets_429_with_retry_after_and_the_server_keeps_serving():
                 error = json.loads(payload)["error"]
                 assert error["code"] == "too_many_requests" and int(headers["retry-after"]) >= 1
         assert raw_post(server, {**body, "max_tokens": 2})[0] == 200, "served again once the queue drained"
-    finally:
-        server.close()
 
 
 def test_sigterm_drains_then_ends_the_streams_still_running():
-    server = start("--shutdown-timeout", "3")
-    try:
+    with start("--shutdown-timeout", "3") as server:
         long = Stream(server, LONG)
         short = Stream(server, {**LONG, "max_tokens": 12})
         assert long.first.wait(60) and short.first.wait(60)
@@ -92,13 +95,10 @@ def test_sigterm_drains_then_ends_the_streams_still_running():
             "a request that finished within the deadline finished"
         assert long.lines[-1] == "data: [DONE]" and json.loads(long.lines[-2][6:])["error"]["code"] == "shutting_down"
         assert "Traceback" not in server.output()
-    finally:
-        server.close()
 
 
 def test_sigint_exits_without_tracebacks():
-    server = start("--shutdown-timeout", "1")
-    try:
+    with start("--shutdown-timeout", "1") as server:
         stream = Stream(server, LONG)
         assert stream.first.wait(60)
         assert exits(server, signal.SIGINT) == 0
@@ -106,5 +106,3 @@ def test_sigint_exits_without_tracebacks():
         assert stream.lines[-1] == "data: [DONE]"
         log = server.output()
         assert "Event loop is closed" not in log and "Traceback" not in log, log
-    finally:
-        server.close()
