@@ -4,7 +4,9 @@
     anatomy serve --model x.gguf --port 9000 --api-key KEY --kv-memory 2GiB
 
 The port is bound before the model loads, so a busy port fails at once; /health answers 503
-while the model loads and 200 once it serves. The model is loaded as `anatomy.load` does
+while the model loads and 200 once it serves. SIGTERM or SIGINT drains: new requests get 503, those
+in flight have --shutdown-timeout seconds, then end with an error; past --max-queue waiting
+sequences a request gets 429. The model is loaded as `anatomy.load` does
 (--weights auto keeps a GGUF file's quantized blocks) and served through the engine's planned view;
 the start-up lines name its kernels per phase and the KV cache's size.
 """
@@ -39,8 +41,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve", help="serve a model over the OpenAI API (continuous batching, paged KV cache)",
         description="Serve a decoder model over the OpenAI HTTP API (/v1/chat/completions, /v1/completions, "
-                    "/v1/embeddings, /v1/models) with continuous batching over a paged KV cache with prefix "
-                    "caching; /health, /metrics (Prometheus), /tokenize, /detokenize.",
+                    "/v1/responses, /v1/embeddings, /v1/models; tools, structured outputs, echo and logprobs) with "
+                    "continuous batching over a paged KV cache with prefix caching; /health, /metrics (Prometheus), "
+                    "/tokenize, /detokenize, /tokenizer_info.",
         formatter_class=DefaultsShown)
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="an installed model name, a .gguf file or a Hugging Face model directory")

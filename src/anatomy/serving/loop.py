@@ -3,8 +3,10 @@
     submit(prompt ids, params, sink) / cancel(seq)      from any thread: queued, picked up by the loop
     step():  new and cancelled sequences -> scheduler.schedule() -> (sequence, n tokens) pairs
              -> one engine.step for the decoding rows [B, 1] and one per group of prefill chunks [B', S]
-                over the paged cache -> logits of rows that reached their end
-             -> sample -> detokenize, stop strings -> sink(Event) per sequence -> finished ones leave
+                over the paged cache -> logits of rows that reached their end (and of every position
+                of a prompt whose logprobs are asked: prompt_logprobs.py)
+             -> logit_bias, min_tokens, grammar masks (processors.py) -> sample -> the grammar accepts
+             -> detokenize, stop strings -> sink(Event) per sequence -> finished ones leave
 
 The loop runs the model only through the engine's public API: `engine.paged_cache` (blocks in the
 dtype the blocks' branches compute in) and `engine.step`, whose decode steps replay a graph captured
