@@ -147,11 +147,7 @@ def create_app(state: ServerState) -> Starlette:
         req = state.parse(ChatRequest, request, await read_body(request, state.max_body_bytes))
         state.check_model(req.model)
         state.serving()
-        tools = req.tools if req.tool_choice_name != "none" else None
-        ids = chat_ids(state.tokenizer, req.messages, tools=tools, add_generation_prompt=req.add_generation_prompt,
-                       variables=req.chat_template_kwargs)
-        spec = req.structure() or choice_grammar(req.tools or [], req.tool_choice_name,
-                                                 parallel=req.parallel_tool_calls)
+        ids, spec = chat_inputs(state.tokenizer, req)
         return await generate(state, request, req, [ids], chat=True, spec=spec)
 
     async def completions(request: Request) -> Response:
@@ -257,6 +253,16 @@ async def generate(state: ServerState, request: Request, req: ChatRequest | Comp
         return Response(status_code=499)
     gone.cancel()
     return JSONResponse(gathered.result())
+
+
+def chat_inputs(tokenizer: Any, req: ChatRequest) -> tuple[list[int], GrammarSpec | None]:
+    """A chat request's prompt ids (its tools in it unless tool_choice is "none") and the grammar its
+    output must follow (response_format and the like, or tool_choice required / named), if any."""
+    tools = req.tools if req.tool_choice_name != "none" else None
+    ids = chat_ids(tokenizer, req.messages, tools=tools, add_generation_prompt=req.add_generation_prompt,
+                   variables=req.chat_template_kwargs)
+    spec = req.structure() or choice_grammar(req.tools or [], req.tool_choice_name, parallel=req.parallel_tool_calls)
+    return ids, spec
 
 
 async def compile_constraints(state: ServerState, spec: GrammarSpec | None, count: int) -> list:

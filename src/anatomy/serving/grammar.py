@@ -59,7 +59,7 @@ class GrammarSpec:
         if self.kind == "json":
             try:
                 return matcher.grammar_from_json_schema(self.value, defaults=JSON_OPTIONS)
-            except (ValueError, TypeError) as exc:
+            except Exception as exc:  # the engine's own errors, whatever their class: the schema's fault
                 raise GrammarError(f"{self.param}: not a JSON schema: {exc}", param=self.param) from None
         if self.kind == "regex":
             return matcher.grammar_from_regex(self.value)

@@ -288,6 +288,10 @@ class ChatRequest(_Sampling):
                 and self.max_tokens != self.max_completion_tokens:
             raise RequestError("max_tokens and max_completion_tokens differ; give one of them", param="max_tokens")
         _unsupported(self, ("functions", "function_call", "audio", "prediction"))
+        reserved = sorted(set(self.chat_template_kwargs or {}) & {"messages", "add_generation_prompt", "tools"})
+        if reserved:
+            raise RequestError(f"chat_template_kwargs must not set {', '.join(reserved)} (request fields of their own)",
+                               param="chat_template_kwargs")
         if self.modalities not in (None, ["text"]):
             raise RequestError("modalities other than ['text'] are not supported by this server", param="modalities")
         self._check_tools()

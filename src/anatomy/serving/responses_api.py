@@ -156,10 +156,7 @@ async def handle(state: Any, request: Any, body: bytes) -> Any:
     state.check_model(req.model)
     state.serving()
     chat = req.chat()
-    tools = chat.tools if chat.tool_choice_name != "none" else None
-    ids = app.chat_ids(state.tokenizer, chat.messages, tools=tools)
-    spec = chat.structure() or app.choice_grammar(chat.tools or [], chat.tool_choice_name,
-                                                  parallel=chat.parallel_tool_calls)
+    ids, spec = app.chat_inputs(state.tokenizer, chat)
     render = ResponsesRender(req, chat, prompt_tokens=len(ids))
     return await app.generate(state, request, chat, [ids], chat=True, spec=spec, render=render)
 
