@@ -252,7 +252,7 @@ def _uvicorn(app, state, shutdown_timeout: float):
 
     import uvicorn
 
-    from anatomy.serving.app import drain
+    from anatomy.serving.generation import drain
 
     class DrainingServer(uvicorn.Server):
         """uvicorn, whose first SIGTERM/SIGINT drains the app (serving.app.drain) before it exits; a

@@ -21,13 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import math
 import sys
-import threading
-import time
 import traceback
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
@@ -37,96 +32,15 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from anatomy.errors import InputError
-from anatomy.serving import responses
+from anatomy.serving import responses, responses_api
 from anatomy.serving.chat_prompt import chat_ids
-from anatomy.serving.grammar import GrammarEngine, GrammarError, GrammarSpec
+from anatomy.serving.generation import chat_inputs, generate
 from anatomy.serving.loop import ServingLoop
 from anatomy.serving.protocol import (ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest,
-                                      RequestError, TokenizeRequest, ignored_fields, parse)
-from anatomy.serving.sequence import Event
-from anatomy.serving.tools import choice_grammar
+                                      RequestError, TokenizeRequest)
+from anatomy.serving.state import MAX_BODY_BYTES, ServerState  # noqa: F401 (the app's state, for its users)
 
-MAX_BODY_BYTES = 4 * 1024 * 1024
 OPEN_PATHS = ("/health", "/metrics")
-
-
-@dataclass
-class ServerState:
-    """What the app serves; the model side is filled in by a loader thread (`ready` when done)."""
-
-    model_name: str
-    api_key: str | None = None
-    max_body_bytes: int = MAX_BODY_BYTES
-    loop: ServingLoop | None = None
-    tokenizer: Any = None
-    embedding_name: str | None = None
-    embedder: Callable[[list[str]], tuple[Any, int]] | None = None  # texts -> (vectors [N, D], tokens)
-    ready: threading.Event = field(default_factory=threading.Event)
-    load_error: str | None = None
-    created: int = field(default_factory=lambda: int(time.time()))
-    embed_lock: threading.Lock = field(default_factory=threading.Lock)
-    strict_fields: bool = False  # unknown request fields: 400 (OpenAI) rather than ignored and logged (vLLM)
-    max_queue: int | None = None  # sequences that may wait beyond a full batch; past it, 429
-    runs: set = field(default_factory=set)  # the RequestRuns in flight
-    draining: bool = False  # shutting down: new requests get 503
-    warned: set = field(default_factory=set)  # unknown field names already logged
-    grammar_engine: GrammarEngine | None = None
-    grammar_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def serving(self) -> ServingLoop:
-        if self.load_error is not None:
-            raise RequestError(f"the model failed to load: {self.load_error}", status=503, type="server_error")
-        if not self.ready.is_set():
-            raise RequestError("the model is still loading; retry shortly", status=503, type="server_error",
-                               code="loading")
-        if self.draining:
-            raise RequestError("the server is shutting down", status=503, type="server_error", code="shutting_down")
-        return self.loop
-
-    def admit(self, sequences: int) -> None:
-        """429 with Retry-After when `sequences` more would queue past the admission limit."""
-        if self.max_queue is None:
-            return
-        waiting = self.in_flight + sequences - self.loop.scheduler.max_seqs
-        if waiting > self.max_queue:
-            raise RequestError(f"the server is at its admission limit ({self.max_queue} sequences waiting beyond "
-                               f"a full batch of {self.loop.scheduler.max_seqs}); retry later", status=429,
-                               type="server_error", code="too_many_requests",
-                               headers={"Retry-After": str(self.retry_after())})
-
-    @property
-    def in_flight(self) -> int:
-        return sum(run.open for run in self.runs)
-
-    def retry_after(self) -> int:
-        """Seconds until a batch's worth of the queue is likely done: the median request latency, at least 1."""
-        return max(1, math.ceil(self.loop.metrics.median_latency() or 1.0))
-
-    def grammars(self) -> GrammarEngine:
-        with self.grammar_lock:
-            if self.grammar_engine is None:
-                loop = self.serving()
-                self.grammar_engine = GrammarEngine(self.tokenizer, vocab_size=loop.engine.config.vocab_size,
-                                                    stop_ids=loop.eos_ids)
-            return self.grammar_engine
-
-    def parse(self, model: type, request: Request, body: bytes) -> Any:
-        """The validated body; unknown fields are refused (strict_fields) or named once in the log."""
-        req = parse(model, body, strict=self.strict_fields)
-        new = [f for f in ignored_fields(req) if f not in self.warned]
-        if new:
-            self.warned.update(new)
-            print(f"anatomy serve: warning: ignoring unrecognized fields in a {request.url.path} request: "
-                  f"{', '.join(new)} (logged once per field)", file=sys.stderr, flush=True)
-        return req
-
-    def check_model(self, name: str, *, embedding: bool = False) -> None:
-        served = self.embedding_name if embedding else self.model_name
-        if name != served:
-            what = "embedding model" if embedding else "model"
-            choices = ", ".join(repr(n) for n in (self.model_name, self.embedding_name) if n) or "none"
-            raise RequestError(f"the {what} {name!r} does not exist here (served: {choices})", param="model",
-                               status=404, code="model_not_found")
 
 
 def create_app(state: ServerState) -> Starlette:
@@ -157,10 +71,8 @@ def create_app(state: ServerState) -> Starlette:
         prompts = [encode_text(state.tokenizer, p) for p in req.prompts()]
         return await generate(state, request, req, prompts, chat=False, spec=req.structure())
 
-    async def responses_api(request: Request) -> Response:
-        from anatomy.serving.responses_api import handle
-
-        return await handle(state, request, await read_body(request, state.max_body_bytes))
+    async def responses_endpoint(request: Request) -> Response:
+        return await responses_api.handle(state, request, await read_body(request, state.max_body_bytes))
 
     async def tokenizer_info(request: Request) -> Response:
         loop = state.serving()
@@ -212,7 +124,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/responses", responses_api, methods=["POST"]),
+        Route("/v1/responses", responses_endpoint, methods=["POST"]),
         Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
@@ -223,199 +135,6 @@ def create_app(state: ServerState) -> Starlette:
                 Exception: _bug}
     return Starlette(routes=routes, exception_handlers=handlers,
                      middleware=[] if state.api_key is None else [_key_middleware(state.api_key)])
-
-
-# -- generation ------------------------------------------------------------------------------------
-
-async def generate(state: ServerState, request: Request, req: ChatRequest | CompletionRequest,
-                   prompts: list[list[int]], *, chat: bool, spec: GrammarSpec | None = None,
-                   render: Any = None) -> Response:
-    """Run the prompts (n choices each) on the loop; the response whole, or streamed as SSE."""
-    loop = state.serving()
-    limits = [token_limit(len(ids), req.token_limit, loop.context, chat=chat) for ids in prompts]
-    count = len(prompts) * req.n
-    state.admit(count)
-    constraints = await compile_constraints(state, spec, count)
-    bias = req.bias(loop.engine.config.vocab_size)
-    run = RequestRun(state, prompts, req, limits, constraints=constraints, bias=bias)
-    if render is None:
-        render = responses.ChatRender(req, state.tokenizer, usage_prompt=sum(map(len, prompts)), choices=count) \
-            if chat else responses.CompletionRender(req, state.tokenizer, usage_prompt=sum(map(len, prompts)),
-                                                    choices=count, prompts=echoed(state.tokenizer, req, prompts))
-    if req.stream:
-        return EventStream(render.stream(run.events()), on_disconnect=run.cancel)
-    gathered = asyncio.ensure_future(render.collect(run.events()))
-    gone = asyncio.ensure_future(_disconnected(request))
-    await asyncio.wait({gathered, gone}, return_when=asyncio.FIRST_COMPLETED)
-    if not gathered.done():  # the client left: free its sequences now
-        run.cancel()
-        gathered.cancel()
-        return Response(status_code=499)
-    gone.cancel()
-    return JSONResponse(gathered.result())
-
-
-def chat_inputs(tokenizer: Any, req: ChatRequest) -> tuple[list[int], GrammarSpec | None]:
-    """A chat request's prompt ids (its tools in it unless tool_choice is "none") and the grammar its
-    output must follow (response_format and the like, or tool_choice required / named), if any."""
-    tools = req.tools if req.tool_choice_name != "none" else None
-    ids = chat_ids(tokenizer, req.messages, tools=tools, add_generation_prompt=req.add_generation_prompt,
-                   variables=req.chat_template_kwargs)
-    spec = req.structure() or choice_grammar(req.tools or [], req.tool_choice_name, parallel=req.parallel_tool_calls)
-    return ids, spec
-
-
-async def compile_constraints(state: ServerState, spec: GrammarSpec | None, count: int) -> list:
-    """One Constraint per sequence (the grammar compiled once, off the event loop), or Nones."""
-    if spec is None:
-        return [None] * count
-    engine = await asyncio.to_thread(state.grammars)
-    try:
-        first = await asyncio.to_thread(engine.compile, spec)
-    except GrammarError as exc:
-        raise RequestError(exc.message, param=exc.param) from None
-    return [first] + [engine.compile(spec) for _ in range(count - 1)]  # copies of the cached grammar
-
-
-def echoed(tokenizer: Any, req: CompletionRequest, prompts: list[list[int]]) -> list[tuple[str, list[int]]] | None:
-    """echo: each prompt's text (as sent, or its ids decoded) and ids."""
-    if not req.echo:
-        return None
-    given = req.prompts()
-    return [(p if isinstance(p, str) else tokenizer.decode(ids), ids) for p, ids in zip(given, prompts)]
-
-
-async def drain(state: ServerState, deadline_s: float) -> None:
-    """Shutdown: new requests get 503 from now on; the runs in flight have up to `deadline_s` seconds
-    to finish, then the rest are aborted (a stream ends with an error event and [DONE])."""
-    state.draining = True
-    end = time.monotonic() + deadline_s
-    while state.runs and time.monotonic() < end:
-        await asyncio.sleep(0.05)
-    for run in list(state.runs):
-        run.abort(f"the server shut down before this request finished ({deadline_s:g} s after the signal)")
-    await asyncio.sleep(0.2)  # the streams write their last events
-
-
-def token_limit(prompt: int, asked: int | None, context: int, *, chat: bool) -> int:
-    """max_tokens of a prompt of `prompt` tokens: as asked if prompt + it fits the context, else a
-    400 saying both numbers; unset: whatever room the context leaves."""
-    where = "messages" if chat else "prompt"
-    if prompt >= context:
-        raise RequestError(f"this model's maximum context length is {context} tokens, and the {where} alone "
-                           f"has {prompt} tokens", param="messages" if chat else "prompt",
-                           code="context_length_exceeded")
-    if asked is None:
-        return context - prompt
-    if prompt + asked > context:
-        raise RequestError(f"this model's maximum context length is {context} tokens; you requested "
-                           f"{prompt + asked} tokens ({prompt} in the {where}, {asked} in the completion)",
-                           param="max_tokens", code="context_length_exceeded")
-    return asked
-
-
-class RequestRun:
-    """The sequences of one HTTP request (n per prompt) and the queue their events arrive on; while
-    it runs it is in state.runs (the admission limit counts its open choices; shutdown aborts it)."""
-
-    def __init__(self, state: ServerState, prompts: list[list[int]], req: ChatRequest | CompletionRequest,
-                 limits: list[int], *, constraints: list, bias: dict[int, float]) -> None:
-        self.state, self.loop = state, state.loop
-        self.queue: asyncio.Queue[tuple[int, Event] | None] = asyncio.Queue()
-        aio = asyncio.get_running_loop()
-        self.seqs = []
-        prompt_logprobs = getattr(req, "prompt_logprob_count", None)
-        for p, (ids, limit) in enumerate(zip(prompts, limits)):
-            for j in range(req.n):
-                index = p * req.n + j
-                sink = _sink(aio, self.queue, index)
-                self.seqs.append(self.loop.submit(
-                    ids, req.sampling(limit, choice=j), sink, logprobs=req.logprob_count,
-                    prompt_logprobs=prompt_logprobs, constraint=constraints[index], bias=bias,
-                    min_tokens=req.min_tokens, generate=limit > 0))
-        self.open = len(self.seqs)
-        self.cancelled = False
-        self.aborted: str | None = None
-        state.runs.add(self)
-
-    async def events(self) -> AsyncIterator[tuple[int, Event]]:
-        """(choice index, event) until every choice has finished (or the run is cancelled); a
-        RequestError (503) if the server's shutdown ended it first."""
-        try:
-            while self.open:
-                item = await self.queue.get()
-                if item is None:
-                    break
-                if item[1].finish_reason is not None:
-                    self.open -= 1
-                yield item
-        finally:
-            self.state.runs.discard(self)
-        if self.aborted:
-            raise RequestError(self.aborted, status=503, type="server_error", code="shutting_down")
-
-    def cancel(self) -> None:
-        if self.cancelled:
-            return
-        self.cancelled = True
-        self.open = 0
-        for seq in self.seqs:
-            if not seq.finished:
-                self.loop.cancel(seq)
-        self.queue.put_nowait(None)
-        self.state.runs.discard(self)
-
-    def abort(self, message: str) -> None:
-        """End the run now (shutdown): its sequences are cancelled, its response ends with `message`."""
-        self.aborted = message
-        self.cancel()
-
-
-def _sink(aio: asyncio.AbstractEventLoop, queue: asyncio.Queue, index: int) -> Callable[[Event], None]:
-    def sink(event: Event) -> None:  # called on the serving loop's thread
-        if aio.is_closed():  # the server has stopped: nobody is listening
-            return
-        try:
-            aio.call_soon_threadsafe(queue.put_nowait, (index, event))
-        except RuntimeError:  # closed between the check and the call
-            pass
-    return sink
-
-
-class EventStream(Response):
-    """A server-sent-events response that stops, and cancels the generation, as soon as the client
-    disconnects (not only when the next write fails)."""
-
-    media_type = "text/event-stream"
-
-    def __init__(self, chunks: AsyncIterator[bytes], *, on_disconnect: Callable[[], None]) -> None:
-        self.chunks, self.on_disconnect = chunks, on_disconnect
-        self.status_code = 200
-        self.background = None
-        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    async def __call__(self, scope, receive, send) -> None:
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            self.on_disconnect()
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            async for chunk in self.chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:  # the client went away mid-write
-            self.on_disconnect()
-        finally:
-            watcher.cancel()
-            await self.chunks.aclose()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 # -- the edges -------------------------------------------------------------------------------------

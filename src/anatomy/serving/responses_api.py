@@ -28,6 +28,7 @@ from typing import Any, Literal, Union
 
 from pydantic import Field, ValidationError
 
+from anatomy.serving.generation import chat_inputs, generate
 from anatomy.serving.protocol import ChatRequest, RequestError, TextPart, _Body, _request_error
 from anatomy.serving.responses import DONE, sse
 from anatomy.serving.sequence import Event
@@ -150,15 +151,14 @@ class ResponsesRequest(_Body):
 
 
 async def handle(state: Any, request: Any, body: bytes) -> Any:
-    from anatomy.serving import app
-
+    """The response to a POST /v1/responses of `body`."""
     req = state.parse(ResponsesRequest, request, body)
     state.check_model(req.model)
     state.serving()
     chat = req.chat()
-    ids, spec = app.chat_inputs(state.tokenizer, chat)
+    ids, spec = chat_inputs(state.tokenizer, chat)
     render = ResponsesRender(req, chat, prompt_tokens=len(ids))
-    return await app.generate(state, request, chat, [ids], chat=True, spec=spec, render=render)
+    return await generate(state, request, chat, [ids], chat=True, spec=spec, render=render)
 
 
 class ResponsesRender:
