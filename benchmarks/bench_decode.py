@@ -1,24 +1,29 @@
-"""Decode, prefill and batching speed of anatomy's engine against llama.cpp and HF transformers.
+"""Decode, prefill, batches and long contexts: anatomy through its public API against native llama.cpp.
 
-Same machine, same run, same weights: SmolLM2-135M-Instruct from the Q4_1 GGUF that anatomy
-ships. anatomy runs it as loaded by default (the file's int4/int8 blocks through the measured
-kernel plan, each decode step's blocks replayed from a captured graph), the same with the eager
-step (`capture=False`), with a bf16 residual stream (`dtype="bf16"`), and dequantized to fp32 (the
-first version's default); llama.cpp runs the same Q4_1 file and the F32 file anatomy writes from it; HF
-transformers the fp32 HF directory anatomy writes. Batch 1, a 128-token prompt, 128 new tokens,
-greedy, EOS ignored; prefill of 512 tokens; batch 8. Each figure is the median of REPEATS runs,
-the engines interleaved so that they share the machine's noise. The memory bandwidth (torch sum
-over 256 MiB) is measured in the same run: every decode row gives the weight bytes a step reads
-and the GB/s it achieves, as a fraction of that bandwidth. Quality: the mean token NLL of each
-anatomy row on 2,068 tokens of English (tests/data/english.txt) against fp32.
+Same machine, same run, same file: SmolLM2-135M-Instruct from the Q4_1 GGUF anatomy ships, 2 threads.
+anatomy is timed as a user calls it, `anatomy.generate(model, ...)` on `model = anatomy.load(...)`
+(its second and later calls: the engine kept for the model), beside a kept `DecoderEngine` (the
+public API must be >= 0.95x of it), its eager step and `weights="f32"`. llama.cpp is timed with its
+own native tools built from the llama-cpp-python sdist's sources (benchmarks/build_llama_cpp.sh):
+`llama-bench` (tg128, pp512, tg128 at depth 2048) and `llama-batched-bench` (-npp 128 -ntg 128 -npl
+1,8); its Python binding's per-token loop and HF transformers (fp32) are rows of their own.
 
-    python -m benchmarks decode            (ANATOMY_BENCH_REPEATS=5; ANATOMY_BENCH_COMPILE=1 adds --compile)
+Targets (issue 23): decode >= 1.25x llama-bench tg128; prefill 512 >= 2.5x pp512; 8 sequences >= 5x
+batch 1 and >= 2x llama-batched-bench's 8; decode at a 2,048-token context >= 1.25x llama-bench -d
+2048; mean token NLL on 2,068 tokens of English within 0.5% of fp32 on the file's dequantized
+weights; greedy output on the README's prompts identical to the fp32 path for 64 tokens; peak RSS of
+`anatomy generate` under 2x the weights it keeps plus its KV cache.
+
+    python -m benchmarks decode            (ANATOMY_BENCH_REPEATS=3)
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,20 +31,18 @@ from pathlib import Path
 import torch
 
 import anatomy
-from anatomy import dtypes
-from anatomy.checkpoints.gguf_reader import read_gguf
 from anatomy.checkpoints.registry import resolve
 from anatomy.inference.engine import DecoderEngine
-from anatomy.inference.engine.kv_cache import bytes_per_token
 from anatomy.inference.quality import mean_nll
 from anatomy.inference.sampling import SamplingParams
+from benchmarks.llama_cpp import batched_bench, llama_bench
 from benchmarks.timing import median_seconds
 
 MODEL = "smollm2-135m-instruct"
-PROMPT, NEW, PREFILL, BATCH = 128, 128, 512, 8
+PROMPT, NEW, PREFILL, BATCH, DEPTH = 128, 128, 512, 8, 2048
 REPEATS = int(os.environ.get("ANATOMY_BENCH_REPEATS", "3"))
-COMPILE = os.environ.get("ANATOMY_BENCH_COMPILE", "0") == "1"
 ENGLISH = Path(__file__).parents[1] / "tests" / "data" / "english.txt"
+README_PROMPTS = ["What is the capital of France?", "Name three rivers."]
 
 
 def prompt_ids(n: int, seed: int = 0) -> list[int]:
@@ -61,22 +64,79 @@ def step_times(tokens) -> tuple[float, float]:
     return stamps[0] - start, (len(stamps) - 1) / decode_s if decode_s > 0 else 0.0
 
 
-# -- the engines ----------------------------------------------------------------------------------
+# -- anatomy: the public API, and a kept engine beside it ----------------------------------------
 
-def anatomy_run(engine: DecoderEngine, prompts: list[list[int]], new: int) -> tuple[float, float]:
-    ttft, tps = step_times(engine.tokens(prompts, SamplingParams(max_new_tokens=new)))
-    return ttft, tps * len(prompts)
+class Public:
+    """`anatomy.generate(model, ...)` as the README shows it."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def decode(self, prompts: list[list[int]], new: int) -> tuple[float, float]:
+        results = anatomy.generate(self.model, prompts, max_new_tokens=new, ignore_eos=True)
+        return results[0].ttft_s, results[0].tokens_per_s  # tokens/s of the whole batch
 
 
-def hf_model(model: torch.nn.Module, folder: Path):
+class Kept:
+    """A DecoderEngine made once and kept, its tokens iterated (what the engine alone reaches)."""
+
+    def __init__(self, engine: DecoderEngine) -> None:
+        self.engine = engine
+
+    def decode(self, prompts: list[list[int]], new: int) -> tuple[float, float]:
+        ttft, tps = step_times(self.engine.tokens(prompts, SamplingParams(max_new_tokens=new, ignore_eos=True)))
+        return ttft, tps * len(prompts)
+
+
+def anatomy_rows(default: torch.nn.Module, gguf: Path) -> dict[str, Public | Kept]:
+    return {"anatomy.generate(model) (default: the file's int4/int8)": Public(default),
+            "anatomy, a kept DecoderEngine": Kept(DecoderEngine(default)),
+            "anatomy, eager step (DecoderEngine capture=False)": Kept(DecoderEngine(default, capture=False)),
+            "anatomy.generate(model), weights=f32": Public(anatomy.load(gguf, weights="f32"))}
+
+
+def measure(runner, short, long_, batch, deep) -> dict[str, float]:
+    ttft, decode = runner.decode([short], NEW)
+    return {"ttft": ttft, "decode": decode, "prefill": PREFILL / runner.decode([long_], 1)[0],
+            "batch": runner.decode(batch, NEW)[1], "depth": runner.decode([deep], NEW)[1]}
+
+
+# -- the references -------------------------------------------------------------------------------
+
+def native_llama(gguf: Path, f32_gguf: Path) -> dict[str, dict[str, float]]:
+    threads = torch.get_num_threads()
+    rows = {}
+    for name, path in (("llama.cpp native, Q4_1 (the same file)", gguf), ("llama.cpp native, F32", f32_gguf)):
+        rows[name] = {"decode": llama_bench(path, threads=threads, new=NEW),
+                      "prefill": llama_bench(path, threads=threads, prompt=PREFILL),
+                      "depth": llama_bench(path, threads=threads, new=NEW, depth=DEPTH)}
+    batched = batched_bench(gguf, threads=threads, prompt=PROMPT, new=NEW, sequences=(1, BATCH))
+    rows["llama.cpp native, Q4_1 (the same file)"]["batch"] = batched[BATCH]
+    rows["llama.cpp native, Q4_1 (the same file)"]["batch1"] = batched[1]
+    return rows
+
+
+def binding_run(gguf: Path, short: list[int], long_: list[int]) -> dict[str, float]:
+    """llama.cpp through llama-cpp-python's per-token loop (Llama.generate)."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(gguf), n_ctx=1024, n_batch=512, n_threads=torch.get_num_threads(), verbose=False)
+
+    def run(prompt, new):
+        llm.reset()
+        tokens = llm.generate(prompt, temp=0.0, top_k=1, reset=True)
+        return step_times(next(tokens) for _ in range(new))
+
+    ttft, decode = run(short, NEW)
+    return {"ttft": ttft, "decode": decode, "prefill": PREFILL / run(long_, 1)[0]}
+
+
+def hf_run(f32: torch.nn.Module, folder: Path, short: list[int], long_: list[int]) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
-
-    anatomy.save(model, folder)
-    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-
-
-def hf_run(hf, prompt: list[int], new: int) -> tuple[float, float]:
     from transformers.generation.streamers import BaseStreamer
+
+    anatomy.save(f32, folder)
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
 
     class Stamps(BaseStreamer):
         def __init__(self):
@@ -88,109 +148,130 @@ def hf_run(hf, prompt: list[int], new: int) -> tuple[float, float]:
         def end(self):
             pass
 
-    stamps = Stamps()
-    start = time.perf_counter()
-    with torch.inference_mode():
-        hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                    max_new_tokens=new, min_new_tokens=new, do_sample=False, streamer=stamps, pad_token_id=0)
-    tokens = stamps.calls[1:]  # the first put() is the prompt
-    decode_s = tokens[-1] - tokens[0]
-    return tokens[0] - start, (len(tokens) - 1) / decode_s if decode_s > 0 else 0.0
+    def run(prompt, new):
+        stamps = Stamps()
+        start = time.perf_counter()
+        with torch.inference_mode():
+            hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                        max_new_tokens=new, min_new_tokens=new, do_sample=False, streamer=stamps, pad_token_id=0)
+        tokens = stamps.calls[1:]  # the first put() is the prompt
+        return tokens[0] - start, (len(tokens) - 1) / max(tokens[-1] - tokens[0], 1e-9)
+
+    ttft, decode = run(short, NEW)
+    return {"ttft": ttft, "decode": decode, "prefill": PREFILL / run(long_, 1)[0]}
 
 
-def llama_model(path: Path):
-    from llama_cpp import Llama
+# -- quality and memory ---------------------------------------------------------------------------
 
-    return Llama(model_path=str(path), n_ctx=1024, n_batch=512, n_threads=torch.get_num_threads(), verbose=False)
+def quality(f32: torch.nn.Module, default: torch.nn.Module) -> tuple[float, list[bool]]:
+    """(mean token NLL of the default path relative to fp32, greedy identity on each README prompt)."""
+    tokenizer = anatomy.load_tokenizer(MODEL)
+    ids = tokenizer.encode(ENGLISH.read_text())
+    nll = mean_nll(anatomy.engine_for(default), ids) / mean_nll(f32, ids) - 1
+    same = []
+    for question in README_PROMPTS:
+        chat = [{"role": "user", "content": question}]
+        a, b = (anatomy.generate(m, chat, tokenizer=tokenizer, max_new_tokens=64).token_ids for m in (default, f32))
+        same.append(a == b)
+    return nll, same
 
 
-def llama_run(llm, prompt: list[int], new: int) -> tuple[float, float]:
-    llm.reset()
-    tokens = llm.generate(prompt, temp=0.0, top_k=1, reset=True)
-    return step_times(next(tokens) for _ in range(new))
+def peak_rss() -> tuple[int, int]:
+    """(peak RSS of `anatomy generate` answering the README's question, the process's RSS after `import
+    torch, anatomy` alone), bytes."""
+    question = [sys.executable, "-m", "anatomy", "generate", README_PROMPTS[0], "--max-new-tokens", "64"]
+    baseline = [sys.executable, "-c", "import torch, anatomy"]
+    rss = []
+    for argv in (question, baseline):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        subprocess.run(argv, check=True, capture_output=True)
+        rss.append(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+        if rss[-1] <= before * 1024:
+            rss[-1] = 0  # ru_maxrss is the largest child so far: a smaller one does not show
+    return rss[0], rss[1]
 
 
-# -- the table ------------------------------------------------------------------------------------
+# -- the run --------------------------------------------------------------------------------------
 
 def main() -> None:
     torch.manual_seed(0)
     gguf = resolve(MODEL)
     f32 = anatomy.load(gguf, weights="f32")
     default = anatomy.load(gguf)
-    engines = {"anatomy (default: the file's int4/int8)": DecoderEngine(default),
-               "anatomy, eager step (capture=False)": DecoderEngine(default, capture=False),
-               "anatomy dtype=bf16": DecoderEngine(anatomy.load(gguf, dtype="bf16")),
-               "anatomy weights=f32": DecoderEngine(anatomy.load(gguf, weights="f32"))}
-    if COMPILE:
-        engines["anatomy --compile"] = DecoderEngine(default, compile=True)
-    kv_read = bytes_per_token(f32.config) * (PROMPT + NEW // 2)  # mean fp32 cache bytes read per decode step
-    reads = {name: e.decode_weight_bytes + kv_read * e.branch_dtype.itemsize // 4 for name, e in engines.items()}
-    file_bytes = sum(t.nbytes for t in read_gguf(gguf).tensors.values())
-    f32_bytes = sum(p.numel() * 4 for p in f32.parameters())
-    reads.update({"llama.cpp Q4_1 (the same file)": file_bytes + kv_read // 2, "llama.cpp F32": f32_bytes + kv_read,
-                  "HF transformers fp32": f32_bytes + kv_read})
-    short, long_ = prompt_ids(PROMPT), prompt_ids(PREFILL, seed=1)
+    rows = anatomy_rows(default, gguf)
+    short, long_, deep = prompt_ids(PROMPT), prompt_ids(PREFILL, seed=1), prompt_ids(DEPTH, seed=2)
     batch = [prompt_ids(PROMPT, seed=10 + i) for i in range(BATCH)]
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in rows}
+    bandwidth = []
     with tempfile.TemporaryDirectory() as tmp:
-        anatomy.save(f32, Path(tmp) / "f32.gguf", dtype="f32", tokenizer=anatomy.load_tokenizer(gguf))
-        llamas = {"llama.cpp Q4_1 (the same file)": llama_model(gguf), "llama.cpp F32": llama_model(Path(tmp) / "f32.gguf")}
-        hf = hf_model(f32, Path(tmp) / "hf")
-        print(f"warming up (compiling: {COMPILE}) ...", flush=True)
-        for engine in engines.values():
-            for prompts, new in (([short], NEW), ([long_], 1), (batch, NEW)):
-                anatomy_run(engine, prompts, new)
-        runs = {"bandwidth": []}
+        f32_gguf = Path(tmp) / "f32.gguf"
+        anatomy.save(f32, f32_gguf, dtype="f32", tokenizer=anatomy.load_tokenizer(gguf))
+        print("warming up: every anatomy row's shapes once (kernel plans, captured steps) ...", flush=True)
+        for runner in rows.values():
+            measure(runner, short, long_, batch, deep)
         for rep in range(REPEATS):
-            runs["bandwidth"].append(bandwidth_gbs())
-            for name, engine in engines.items():
-                _record(runs, name, anatomy_run(engine, [short], NEW), anatomy_run(engine, [long_], 1)[0],
-                        anatomy_run(engine, batch, NEW)[1])
-            for name, llm in llamas.items():
-                _record(runs, name, llama_run(llm, short, NEW), llama_run(llm, long_, 1)[0])
-            _record(runs, "HF transformers fp32", hf_run(hf, short, NEW), hf_run(hf, long_, 1)[0])
-            print(f"  run {rep + 1}/{REPEATS} done", flush=True)
-    _print(runs, reads, _quality(f32, engines))
-    for name, engine in engines.items():
-        print(f"\n{name}: residual stream {dtypes.name_of(engine.dtype)}, branches and KV cache "
-              f"{dtypes.name_of(engine.branch_dtype)}; " + "; ".join(engine.kernel_summary()))
+            bandwidth.append(bandwidth_gbs())
+            for name, runner in rows.items():
+                runs[name].append(measure(runner, short, long_, batch, deep))
+            print(f"  anatomy run {rep + 1}/{REPEATS} done", flush=True)
+        print("llama.cpp's native tools (llama-bench, llama-batched-bench), its binding, HF ...", flush=True)
+        references = native_llama(gguf, f32_gguf)
+        references["llama.cpp through llama-cpp-python (per-token loop)"] = binding_run(gguf, short, long_)
+        references["HF transformers fp32"] = hf_run(f32, Path(tmp) / "hf", short, long_)
+    table = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()} | references
+    nll, same = quality(f32, default)
+    rss, base_rss = peak_rss()
+    engine = anatomy.engine_for(default)
+    kept = engine.weight_bytes + engine.start([short], SamplingParams(max_new_tokens=64)).cache.nbytes
+    _print(table, statistics.median(bandwidth), engine)
+    _targets(table, nll, same, rss, base_rss, kept)
 
 
-def _quality(f32: torch.nn.Module, engines: dict[str, DecoderEngine]) -> dict[str, float]:
-    """Mean token NLL of each engine relative to fp32 inference on the same file's dequantized weights."""
-    ids = anatomy.load_tokenizer(MODEL).encode(ENGLISH.read_text())
-    reference = mean_nll(f32, ids)
-    return {name: mean_nll(engine, ids) / reference - 1 for name, engine in engines.items()}
+def _print(table: dict[str, dict[str, float]], bandwidth: float, engine: DecoderEngine) -> None:
+    native = table["llama.cpp native, Q4_1 (the same file)"]
+    read = engine.decode_weight_bytes
+    print(f"\nmeasured: memory bandwidth {bandwidth:.1f} GB/s (torch sum over 256 MiB); {torch.get_num_threads()} "
+          f"threads; the default decode step reads {read / 1e6:.0f} MB of weights\n")
+    print(f"| engine | decode tok/s | vs llama-bench tg{NEW} | GB/s of weights | prefill {PREFILL} tok/s | vs pp{PREFILL} | "
+          f"{BATCH} sequences tok/s | vs batch 1 | decode at depth {DEPTH} | vs llama-bench -d {DEPTH} |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, row in table.items():
+        gbs = f"{read * row['decode'] / 1e9:.1f}" if "default" in name or "kept" in name else "-"
+        batch = f"{row['batch']:.0f} | {row['batch'] / row.get('batch1', row['decode']):.2f}x" if "batch" in row else "- | -"
+        depth = f"{row['depth']:.1f} | {row['depth'] / native['depth']:.2f}x" if "depth" in row else "- | -"
+        print(f"| {name} | {row['decode']:.1f} | {row['decode'] / native['decode']:.2f}x | {gbs} | {row['prefill']:.0f} | "
+              f"{row['prefill'] / native['prefill']:.2f}x | {batch} | {depth} |")
+    print(f"\n(anatomy: medians of {REPEATS} runs; batch 1, {PROMPT}-token prompt, {NEW} new tokens, greedy, EOS "
+          f"ignored; llama.cpp's native rows: llama-bench's mean of 3 (-t {torch.get_num_threads()}), "
+          f"llama-batched-bench -npp {PROMPT} -ntg {NEW} -npl 1,{BATCH} (its batch-1 row is the ratio's base))")
+    print("\n" + "; ".join(engine.kernel_summary()))
 
 
-def _record(runs: dict, name: str, decode: tuple[float, float], prefill_s: float, batch_tps: float | None = None):
-    row = runs.setdefault(name, {"ttft": [], "decode": [], "prefill": [], "batch": []})
-    row["ttft"].append(decode[0])
-    row["decode"].append(decode[1])
-    row["prefill"].append(PREFILL / prefill_s)
-    if batch_tps is not None:
-        row["batch"].append(batch_tps)
-
-
-def _print(runs: dict, reads: dict[str, int], quality: dict[str, float]) -> None:
-    med = statistics.median
-    bandwidth = med(runs.pop("bandwidth"))
-    base = runs["llama.cpp Q4_1 (the same file)"]
-    llama_decode, llama_prefill = med(base["decode"]), med(base["prefill"])
-    print(f"\nmeasured: memory bandwidth {bandwidth:.1f} GB/s (torch sum over 256 MiB); "
-          f"{torch.get_num_threads()} threads\n")
-    print(f"| engine | decode tok/s | vs llama.cpp Q4_1 | MB read per step | GB/s | of bandwidth | TTFT {PROMPT} (ms) "
-          f"| prefill {PREFILL} tok/s | vs llama.cpp Q4_1 | batch {BATCH} tok/s | batch {BATCH} / batch 1 | NLL vs fp32 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, row in runs.items():
-        dec, pre = med(row["decode"]), med(row["prefill"])
-        gbs = reads[name] * dec / 1e9
-        batch = f"{med(row['batch']):.0f} | {med(row['batch']) / dec:.2f}x" if row["batch"] else "- | -"
-        nll = f"{quality[name]:+.3%}" if name in quality else "-"
-        print(f"| {name} | {dec:.1f} | {dec / llama_decode:.2f}x | {reads[name] / 1e6:.0f} | {gbs:.1f} | "
-              f"{gbs / bandwidth:.2f} | {med(row['ttft']) * 1e3:.0f} | {pre:.0f} | {pre / llama_prefill:.2f}x | {batch} | {nll} |")
-    print(f"\n(medians of {REPEATS} runs; decode: batch 1, {PROMPT}-token prompt, {NEW} new tokens, greedy, EOS ignored; "
-          f"MB read per step: the weight layouts a step reads plus the mean KV cache; NLL: mean token NLL on 2,068 "
-          f"tokens of English relative to fp32 on the same file's dequantized weights)")
+def _targets(table, nll: float, same: list[bool], rss: int, base_rss: int, kept: int) -> None:
+    api = table["anatomy.generate(model) (default: the file's int4/int8)"]
+    kept_engine = table["anatomy, a kept DecoderEngine"]
+    native = table["llama.cpp native, Q4_1 (the same file)"]
+    checks = [
+        ("public API / kept engine, decode", api["decode"] / kept_engine["decode"], 0.95),
+        (f"decode / llama-bench tg{NEW}", api["decode"] / native["decode"], 1.25),
+        (f"prefill {PREFILL} / llama-bench pp{PREFILL}", api["prefill"] / native["prefill"], 2.5),
+        (f"{BATCH} sequences / batch 1", api["batch"] / api["decode"], 5.0),
+        (f"{BATCH} sequences / llama-batched-bench {BATCH}", api["batch"] / native["batch"], 2.0),
+        (f"decode at depth {DEPTH} / llama-bench -d {DEPTH}", api["depth"] / native["depth"], 1.25),
+    ]
+    print("\n| target | measured | asked | |\n|---|---|---|---|")
+    for what, value, asked in checks:
+        print(f"| {what} | {value:.2f}x | >= {asked}x | {'met' if value >= asked else 'missed'} |")
+    print(f"| mean token NLL vs fp32 (2,068 tokens of English) | {nll:+.3%} | within 0.5% | "
+          f"{'met' if abs(nll) <= 0.005 else 'missed'} |")
+    print(f"| greedy = fp32 for 64 tokens on the README's prompts | {sum(same)}/{len(same)} | all | "
+          f"{'met' if all(same) else 'missed'} |")
+    ratio = rss / kept if kept else float("inf")
+    print(f"| peak RSS of `anatomy generate` / (weights kept + KV cache) | {rss / 2 ** 20:.0f} MiB / "
+          f"{kept / 2 ** 20:.0f} MiB = {ratio:.2f}x | < 2x | {'met' if ratio < 2 else 'missed'} |")
+    if base_rss:
+        print(f"\n(python with torch and anatomy imported, nothing loaded: {base_rss / 2 ** 20:.0f} MiB of that RSS; "
+              f"above it: {(rss - base_rss) / 2 ** 20:.0f} MiB = {(rss - base_rss) / kept:.2f}x the weights and cache)")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ with the same prompts and the same client (anatomy.serving.bench, vLLM's serving
         ANATOMY_BENCH_SERVE_REQUESTS=3 (per unit of concurrency), ANATOMY_BENCH_SERVE_MAX_TOKENS=128,
         ANATOMY_BENCH_SERVE_CONCURRENCY=1,4,16, ANATOMY_BENCH_SERVE_SERVERS=anatomy,llama-server,llama_cpp.server
         ANATOMY_BENCH_SERVE_ROUNDS=1, ANATOMY_BENCH_SERVE_DTYPES=f32,bf16 (anatomy's; bf16 only on CPUs with bf16 instructions)
-        LLAMA_SERVER=/path/to/llama-server (else benchmarks/build_llama_server.sh builds it, once, ~10-15 min)
+        LLAMA_SERVER=/path/to/llama-server (else benchmarks/build_llama_cpp.sh builds it, once, ~10-15 min)
 
 Figures vary with the machine's load: the targets are judged on a run with the machine otherwise idle.
 """
@@ -21,7 +21,6 @@ Figures vary with the machine's load: the targets are judged on a run with the m
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 import torch
 
 from anatomy.serving.bench import BenchResult, make_prompts, run_benchmark
+from benchmarks.llama_cpp import llama_tool
 
 MODEL = "smollm2-135m-instruct"
 REQUESTS = int(os.environ.get("ANATOMY_BENCH_SERVE_REQUESTS", "3"))
@@ -42,7 +42,6 @@ ROUNDS = int(os.environ.get("ANATOMY_BENCH_SERVE_ROUNDS", "1"))
 CONCURRENCY = [int(c) for c in os.environ.get("ANATOMY_BENCH_SERVE_CONCURRENCY", "1,4,16").split(",")]
 SERVERS = os.environ.get("ANATOMY_BENCH_SERVE_SERVERS", "anatomy,llama-server,llama_cpp.server").split(",")
 DTYPES = os.environ.get("ANATOMY_BENCH_SERVE_DTYPES", "f32,bf16").split(",")
-HERE = Path(__file__).parent
 
 
 def free_port() -> int:
@@ -58,15 +57,7 @@ def gguf_path() -> Path:
 
 
 def llama_server_binary() -> str:
-    given = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
-    if given:
-        return given
-    print("llama-server: benchmarks/build_llama_server.sh (builds it the first time, ~10-15 min)", flush=True)
-    out = subprocess.run(["bash", str(HERE / "build_llama_server.sh")], capture_output=True, text=True,
-                         env={**os.environ, "PYTHON": sys.executable})
-    if out.returncode != 0:
-        raise RuntimeError(f"building llama-server failed:\n{out.stderr[-3000:]}")
-    return out.stdout.strip().splitlines()[-1]
+    return llama_tool("llama-server")
 
 
 def cpu_has_bf16() -> bool:

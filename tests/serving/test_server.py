@@ -376,3 +376,25 @@ def test_bench_serve_measures_the_server(server):
     poisson = run_benchmark(server.url, model=MODEL, prompts=make_prompts(3, 5, seed=1), max_tokens=4,
                             concurrency=2, rate=20.0, chat=True, extra={"ignore_eos": True})
     assert poisson.failed == 0 and poisson.output_tokens == 12 and "Poisson" in poisson.report()
+
+
+GROUNDED = ("Repeat this list exactly, one item per line: alpha, bravo, charlie, delta, echo, foxtrot, golf, "
+            "hotel, india, juliet.")
+
+
+def test_speculative_requests_give_plain_greedy_answers(client):
+    """llama-server's per-request `speculative.n_max`: prompt-lookup drafts verified in the step; the
+    greedy answer (fp32 weights) is the plain one, streamed or not, and n_max 0 turns it off."""
+    messages = [{"role": "user", "content": GROUNDED}]
+    plain = chat(client, messages, max_tokens=48, temperature=0).choices[0].message.content
+    fast = chat(client, messages, max_tokens=48, temperature=0, extra_body={"speculative.n_max": 5})
+    assert fast.choices[0].message.content == plain
+    _, text = streamed(client, messages=messages, max_tokens=48, temperature=0, extra_body={"speculative.n_max": 4})
+    assert text == plain
+    off = chat(client, messages, max_tokens=48, temperature=0, extra_body={"speculative.n_max": 0})
+    assert off.choices[0].message.content == plain
+
+
+def test_a_bad_speculative_field_is_a_400(server):
+    status, body = server.post("/v1/chat/completions", {"model": MODEL, "messages": FRANCE, "speculative.n_max": -1})
+    assert status == 400 and "speculative.n_max" in body["error"]["message"]

@@ -34,7 +34,7 @@ def _train_a_step(model, opt):
 
 def _save(tmp_path, model, opt, step=1, val_loss=None, keep=3):
     trainer = {"step": step, "tokens": 16 * step, "val_loss": val_loss}
-    return save_checkpoint(tmp_path / "run", engine=model, model=model, optimizer=opt, trainer=trainer,
+    return save_checkpoint(tmp_path / "run", wrapped=model, model=model, optimizer=opt, trainer=trainer,
                            tokenizer=chars_tokenizer("abc"), info=Dist(), keep=keep)
 
 
@@ -45,7 +45,7 @@ def test_round_trip_restores_weights_optimizer_and_rng(tmp_path):
     expected_next = (random.random(), np.random.rand(), torch.rand(3))
     model2, opt2 = _setup()
     random.seed(5), np.random.seed(5), torch.manual_seed(5)
-    trainer = load_checkpoint(latest_checkpoint(tmp_path / "run"), engine=model2, model=model2, optimizer=opt2,
+    trainer = load_checkpoint(latest_checkpoint(tmp_path / "run"), wrapped=model2, model=model2, optimizer=opt2,
                               info=Dist())
     assert trainer["step"] == 1 and directory.name == "step-000001"
     assert (random.random(), np.random.rand()) == expected_next[:2] and torch.equal(torch.rand(3), expected_next[2])
@@ -63,10 +63,10 @@ def test_incompatible_checkpoint_names_file_and_key(tmp_path):
     directory = _save(tmp_path, model, opt)
     other, other_opt = _setup(d_model=48)
     with pytest.raises(CheckpointError, match=r"model\.safetensors: key 'stack.embed.tokens.weight' has shape \(40, 32\)"):
-        load_checkpoint(directory, engine=other, model=other, optimizer=other_opt, info=Dist())
+        load_checkpoint(directory, wrapped=other, model=other, optimizer=other_opt, info=Dist())
     (directory / "trainer.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="trainer.json: not readable JSON"):
-        load_checkpoint(directory, engine=model, model=model, optimizer=opt, info=Dist())
+        load_checkpoint(directory, wrapped=model, model=model, optimizer=opt, info=Dist())
 
 
 def _rewrite_json(path, change):
@@ -87,7 +87,7 @@ def test_trainer_json_that_does_not_fit_the_optimizer_is_refused_before_loading(
     fresh, fresh_opt = _setup()
     before = [p.detach().clone() for p in fresh.parameters()]
     with pytest.raises(CheckpointError, match=message):
-        load_checkpoint(directory, engine=fresh, model=fresh, optimizer=fresh_opt, info=Dist())
+        load_checkpoint(directory, wrapped=fresh, model=fresh, optimizer=fresh_opt, info=Dist())
     assert all(torch.equal(a, b) for a, b in zip(before, fresh.parameters())) and not fresh_opt.state
 
 
@@ -101,10 +101,10 @@ def test_optimizer_state_that_is_not_adamw_is_refused(tmp_path):
     tensors = load_file(path)
     save_file({k: v for k, v in tensors.items() if k != "stack.embed.tokens.weight::exp_avg_sq"}, path)
     with pytest.raises(CheckpointError, match=r"key 'stack.embed.tokens.weight::exp_avg_sq' is missing"):
-        load_checkpoint(directory, engine=model, model=model, optimizer=opt, info=Dist())
+        load_checkpoint(directory, wrapped=model, model=model, optimizer=opt, info=Dist())
     save_file({**tensors, "stack.embed.tokens.weight::momentum": tensors["stack.embed.tokens.weight::exp_avg"].clone()}, path)
     with pytest.raises(CheckpointError, match=r"'momentum' is not AdamW state"):
-        load_checkpoint(directory, engine=model, model=model, optimizer=opt, info=Dist())
+        load_checkpoint(directory, wrapped=model, model=model, optimizer=opt, info=Dist())
 
 
 def test_missing_pointer_is_a_clear_error(tmp_path):
@@ -153,6 +153,6 @@ def test_a_config_without_an_hf_layout_round_trips_in_anatomy_names(tmp_path):
     directory = _save(tmp_path, model, opt)
     assert json.loads((directory / "config.json").read_text())["norm_position"] == "pre"
     fresh = build_model(config, head="mlm")
-    load_checkpoint(directory, engine=fresh, model=fresh, optimizer=make_optimizer(fresh, lr=1e-2, weight_decay=0.1),
+    load_checkpoint(directory, wrapped=fresh, model=fresh, optimizer=make_optimizer(fresh, lr=1e-2, weight_decay=0.1),
                     info=Dist())
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))

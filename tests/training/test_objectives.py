@@ -20,8 +20,8 @@ def test_mlm_masking_statistics_and_specials_never_masked():
     ids = rng.integers(0, tok.vocab_size, size=(B, S))  # specials (0-3) included on purpose
     special = np.asarray(tok.special_ids)
     objective = MaskedLM(S, tok)
-    plan = objective.plan(rng, B, TokenSplit(np.zeros(S + 1, dtype=np.uint16)))
-    inputs, labels = mask_tokens(ids, select=plan["select"], action=plan["action"], replacement=plan["replacement"],
+    draws = objective.draw(rng, B, TokenSplit(np.zeros(S + 1, dtype=np.uint16)))
+    inputs, labels = mask_tokens(ids, select=draws["select"], action=draws["action"], replacement=draws["replacement"],
                                  mask_id=tok.mask_id, special_ids=special)
     is_special = np.isin(ids, special)
     chosen = labels != IGNORE
@@ -74,8 +74,8 @@ def test_label_smoothing_matches_the_definition():
 def test_causal_lm_targets_are_the_next_tokens():
     split = TokenSplit(np.arange(100, dtype=np.uint16))
     objective = CausalLM(8)
-    plan = objective.plan(np.random.default_rng(0), 5, split)
-    batch = objective.batch(split, plan)
+    draws = objective.draw(np.random.default_rng(0), 5, split)
+    batch = objective.batch(split, draws)
     assert (batch["labels"] == batch["input_ids"] + 1).all()
     assert int(batch["labels"].max()) <= 99
 

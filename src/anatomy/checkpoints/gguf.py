@@ -30,7 +30,7 @@ from anatomy.checkpoints.gguf_config import (
     rope_tensors,
 )
 from anatomy.checkpoints.gguf_dequant import dequantize, supported_types
-from anatomy.checkpoints.gguf_names import Part, part_bytes, tensor_plan, to_gguf_rows
+from anatomy.checkpoints.gguf_names import Part, part_bytes, tensor_parts, to_gguf_rows
 from anatomy.checkpoints.gguf_reader import GGUFFile, GGUFTensor, read_gguf
 from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME, ValueType
 from anatomy.checkpoints.gguf_writer import MetadataEntry, TensorEntry, infer_types, write_gguf
@@ -61,14 +61,14 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, weights: 
     config = config_from_gguf(f)
     model = build_model(config, device="meta")
     shapes = expected_shapes(model)
-    plan = tensor_plan(shapes, config, gguf_architecture(f))
-    _check_plan(f, plan, shapes)
+    parts_of = tensor_parts(shapes, config, gguf_architecture(f))
+    _check_parts(f, parts_of, shapes)
     compact = compact_formats(
         model, parse_weights(weights), dtype=dtype,
-        lossless=lambda name: lossless_format(f, plan[name], shapes[name][1], label=name)
-        if plain_matrix(plan[name]) else None,
-        dense=lambda name: _assemble(f, plan[name], shapes[name], torch.float32))
-    tensors = {name: _assemble(f, parts, shapes[name], dtype) for name, parts in plan.items() if name not in compact}
+        lossless=lambda name: lossless_format(f, parts_of[name], shapes[name][1], label=name)
+        if plain_matrix(parts_of[name]) else None,
+        dense=lambda name: _assemble(f, parts_of[name], shapes[name], torch.float32))
+    tensors = {name: _assemble(f, parts, shapes[name], dtype) for name, parts in parts_of.items() if name not in compact}
     return assign_tensors(model, tensors, source=f.path, dtype=dtype, compact=compact)
 
 
@@ -77,9 +77,9 @@ def tokenizer_metadata(f: GGUFFile) -> dict[str, tuple[tuple[ValueType, ...], An
     return {k: (f.value_types[k], v) for k, v in f.metadata.items() if k.startswith(TOKENIZER_PREFIX)}
 
 
-def _check_plan(f: GGUFFile, plan: dict[str, list[Part]], shapes: dict[str, torch.Size]) -> None:
+def _check_parts(f: GGUFFile, parts_of: dict[str, list[Part]], shapes: dict[str, torch.Size]) -> None:
     """Every GGUF tensor used once, each of the shape the config implies and a type we can read."""
-    wanted = [p.name for parts in plan.values() for p in parts]
+    wanted = [p.name for parts in parts_of.values() for p in parts]
     missing = [n for n in wanted if n not in f.tensors]
     if missing:
         raise f.fail("tensors", _short(missing), "missing: the model the metadata describes needs them")
@@ -87,7 +87,7 @@ def _check_plan(f: GGUFFile, plan: dict[str, list[Part]], shapes: dict[str, torc
     unexpected = [n for n in f.tensors if n not in wanted_set]
     if unexpected:
         raise f.fail("tensors", _short(unexpected), "unexpected for the model the metadata describes")
-    for name, parts in plan.items():
+    for name, parts in parts_of.items():
         for p in parts:
             _check_tensor(f, f.tensors[p.name], part_shape(p, shapes[name]))
 
@@ -151,9 +151,9 @@ def save_gguf(model: nn.Module, path: str | Path, *, dtype: str = "f32", tokeniz
     metadata += _tokenizer_entries(tokenizer, tokenizer_metadata)
     metadata += _special_token_entries(config, {key for key, _, _ in metadata})
     shapes = expected_shapes(model)
-    plan = tensor_plan(shapes, config, arch)
+    parts_of = tensor_parts(shapes, config, arch)
     state = float_state_dict(model)
-    tensors = [_entry(state[name], p, row, type_name) for name, parts in plan.items() for p, row in _rows(parts)]
+    tensors = [_entry(state[name], p, row, type_name) for name, parts in parts_of.items() for p, row in _rows(parts)]
     tensors += [TensorEntry(name=name, type=TENSOR_TYPES_BY_NAME["F32"], shape=values.shape, data=lambda v=values: v)
                 for name, values in rope_tensors(config).items()]
     return write_gguf(path, metadata=metadata, tensors=tensors)

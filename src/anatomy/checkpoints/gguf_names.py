@@ -61,7 +61,7 @@ class Part:
     offset: float = 0.0
 
 
-def tensor_plan(shapes: dict[str, torch.Size], config: ModelConfig, arch: str) -> dict[str, list[Part]]:
+def tensor_parts(shapes: dict[str, torch.Size], config: ModelConfig, arch: str) -> dict[str, list[Part]]:
     """For each of our tensors (name -> shape), the GGUF tensors that make it, in row order."""
     return {name: _parts(name, shape, config, arch) for name, shape in shapes.items()}
 

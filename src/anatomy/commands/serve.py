@@ -68,6 +68,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="most tokens one step computes (decodes + prefill chunks): long prompts are prefilled in "
                         "chunks of what is left")
     p.add_argument("--no-prefix-cache", action="store_true", help="turn off reusing cached prompt prefixes")
+    p.add_argument("--speculative", choices=("ngram",), default=None,
+                   help="speculative decoding for every request: prompt-lookup proposals verified in the step "
+                        "(the output is plain serving's; a request's `speculative.n_max` sets its k, 0 turns it "
+                        "off; without this option a request that sets it speculates alone)")
+    p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
+                   help="the most tokens a sequence proposes per step (default 5; it backs off while they are "
+                        "rejected)")
     p.add_argument("--max-body-bytes", type=int, default=4 * 2 ** 20, help="larger request bodies get 413")
     p.add_argument("--max-queue", type=int, default=256,
                    help="most sequences that may wait beyond a full batch; past it requests get 429 with Retry-After "
@@ -132,7 +139,7 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
         engine = named.engine()
         loop = ServingLoop(engine, named.tokenizer, kv_bytes=kv_bytes, block_size=args.block_size,
                            max_seqs=args.batch_size, max_step_tokens=args.max_step_tokens,
-                           prefix_caching=not args.no_prefix_cache, name=args.model)
+                           prefix_caching=not args.no_prefix_cache, name=args.model, speculation=_speculation(args))
         if state.embedding_name is not None:
             state.embedder = _embedder(state.embedding_name)
         loop.start()
@@ -161,11 +168,26 @@ def _report(args: argparse.Namespace, loop, block_bytes: int, seconds: float) ->
     print(f"anatomy serve: KV cache {total / 2 ** 20:,.0f} MiB = {blocks:,} blocks of {loop.blocks.block_size} tokens "
           f"= {tokens:,} tokens ({block_bytes // loop.blocks.block_size:,} B per token); context {loop.context:,} "
           f"tokens per sequence, up to {args.batch_size} sequences and {args.max_step_tokens} tokens per step; "
-          f"prefix cache {'off' if args.no_prefix_cache else 'on'}", file=sys.stderr, flush=True)
+          f"prefix cache {'off' if args.no_prefix_cache else 'on'}; speculative decoding "
+          f"{_speculation_note(loop.speculation)}", file=sys.stderr, flush=True)
     config_context = loop.engine.config.max_seq_len
     if loop.context < config_context:
         print(f"anatomy serve: warning: the KV memory holds {loop.context:,} tokens, less than the model's context "
               f"of {config_context:,}: requests are limited to {loop.context:,} tokens", file=sys.stderr, flush=True)
+
+
+def _speculation(args: argparse.Namespace):
+    from anatomy.serving.speculation import ServedSpeculation
+
+    if args.speculative is None:
+        return None
+    return ServedSpeculation(method=args.speculative, num_speculative_tokens=args.num_speculative_tokens or 5)
+
+
+def _speculation_note(speculation) -> str:
+    if speculation is None:
+        return "only for requests that set speculative.n_max"
+    return f"{speculation.method}, up to {speculation.num_speculative_tokens} tokens per step"
 
 
 def _embedder(name: str):
@@ -209,6 +231,9 @@ def _check_args(args: argparse.Namespace) -> None:
         raise InputError(f"--port {args.port} must be <= 65535")
     if args.api_key is not None and not args.api_key.strip():
         raise InputError("--api-key must not be empty")
+    if args.num_speculative_tokens is not None and (args.speculative is None or args.num_speculative_tokens < 1):
+        raise InputError(f"--num-speculative-tokens {args.num_speculative_tokens} needs --speculative ngram and "
+                         "must be >= 1")
 
 
 def _embedding_name(option: str | None) -> str | None:

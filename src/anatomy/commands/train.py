@@ -152,20 +152,20 @@ def _train(args: argparse.Namespace, info: Dist) -> int:
                  rows=rows, accum=args.accum)
     torch.manual_seed(args.seed + info.rank)  # dropout differs between ranks
     model = _prepare_model(model, args, info)
-    engine = wrap(model, args.strategy, info)
+    wrapped = wrap(model, args.strategy, info)
     optimizer = make_optimizer(model, lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, args.beta2))
     schedule = Schedule(lr=args.lr, min_lr=args.min_lr if args.min_lr is not None else args.lr / 10,
                         warmup=args.warmup, steps=args.decay_steps or args.steps)
     state = TrainState()
     if resume_dir is not None:
-        trainer = ckpt.load_checkpoint(resume_dir, engine=engine, model=model, optimizer=optimizer, info=info)
+        trainer = ckpt.load_checkpoint(resume_dir, wrapped=wrapped, model=model, optimizer=optimizer, info=info)
         state = TrainState.from_trainer(trainer)
         if info.is_main:
             truncate_metrics(out / "metrics.jsonl", state.step)
             print(f"resuming from {resume_dir} (step {state.step}, written by {trainer.get('world', 1)} rank(s))")
     elif info.is_main:
         _write_run_file(out, args, config, info)
-    run_ = Run(model=model, engine=engine, optimizer=optimizer, schedule=schedule, objective=objective, data=data,
+    run_ = Run(model=model, wrapped=wrapped, optimizer=optimizer, schedule=schedule, objective=objective, data=data,
                info=info, out=out, flops_per_token=flops_per_token(config, args.seq_len),
                peak_flops=measure_matmul_peak(info.device))
     settings = Settings(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, accum=args.accum,

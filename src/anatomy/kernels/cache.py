@@ -26,7 +26,7 @@ import torch
 from anatomy.atomic import atomic_file
 
 CACHE_ENV = "ANATOMY_CACHE_DIR"
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: accuracy checked on real activations (kernels/calibration.py)
 
 
 def cache_dir() -> Path:

@@ -14,6 +14,9 @@ activations of one dtype; `kernel.bind(prepared)` gives the function `x [M, K] -
     int4pack        int4pack     bf16         torch's _weight_int4pack_mm_for_cpu, group-wise scale and zero
     int8g/int4x2    int4x2       bf16         Q8_0-style int8 split exactly into two int4 halves, one int4pack call
     int8pack        int8pack     bf16         torch's _weight_int8pack_mm, per-channel scale
+    q4x             q4x          any          anatomy's own (kernels/native): int4 groups x activations
+                                              quantized to int8 per 32, VNNI dot products, up to 16 rows
+    q8x             q8x          any          the same for int8 groups (GGUF Q8_0)
 
 `candidates(fmt)` lists the kernels available for a format on this machine; which one is fastest
 is never assumed here: inference.plan measures them. COMPILABLE_KERNELS are those that work inside
@@ -31,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from anatomy.kernels import native
 from anatomy.weights.formats import FloatWeight, Int4Weight, Int8GroupWeight, Int8Weight, WeightFormat
 
 Prepared = tuple[Any, ...]  # what a form builds: tensors (and FBGEMM's packed-parameter object)
@@ -56,7 +60,7 @@ class Kernel:
 
     name: str
     form: Form
-    act_dtype: torch.dtype
+    act_dtype: torch.dtype | None  # None: any float dtype, the output in the input's
     bind: Callable[[Prepared], Callable[[Tensor], Tensor]]
     max_rows: int | None = None  # None: any number of rows
     accepts: Callable[[WeightFormat], bool] = lambda fmt: True  # beyond what the form accepts
@@ -149,6 +153,28 @@ def _numel(fmt: WeightFormat) -> int:
     return fmt.shape[0] * fmt.shape[1]
 
 
+NATIVE_ROWS = 16  # the most rows anatomy's own kernels take (one decode or batch step's)
+NATIVE_BLOCK = 64  # they read the inputs 64 at a time
+
+
+def _native_ok(fmt: WeightFormat) -> bool:
+    return native.available() and fmt.shape[1] % NATIVE_BLOCK == 0
+
+
+def _per_32(t: Tensor, group: int) -> Tensor:
+    """Group scales [N, K/g] as scales per 32 inputs [N, K/32] (the same value over a group's sub-blocks)."""
+    return t.float().repeat_interleave(group // 32, dim=1)
+
+
+def _build_q4x(fmt: Int4Weight) -> Prepared:
+    scale, offset = _per_32(fmt.scale, fmt.group), _per_32(fmt.offset, fmt.group)
+    return (torch.ops.anatomy.pack_q4(fmt.codes, scale, offset),)
+
+
+def _build_q8x(fmt: Int8GroupWeight) -> Prepared:
+    return (torch.ops.anatomy.pack_q8(fmt.codes, _per_32(fmt.scale, fmt.group)),)
+
+
 DENSE = {dt: _dense_form(dt) for dt in (torch.float32, torch.float16, torch.bfloat16)}
 INT4PACK = Form("int4pack", _build_int4pack, lambda f: isinstance(f, Int4Weight) and _int4pack_ok(f),
                 lambda f: _numel(f) // 2 + _numel(f) // f.group * 4)
@@ -160,6 +186,10 @@ FBGEMM_F16 = Form("fbgemm-f16", _build_fbgemm, _fbgemm_ok, lambda f: _numel(f) *
                   keeps=lambda f: _holds(torch.float16, f))
 ONEDNN_BF16 = Form("onednn-bf16", _build_onednn, _onednn_ok, lambda f: _numel(f) * 2,
                    keeps=lambda f: _holds(torch.bfloat16, f))
+Q4X = Form("q4x", _build_q4x, lambda f: isinstance(f, Int4Weight) and f.group % 32 == 0 and _native_ok(f),
+           lambda f: _numel(f) // NATIVE_BLOCK * 40)
+Q8X = Form("q8x", _build_q8x, lambda f: isinstance(f, Int8GroupWeight) and f.group % 32 == 0 and _native_ok(f),
+           lambda f: _numel(f) // NATIVE_BLOCK * 72)
 
 
 # -- kernels -------------------------------------------------------------------------------------
@@ -222,6 +252,16 @@ def _bind_onednn(p: Prepared) -> Callable[[Tensor], Tensor]:
     return lambda x: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
 
 
+def _bind_q4x(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (w,) = p
+    return lambda x: torch.ops.anatomy.q4_linear(x, w)
+
+
+def _bind_q8x(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (w,) = p
+    return lambda x: torch.ops.anatomy.q8_linear(x, w)
+
+
 def _chunkable(fmt: WeightFormat) -> bool:
     return _chunks(fmt.shape[0]) > 1
 
@@ -238,6 +278,8 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("int4pack", INT4PACK, torch.bfloat16, _bind_int4pack),
     Kernel("int8g/int4x2", INT4X2, torch.bfloat16, _bind_int4x2),
     Kernel("int8pack", INT8PACK, torch.bfloat16, _bind_int8pack),
+    Kernel("q4x", Q4X, None, _bind_q4x, NATIVE_ROWS, compiles=False),  # an operator without a compiled form
+    Kernel("q8x", Q8X, None, _bind_q8x, NATIVE_ROWS, compiles=False),
 )
 KERNELS_BY_NAME = {k.name: k for k in KERNELS}
 COMPILABLE_KERNELS = tuple(k for k in KERNELS if k.compiles)  # for a plan whose layers will be compiled

@@ -25,7 +25,7 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,8 @@ class _Group:
 def make_plan(linears: Mapping[str, WeightFormat], *, model_id: str, weights: str,
               phases: tuple[Phase, ...] = DEFAULT_PHASES, phases_of: Mapping[str, Sequence[str]] | None = None,
               kernels: tuple[Kernel, ...] = KERNELS, threshold: float = ERROR_THRESHOLD,
-              memory_budget: int | None = None, samples: Mapping[str, Tensor] | None = None,
+              memory_budget: int | None = None,
+              samples: Mapping[str, Tensor] | Callable[[], Mapping[str, Tensor]] | None = None,
               repeats: int = REPEATS, cache: bool | str | Path = True,
               thresholds: Mapping[str, float] | None = None) -> KernelPlan:
     """The kernel plan for `linears` ({layer name: its weight format}), from the cache when a plan
@@ -94,7 +95,7 @@ def make_plan(linears: Mapping[str, WeightFormat], *, model_id: str, weights: st
             plan.from_cache, plan.path = True, path
             return plan
     plan = measure_plan(groups, phases=phases, kernels=kernels, threshold=threshold, budget=budget,
-                        samples=samples, repeats=repeats)
+                        samples=samples() if callable(samples) else samples, repeats=repeats)
     if path is not None and plan.trusted:
         plan_cache.save_entry(path, key, plan.to_json())
         plan.path = path

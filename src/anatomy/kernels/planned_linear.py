@@ -29,7 +29,8 @@ from anatomy.weights.formats import WeightFormat
 from anatomy.kernels.candidates import KERNELS, Kernel, Prepared
 from anatomy.kernels.record import KernelPlan
 
-Route = tuple[int, torch.dtype, Callable[[Tensor], Tensor]]  # (max rows, activation dtype, x [M, K] -> [M, N])
+Route = tuple[int, torch.dtype | None, Callable[[Tensor], Tensor]]  # (max rows, activation dtype or None for
+                                                                       # any, x [M, K] -> [M, N])
 
 
 class PlannedLinear(nn.Module):
@@ -81,7 +82,7 @@ class PlannedLinear(nn.Module):
             if rows <= max_rows:
                 break
         x2 = x.reshape(rows, K)  # [M, K]
-        if x2.dtype != act:
+        if act is not None and x2.dtype != act:
             x2 = x2.to(act)
         y = fn(x2)  # [M, N]
         if y.dtype != self.dtype:

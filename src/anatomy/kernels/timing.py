@@ -130,7 +130,7 @@ def _check(fmt: WeightFormat, kernels: list[Kernel], built: dict[str, Prepared],
         if k.form.name in failed:
             checked.append(Measurement(k.name, None, None, failed[k.form.name]))
             continue
-        xk = x.to(k.act_dtype)
+        xk = x if k.act_dtype is None else x.to(k.act_dtype)  # None: the kernel takes any float dtype
         try:
             y = k.bind(built[k.form.name])(xk)
         except Exception as e:  # noqa: BLE001 - recorded, never chosen

@@ -126,7 +126,8 @@ class RequestRun:
                 self.seqs.append(self.loop.submit(
                     ids, req.sampling(limit, choice=j), sink, logprobs=req.logprob_count,
                     prompt_logprobs=prompt_logprobs, constraint=constraints[index], bias=bias,
-                    min_tokens=req.min_tokens, generate=limit > 0))
+                    min_tokens=req.min_tokens, generate=limit > 0, speculative_tokens=req.speculative_n_max,
+                    speculative_min=req.speculative_n_min))
         self.open = len(self.seqs)
         self.cancelled = False
         self.aborted: str | None = None

@@ -1,12 +1,16 @@
 """The serving loop: one thread owns the model, the paged KV cache and the scheduler.
 
     submit(prompt ids, params, sink) / cancel(seq)      from any thread: queued, picked up by the loop
-    step():  new and cancelled sequences -> scheduler.schedule() -> (sequence, n tokens) pairs
-             -> one engine.step for the decoding rows [B, 1] and one per group of prefill chunks [B', S]
-                over the paged cache -> logits of rows that reached their end (and of every position
-                of a prompt whose logprobs are asked: prompt_logprobs.py)
-             -> logit_bias, min_tokens, grammar masks (processors.py) -> sample -> the grammar accepts
-             -> detokenize, stop strings -> sink(Event) per sequence -> finished ones leave
+    step():  new and cancelled sequences -> speculating sequences propose their drafts (within their
+                grammar, if any)
+             -> scheduler.schedule() -> (sequence, n tokens) pairs
+             -> one engine.step for the decoding rows [B, 1], one for the verifying rows [B', 1 + k]
+                and one per group of prefill chunks [B'', S] over the paged cache -> logits of rows
+                that reached their end (every position of a verifying row, and of a prompt whose
+                logprobs are asked: prompt_logprobs.py)
+             -> logit_bias, min_tokens, grammar masks (processors.py) -> sample (or keep the agreed part
+                of a draft) -> the grammar accepts -> detokenize, stop strings -> sink(Event) per token
+             -> finished sequences leave
 
 The loop runs the model only through the engine's public API: `engine.paged_cache` (blocks in the
 dtype the blocks' branches compute in) and `engine.step`, whose decode steps replay a graph captured
@@ -34,10 +38,11 @@ from anatomy.inference.sampling import SamplingParams, make_generator, next_toke
 from anatomy.text.stops import StopStringFilter, TextRow
 from anatomy.serving.blocks import BlockManager
 from anatomy.serving.metrics import ServingMetrics
-from anatomy.serving.processors import logit_bias, processed
+from anatomy.serving.processors import logit_bias, processed, processed_draft
 from anatomy.serving.prompt_logprobs import PromptLogprobStore, record, wants_prompt_logits
 from anatomy.serving.scheduler import Scheduler
 from anatomy.serving.sequence import Event, Sequence, TokenLogprob
+from anatomy.serving.speculation import ServedSpeculation, accept
 
 # Running a forward costs a read of every weight however few its rows; padding a prefill chunk costs
 # compute per padded token. Chunks are grouped into one forward while each one's padding stays
@@ -46,12 +51,13 @@ PAD_TOKENS = 32
 
 
 class ServingLoop:
-    """Continuous batching over a paged KV cache of `kv_bytes` bytes (blocks of `block_size` tokens)."""
+    """Continuous batching over a paged KV cache of `kv_bytes` bytes (blocks of `block_size` tokens);
+    `speculation` is the server's default speculative decoding (None: only requests that ask for it)."""
 
     def __init__(self, engine: DecoderEngine, tokenizer: Any = None, *, kv_bytes: int, block_size: int = 16,
                  max_seqs: int = 32, max_step_tokens: int = 512, prefix_caching: bool = True,
-                 name: str = "model") -> None:
-        self.engine, self.tokenizer = engine, tokenizer
+                 name: str = "model", speculation: ServedSpeculation | None = None) -> None:
+        self.engine, self.tokenizer, self.speculation = engine, tokenizer, speculation
         config = engine.config
         block_bytes = PagedKVCache.block_bytes(config, block_size, engine.branch_dtype)
         num_blocks = kv_bytes // block_bytes
@@ -76,11 +82,15 @@ class ServingLoop:
 
     def submit(self, prompt: list[int], params: SamplingParams, sink: Callable[[Event], Any], *,
                logprobs: int | None = None, prompt_logprobs: int | None = None, constraint: Any = None,
-               bias: dict[int, float] | None = None, min_tokens: int = 0, generate: bool = True) -> Sequence:
+               bias: dict[int, float] | None = None, min_tokens: int = 0, generate: bool = True,
+               speculative_tokens: int | None = None, speculative_min: int = 0) -> Sequence:
         """Queue a sequence; `sink` gets one Event per sampled token (from the loop's thread).
         `prompt_logprobs` (k) asks for each prompt token's logprob and top k (on the first event);
         `constraint` (a grammar.Constraint) and `bias` ({token id: logit bias}) shape every next token;
-        `generate=False` runs the prompt only (one event, finish_reason "length")."""
+        `generate=False` runs the prompt only (one event, finish_reason "length").
+        `speculative_tokens`: at most this many proposals per round (0: none; None: the server's
+        default; a server without speculation verifies n-gram proposals for a request that asks),
+        verified only when at least `speculative_min` are proposed."""
         if not prompt:
             raise InputError("the prompt is empty")
         if len(prompt) + params.max_new_tokens * generate > self.context:
@@ -100,6 +110,10 @@ class ServingLoop:
             seq.seen[torch.tensor(prompt, device=self.engine.device)] = True
         if params.presence_penalty or params.frequency_penalty:
             seq.counts = torch.zeros(vocab, dtype=torch.long, device=self.engine.device)
+        speculation = self.speculation or (ServedSpeculation(num_speculative_tokens=speculative_tokens)
+                                           if speculative_tokens else None)
+        if speculation is not None:
+            seq.speculation = speculation.for_sequence(prompt, params, speculative_tokens, speculative_min)
         self._inbox.put(("add", seq))
         self._wake.set()
         return seq
@@ -136,14 +150,28 @@ class ServingLoop:
     def step(self) -> bool:
         """One iteration: False if there was nothing to do."""
         self._take_inbox()
+        self._propose()
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return False
         self.steps += 1
-        decode = [(seq, n) for seq, n in scheduled if n == 1]
-        for group in ([decode] if decode else []) + prefill_groups([(s, n) for s, n in scheduled if n > 1]):
+        verify = [(seq, n) for seq, n in scheduled if seq.draft]
+        decode = [(seq, n) for seq, n in scheduled if n == 1 and not seq.draft]
+        prefill = [(seq, n) for seq, n in scheduled if n > 1 and not seq.draft]
+        for group in [g for g in (decode, verify) if g] + prefill_groups(prefill):
             self._run_group(group)
         return True
+
+    def _propose(self) -> None:
+        """Each decoding sequence that speculates guesses its next tokens (within its max_new_tokens and
+        the context)."""
+        for seq in self.scheduler.running:
+            seq.draft = []
+            if seq.speculation is not None and seq.remaining == 1:
+                room = min(seq.params.max_new_tokens - seq.generated, self.context - len(seq.tokens)) - 1
+                seq.draft = seq.speculation.propose(room)
+                if seq.constraint is not None and seq.draft:  # only what the grammar allows is verified
+                    seq.draft = seq.draft[:seq.constraint.valid_prefix(seq.draft)]
 
     def _take_inbox(self) -> None:
         while True:
@@ -159,8 +187,11 @@ class ServingLoop:
 
     @torch.inference_mode()
     def _run_group(self, group: list[tuple[Sequence, int]]) -> None:
-        """One forward over the chunks of `group`; rows that reach their sequence's end sample a token.
-        A chunk of a sequence that wants its prompt's logprobs asks for the logits of all its tokens."""
+        """One forward over the chunks of `group`; rows that reach their sequence's end sample a token
+        (a verifying row keeps what the target agrees with of its draft). A chunk of a sequence that
+        wants its prompt's logprobs asks for the logits of all its tokens."""
+        if group[0][0].draft:
+            return self._verify(group)
         chunks = [Chunk(seq.tokens[seq.computed:seq.computed + n], seq.computed, seq.blocks,
                         logits=n if wants_prompt_logits(seq, n) else int(seq.computed + n == len(seq.tokens)))
                   for seq, n in group]
@@ -183,19 +214,36 @@ class ServingLoop:
         if ends:
             self._sample([seq for seq, _ in ends], logits[torch.tensor([r for _, r in ends])])
 
+    def _verify(self, group: list[tuple[Sequence, int]]) -> None:
+        """One forward over each row's last token and draft -> the agreed tokens emitted one by one, the
+        cache advanced past them (what lies beyond, the rejected guesses, is written over later)."""
+        chunks = [Chunk(seq.tokens[seq.computed:] + seq.draft, seq.computed, seq.blocks, logits=n) for seq, n in group]
+        logits = self.engine.step(self.cache, chunks).split([n for _, n in group])  # per row [1 + k, V]
+        self.metrics.step(0, len(group))
+        for (seq, n), rows in zip(group, logits):
+            draft, seq.draft = seq.draft, []
+            tokens, kept = accept(processed_draft(rows, seq, draft), draft, seq.params, seq.generator)
+            seq.speculation.kept(len(draft), kept)
+            logprobs = self._logprobs(rows[:len(tokens)], tokens, seq.logprobs)
+            for token, logprob in zip(tokens, logprobs):
+                self._emit(seq, token, logprob)
+                if seq.finished:
+                    break
+            else:
+                self.scheduler.advance(seq, kept + 1)
+
+    @staticmethod
+    def _logprobs(logits: Tensor, tokens: list[int], top: int | None) -> list[TokenLogprob | None]:
+        """Each token's log-probability and the `top` likeliest of its row of logits [n, V] (None: none asked)."""
+        if top is None:
+            return [None] * len(tokens)
+        chosen, values, ids = token_logprobs(logits, torch.tensor(tokens, device=logits.device), top)
+        return [TokenLogprob(float(c), i.tolist(), v.tolist()) for c, i, v in zip(chosen, ids, values)]
+
     def _sample(self, seqs: list[Sequence], logits: Tensor) -> None:
         tokens = choose_tokens(processed(logits, seqs), seqs)
-        wanted = [i for i, seq in enumerate(seqs) if seq.logprobs is not None]
-        logprobs: dict[int, TokenLogprob] = {}
-        if wanted:
-            top = max(seqs[i].logprobs for i in wanted)
-            rows = torch.tensor(wanted)
-            chosen, values, ids = token_logprobs(logits[rows], torch.tensor([tokens[i] for i in wanted]), top)
-            for j, i in enumerate(wanted):
-                k = seqs[i].logprobs
-                logprobs[i] = TokenLogprob(float(chosen[j]), ids[j, :k].tolist(), values[j, :k].tolist())
         for i, (seq, token) in enumerate(zip(seqs, tokens)):
-            self._emit(seq, token, logprobs.get(i))
+            self._emit(seq, token, self._logprobs(logits[i:i + 1], [token], seq.logprobs)[0])
 
     def _emit(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
         now = time.perf_counter()
@@ -204,6 +252,8 @@ class ServingLoop:
         seq.first_token_at = seq.first_token_at or now
         seq.last_token_at = now
         seq.tokens.append(token)
+        if seq.speculation is not None:
+            seq.speculation.observe([token])
         if seq.seen is not None:
             seq.seen[token] = True
         if seq.counts is not None:

@@ -52,21 +52,52 @@ def processed(logits: Tensor, seqs: list[Sequence]) -> Tensor:
     return out
 
 
+def processed_draft(rows: Tensor, seq: Sequence, draft: list[int]) -> Tensor:
+    """The logits [k + 1, V] of a verifying row (after its last token and after each of its draft's k
+    tokens, which its grammar allows) with what each of those positions must obey: the grammar
+    advanced along the draft (and rolled back after: the tokens kept are accepted when emitted),
+    min_tokens counted per position."""
+    if seq.bias is None and seq.constraint is None and seq.generated >= seq.min_tokens:
+        return rows
+    out = rows.clone()
+    if seq.bias is not None:
+        ids, values = seq.bias
+        out[:, ids] += values.to(out.dtype)
+    for i in range(len(rows)):
+        if seq.generated + i < seq.min_tokens and seq.stop_ids:
+            out[i, list(seq.stop_ids)] = float("-inf")
+    if seq.constraint is not None:
+        masks = torch.zeros((len(rows), (rows.shape[-1] + 31) // 32), dtype=torch.int32)
+        for i, row in enumerate(masks):
+            _fill(seq, row)
+            if i < len(draft) and seq.constraint is not None:
+                seq.constraint.accept(draft[i])
+        if seq.constraint is not None:
+            seq.constraint.rollback(len(draft))
+        out = apply_bitmask(out, masks)
+    return out
+
+
 def _masks(seqs: list[Sequence], vocab: int) -> Tensor:
     """The packed bitmasks [R, ceil(V / 32)] int32 of the constrained sequences' next tokens."""
     masks = torch.zeros((len(seqs), (vocab + 31) // 32), dtype=torch.int32)
     for row, seq in zip(masks, seqs):
-        try:
-            seq.constraint.fill(row)
-        except Exception as exc:  # see the module's docstring
-            print(f"anatomy serve: a grammar failed; its sequence ends: {exc}", file=sys.stderr, flush=True)
-            row.zero_()
-            for t in seq.stop_ids:
-                row[t // 32] |= _bit(t % 32)
-            if not seq.stop_ids:  # nothing ends it (ignore_eos): it goes on unconstrained
-                row.fill_(-1)
-                seq.constraint = None
+        _fill(seq, row)
     return masks
+
+
+def _fill(seq: Sequence, row: Tensor) -> None:
+    """seq's grammar's bitmask into row; a grammar that fails allows only the stop ids (docstring above)."""
+    try:
+        seq.constraint.fill(row)
+    except Exception as exc:  # see the module's docstring
+        print(f"anatomy serve: a grammar failed; its sequence ends: {exc}", file=sys.stderr, flush=True)
+        row.zero_()
+        for t in seq.stop_ids:
+            row[t // 32] |= _bit(t % 32)
+        if not seq.stop_ids:  # nothing ends it (ignore_eos): it goes on unconstrained
+            row.fill_(-1)
+            seq.constraint = None
 
 
 def _bit(i: int) -> int:

@@ -157,6 +157,10 @@ class _Sampling(_Body):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None  # accepted: the server has one engine
+    # llama-server's per-request speculative decoding: at most n_max, at least n_min proposed tokens per
+    # round (n_max 0: none); the server verifies prompt-lookup proposals (or its --speculative method)
+    speculative_n_max: int | None = Field(default=None, ge=0, le=32, alias="speculative.n_max")
+    speculative_n_min: int = Field(default=0, ge=0, le=32, alias="speculative.n_min")
 
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -4,7 +4,9 @@ Each step has a budget of `max_step_tokens` tokens:
 
     1. decoding sequences (running, with one token to run), first come first served: 1 token each,
        and a block when they cross into a new one; when no block is free, the most recently
-       admitted running sequence is preempted (its blocks freed; it is recomputed later) until one is
+       admitted running sequence is preempted (its blocks freed; it is recomputed later) until one is;
+       then a speculating one's `draft` (serving/speculation.py) while the budget and the free blocks
+       allow (never preempting anything for it; else the draft is dropped for this step)
     2. running sequences still in prefill: the rest of the prompt, or what is left of the budget
        (chunked prefill: a long prompt holds up the decodes for at most one budget's worth of
        compute per step, and never takes their turn)
@@ -57,6 +59,8 @@ class Scheduler:
                 if self._reserve(seq, seq.computed + n, scheduled):
                     scheduled[seq] = n
                     budget -= n
+            if decoding:
+                budget = self._drafts(scheduled, budget)
         while (self.waiting and budget > 0 and len(self.running) < self.max_seqs
                and self.preemptions == preemptions):
             seq = self.waiting[0]
@@ -91,6 +95,22 @@ class Scheduler:
 
     # -- the pieces -------------------------------------------------------------------------------
 
+    def _drafts(self, scheduled: dict[Sequence, int], budget: int) -> int:
+        """Room for the drafts of the decoding sequences scheduled: 1 + len(draft) tokens each while the
+        budget lasts and blocks are free (a draft that does not fit is dropped: it never preempts)."""
+        for seq, n in list(scheduled.items()):
+            if not seq.draft:
+                continue
+            extra = len(seq.draft)
+            need = max(0, self._blocks_for(seq.computed + n + extra) - len(seq.blocks))
+            if extra > budget or need > self.blocks.free:
+                seq.draft = []
+                continue
+            seq.blocks += self.blocks.allocate(need)
+            scheduled[seq] = n + extra
+            budget -= extra
+        return budget
+
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
@@ -115,6 +135,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self._free(seq)
+        seq.draft = []  # proposed for a decode step it no longer takes
         seq.status = Status.WAITING
         seq.preemptions += 1
         self.preemptions += 1

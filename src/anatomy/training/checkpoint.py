@@ -57,15 +57,15 @@ def checkpoint_root(run_dir: Path) -> Path:
 
 # -- writing ------------------------------------------------------------------------------------
 
-def save_checkpoint(run_dir: Path, *, engine: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer,
+def save_checkpoint(run_dir: Path, *, wrapped: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer,
                     trainer: dict[str, Any], tokenizer: Tokenizer, info: Dist, keep: int) -> Path | None:
     """Write checkpoint step-<trainer['step']>; every rank calls this (the gather is collective).
     Returns the directory, or None when the weights are not finite (nothing is then written)."""
     finite = torch.tensor(float(all(torch.isfinite(_local(p)).all() for p in model.parameters())), device=info.device)
     if all_reduce_sum(finite, info).item() < info.world:
         return None
-    weights = get_model_state_dict(engine, options=_GATHER)
-    optim = get_optimizer_state_dict(engine, optimizer, options=_GATHER)
+    weights = get_model_state_dict(wrapped, options=_GATHER)
+    optim = get_optimizer_state_dict(wrapped, optimizer, options=_GATHER)
     root = checkpoint_root(run_dir)
     final = root / f"step-{trainer['step']:06d}"
     tmp = root / f".tmp-{final.name}"
@@ -244,7 +244,7 @@ def read_config(directory: Path) -> ModelConfig:
         raise CheckpointError(f"{path}: not a valid model config ({exc})") from exc
 
 
-def load_checkpoint(directory: Path, *, engine: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer,
+def load_checkpoint(directory: Path, *, wrapped: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer,
                     info: Dist) -> dict[str, Any]:
     """Check every file and tensor against the model first, then load weights, optimizer state and
     this rank's RNG state. Nothing is written. Returns trainer.json."""
@@ -255,9 +255,9 @@ def load_checkpoint(directory: Path, *, engine: nn.Module, model: nn.Module, opt
     _check_groups(directory / "trainer.json", trainer["optimizer_groups"], optimizer, model)
     rng_path = directory / f"rng-rank{info.rank}.json"
     rng = _read_json(rng_path) if rng_path.is_file() else None
-    set_model_state_dict(engine, weights, options=_SCATTER)
+    set_model_state_dict(wrapped, weights, options=_SCATTER)
     optim = {"state": optim_state, "param_groups": trainer["optimizer_groups"]}
-    set_optimizer_state_dict(engine, optimizer, optim, options=_SCATTER)
+    set_optimizer_state_dict(wrapped, optimizer, optim, options=_SCATTER)
     if rng is not None:
         set_rng_state(rng)
     else:  # resumed on more ranks than wrote the checkpoint: a fresh, reproducible stream per rank

@@ -76,19 +76,19 @@ def wrap(model: nn.Module, strategy: str, info: Dist) -> nn.Module:
 
 
 @contextlib.contextmanager
-def gradient_sync(engine: nn.Module, *, enabled: bool) -> Iterator[None]:
+def gradient_sync(wrapped: nn.Module, *, enabled: bool) -> Iterator[None]:
     """Skip the gradient all-reduce on all but the last micro-step of an accumulation."""
-    if enabled or not isinstance(engine, nn.Module):
+    if enabled or not isinstance(wrapped, nn.Module):
         yield
-    elif hasattr(engine, "no_sync"):  # DDP
-        with engine.no_sync():
+    elif hasattr(wrapped, "no_sync"):  # DDP
+        with wrapped.no_sync():
             yield
-    elif hasattr(engine, "set_requires_gradient_sync"):  # FSDP2
-        engine.set_requires_gradient_sync(False)
+    elif hasattr(wrapped, "set_requires_gradient_sync"):  # FSDP2
+        wrapped.set_requires_gradient_sync(False)
         try:
             yield
         finally:
-            engine.set_requires_gradient_sync(True)
+            wrapped.set_requires_gradient_sync(True)
     else:
         yield
 

@@ -65,7 +65,7 @@ class Run:
     """Everything a training run works with, built by the `anatomy train` command."""
 
     model: nn.Module  # the unwrapped model (FSDP2 shards it in place)
-    engine: nn.Module  # what forward/backward runs through (DDP wrapper, or the model)
+    wrapped: nn.Module  # what forward/backward runs through (DDP wrapper, or the model)
     optimizer: torch.optim.Optimizer
     schedule: Schedule
     objective: Objective
@@ -115,7 +115,7 @@ def _record_eval(run: Run, settings: Settings, state: TrainState, metrics: Metri
 def save(run: Run, settings: Settings, state: TrainState) -> Path | None:
     trainer = {**asdict(state), "seed": settings.seed, "schedule": run.schedule.to_dict(), "world": run.info.world,
                "objective": run.objective.name, "data_position": {"seed": settings.seed, "next_step": state.step}}
-    written = save_checkpoint(run.out, engine=run.engine, model=run.model, optimizer=run.optimizer, trainer=trainer,
+    written = save_checkpoint(run.out, wrapped=run.wrapped, model=run.model, optimizer=run.optimizer, trainer=trainer,
                               tokenizer=run.data.tokenizer, info=run.info, keep=settings.keep)
     if written is None and run.info.is_main:
         print(f"step {state.step}: weights are not finite; no checkpoint written, the previous one is kept")
@@ -132,8 +132,8 @@ def _optimizer_step(run: Run, settings: Settings, state: TrainState) -> dict[str
                                                   device=device), run.info))
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for micro, batch in enumerate(batches):
-        with gradient_sync(run.engine, enabled=micro == len(batches) - 1), _autocast(device):
-            total, _ = run.objective.loss(run.engine, batch, label_smoothing=settings.label_smoothing)
+        with gradient_sync(run.wrapped, enabled=micro == len(batches) - 1), _autocast(device):
+            total, _ = run.objective.loss(run.wrapped, batch, label_smoothing=settings.label_smoothing)
             (total * (run.info.world / n_targets)).backward()  # ranks average gradients: x world
         loss_sum += total.detach().double()
     loss = float(all_reduce_sum(loss_sum, run.info)) / n_targets
@@ -167,9 +167,9 @@ def _skip(run: Run, settings: Settings, state: TrainState, *, loss: float, grad_
 
 def _micro_batches(run: Run, settings: Settings, step: int) -> list[dict[str, Tensor]]:
     """This rank's micro-batches of a step: its rows of the global batch the (seed, step) RNG drew."""
-    plan = run.objective.plan(step_generator(settings.seed, step), settings.batch_size, run.data.train)
+    draws = run.objective.draw(step_generator(settings.seed, step), settings.batch_size, run.data.train)
     info = run.info
-    return [_to(run.objective.batch(run.data.train, _rows(plan, rank_rows(settings.batch_size, rank=info.rank,
+    return [_to(run.objective.batch(run.data.train, _rows(draws, rank_rows(settings.batch_size, rank=info.rank,
                                                                          world=info.world, accum=settings.accum,
                                                                          micro=m))), info.device)
             for m in range(settings.accum)]
@@ -181,16 +181,16 @@ def evaluate(run: Run, settings: Settings) -> float:
     info = run.info
     total = torch.zeros((), dtype=torch.float64, device=info.device)
     count = torch.zeros((), dtype=torch.float64, device=info.device)
-    run.engine.eval()
+    run.wrapped.eval()
     with torch.no_grad(), _autocast(info.device):
         for i in range(settings.eval_steps):
-            plan = run.objective.plan(step_generator(settings.seed, i, stream=1), rows, run.data.val)
-            batch = run.objective.batch(run.data.val, _rows(plan, rank_rows(rows, rank=info.rank, world=info.world,
+            draws = run.objective.draw(step_generator(settings.seed, i, stream=1), rows, run.data.val)
+            batch = run.objective.batch(run.data.val, _rows(draws, rank_rows(rows, rank=info.rank, world=info.world,
                                                                             accum=1, micro=0)))
-            s, n = run.objective.loss(run.engine, _to(batch, info.device))
+            s, n = run.objective.loss(run.wrapped, _to(batch, info.device))
             total += s.double()
             count += n.double()
-    run.engine.train()
+    run.wrapped.train()
     return float(all_reduce_sum(total, info) / all_reduce_sum(count, info))
 
 
@@ -210,8 +210,8 @@ def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def _rows(plan: dict[str, np.ndarray], rows: slice) -> dict[str, np.ndarray]:
-    return {k: v[rows] for k, v in plan.items()}
+def _rows(draws: dict[str, np.ndarray], rows: slice) -> dict[str, np.ndarray]:
+    return {k: v[rows] for k, v in draws.items()}
 
 
 def _targets(batch: dict[str, Tensor]) -> int:

@@ -8,7 +8,7 @@
 - seq2seq (encoder-decoder): teacher forcing, the decoder reads [start] + target and predicts
   target + [eos]; padding is ignored by the loss; optional label smoothing.
 
-Each objective draws the random choices of a whole global batch at once (`plan`), so any split of
+Each objective draws the random choices of a whole global batch at once (`draw`), so any split of
 its rows over ranks and micro-steps sees the same choices; `batch` turns a slice of rows into
 tensors and `loss` returns (sum of token losses, number of target tokens).
 """
@@ -30,15 +30,15 @@ from anatomy.text.tokenizer import Tokenizer
 
 IGNORE = -100
 OBJECTIVES = ("auto", "clm", "mlm", "seq2seq")
-Plan = dict[str, np.ndarray]
+Draws = dict[str, np.ndarray]
 
 
 class Objective(Protocol):
     name: str
 
-    def plan(self, rng: np.random.Generator, rows: int, split: TokenSplit | PairSplit) -> Plan: ...
+    def draw(self, rng: np.random.Generator, rows: int, split: TokenSplit | PairSplit) -> Draws: ...
 
-    def batch(self, split: TokenSplit | PairSplit, plan: Plan) -> dict[str, Tensor]: ...
+    def batch(self, split: TokenSplit | PairSplit, draws: Draws) -> dict[str, Tensor]: ...
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0
              ) -> tuple[Tensor, Tensor]: ...
@@ -61,11 +61,11 @@ class CausalLM:
     def __init__(self, seq_len: int) -> None:
         self.seq_len = seq_len
 
-    def plan(self, rng: np.random.Generator, rows: int, split: TokenSplit) -> Plan:
+    def draw(self, rng: np.random.Generator, rows: int, split: TokenSplit) -> Draws:
         return {"start": rng.integers(0, len(split) - self.seq_len, size=rows)}
 
-    def batch(self, split: TokenSplit, plan: Plan) -> dict[str, Tensor]:
-        w = torch.from_numpy(_windows(split, plan["start"], self.seq_len + 1))  # [B, T+1]
+    def batch(self, split: TokenSplit, draws: Draws) -> dict[str, Tensor]:
+        w = torch.from_numpy(_windows(split, draws["start"], self.seq_len + 1))  # [B, T+1]
         return {"input_ids": w[:, :-1], "labels": w[:, 1:]}  # [B, T] each
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0
@@ -104,16 +104,16 @@ class MaskedLM:
         self.special = np.asarray(tok.special_ids, dtype=np.int64)
         self.ordinary = np.setdiff1d(np.arange(tok.vocab_size), self.special)  # random replacements
 
-    def plan(self, rng: np.random.Generator, rows: int, split: TokenSplit) -> Plan:
+    def draw(self, rng: np.random.Generator, rows: int, split: TokenSplit) -> Draws:
         shape = (rows, self.seq_len)
         return {"start": rng.integers(0, len(split) - self.seq_len + 1, size=rows),
                 "select": rng.random(shape), "action": rng.random(shape),
                 "replacement": self.ordinary[rng.integers(0, len(self.ordinary), size=shape)]}
 
-    def batch(self, split: TokenSplit, plan: Plan) -> dict[str, Tensor]:
-        ids = _windows(split, plan["start"], self.seq_len)  # [B, T]
-        inputs, labels = mask_tokens(ids, select=plan["select"], action=plan["action"],
-                                     replacement=plan["replacement"], mask_id=self.mask_id,
+    def batch(self, split: TokenSplit, draws: Draws) -> dict[str, Tensor]:
+        ids = _windows(split, draws["start"], self.seq_len)  # [B, T]
+        inputs, labels = mask_tokens(ids, select=draws["select"], action=draws["action"],
+                                     replacement=draws["replacement"], mask_id=self.mask_id,
                                      special_ids=self.special, prob=self.prob)
         return {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}
 
@@ -128,11 +128,11 @@ class Seq2Seq:
     def __init__(self, seq_len: int, *, pad_id: int, start_id: int, eos_id: int) -> None:
         self.seq_len, self.pad_id, self.start_id, self.eos_id = seq_len, pad_id, start_id, eos_id
 
-    def plan(self, rng: np.random.Generator, rows: int, split: PairSplit) -> Plan:
+    def draw(self, rng: np.random.Generator, rows: int, split: PairSplit) -> Draws:
         return {"pair": rng.integers(0, len(split), size=rows)}
 
-    def batch(self, split: PairSplit, plan: Plan) -> dict[str, Tensor]:
-        pairs = [split.pair(int(i)) for i in plan["pair"]]
+    def batch(self, split: PairSplit, draws: Draws) -> dict[str, Tensor]:
+        pairs = [split.pair(int(i)) for i in draws["pair"]]
         return self.collate([(s, t) for s, t in pairs])
 
     def collate(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Tensor]:

@@ -4,7 +4,7 @@
     formats["stack.blocks.0.attn.qkv.weight"]  -> Int4Weight int4[960,576]g32 (q, k, v fused, rotary rows in HF order)
     formats["stack.embed.tokens.weight"]       -> Int8GroupWeight int8g[49152,576]g32 (also the LM head when tied)
 
-The same mapping as checkpoints.gguf's loader (tensor_plan: which GGUF tensors fill which rows),
+The same mapping as checkpoints.gguf's loader (tensor_parts: which GGUF tensors fill which rows),
 except that the blocks are kept, not dequantized: rows are whole blocks, so fusing and the
 rotary row reordering move raw bytes. `lossless_format` is the format of one of the model's
 matrices when every part of it has one (formats.format_from_gguf), else None.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from anatomy.checkpoints.assign import expected_shapes
 from anatomy.checkpoints.gguf_config import config_from_gguf, gguf_architecture
-from anatomy.checkpoints.gguf_names import Part, part_bytes, tensor_plan
+from anatomy.checkpoints.gguf_names import Part, part_bytes, tensor_parts
 from anatomy.checkpoints.gguf_reader import GGUFFile
 from anatomy.errors import CheckpointError
 from anatomy.models import build_model
@@ -26,9 +26,9 @@ def matrix_formats(f: GGUFFile) -> dict[str, WeightFormat]:
     whose GGUF types all have a lossless format."""
     config = config_from_gguf(f)
     shapes = expected_shapes(build_model(config, device="meta"))
-    plan = tensor_plan(shapes, config, gguf_architecture(f))
+    parts_of = tensor_parts(shapes, config, gguf_architecture(f))
     out = {}
-    for name, parts in plan.items():
+    for name, parts in parts_of.items():
         if len(shapes[name]) == 2 and plain_matrix(parts):
             fmt = lossless_format(f, parts, shapes[name][1], label=name)
             if fmt is not None:

@@ -84,6 +84,17 @@ class DecoderEngine:
         return kernel_summary(self.plan)
 
     @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights the engine holds: its view's parameters and buffers and every planned
+        layer's layouts, each storage counted once (a layout that is the format's own tensor is no copy)."""
+        from anatomy.kernels.planned_linear import PlannedLinear
+
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        tensors += [t for m in self.model.modules() if isinstance(m, PlannedLinear)
+                    for layout in m.layouts.values() for t in layout if isinstance(t, torch.Tensor)]
+        return sum(dict(_storage(t) for t in tensors).values())
+
+    @property
     def captured_graphs(self) -> int:
         """How many decode-step shapes (static and paged) are replayed from a captured graph so far."""
         return sum(body is not None for body in self._bodies.values())
@@ -199,6 +210,15 @@ class DecoderEngine:
             return body.paged(inputs)
         layers = cache.layers(inputs.where)
         return self.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions, cache=layers)[:, -1]
+
+
+def _storage(t: Tensor) -> tuple[int, int]:
+    """(an identity of t's storage, its bytes); an opaque tensor (oneDNN's reordered weight) is its own."""
+    try:
+        storage = t.untyped_storage()
+    except NotImplementedError:
+        return id(t), t.numel() * t.element_size()
+    return storage.data_ptr(), storage.nbytes()
 
 
 def _rows_bucket(rows: int) -> int:

@@ -1,0 +1,75 @@
+"""Native llama.cpp tools for the side-by-side benchmarks: llama-server, llama-bench, llama-batched-bench.
+
+    llama_tool("llama-bench")   -> the path of the binary: $LLAMA_CPP_BIN/<tool>, else on PATH, else built
+                                   once by benchmarks/build_llama_cpp.sh (~10-15 min on 2 cores)
+
+They are built from the llama.cpp sources inside the llama-cpp-python 0.3.36 sdist (the same llama.cpp
+the Python binding runs), outside this repository.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+def llama_tool(name: str) -> str:
+    folder = os.environ.get("LLAMA_CPP_BIN")
+    if folder and (Path(folder) / name).exists():
+        return str(Path(folder) / name)
+    if name == "llama-server" and os.environ.get("LLAMA_SERVER"):
+        return os.environ["LLAMA_SERVER"]
+    if found := shutil.which(name):
+        return found
+    print(f"{name}: benchmarks/build_llama_cpp.sh (builds llama.cpp's tools the first time, ~10-15 min)", flush=True)
+    out = subprocess.run(["bash", str(HERE / "build_llama_cpp.sh")], capture_output=True, text=True,
+                         env={**os.environ, "PYTHON": sys.executable})
+    if out.returncode != 0:
+        raise RuntimeError(f"building llama.cpp's tools failed:\n{out.stderr[-3000:]}")
+    return str(Path(out.stdout.strip().splitlines()[-1]) / name)
+
+
+def llama_bench(model: Path, *, threads: int, prompt: int = 0, new: int = 0, depth: int = 0) -> float:
+    """tokens/s `llama-bench` measures for a prompt of `prompt` tokens (pp) or `new` generated ones (tg),
+    after `depth` tokens already in the context (its -d), on `threads` threads: the mean of its runs."""
+    import json
+
+    args = [llama_tool("llama-bench"), "-m", str(model), "-t", str(threads), "-p", str(prompt), "-n", str(new),
+            "-o", "json", "-r", "3"]
+    if depth:
+        args += ["-d", str(depth)]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"llama-bench failed:\n{out.stderr[-2000:]}")
+    records = json.loads(out.stdout)
+    return float(records[0]["avg_ts"])
+
+
+def batched_bench(model: Path, *, threads: int, prompt: int, new: int, sequences: tuple[int, ...]) -> dict[int, float]:
+    """{sequences: decode tokens/s over all of them} from `llama-batched-bench -npp prompt -ntg new
+    -npl ...` (its S_TG column; every sequence has its own prompt, as in a server)."""
+    args = [llama_tool("llama-batched-bench"), "-m", str(model), "-t", str(threads), "-npp", str(prompt),
+            "-ntg", str(new), "-npl", ",".join(map(str, sequences)), "-c", str(max(sequences) * (prompt + new) + 16)]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"llama-batched-bench failed:\n{out.stderr[-2000:]}")
+    return _tg_column(out.stdout + out.stderr)
+
+
+def _tg_column(text: str) -> dict[int, float]:
+    """The B -> S_TG t/s rows of llama-batched-bench's table."""
+    header, rows = None, {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if "S_TG t/s" in cells:
+            header = cells
+        elif header and len(cells) == len(header) and cells[0].isdigit():
+            rows[int(cells[header.index("B")])] = float(cells[header.index("S_TG t/s")])
+    if not rows:
+        raise RuntimeError(f"no S_TG rows in llama-batched-bench's output:\n{text[-2000:]}")
+    return rows

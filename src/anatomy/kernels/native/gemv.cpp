@@ -1,0 +1,373 @@
+// anatomy's own few-row products on quantized weights: y [M, N] = x [M, K] @ W^T for M <= 16 rows,
+// with W in GGUF-style groups of 32 and x quantized to int8 per group of 32 on the fly, the products
+// summed as integers by AVX-512 VNNI (vpdpbusd: 64 unsigned x signed byte products per instruction).
+//
+//   q4 layout (from an int4 format: Q4_0 / Q4_1 / Q4_K carried as w = q * d + m, q in 0..15), per row,
+//   per 64 inputs (two groups A, B): [dA, mA, dB, mB] float16 (8 bytes), then 32 bytes whose byte j
+//   holds qA[j] in its low nibble and qB[j] in its high one: 40 bytes per 64 weights (5 bits a weight)
+//       sum_j w_j x_j = d * sx * sum_j q_j qx_j + m * sx * sum_j qx_j
+//   q8 layout (from int8g: GGUF Q8_0, w = q * d, q in -128..127), per row, per 64 inputs: [dA, dB]
+//   float16, [sumA, sumB] int16 (the groups' sums of q), then the 64 codes: 72 bytes per 64 weights;
+//   x is shifted to unsigned (qx + 128) and the shift taken out again with the sums:
+//       sum_j w_j x_j = d * sx * (sum_j q_j (qx_j + 128) - 128 * sum_j q_j)
+//
+// This is what llama.cpp's Q4_1 x Q8_1 and Q8_0 x Q8_0 dot products compute; here it is a PyTorch
+// operator (so a captured decode step holds it), threaded over output rows with at::parallel_for,
+// and chosen only where the kernel plan measures it faster and accurate enough on this machine.
+// The AVX-512 code is compiled for that target only and run only where the CPU has it (`supported`);
+// elsewhere the portable loop gives the same numbers (tests compare both against float64).
+
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+
+#include <immintrin.h>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t G = 32;        // inputs per group
+constexpr int64_t PAIR = 64;     // inputs per stored block (two groups)
+constexpr int64_t Q4_BLOCK = 40; // bytes per 64 weights
+constexpr int64_t Q8_BLOCK = 72;
+constexpr int MAX_ROWS = 16;
+
+bool has_avx512_vnni() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                         __builtin_cpu_supports("avx512vnni");
+  return ok;
+}
+
+inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
+
+inline uint16_t float_to_half(float f) { return c10::Half(f).x; }
+
+// -- activations: x [M, K] float -> int8 per group of 32 ------------------------------------------
+
+struct Quantized {
+  std::vector<int8_t> q;     // [M, K] round(x / s), in -127..127
+  std::vector<float> scale;  // [M, K/32] s = max|x| / 127
+  std::vector<int32_t> sum;  // [M, K/32] sum of q over the group
+};
+
+Quantized quantize_rows(const at::Tensor& x) {
+  const int64_t M = x.size(0), K = x.size(1), groups = K / G;
+  Quantized out{std::vector<int8_t>(M * K), std::vector<float>(M * groups), std::vector<int32_t>(M * groups)};
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  const float* src = xf.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* v = src + m * K + g * G;
+      float amax = 0.f;
+      for (int64_t j = 0; j < G; ++j) amax = std::max(amax, std::fabs(v[j]));
+      const float s = amax / 127.f;
+      const float inv = s > 0.f ? 1.f / s : 0.f;
+      int32_t total = 0;
+      int8_t* q = out.q.data() + m * K + g * G;
+      for (int64_t j = 0; j < G; ++j) {
+        q[j] = static_cast<int8_t>(std::nearbyint(v[j] * inv));
+        total += q[j];
+      }
+      out.scale[m * groups + g] = s;
+      out.sum[m * groups + g] = total;
+    }
+  }
+  return out;
+}
+
+// -- the q4 product ---------------------------------------------------------------------------------
+
+void q4_rows_portable(const Quantized& a, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+                      int64_t N) {
+  const int64_t pairs = K / PAIR, groups = K / G;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * pairs * Q4_BLOCK;
+    for (int64_t m = 0; m < M; ++m) {
+      float total = 0.f;
+      for (int64_t p = 0; p < pairs; ++p) {
+        const uint8_t* block = row + p * Q4_BLOCK;
+        uint16_t h[4];
+        std::memcpy(h, block, 8);
+        const uint8_t* codes = block + 8;
+        for (int half = 0; half < 2; ++half) {
+          const int64_t g = 2 * p + half;
+          const int8_t* qx = a.q.data() + m * K + g * G;
+          int32_t dot = 0;
+          for (int64_t j = 0; j < G; ++j) dot += ((half ? codes[j] >> 4 : codes[j]) & 0x0F) * qx[j];
+          const float sx = a.scale[m * groups + g];
+          total += half_to_float(h[2 * half]) * sx * dot + half_to_float(h[2 * half + 1]) * sx * a.sum[m * groups + g];
+        }
+      }
+      y[m * N + n] = total;
+    }
+  }
+}
+
+// Per row m and pair p of the activations, what the vector loops read: the pair's 64 int8 codes, and
+// [s_A x8 | s_B x8] and [c_A/8 x8 | c_B/8 x8] with c = s * sum(q) (the min term, spread over the lanes)
+struct Lanes {
+  std::vector<float> scale;  // [M, pairs, 16]
+  std::vector<float> sum;    // [M, pairs, 16]
+};
+
+Lanes lanes_of(const Quantized& a, int64_t M, int64_t K) {
+  const int64_t pairs = K / PAIR, groups = K / G;
+  Lanes out{std::vector<float>(M * pairs * 16), std::vector<float>(M * pairs * 16)};
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t lane = 0; lane < 8; ++lane) {
+        const int64_t at = (m * pairs + g / 2) * 16 + (g % 2) * 8 + lane;
+        out.scale[at] = a.scale[m * groups + g];
+        out.sum[at] = a.scale[m * groups + g] * a.sum[m * groups + g] / 8.f;
+      }
+  return out;
+}
+
+template <int M>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
+void q4_rows_avx512(const Quantized& a, const Lanes& l, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+                    int64_t N) {
+  const int64_t pairs = K / PAIR;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m512i pick_d = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i pick_m = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * pairs * Q4_BLOCK;
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < pairs; ++p) {
+      const uint8_t* block = row + p * Q4_BLOCK;
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 8));
+      const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(packed, low)),
+                                               _mm256_and_si256(_mm256_srli_epi16(packed, 4), low), 1);
+      const __m512 dm = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block))));
+      const __m512 d = _mm512_permutexvar_ps(pick_d, dm);   // [dA x8 | dB x8]
+      const __m512 mn = _mm512_permutexvar_ps(pick_m, dm);  // [mA x8 | mB x8]
+      for (int m = 0; m < M; ++m) {
+        const int64_t at = m * pairs + p;
+        const __m512i x = _mm512_loadu_si512(a.q.data() + at * PAIR);
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, x);  // 8 lanes per group
+        const __m512 sx = _mm512_loadu_ps(l.scale.data() + at * 16);
+        acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, sx), _mm512_cvtepi32_ps(dot), acc[m]);
+        acc[m] = _mm512_fmadd_ps(mn, _mm512_loadu_ps(l.sum.data() + at * 16), acc[m]);
+      }
+    }
+    for (int m = 0; m < M; ++m) y[m * N + n] = _mm512_reduce_add_ps(acc[m]);
+  }
+}
+
+template <int M>
+void q4_dispatch(const Quantized& a, const Lanes& l, int64_t rows, int64_t K, const uint8_t* w, int64_t n0, int64_t n1,
+                 float* y, int64_t N) {
+  if constexpr (M > 1) {
+    if (rows < M) return q4_dispatch<M - 1>(a, l, rows, K, w, n0, n1, y, N);
+  }
+  q4_rows_avx512<M>(a, l, K, w, n0, n1, y, N);
+}
+
+// -- the q8 product ---------------------------------------------------------------------------------
+
+void q8_rows_portable(const Quantized& a, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+                      int64_t N) {
+  const int64_t pairs = K / PAIR, groups = K / G;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * pairs * Q8_BLOCK;
+    for (int64_t m = 0; m < M; ++m) {
+      float total = 0.f;
+      for (int64_t p = 0; p < pairs; ++p) {
+        const uint8_t* block = row + p * Q8_BLOCK;
+        uint16_t h[2];
+        std::memcpy(h, block, 4);
+        const int8_t* codes = reinterpret_cast<const int8_t*>(block + 8);
+        for (int half = 0; half < 2; ++half) {
+          const int64_t g = 2 * p + half;
+          const int8_t* qx = a.q.data() + m * K + g * G;
+          int32_t dot = 0;
+          for (int64_t j = 0; j < G; ++j) dot += codes[half * G + j] * qx[j];
+          total += half_to_float(h[half]) * a.scale[m * groups + g] * dot;
+        }
+      }
+      y[m * N + n] = total;
+    }
+  }
+}
+
+template <int M>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
+void q8_rows_avx512(const Lanes& l, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N,
+                    const uint8_t* shifted) {
+  const int64_t pairs = K / PAIR;
+  const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * pairs * Q8_BLOCK;
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < pairs; ++p) {
+      const uint8_t* block = row + p * Q8_BLOCK;
+      const __m512i codes = _mm512_loadu_si512(block + 8);
+      const __m512 dd = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(*reinterpret_cast<const int32_t*>(block))));
+      const __m512 d = _mm512_permutexvar_ps(pick, dd);  // [dA x8 | dB x8]
+      // 128 * sum(q) of each group, spread over its 8 lanes (each lane's dot has 4 of the 32 products)
+      const __m512i sums = _mm512_cvtepi16_epi32(_mm256_castsi128_si256(_mm_cvtsi32_si128(*reinterpret_cast<const int32_t*>(block + 4))));
+      const __m512i shift = _mm512_slli_epi32(_mm512_permutexvar_epi32(pick, sums), 4);
+      for (int m = 0; m < M; ++m) {
+        const int64_t at = m * pairs + p;
+        const __m512i x = _mm512_loadu_si512(shifted + at * PAIR);
+        const __m512i dot = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), x, codes), shift);
+        acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_loadu_ps(l.scale.data() + at * 16)), _mm512_cvtepi32_ps(dot),
+                                 acc[m]);
+      }
+    }
+    for (int m = 0; m < M; ++m) y[m * N + n] = _mm512_reduce_add_ps(acc[m]);
+  }
+}
+
+template <int M>
+void q8_dispatch(const Lanes& l, int64_t rows, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N,
+                 const uint8_t* shifted) {
+  if constexpr (M > 1) {
+    if (rows < M) return q8_dispatch<M - 1>(l, rows, K, w, n0, n1, y, N, shifted);
+  }
+  q8_rows_avx512<M>(l, K, w, n0, n1, y, N, shifted);
+}
+
+// -- the operators ----------------------------------------------------------------------------------
+
+void check(const at::Tensor& x, const at::Tensor& w, int64_t block, const char* what) {
+  TORCH_CHECK(x.dim() == 2 && x.is_floating_point(), what, ": x must be a float matrix [M, K]");
+  TORCH_CHECK(x.size(0) >= 1, what, ": x has no rows");
+  TORCH_CHECK(x.size(1) % PAIR == 0, what, ": K = ", x.size(1), " must be a multiple of ", PAIR);
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(), what, ": weight must be uint8 [N, bytes]");
+  TORCH_CHECK(w.size(1) == x.size(1) / PAIR * block, what, ": weight has ", w.size(1), " bytes a row, K = ",
+              x.size(1), " needs ", x.size(1) / PAIR * block);
+}
+
+template <typename Rows>
+at::Tensor product(const at::Tensor& x, const at::Tensor& w, Rows rows) {
+  const int64_t M = x.size(0), N = w.size(0);
+  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) { rows(n0, n1, out); });
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
+// More rows than MAX_ROWS: in chunks of MAX_ROWS (each reads the weights again; these kernels are for
+// decode and small batches, a plan serves longer passes with a GEMM)
+template <typename Op>
+at::Tensor in_chunks(const at::Tensor& x, const at::Tensor& w, bool portable, Op op) {
+  std::vector<at::Tensor> parts;
+  for (const at::Tensor& rows : x.split(MAX_ROWS)) parts.push_back(op(rows, w, portable));
+  return at::cat(parts);
+}
+
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
+  if (x.dim() == 2 && x.size(0) > MAX_ROWS) return in_chunks(x, w, portable, q4_linear);
+  check(x, w, Q4_BLOCK, "anatomy::q4_linear");
+  const Quantized a = quantize_rows(x);
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  const uint8_t* weights = w.data_ptr<uint8_t>();
+  const bool fast = !portable && has_avx512_vnni();
+  const Lanes l = fast ? lanes_of(a, M, K) : Lanes{};
+  return product(x, w, [&](int64_t n0, int64_t n1, float* y) {
+    fast ? q4_dispatch<MAX_ROWS>(a, l, M, K, weights, n0, n1, y, N) : q4_rows_portable(a, M, K, weights, n0, n1, y, N);
+  });
+}
+
+at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
+  if (x.dim() == 2 && x.size(0) > MAX_ROWS) return in_chunks(x, w, portable, q8_linear);
+  check(x, w, Q8_BLOCK, "anatomy::q8_linear");
+  const Quantized a = quantize_rows(x);
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  const uint8_t* weights = w.data_ptr<uint8_t>();
+  const bool fast = !portable && has_avx512_vnni();
+  std::vector<uint8_t> shifted(fast ? M * K : 0);
+  for (size_t i = 0; i < shifted.size(); ++i) shifted[i] = static_cast<uint8_t>(a.q[i] + 128);
+  const Lanes l = fast ? lanes_of(a, M, K) : Lanes{};
+  return product(x, w, [&](int64_t n0, int64_t n1, float* y) {
+    fast ? q8_dispatch<MAX_ROWS>(l, M, K, weights, n0, n1, y, N, shifted.data())
+         : q8_rows_portable(a, M, K, weights, n0, n1, y, N);
+  });
+}
+
+// -- building the layouts from a format's tensors ---------------------------------------------------
+
+// codes [N, K/2] uint8 in ggml's order (per 32 values: byte j = q[j] | q[j + 16] << 4), scale and offset
+// [N, K/32] float -> the q4 layout [N, K/64 * 40]
+at::Tensor pack_q4(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& offset) {
+  const int64_t N = codes.size(0), K = codes.size(1) * 2, pairs = K / PAIR;
+  TORCH_CHECK(K % PAIR == 0 && scale.size(1) == K / G && offset.size(1) == K / G, "anatomy::pack_q4: shapes");
+  at::Tensor c = codes.contiguous(), s = scale.to(at::kFloat).contiguous(), o = offset.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty({N, pairs * Q4_BLOCK}, codes.options().dtype(at::kByte));
+  const uint8_t* src = c.data_ptr<uint8_t>();
+  const float* sc = s.data_ptr<float>();
+  const float* of = o.data_ptr<float>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t p = 0; p < pairs; ++p) {
+      uint8_t* block = dst + (n * pairs + p) * Q4_BLOCK;
+      const int64_t g = n * (K / G) + 2 * p;
+      uint16_t h[4] = {float_to_half(sc[g]), float_to_half(of[g]), float_to_half(sc[g + 1]), float_to_half(of[g + 1])};
+      std::memcpy(block, h, 8);
+      for (int half = 0; half < 2; ++half) {
+        const uint8_t* group = src + n * (K / 2) + (2 * p + half) * (G / 2);  // 16 bytes: q[j] | q[j+16] << 4
+        for (int64_t j = 0; j < G; ++j) {
+          const uint8_t q = j < 16 ? (group[j] & 0x0F) : (group[j - 16] >> 4);
+          block[8 + j] = static_cast<uint8_t>(half ? (block[8 + j] | (q << 4)) : q);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// codes [N, K] int8, scale [N, K/32] float -> the q8 layout [N, K/64 * 72]
+at::Tensor pack_q8(const at::Tensor& codes, const at::Tensor& scale) {
+  const int64_t N = codes.size(0), K = codes.size(1), pairs = K / PAIR;
+  TORCH_CHECK(K % PAIR == 0 && scale.size(1) == K / G, "anatomy::pack_q8: shapes");
+  at::Tensor c = codes.contiguous(), s = scale.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty({N, pairs * Q8_BLOCK}, codes.options().dtype(at::kByte));
+  const int8_t* src = c.data_ptr<int8_t>();
+  const float* sc = s.data_ptr<float>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t p = 0; p < pairs; ++p) {
+      uint8_t* block = dst + (n * pairs + p) * Q8_BLOCK;
+      const int8_t* q = src + n * K + p * PAIR;
+      uint16_t h[2] = {float_to_half(sc[n * (K / G) + 2 * p]), float_to_half(sc[n * (K / G) + 2 * p + 1])};
+      int16_t sums[2] = {0, 0};
+      for (int64_t j = 0; j < PAIR; ++j) sums[j / G] += q[j];
+      std::memcpy(block, h, 4);
+      std::memcpy(block + 4, sums, 4);
+      std::memcpy(block + 8, q, PAIR);
+    }
+  }
+  return out;
+}
+
+bool supported() { return has_avx512_vnni(); }
+
+}  // namespace
+
+TORCH_LIBRARY(anatomy, m) {
+  m.def("q4_linear(Tensor x, Tensor weight, bool portable=False) -> Tensor");
+  m.def("q8_linear(Tensor x, Tensor weight, bool portable=False) -> Tensor");
+  m.def("pack_q4(Tensor codes, Tensor scale, Tensor offset) -> Tensor");
+  m.def("pack_q8(Tensor codes, Tensor scale) -> Tensor");
+  m.def("vnni() -> bool");
+}
+
+TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
+  m.impl("q4_linear", q4_linear);
+  m.impl("q8_linear", q8_linear);
+  m.impl("pack_q4", pack_q4);
+  m.impl("pack_q8", pack_q8);
+}
+
+TORCH_LIBRARY_IMPL(anatomy, CompositeExplicitAutograd, m) {
+  m.impl("vnni", supported);
+}

@@ -1,0 +1,100 @@
+"""Speculative decoding per served sequence: prompt-lookup proposals verified in the loop's steps.
+
+    before a step     each decoding sequence that speculates proposes up to k tokens (its n-gram index
+                      over prompt + output); the scheduler gives it 1 + len(draft) slots if blocks allow
+    the step          its chunk is [last token, d_1..d_k] at positions computed..computed+k, logits of
+                      all k + 1 (one forward for every sequence of the step, as the offline verifier)
+    after             the target keeps d_1..d_n and adds its own token (greedy: argmax; sampling: the
+                      rejection rule of inference/speculative/acceptance.py), so every sequence's output
+                      is what plain serving gives (greedy) or is distributed as it (sampling)
+
+A sequence whose guesses keep failing backs off: after `MISSES` rounds in a row that kept nothing it
+proposes again only after 2, 4, 8, ... plain steps (reset by a round that keeps a token), so open-ended
+text costs few wasted verification rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from anatomy.errors import InputError
+from anatomy.inference.sampling import SamplingParams, penalized, sampling_probs
+from anatomy.inference.speculative.acceptance import accept_greedy, accept_sampled
+from anatomy.inference.speculative.ngram import NgramIndex
+from anatomy.inference.speculative.proposal import Proposal
+
+MISSES = 2  # rounds in a row that keep nothing before a sequence backs off
+MAX_BACKOFF = 64  # plain steps at most between two tries
+
+
+@dataclass(frozen=True)
+class ServedSpeculation:
+    """How the server speculates: prompt lookup with n-grams of `ngram` = (min_n, max_n) tokens, at most
+    `num_speculative_tokens` per round (a request may ask for fewer, or 0 for none)."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 5
+    ngram: tuple[int, int] = (1, 3)
+
+    def __post_init__(self) -> None:
+        if self.method != "ngram":
+            raise InputError(f"served speculation method {self.method!r} is not one of 'ngram'")
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InputError(f"num_speculative_tokens={k!r} must be an integer >= 1")
+
+    def for_sequence(self, tokens: list[int], params: SamplingParams, k: int | None = None,
+                     min_k: int = 0) -> SequenceSpeculation | None:
+        """The speculation state of one sequence proposing at most k tokens (default: the server's) and
+        verifying a proposal of at least min_k (None: it does not speculate: k = 0, or penalties,
+        which depend on every token before and are applied token by token)."""
+        k = self.num_speculative_tokens if k is None else min(k, self.num_speculative_tokens)
+        if k <= 0 or params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
+            return None
+        return SequenceSpeculation(NgramIndex(tokens, min_n=self.ngram[0], max_n=self.ngram[1]), k, min_k)
+
+
+class SequenceSpeculation:
+    """One sequence's n-gram index and back-off state."""
+
+    def __init__(self, index: NgramIndex, k: int, min_k: int = 0) -> None:
+        self.index, self.k, self.min_k = index, k, max(min_k, 1)
+        self.misses, self.wait, self.backoff = 0, 0, 1
+        self.proposed = self.accepted = self.rounds = 0
+
+    def propose(self, room: int) -> list[int]:
+        """Up to min(k, room) guessed next tokens ([] while backing off or without a match)."""
+        if self.wait > 0:
+            self.wait -= 1
+            return []
+        draft = self.index.continuation(min(self.k, room)) if room > 0 else []
+        return draft if len(draft) >= self.min_k else []
+
+    def observe(self, tokens: list[int]) -> None:
+        """Tokens appended to the sequence (prompt lookup indexes them)."""
+        self.index.extend(tokens)
+
+    def kept(self, proposed: int, accepted: int) -> None:
+        self.rounds, self.proposed, self.accepted = self.rounds + 1, self.proposed + proposed, self.accepted + accepted
+        if accepted:
+            self.misses, self.backoff = 0, 1
+            return
+        self.misses += 1
+        if self.misses >= MISSES:
+            self.wait, self.backoff, self.misses = self.backoff, min(2 * self.backoff, MAX_BACKOFF), 0
+
+
+def accept(logits: Tensor, draft: list[int], params: SamplingParams, generator: torch.Generator | None
+           ) -> tuple[list[int], int]:
+    """logits [k+1, V] of [last, d_1..d_k] -> (the tokens to emit: d_1..d_n and the target's own, n)."""
+    proposal = Proposal(torch.tensor([draft], device=logits.device))
+    rows = penalized(logits[None], params)  # [1, k+1, V] float32 (no penalty is on when speculating)
+    if params.greedy:
+        tokens, kept = accept_greedy(rows, proposal)
+    else:
+        tokens, kept = accept_sampled(sampling_probs(rows, params), proposal, generator)
+    n = int(kept[0])
+    return tokens[0, :n + 1].tolist(), n
