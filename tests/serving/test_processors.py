@@ -122,3 +122,26 @@ def test_grammars_that_do_not_compile_name_the_field(grammars, spec, words):
     with pytest.raises(GrammarError) as exc:
         grammars.compile(spec)
     assert exc.value.param == spec.param and words in exc.value.message
+
+
+def test_speculative_decoding_within_the_grammar_gives_the_plain_constrained_output(vocab_model, smollm2_tokenizer,
+                                                                                      grammars):
+    """Prompt-lookup drafts are cut to what the grammar allows and verified under its masks: greedy
+    constrained output with speculation == without it, and valid."""
+    from anatomy.serving.speculation import ServedSpeculation
+
+    example = json.dumps({"name": "Ada", "age": 36, "role": "admin", "tags": ["x"]})
+    prompt = smollm2_tokenizer.encode(f"{example}\n{example}\n{example}\n")
+    params = SamplingParams(max_new_tokens=60)
+    out = []
+    for speculation in (None, ServedSpeculation(num_speculative_tokens=4)):
+        loop = ServingLoop(DecoderEngine(vocab_model), smollm2_tokenizer, kv_bytes=10 ** 7, block_size=16,
+                           speculation=speculation)
+        events = run_all(loop, [prompt], params, constraint=grammars.compile(GrammarSpec("json", SCHEMA, "x")),
+                         bias={smollm2_tokenizer.encode("Ada", add_special_tokens=False)[0]: 5.0})[0]
+        out.append(([e.token for e in events], loop))
+    assert out[0][0] == out[1][0]
+    assert out[1][1].scheduler.running == [] and out[1][1].blocks.used == 0
+    text = smollm2_tokenizer.decode([t for t in out[1][0] if t not in smollm2_tokenizer.eos_ids])
+    if len(out[1][0]) < 60:
+        jsonschema.validate(json.loads(text), SCHEMA)
