@@ -316,8 +316,9 @@ GOOD = {"model": MODEL, "messages": FRANCE, "max_tokens": 2}
     ({**GOOD, "temperature": 3}, "temperature", "less than or equal to 2"),
     ({**GOOD, "top_p": 0}, "top_p", "greater than 0"),
     ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
-    ({**GOOD, "frobnicate": 1}, "frobnicate", "unrecognized"),
-    ({**GOOD, "tools": [{"type": "function"}]}, "tools", "not supported"),
+    ({**GOOD, "tools": [{"type": "function"}]}, "tools.0.function", "required"),
+    ({**GOOD, "tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools.0.function.name",
+     "letters, digits"),
     ({"messages": FRANCE}, "model", "required"),
 ])
 def test_bad_chat_requests_get_400_and_the_server_still_serves(server, body, param, words):

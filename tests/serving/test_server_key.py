@@ -21,7 +21,7 @@ KEY = "s3cret-key"
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server("--api-key", KEY, "--kv-memory", "64MiB", "--embedding-model", "none")
+    s = Server("--api-key", KEY, "--kv-memory", "64MiB", "--embedding-model", "none", "--strict-fields")
     yield s
     s.close()
 
@@ -42,6 +42,20 @@ def test_the_key_is_required(server):
     assert r.usage.completion_tokens == 2
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="all-minilm-l6-v2", input="x")
+
+
+@pytest.mark.slow
+def test_strict_fields_refuse_unknown_fields_as_openai_does(server):
+    """--strict-fields: an unknown field gets OpenAI's 400 (the default, as vLLM, ignores and logs it)."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    status, answer = server.post("/v1/chat/completions", {**body, "frobnicate": 1}, headers=headers)
+    assert status == 400 and answer["error"]["param"] == "frobnicate"
+    assert "unrecognized request argument supplied: frobnicate" in answer["error"]["message"]
+    status, answer = server.post("/v1/chat/completions", {**body, "messages": [{"role": "user", "content": "x",
+                                                                                "mood": "happy"}]}, headers=headers)
+    assert status == 400 and answer["error"]["param"] == "messages.0.mood"
+    assert server.post("/v1/chat/completions", body, headers=headers)[0] == 200
 
 
 @pytest.mark.slow

@@ -4,7 +4,9 @@
     anatomy serve --model x.gguf --port 9000 --api-key KEY --kv-memory 2GiB
 
 The port is bound before the model loads, so a busy port fails at once; /health answers 503
-while the model loads and 200 once it serves. The model is loaded as `anatomy.load` does
+while the model loads and 200 once it serves. SIGTERM or SIGINT drains: new requests get 503, those
+in flight have --shutdown-timeout seconds, then end with an error; past --max-queue waiting
+sequences a request gets 429. The model is loaded as `anatomy.load` does
 (--weights auto keeps a GGUF file's quantized blocks) and served through the engine's planned view;
 the start-up lines name its kernels per phase and the KV cache's size.
 """
@@ -33,8 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve", help="serve a model over the OpenAI API (continuous batching, paged KV cache)",
         description="Serve a decoder model over the OpenAI HTTP API (/v1/chat/completions, /v1/completions, "
-                    "/v1/embeddings, /v1/models) with continuous batching over a paged KV cache with prefix "
-                    "caching; /health, /metrics (Prometheus), /tokenize, /detokenize.",
+                    "/v1/responses, /v1/embeddings, /v1/models; tools, structured outputs, echo and logprobs) with "
+                    "continuous batching over a paged KV cache with prefix caching; /health, /metrics (Prometheus), "
+                    "/tokenize, /detokenize, /tokenizer_info.",
         formatter_class=DefaultsHelpFormatter)  # unset defaults unshown: never a key from the environment
     add_model_option(p, forms=("installed", "gguf", "hf"), default=DEFAULT_MODEL, note=" (a decoder)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
@@ -67,6 +70,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the most tokens a sequence proposes per step (default 5; it backs off while they are "
                         "rejected)")
     p.add_argument("--max-body-bytes", type=int, default=4 * 2 ** 20, help="larger request bodies get 413")
+    p.add_argument("--max-queue", type=int, default=256,
+                   help="most sequences that may wait beyond a full batch; past it requests get 429 with Retry-After "
+                        "(-1: no limit)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT: seconds the requests in flight have to finish (new ones get 503); then "
+                        "the rest end with an error (a second signal: at once)")
+    p.add_argument("--strict-fields", action="store_true",
+                   help="refuse unknown request fields with 400, as OpenAI does (default: ignored and logged, as vLLM "
+                        "does)")
     add_quiet_option(p)
     p.set_defaults(run=run)
 
@@ -89,8 +101,9 @@ def run(args: argparse.Namespace) -> int:
     _resolve(args.model, "--model", "serving")
     sock = _listen(args.host, args.port)
     state = ServerState(model_name=args.model, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
-                        embedding_name=embedding)
-    server = _uvicorn(create_app(state))
+                        embedding_name=embedding, strict_fields=args.strict_fields,
+                        max_queue=None if args.max_queue < 0 else args.max_queue)
+    server = _uvicorn(create_app(state), state, args.shutdown_timeout)
     failures: list[BaseException] = []
     loader = threading.Thread(target=_load, args=(state, args, kv_bytes, server, failures), name="anatomy-loader",
                               daemon=True)
@@ -208,7 +221,8 @@ def _physical_memory() -> int:
 def _check_args(args: argparse.Namespace) -> None:
     for name, value, low in (("--port", args.port, 0), ("--block-size", args.block_size, 1),
                              ("--batch-size", args.batch_size, 1), ("--max-step-tokens", args.max_step_tokens, 1),
-                             ("--max-body-bytes", args.max_body_bytes, 1)):
+                             ("--max-body-bytes", args.max_body_bytes, 1), ("--max-queue", args.max_queue, -1),
+                             ("--shutdown-timeout", args.shutdown_timeout, 0)):
         if value < low:
             raise InputError(f"{name} {value} must be >= {low}")
     if args.port > 65535:
@@ -255,8 +269,35 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn(app):
+def _uvicorn(app, state, shutdown_timeout: float):
+    import asyncio
+
     import uvicorn
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=3)
-    return uvicorn.Server(config)
+    from anatomy.serving.generation import drain
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn, whose first SIGTERM/SIGINT drains the app (serving.app.drain) before it exits; a
+        second one is uvicorn's own (SIGINT: at once)."""
+
+        async def serve(self, sockets=None) -> None:
+            self.aio = asyncio.get_running_loop()
+            await super().serve(sockets)
+
+        def handle_exit(self, sig, frame) -> None:
+            if state.draining or not hasattr(self, "aio"):
+                return super().handle_exit(sig, frame)
+            state.draining = True
+            print(f"anatomy serve: shutting down: new requests get 503, those in flight have {shutdown_timeout:g} s",
+                  file=sys.stderr, flush=True)
+            self.aio.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+
+        async def _drain(self) -> None:
+            await drain(state, shutdown_timeout)
+            if state.loop is not None:
+                await asyncio.to_thread(state.loop.stop)
+            self.should_exit = True
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=3,
+                            loop="asyncio", http="h11")
+    return DrainingServer(config)

@@ -1,15 +1,20 @@
 """The OpenAI-compatible HTTP app (Starlette on uvicorn): the edge between clients and the serving loop.
 
     POST /v1/chat/completions, /v1/completions   generation (SSE when "stream": true)
+    POST /v1/responses                           the Responses API on the same loop (responses_api.py)
     POST /v1/embeddings                          sentence embeddings from the encoder model
     GET  /v1/models, /health, /metrics           what is served, readiness (200 / 503 loading), Prometheus
-    POST /tokenize, /detokenize                  the served model's tokenizer
+    POST /tokenize, /detokenize                  the served model's tokenizer (vLLM's shapes)
+    GET  /tokenizer_info                         its special tokens and chat template (vLLM's)
 
 Every error is OpenAI's JSON, {"error": {"message", "type", "param", "code"}}: 400 for bad input,
 401 for a wrong or missing key (when the server has one; /health and /metrics stay open), 404
-for an unknown model or path, 413 for a body over the limit, 503 while loading, 500 for a bug.
+for an unknown model or path, 413 for a body over the limit, 429 (with Retry-After) past the
+admission limit, 503 while loading or shutting down, 500 for a bug.
 A client that goes away (a closed connection) has its sequences cancelled at once: the loop
-frees their blocks at the start of its next step.
+frees their blocks at the start of its next step. On shutdown (`drain`) new requests get 503, the
+ones in flight finish up to a deadline, and those still running then end with an error (a stream:
+an error event and [DONE]).
 """
 
 from __future__ import annotations
@@ -17,11 +22,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import sys
-import threading
-import time
 import traceback
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
@@ -31,47 +32,15 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from anatomy.errors import InputError
-from anatomy.serving import responses
+from anatomy.serving import responses, responses_api
+from anatomy.serving.chat_prompt import chat_ids
+from anatomy.serving.generation import chat_inputs, generate
 from anatomy.serving.loop import ServingLoop
 from anatomy.serving.protocol import (ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest,
-                                      RequestError, TokenizeRequest, parse)
-from anatomy.serving.sequence import Event
+                                      RequestError, TokenizeRequest)
+from anatomy.serving.state import MAX_BODY_BYTES, ServerState  # noqa: F401 (the app's state, for its users)
 
-MAX_BODY_BYTES = 4 * 1024 * 1024
 OPEN_PATHS = ("/health", "/metrics")
-
-
-@dataclass
-class ServerState:
-    """What the app serves; the model side is filled in by a loader thread (`ready` when done)."""
-
-    model_name: str
-    api_key: str | None = None
-    max_body_bytes: int = MAX_BODY_BYTES
-    loop: ServingLoop | None = None
-    tokenizer: Any = None
-    embedding_name: str | None = None
-    embedder: Callable[[list[str]], tuple[Any, int]] | None = None  # texts -> (vectors [N, D], tokens)
-    ready: threading.Event = field(default_factory=threading.Event)
-    load_error: str | None = None
-    created: int = field(default_factory=lambda: int(time.time()))
-    embed_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def serving(self) -> ServingLoop:
-        if self.load_error is not None:
-            raise RequestError(f"the model failed to load: {self.load_error}", status=503, type="server_error")
-        if not self.ready.is_set():
-            raise RequestError("the model is still loading; retry shortly", status=503, type="server_error",
-                               code="loading")
-        return self.loop
-
-    def check_model(self, name: str, *, embedding: bool = False) -> None:
-        served = self.embedding_name if embedding else self.model_name
-        if name != served:
-            what = "embedding model" if embedding else "model"
-            choices = ", ".join(repr(n) for n in (self.model_name, self.embedding_name) if n) or "none"
-            raise RequestError(f"the {what} {name!r} does not exist here (served: {choices})", param="model",
-                               status=404, code="model_not_found")
 
 
 def create_app(state: ServerState) -> Starlette:
@@ -89,21 +58,28 @@ def create_app(state: ServerState) -> Starlette:
         return JSONResponse({"object": "list", "data": entries})
 
     async def chat(request: Request) -> Response:
-        req = parse(ChatRequest, await read_body(request, state.max_body_bytes))
+        req = state.parse(ChatRequest, request, await read_body(request, state.max_body_bytes))
         state.check_model(req.model)
         state.serving()
-        ids = encode_chat(state.tokenizer, req.messages)
-        return await generate(state, request, req, [ids], chat=True)
+        ids, spec = chat_inputs(state.tokenizer, req)
+        return await generate(state, request, req, [ids], chat=True, spec=spec)
 
     async def completions(request: Request) -> Response:
-        req = parse(CompletionRequest, await read_body(request, state.max_body_bytes))
+        req = state.parse(CompletionRequest, request, await read_body(request, state.max_body_bytes))
         state.check_model(req.model)
         state.serving()
         prompts = [encode_text(state.tokenizer, p) for p in req.prompts()]
-        return await generate(state, request, req, prompts, chat=False)
+        return await generate(state, request, req, prompts, chat=False, spec=req.structure())
+
+    async def responses_endpoint(request: Request) -> Response:
+        return await responses_api.handle(state, request, await read_body(request, state.max_body_bytes))
+
+    async def tokenizer_info(request: Request) -> Response:
+        loop = state.serving()
+        return JSONResponse(responses.tokenizer_info(state.tokenizer, loop.context))
 
     async def embeddings(request: Request) -> Response:
-        req = parse(EmbeddingRequest, await read_body(request, state.max_body_bytes))
+        req = state.parse(EmbeddingRequest, request, await read_body(request, state.max_body_bytes))
         if state.embedder is None:
             state.serving()  # 503 while loading
         state.check_model(req.model, embedding=True)
@@ -117,18 +93,21 @@ def create_app(state: ServerState) -> Starlette:
         return JSONResponse(responses.embeddings(vectors, req.model, req.encoding_format, tokens))
 
     async def tokenize(request: Request) -> Response:
-        req = parse(TokenizeRequest, await read_body(request, state.max_body_bytes))
+        req = state.parse(TokenizeRequest, request, await read_body(request, state.max_body_bytes))
         if req.model is not None:
             state.check_model(req.model)
         loop = state.serving()
         if req.messages is not None:
-            ids = encode_chat(state.tokenizer, req.messages, add_generation_prompt=req.add_generation_prompt)
+            ids = chat_ids(state.tokenizer, req.messages, add_generation_prompt=req.add_generation_prompt)
         else:
             ids = state.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": loop.context})
+        body = {"tokens": ids, "count": len(ids), "max_model_len": loop.context}
+        if req.return_token_strs:
+            body["token_strs"] = [state.tokenizer.id_to_token(i) for i in ids]
+        return JSONResponse(body)
 
     async def detokenize(request: Request) -> Response:
-        req = parse(DetokenizeRequest, await read_body(request, state.max_body_bytes))
+        req = state.parse(DetokenizeRequest, request, await read_body(request, state.max_body_bytes))
         if req.model is not None:
             state.check_model(req.model)
         state.serving()
@@ -145,6 +124,8 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/responses", responses_endpoint, methods=["POST"]),
+        Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
@@ -154,126 +135,6 @@ def create_app(state: ServerState) -> Starlette:
                 Exception: _bug}
     return Starlette(routes=routes, exception_handlers=handlers,
                      middleware=[] if state.api_key is None else [_key_middleware(state.api_key)])
-
-
-# -- generation ------------------------------------------------------------------------------------
-
-async def generate(state: ServerState, request: Request, req: ChatRequest | CompletionRequest,
-                   prompts: list[list[int]], *, chat: bool) -> Response:
-    loop = state.serving()
-    limits = [token_limit(len(ids), req.token_limit, loop.context, chat=chat) for ids in prompts]
-    run = RequestRun(loop, prompts, req, limits)
-    render = responses.ChatRender if chat else responses.CompletionRender
-    out = render(req, state.tokenizer, usage_prompt=sum(len(p) for p in prompts), choices=len(run.seqs))
-    if req.stream:
-        return EventStream(out.stream(run.events()), on_disconnect=run.cancel)
-    gathered = asyncio.ensure_future(out.collect(run.events()))
-    gone = asyncio.ensure_future(_disconnected(request))
-    await asyncio.wait({gathered, gone}, return_when=asyncio.FIRST_COMPLETED)
-    if not gathered.done():  # the client left: free its sequences now
-        run.cancel()
-        gathered.cancel()
-        return Response(status_code=499)
-    gone.cancel()
-    return JSONResponse(gathered.result())
-
-
-def token_limit(prompt: int, asked: int | None, context: int, *, chat: bool) -> int:
-    """max_tokens of a prompt of `prompt` tokens: as asked if prompt + it fits the context, else a
-    400 saying both numbers; unset: whatever room the context leaves."""
-    where = "messages" if chat else "prompt"
-    if prompt >= context:
-        raise RequestError(f"this model's maximum context length is {context} tokens, and the {where} alone "
-                           f"has {prompt} tokens", param="messages" if chat else "prompt",
-                           code="context_length_exceeded")
-    if asked is None:
-        return context - prompt
-    if prompt + asked > context:
-        raise RequestError(f"this model's maximum context length is {context} tokens; you requested "
-                           f"{prompt + asked} tokens ({prompt} in the {where}, {asked} in the completion)",
-                           param="max_tokens", code="context_length_exceeded")
-    return asked
-
-
-class RequestRun:
-    """The sequences of one HTTP request (n per prompt) and the queue their events arrive on."""
-
-    def __init__(self, loop: ServingLoop, prompts: list[list[int]], req: ChatRequest | CompletionRequest,
-                 limits: list[int]) -> None:
-        self.loop = loop
-        self.queue: asyncio.Queue[tuple[int, Event] | None] = asyncio.Queue()
-        aio = asyncio.get_running_loop()
-        self.seqs = []
-        for p, (ids, limit) in enumerate(zip(prompts, limits)):
-            for j in range(req.n):
-                index = p * req.n + j
-                sink = _sink(aio, self.queue, index)
-                self.seqs.append(loop.submit(ids, req.sampling(limit, choice=j), sink, logprobs=req.logprob_count,
-                                             speculative_tokens=req.speculative_n_max,
-                                             speculative_min=req.speculative_n_min))
-        self.cancelled = False
-
-    async def events(self) -> AsyncIterator[tuple[int, Event]]:
-        """(choice index, event) until every choice has finished (or the run is cancelled)."""
-        open_choices = len(self.seqs)
-        while open_choices:
-            item = await self.queue.get()
-            if item is None:
-                return
-            if item[1].finish_reason is not None:
-                open_choices -= 1
-            yield item
-
-    def cancel(self) -> None:
-        if self.cancelled:
-            return
-        self.cancelled = True
-        for seq in self.seqs:
-            if not seq.finished:
-                self.loop.cancel(seq)
-        self.queue.put_nowait(None)
-
-
-def _sink(aio: asyncio.AbstractEventLoop, queue: asyncio.Queue, index: int) -> Callable[[Event], None]:
-    def sink(event: Event) -> None:  # called on the serving loop's thread
-        aio.call_soon_threadsafe(queue.put_nowait, (index, event))
-    return sink
-
-
-class EventStream(Response):
-    """A server-sent-events response that stops, and cancels the generation, as soon as the client
-    disconnects (not only when the next write fails)."""
-
-    media_type = "text/event-stream"
-
-    def __init__(self, chunks: AsyncIterator[bytes], *, on_disconnect: Callable[[], None]) -> None:
-        self.chunks, self.on_disconnect = chunks, on_disconnect
-        self.status_code = 200
-        self.background = None
-        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    async def __call__(self, scope, receive, send) -> None:
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            self.on_disconnect()
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            async for chunk in self.chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:  # the client went away mid-write
-            self.on_disconnect()
-        finally:
-            watcher.cancel()
-            await self.chunks.aclose()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 # -- the edges -------------------------------------------------------------------------------------
@@ -298,16 +159,6 @@ async def read_body(request: Request, limit: int) -> bytes:
 def _too_large(size: int, limit: int) -> RequestError:
     return RequestError(f"the request body has {size:,} bytes or more, the limit is {limit:,}", status=413,
                         code="request_too_large")
-
-
-def encode_chat(tokenizer: Any, messages: list, *, add_generation_prompt: bool = True) -> list[int]:
-    from anatomy.inference.generate import encode_prompt
-
-    rendered = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in messages]
-    if not add_generation_prompt:
-        text = tokenizer.apply_chat_template(rendered, add_generation_prompt=False)
-        return tokenizer.encode(text, add_special_tokens=False)
-    return encode_prompt(rendered, tokenizer)
 
 
 def encode_text(tokenizer: Any, prompt: str | list[int]) -> list[int]:
@@ -347,8 +198,10 @@ def error_json(status: int, message: str, *, type: str = "invalid_request_error"
 
 async def _request_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, RequestError):
-        return error_json(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code)
-    return error_json(400, str(exc))
+        response = error_json(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code)
+        response.headers.update(exc.headers or {})
+        return response
+    return error_json(400, str(exc), param=getattr(exc, "param", None))
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:

@@ -1,13 +1,16 @@
 """The serving loop: one thread owns the model, the paged KV cache and the scheduler.
 
     submit(prompt ids, params, sink) / cancel(seq)      from any thread: queued, picked up by the loop
-    step():  new and cancelled sequences -> speculating sequences propose their drafts
+    step():  new and cancelled sequences -> speculating sequences propose their drafts (within their
+                grammar, if any)
              -> scheduler.schedule() -> (sequence, n tokens) pairs
              -> one engine.step for the decoding rows [B, 1], one for the verifying rows [B', 1 + k]
                 and one per group of prefill chunks [B'', S] over the paged cache -> logits of rows
-                that reached their end (every position of a verifying row)
-             -> sample (or keep the agreed part of a draft) -> detokenize, stop strings -> sink(Event)
-                per token -> finished sequences leave
+                that reached their end (every position of a verifying row, and of a prompt whose
+                logprobs are asked: prompt_logprobs.py)
+             -> logit_bias, min_tokens, grammar masks (processors.py) -> sample (or keep the agreed part
+                of a draft) -> the grammar accepts -> detokenize, stop strings -> sink(Event) per token
+             -> finished sequences leave
 
 The loop runs the model only through the engine's public API: `engine.paged_cache` (blocks in the
 dtype the blocks' branches compute in) and `engine.step`, whose decode steps replay a graph captured
@@ -35,6 +38,8 @@ from anatomy.inference.sampling import SamplingParams, make_generator, next_toke
 from anatomy.text.stops import StopStringFilter, TextRow
 from anatomy.serving.blocks import BlockManager
 from anatomy.serving.metrics import ServingMetrics
+from anatomy.serving.processors import logit_bias, processed, processed_draft
+from anatomy.serving.prompt_logprobs import PromptLogprobStore, record, wants_prompt_logits
 from anatomy.serving.scheduler import Scheduler
 from anatomy.serving.sequence import Event, Sequence, TokenLogprob
 from anatomy.serving.speculation import ServedSpeculation, accept
@@ -62,8 +67,9 @@ class ServingLoop:
         self.context = min(config.max_seq_len, num_blocks * block_size)  # the most tokens one sequence can hold
         self.cache = engine.paged_cache(num_blocks=num_blocks, block_size=block_size)
         self.blocks = BlockManager(num_blocks, block_size)
+        self.prompt_store = PromptLogprobStore(block_size)
         self.scheduler = Scheduler(self.blocks, max_seqs=max_seqs, max_step_tokens=max_step_tokens,
-                                   prefix_caching=prefix_caching)
+                                   prefix_caching=prefix_caching, prompt_logprobs=self.prompt_store)
         self.metrics = ServingMetrics(name)
         self.eos_ids = eos_ids(engine.config, tokenizer)
         self._inbox: queue.SimpleQueue[tuple[str, Sequence]] = queue.SimpleQueue()
@@ -75,15 +81,19 @@ class ServingLoop:
     # -- from any thread --------------------------------------------------------------------------
 
     def submit(self, prompt: list[int], params: SamplingParams, sink: Callable[[Event], Any], *,
-               logprobs: int | None = None, speculative_tokens: int | None = None,
-               speculative_min: int = 0) -> Sequence:
+               logprobs: int | None = None, prompt_logprobs: int | None = None, constraint: Any = None,
+               bias: dict[int, float] | None = None, min_tokens: int = 0, generate: bool = True,
+               speculative_tokens: int | None = None, speculative_min: int = 0) -> Sequence:
         """Queue a sequence; `sink` gets one Event per sampled token (from the loop's thread).
+        `prompt_logprobs` (k) asks for each prompt token's logprob and top k (on the first event);
+        `constraint` (a grammar.Constraint) and `bias` ({token id: logit bias}) shape every next token;
+        `generate=False` runs the prompt only (one event, finish_reason "length").
         `speculative_tokens`: at most this many proposals per round (0: none; None: the server's
         default; a server without speculation verifies n-gram proposals for a request that asks),
         verified only when at least `speculative_min` are proposed."""
         if not prompt:
             raise InputError("the prompt is empty")
-        if len(prompt) + params.max_new_tokens > self.context:
+        if len(prompt) + params.max_new_tokens * generate > self.context:
             raise InputError(f"the prompt has {len(prompt)} tokens and max_new_tokens={params.max_new_tokens}: "
                              f"{len(prompt) + params.max_new_tokens} tokens, more than the context of {self.context}")
         vocab = self.engine.config.vocab_size
@@ -91,7 +101,10 @@ class ServingLoop:
         seq = Sequence(tokens=list(prompt), prompt_len=len(prompt), params=params, sink=sink, logprobs=logprobs,
                        text=TextRow(decoder, StopStringFilter(params.stop)),
                        stop_ids=frozenset(params.stop_ids) | (frozenset() if params.ignore_eos else self.eos_ids),
-                       generator=make_generator(params.seed, self.engine.device))
+                       generator=make_generator(params.seed, self.engine.device),
+                       bias=logit_bias(bias or {}, self.engine.device), constraint=constraint, min_tokens=min_tokens,
+                       score_only=not generate, prompt_logprobs=prompt_logprobs,
+                       prompt_entries=[None] * len(prompt) if prompt_logprobs is not None else [])
         if params.repetition_penalty != 1.0:
             seq.seen = torch.zeros(vocab, dtype=torch.bool, device=self.engine.device)
             seq.seen[torch.tensor(prompt, device=self.engine.device)] = True
@@ -157,6 +170,8 @@ class ServingLoop:
             if seq.speculation is not None and seq.remaining == 1:
                 room = min(seq.params.max_new_tokens - seq.generated, self.context - len(seq.tokens)) - 1
                 seq.draft = seq.speculation.propose(room)
+                if seq.constraint is not None and seq.draft:  # only what the grammar allows is verified
+                    seq.draft = seq.draft[:seq.constraint.valid_prefix(seq.draft)]
 
     def _take_inbox(self) -> None:
         while True:
@@ -173,20 +188,31 @@ class ServingLoop:
     @torch.inference_mode()
     def _run_group(self, group: list[tuple[Sequence, int]]) -> None:
         """One forward over the chunks of `group`; rows that reach their sequence's end sample a token
-        (a verifying row keeps what the target agrees with of its draft)."""
+        (a verifying row keeps what the target agrees with of its draft). A chunk of a sequence that
+        wants its prompt's logprobs asks for the logits of all its tokens."""
         if group[0][0].draft:
             return self._verify(group)
-        ends = [i for i, (seq, n) in enumerate(group) if seq.computed + n == len(seq.tokens)]
         chunks = [Chunk(seq.tokens[seq.computed:seq.computed + n], seq.computed, seq.blocks,
-                        logits=int(seq.computed + n == len(seq.tokens))) for seq, n in group]
-        logits = self.engine.step(self.cache, chunks)  # [len(ends), V]
-        prompt_tokens = 0
-        for seq, n in group:
+                        logits=n if wants_prompt_logits(seq, n) else int(seq.computed + n == len(seq.tokens)))
+                  for seq, n in group]
+        logits = self.engine.step(self.cache, chunks)  # [sum of chunk.logits, V]
+        prompt_tokens, row, ends = 0, 0, []
+        for (seq, n), chunk in zip(group, chunks):
+            if chunk.logits > 1 or (chunk.logits and seq.prompt_logprobs is not None):
+                record(seq, seq.computed + n - chunk.logits, logits[row:row + chunk.logits])
+            row += chunk.logits
+            if seq.computed + n == len(seq.tokens):
+                ends.append((seq, row - 1))
             prompt_tokens += max(0, min(seq.computed + n, seq.prompt_len) - seq.computed)
             self.scheduler.advance(seq, n)
+            if seq.prompt_logprobs is not None:
+                self.prompt_store.put(seq)
         self.metrics.step(prompt_tokens, len(ends))
+        for seq, _ in [e for e in ends if e[0].score_only]:
+            self._emit_prompt_only(seq)
+        ends = [e for e in ends if not e[0].score_only]
         if ends:
-            self._sample([group[i][0] for i in ends], logits)
+            self._sample([seq for seq, _ in ends], logits[torch.tensor([r for _, r in ends])])
 
     def _verify(self, group: list[tuple[Sequence, int]]) -> None:
         """One forward over each row's last token and draft -> the agreed tokens emitted one by one, the
@@ -196,7 +222,7 @@ class ServingLoop:
         self.metrics.step(0, len(group))
         for (seq, n), rows in zip(group, logits):
             draft, seq.draft = seq.draft, []
-            tokens, kept = accept(rows, draft, seq.params, seq.generator)
+            tokens, kept = accept(processed_draft(rows, seq, draft), draft, seq.params, seq.generator)
             seq.speculation.kept(len(draft), kept)
             logprobs = self._logprobs(rows[:len(tokens)], tokens, seq.logprobs)
             for token, logprob in zip(tokens, logprobs):
@@ -215,7 +241,7 @@ class ServingLoop:
         return [TokenLogprob(float(c), i.tolist(), v.tolist()) for c, i, v in zip(chosen, ids, values)]
 
     def _sample(self, seqs: list[Sequence], logits: Tensor) -> None:
-        tokens = choose_tokens(logits, seqs)
+        tokens = choose_tokens(processed(logits, seqs), seqs)
         for i, (seq, token) in enumerate(zip(seqs, tokens)):
             self._emit(seq, token, self._logprobs(logits[i:i + 1], [token], seq.logprobs)[0])
 
@@ -234,14 +260,27 @@ class ServingLoop:
             seq.counts[token] += 1
         text = seq.text.add(token, seq.stop_ids)
         reason = seq.text.finish_reason
+        if reason is None and seq.constraint is not None:
+            seq.constraint.accept(token)
+            if seq.constraint.finished:  # the grammar is complete: nothing but a stop could follow
+                text += seq.text.finish("stop")
+                reason = "stop"
         if reason is None and (seq.generated >= seq.params.max_new_tokens or len(seq.tokens) >= self.context):
             text += seq.text.finish("length")
             reason = "length"
         kept = token not in seq.stop_ids
-        _deliver(seq, Event(token, text, logprob if kept else None, reason))
+        _deliver(seq, Event(token, text, logprob if kept else None, reason,
+                            prompt_logprobs=seq.prompt_entries if first and seq.prompt_logprobs is not None else None))
         if reason is not None:
             self.scheduler.finish(seq)
             self.metrics.finish(reason, now - seq.arrival)
+
+    def _emit_prompt_only(self, seq: Sequence) -> None:
+        """A sequence that generates nothing (max_tokens 0) ends once its prompt has run."""
+        _deliver(seq, Event(None, "", finish_reason="length",
+                            prompt_logprobs=seq.prompt_entries if seq.prompt_logprobs is not None else None))
+        self.scheduler.finish(seq)
+        self.metrics.finish("length", time.perf_counter() - seq.arrival)
 
     def _fail_all(self, message: str) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):

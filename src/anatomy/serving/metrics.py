@@ -85,6 +85,19 @@ class ServingMetrics:
             if e2e is not None:
                 self.e2e.observe(e2e)
 
+    def median_latency(self) -> float | None:
+        """The upper bound of the e2e-latency bucket that holds the median request (None before any)."""
+        with self.lock:
+            counts, total = self.e2e.counts, sum(self.e2e.counts)
+        if not total:
+            return None
+        seen = 0
+        for bound, count in zip((*E2E_BUCKETS, float("inf")), counts):
+            seen += count
+            if seen * 2 >= total:
+                return bound if bound != float("inf") else E2E_BUCKETS[-1]
+        return None
+
     def rates(self) -> tuple[float, float]:
         """(prompt tokens/s, generated tokens/s) over the last RATE_WINDOW_S seconds."""
         now = time.perf_counter()

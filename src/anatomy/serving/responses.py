@@ -3,7 +3,13 @@
 Streamed chat: the first chunk of each choice carries the role, every chunk the same `id`; the
 content deltas join to the text the same request gets unstreamed; each choice ends with a chunk
 holding its finish_reason; with stream_options.include_usage a last chunk (no choices) carries
-the usage; then `data: [DONE]`.
+the usage (with continuous_usage_stats, every chunk carries the usage so far); then `data: [DONE]`.
+A request that fails or is ended by the server's shutdown gets an error event, then `[DONE]`.
+
+Tool calls (chat with tools): the text is read by tools.ToolStream; a call is sent as OpenAI sends
+it, a delta {"tool_calls": [{"index", "id", "type": "function", "function": {"name", "arguments": ""}}]}
+then the arguments; finish_reason "tool_calls". Completions with echo put the prompt (its text, and
+with logprobs its tokens, the first one's logprob null as OpenAI's) before the generated text.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import torch
 
 from anatomy.serving.protocol import ChatRequest, CompletionRequest, RequestError
 from anatomy.serving.sequence import Event, TokenLogprob
+from anatomy.serving.tools import Call, ToolStream, parse_output
 
 
 def sse(obj: Any) -> bytes:
@@ -45,6 +52,7 @@ class _Render:
         self.tokens = [0] * choices
         self.finish: list[str | None] = [None] * choices
         self.logprobs: list[list[tuple[int, TokenLogprob]]] = [[] for _ in range(choices)]
+        self.prompt_logprobs: list[list[TokenLogprob | None] | None] = [None] * choices
 
     def usage(self) -> dict[str, int]:
         completion = sum(self.tokens)
@@ -54,6 +62,8 @@ class _Render:
     def _account(self, index: int, event: Event) -> None:
         if event.error is not None:
             raise RequestError(event.error, status=500, type="server_error")
+        if event.prompt_logprobs is not None:
+            self.prompt_logprobs[index] = event.prompt_logprobs
         if event.token is not None:
             self.tokens[index] += 1
         if event.logprob is not None:
@@ -76,13 +86,11 @@ class _Render:
             async for index, event in events:
                 pending = len(self.logprobs[index])
                 self._account(index, event)
-                fresh = self.logprobs[index][pending:]
-                if event.text or fresh:
-                    yield self._chunk([self._delta(index, event.text, fresh, None)])
-                if event.finish_reason is not None:
-                    yield self._chunk([self._delta(index, "", [], event.finish_reason)])
+                for choice in self._deltas(index, event, self.logprobs[index][pending:]):
+                    yield self._chunk([choice])
         except RequestError as exc:
             yield sse({"error": {"message": exc.message, "type": exc.type, "param": None, "code": exc.code}})
+            yield DONE
             return
         if self.req.include_usage:
             yield self._chunk([], usage=self.usage())
@@ -92,8 +100,15 @@ class _Render:
         body = {"id": self.id, "object": self.chunk_obj, "created": self.created, "model": self.req.model,
                 "choices": choices}
         if self.req.include_usage:
-            body["usage"] = usage
+            body["usage"] = usage if usage is not None or not self.req.continuous_usage else self.usage()
         return sse(body)
+
+    def _deltas(self, index: int, event: Event, fresh: list) -> list[dict]:
+        """The streamed choices one event gives: its text (and logprobs), then its finish_reason."""
+        out = [self._delta(index, event.text, fresh, None)] if event.text or fresh else []
+        if event.finish_reason is not None:
+            out.append(self._delta(index, "", [], event.finish_reason))
+        return out
 
     def _token_text(self, token: int) -> str:
         return self.tokenizer.decode([token])
@@ -109,10 +124,24 @@ class _Render:
 class ChatRender(_Render):
     prefix, obj, chunk_obj = "chatcmpl", "chat.completion", "chat.completion.chunk"
 
+    def __init__(self, req: ChatRequest, tokenizer: Any, *, usage_prompt: int, choices: int) -> None:
+        super().__init__(req, tokenizer, usage_prompt=usage_prompt, choices=choices)
+        mode = req.tool_choice_name if req.tools else "none"
+        self.tool_mode, self.tool_names = mode, {t.function.name for t in req.tools or []}
+        self.tool_streams = [ToolStream(mode, self.tool_names) for _ in range(choices)] if mode != "none" else None
+        self.calls = [0] * choices
+
     def _choice(self, index: int) -> dict:
-        return {"index": index, "message": {"role": "assistant", "content": "".join(self.texts[index])},
+        text, finish = "".join(self.texts[index]), self.finish[index]
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self.tool_streams is not None:
+            message["content"], calls = parse_output(text, self.tool_mode, self.tool_names)
+            if calls:
+                message["tool_calls"] = [c.openai() for c in calls]
+                finish = "tool_calls" if finish == "stop" else finish
+        return {"index": index, "message": message,
                 "logprobs": self._logprobs(self.logprobs[index]) if self.req.logprobs else None,
-                "finish_reason": self.finish[index]}
+                "finish_reason": finish}
 
     def _opening(self, index: int) -> dict:
         return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -121,6 +150,39 @@ class ChatRender(_Render):
     def _delta(self, index: int, text: str, logprobs: list, finish: str | None) -> dict:
         return {"index": index, "delta": {"content": text} if text or logprobs else {},
                 "logprobs": self._logprobs(logprobs) if logprobs else None, "finish_reason": finish}
+
+    def _deltas(self, index: int, event: Event, fresh: list) -> list[dict]:
+        if self.tool_streams is None:
+            return super()._deltas(index, event, fresh)
+        stream = self.tool_streams[index]
+        pieces = stream.push(event.text) + (stream.finish() if event.finish_reason is not None else [])
+        out = []
+        for kind, value in pieces:
+            if kind == "content":
+                out.append(self._delta(index, value, fresh, None))
+                fresh = []
+            elif kind == "arguments":
+                out.append(self._tool_delta(index, {"index": self.calls[index] - 1, "function": {"arguments": value}}))
+            else:
+                out += self._call_deltas(index, value, with_arguments=kind == "call")
+        if fresh:
+            out.append(self._delta(index, "", fresh, None))
+        if event.finish_reason is not None:
+            finish = "tool_calls" if self.calls[index] and event.finish_reason == "stop" else event.finish_reason
+            out.append(self._delta(index, "", [], finish))
+        return out
+
+    def _call_deltas(self, index: int, call: Call, *, with_arguments: bool) -> list[dict]:
+        k = self.calls[index]
+        self.calls[index] += 1
+        out = [self._tool_delta(index, {"index": k, "id": call.id, "type": "function",
+                                        "function": {"name": call.name, "arguments": ""}})]
+        if with_arguments:
+            out.append(self._tool_delta(index, {"index": k, "function": {"arguments": call.arguments}}))
+        return out
+
+    def _tool_delta(self, index: int, call: dict) -> dict:
+        return {"index": index, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None}
 
     def _logprobs(self, entries: list[tuple[int, TokenLogprob]]) -> dict:
         return {"content": [dict(self._entry(token, lp.logprob),
@@ -135,10 +197,22 @@ class ChatRender(_Render):
 class CompletionRender(_Render):
     prefix, obj, chunk_obj = "cmpl", "text_completion", "text_completion"
 
+    def __init__(self, req: CompletionRequest, tokenizer: Any, *, usage_prompt: int, choices: int,
+                 prompts: list[tuple[str, list[int]]] | None = None) -> None:
+        super().__init__(req, tokenizer, usage_prompt=usage_prompt, choices=choices)
+        self.prompts = prompts or []  # echo: each prompt's (text, ids)
+
     def _choice(self, index: int) -> dict:
-        return {"index": index, "text": "".join(self.texts[index]),
-                "logprobs": self._logprobs(self.logprobs[index], 0) if self.req.logprobs is not None else None,
-                "finish_reason": self.finish[index]}
+        text = "".join(self.texts[index])
+        logprobs = None
+        if self.req.logprobs is not None:
+            logprobs = self._logprobs(self.logprobs[index], 0)
+        if self.req.echo:
+            prompt_text, ids = self.prompts[index // self.req.n]
+            text = prompt_text + text
+            if logprobs is not None:
+                logprobs = self._echoed(ids, self.prompt_logprobs[index] or [None] * len(ids), logprobs)
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": self.finish[index]}
 
     def _delta(self, index: int, text: str, logprobs: list, finish: str | None) -> dict:
         offset = sum(len(t) for t in self.texts[index]) - len(text)
@@ -147,14 +221,29 @@ class CompletionRender(_Render):
 
     def _logprobs(self, entries: list[tuple[int, TokenLogprob]], offset: int) -> dict:
         tokens = [self._token_text(token) for token, _ in entries]
-        offsets = []
-        for text in tokens:
-            offsets.append(offset)
-            offset += len(text)
         return {"tokens": tokens, "token_logprobs": [lp.logprob for _, lp in entries],
-                "top_logprobs": [{self._token_text(t): v for t, v in zip(lp.top_ids, lp.top_logprobs)}
-                                 for _, lp in entries],
-                "text_offset": offsets}
+                "top_logprobs": [self._top(lp) for _, lp in entries], "text_offset": _offsets(tokens, offset)}
+
+    def _echoed(self, ids: list[int], entries: list[TokenLogprob | None], generated: dict) -> dict:
+        """The prompt's tokens before the generated ones: the first token's logprob and top are null."""
+        tokens = [self._token_text(t) for t in ids]
+        out = {"tokens": tokens + generated["tokens"],
+               "token_logprobs": [e.logprob if e else None for e in entries] + generated["token_logprobs"],
+               "top_logprobs": [self._top(e) if e else None for e in entries] + generated["top_logprobs"]}
+        out["text_offset"] = _offsets(out["tokens"], 0)
+        return out
+
+    def _top(self, lp: TokenLogprob) -> dict[str, float]:
+        k = self.req.logprobs or 0
+        return {self._token_text(t): v for t, v in zip(lp.top_ids[:k], lp.top_logprobs[:k])}
+
+
+def _offsets(tokens: list[str], offset: int) -> list[int]:
+    offsets = []
+    for text in tokens:
+        offsets.append(offset)
+        offset += len(text)
+    return offsets
 
 
 def embeddings(vectors: torch.Tensor, model: str, encoding_format: str, tokens: int) -> dict[str, Any]:
@@ -167,6 +256,15 @@ def embeddings(vectors: torch.Tensor, model: str, encoding_format: str, tokens: 
         data.append({"object": "embedding", "index": i, "embedding": value})
     return {"object": "list", "data": data, "model": model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def tokenizer_info(tokenizer: Any, context: int) -> dict[str, Any]:
+    """GET /tokenizer_info as vLLM answers it: the special tokens, the chat template, the lengths."""
+    special = {f"{role}_token": tokenizer.special_tokens.get(role) for role in ("bos", "eos", "pad", "unk")}
+    return {"tokenizer_class": type(tokenizer).__name__, **special,
+            "eos_token_id": tokenizer.eos_id, "bos_token_id": tokenizer.bos_id,
+            "chat_template": tokenizer.chat_template.text if tokenizer.chat_template else None,
+            "model_max_length": context, "vocab_size": tokenizer.vocab_size}
 
 
 def model_entry(name: str, created: int, context: int | None) -> dict[str, Any]:

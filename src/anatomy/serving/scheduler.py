@@ -12,7 +12,8 @@ Each step has a budget of `max_step_tokens` tokens:
        compute per step, and never takes their turn)
     3. waiting sequences, in arrival order, while the budget, the `max_seqs` slots and the free
        blocks allow (and nothing was preempted this step): the prefix cache gives each the blocks
-       of its longest cached prefix, and only the rest is computed
+       of its longest cached prefix, and only the rest is computed (for a sequence that wants its
+       prompt's logprobs, the prefix whose logprobs are kept too, less one block: prompt_logprobs.py)
 
 A waiting sequence is admitted only if it leaves one free block per running sequence (a
 watermark), so that admitting it does not preempt the others in the next step.
@@ -23,15 +24,17 @@ from __future__ import annotations
 from collections import deque
 
 from anatomy.serving.blocks import BlockManager, chain_hashes
+from anatomy.serving.prompt_logprobs import PromptLogprobStore
 from anatomy.serving.sequence import Sequence, Status
 
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, *, max_seqs: int, max_step_tokens: int,
-                 prefix_caching: bool = True) -> None:
+                 prefix_caching: bool = True, prompt_logprobs: PromptLogprobStore | None = None) -> None:
         self.blocks, self.block_size = blocks, blocks.block_size
         self.max_seqs, self.max_step_tokens = max_seqs, max_step_tokens
         self.prefix_caching = prefix_caching
+        self.prompt_logprobs = prompt_logprobs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions = 0
@@ -153,6 +156,9 @@ class Scheduler:
             seq.hashes = chain_hashes(seq.tokens, self.block_size, start=seq.hashes, limit=limit)
             hashes = seq.hashes[:limit]
             cached = self.blocks.peek(hashes)
+            if seq.prompt_logprobs is not None:  # only blocks whose prompt logprobs are known too
+                keep = self.prompt_logprobs.take(seq, hashes[:len(cached)]) if self.prompt_logprobs else 0
+                cached, hashes = cached[:keep], hashes[:keep]
         start = len(cached) * self.block_size
         n = min(len(seq.tokens) - start, budget)
         fresh = self._blocks_for(start + n) - len(cached)

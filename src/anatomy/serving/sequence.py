@@ -3,6 +3,7 @@
     tokens     prompt + generated ids; the KV cache holds the first `computed` of them
     a step     runs tokens[computed : computed + n] (a prefill chunk, or n = 1 when decoding);
                once computed == len(tokens), the step's logits give the next token, appended
+               (after the sequence's logit bias and grammar mask; anatomy.serving.processors)
     preempted  blocks freed, computed = 0: later the whole of `tokens` (prompt and what was
                generated) is computed again (recompute), and decoding goes on where it stopped
 """
@@ -48,6 +49,7 @@ class Event:
     logprob: TokenLogprob | None = None
     finish_reason: str | None = None
     error: str | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first event, when asked: per prompt token
 
 
 @dataclass(eq=False)
@@ -73,6 +75,13 @@ class Sequence:
     counts: torch.Tensor | None = None  # [V]: output token counts (presence/frequency penalties)
     first_token_at: float | None = None
     last_token_at: float | None = None
+    # what the output must obey and the prompt side (anatomy.serving.processors, prompt_logprobs)
+    bias: tuple[torch.Tensor, torch.Tensor] | None = None  # logit_bias: token ids [K], values [K]
+    constraint: Any = None  # a grammar.Constraint: the tokens allowed next
+    min_tokens: int = 0  # stop ids are not allowed before this many tokens
+    score_only: bool = False  # max_tokens 0: the prompt is run (for its logprobs), nothing generated
+    prompt_logprobs: int | None = None  # None: not asked; k: each prompt token's logprob and the top k
+    prompt_entries: list[TokenLogprob | None] = field(default_factory=list)  # per prompt position
     speculation: Any = None  # its SequenceSpeculation (serving/speculation.py), None: it does not speculate
     draft: list[int] = field(default_factory=list)  # the tokens it proposes to verify in the next step
 

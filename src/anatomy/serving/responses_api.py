@@ -1,0 +1,307 @@
+"""`POST /v1/responses`: OpenAI's Responses API (what `client.responses.create` and newer agents send),
+answered by the same loop as chat: the request becomes a chat request, the events a `response`.
+
+    input            a string (one user message) or a list of items: messages ({"role", "content"}: a
+                     string or input_text / output_text parts), function_call and function_call_output
+                     items (a tool round trip, fed back as in chat)
+    instructions     a system message before the input
+    max_output_tokens, temperature, top_p, stream, tools (function tools, flat: {"type", "name",
+    "parameters"}), tool_choice, parallel_tool_calls, text.format (text, json_object, json_schema)
+    store, metadata, user, reasoning, truncation, include, service_tier
+                     accepted; nothing is stored (previous_response_id and background are refused)
+
+The answer: {"object": "response", "status": "completed" | "incomplete", "output": [a message with
+one output_text part, function_call items], "usage": {"input_tokens", "output_tokens", ...}}; streamed
+as OpenAI's events: response.created, response.in_progress, response.output_item.added,
+response.content_part.added, response.output_text.delta ..., response.output_text.done,
+response.content_part.done, response.output_item.done (function calls: output_item.added,
+function_call_arguments.delta / .done, output_item.done), then response.completed (or
+response.incomplete when max_output_tokens ended it). A failure is an "error" event.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal, Union
+
+from pydantic import Field, ValidationError
+
+from anatomy.serving.generation import chat_inputs, generate
+from anatomy.serving.protocol import ChatRequest, RequestError, TextPart, _Body, _request_error
+from anatomy.serving.responses import DONE, sse
+from anatomy.serving.sequence import Event
+from anatomy.serving.tools import Call, ToolStream, parse_output
+
+
+class InputMessage(_Body):
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[TextPart]]
+
+
+class FunctionCallItem(_Body):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+
+
+class FunctionCallOutput(_Body):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str
+
+
+class FlatTool(_Body):
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunction(_Body):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextOptions(_Body):
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(_Body):
+    model: str
+    input: Union[str, list[Union[InputMessage, FunctionCallItem, FunctionCallOutput]]]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stream: bool = False
+    tools: list[FlatTool] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedFunction, None] = None
+    parallel_tool_calls: bool = True
+    text: TextOptions | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    previous_response_id: str | None = None
+    background: bool | None = None
+
+    def check(self) -> None:
+        if self.previous_response_id is not None:
+            raise RequestError("previous_response_id is not supported (nothing is stored): send the whole input",
+                               param="previous_response_id")
+        if self.background:
+            raise RequestError("background responses are not supported by this server", param="background")
+        if not self.input:
+            raise RequestError("input must not be empty", param="input")
+
+    def chat(self) -> ChatRequest:
+        """The same request as a chat completion (validated as one)."""
+        body: dict[str, Any] = {"model": self.model, "messages": self._messages(), "temperature": self.temperature,
+                                "top_p": self.top_p, "stream": self.stream, "parallel_tool_calls": self.parallel_tool_calls}
+        if self.max_output_tokens is not None:
+            body["max_tokens"] = self.max_output_tokens
+        if self.tools:
+            body["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+                             for t in self.tools]
+        if self.tool_choice is not None:
+            body["tool_choice"] = self.tool_choice if isinstance(self.tool_choice, str) else \
+                {"type": "function", "function": {"name": self.tool_choice.name}}
+        fmt = self.text.format if self.text else None
+        if fmt is not None and fmt.type != "text":
+            body["response_format"] = {"type": fmt.type} if fmt.type == "json_object" else \
+                {"type": "json_schema", "json_schema": {"name": fmt.name or "output", "schema": fmt.schema_}}
+        try:
+            request = ChatRequest.model_validate(body)
+        except ValidationError as exc:
+            raise _request_error(exc) from None
+        request.check()
+        return request
+
+    def _messages(self) -> list[dict[str, Any]]:
+        messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        if isinstance(self.input, str):
+            return messages + [{"role": "user", "content": self.input}]
+        for item in self.input:
+            if item.type == "message":
+                text = item.content if isinstance(item.content, str) else "".join(p.text for p in item.content)
+                messages.append({"role": item.role, "content": text})
+            elif item.type == "function_call":
+                call = {"id": item.call_id, "type": "function",
+                        "function": {"name": item.name, "arguments": item.arguments}}
+                if messages and messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls") is not None:
+                    messages[-1]["tool_calls"].append(call)
+                else:
+                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            else:
+                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+        return messages
+
+
+async def handle(state: Any, request: Any, body: bytes) -> Any:
+    """The response to a POST /v1/responses of `body`."""
+    req = state.parse(ResponsesRequest, request, body)
+    state.check_model(req.model)
+    state.serving()
+    chat = req.chat()
+    ids, spec = chat_inputs(state.tokenizer, chat)
+    render = ResponsesRender(req, chat, prompt_tokens=len(ids))
+    return await generate(state, request, chat, [ids], chat=True, spec=spec, render=render)
+
+
+class ResponsesRender:
+    """One choice's events -> a `response` object, or its stream of events."""
+
+    def __init__(self, req: ResponsesRequest, chat: ChatRequest, *, prompt_tokens: int) -> None:
+        self.req = req
+        self.id = f"resp_{uuid.uuid4().hex}"
+        self.message_id = f"msg_{uuid.uuid4().hex}"
+        self.created = time.time()
+        self.prompt_tokens = prompt_tokens
+        self.mode = chat.tool_choice_name if chat.tools else "none"
+        self.names = {t.function.name for t in chat.tools or []}
+        self.text, self.tokens, self.finish = [], 0, None
+        self.seq = 0
+
+    # -- whole -------------------------------------------------------------------------------------
+
+    def _account(self, event: Event) -> None:
+        if event.error is not None:
+            raise RequestError(event.error, status=500, type="server_error")
+        self.tokens += event.token is not None
+        self.text.append(event.text)
+        self.finish = event.finish_reason or self.finish
+
+    async def collect(self, events: AsyncIterator[tuple[int, Event]]) -> dict[str, Any]:
+        async for _, event in events:
+            self._account(event)
+        text = "".join(self.text)
+        content, calls = parse_output(text, self.mode, self.names) if self.mode != "none" else (text, [])
+        output = [self._message(content)] if content else []
+        return self._response("completed", output + [_function_item(c, "completed") for c in calls])
+
+    def _response(self, status: str, output: list[dict]) -> dict[str, Any]:
+        incomplete = self.finish == "length" and status == "completed"
+        usage = {"input_tokens": self.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+                 "output_tokens": self.tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                 "total_tokens": self.prompt_tokens + self.tokens}
+        req = self.req
+        return {"id": self.id, "object": "response", "created_at": self.created,
+                "status": "incomplete" if incomplete else status, "model": req.model, "output": output,
+                "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None, "error": None,
+                "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+                "temperature": req.temperature, "top_p": req.top_p, "parallel_tool_calls": req.parallel_tool_calls,
+                "tool_choice": req.tool_choice or "auto", "tools": [t.model_dump(exclude_none=True, by_alias=True)
+                                                                    for t in req.tools or []],
+                "text": req.text.model_dump(exclude_none=True, by_alias=True) if req.text else
+                {"format": {"type": "text"}},
+                "metadata": req.metadata or {}, "store": False, "truncation": "disabled",
+                "usage": usage if status != "in_progress" else None}
+
+    def _message(self, text: str, status: str = "completed") -> dict[str, Any]:
+        parts = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text is not None else []
+        return {"type": "message", "id": self.message_id, "status": status, "role": "assistant", "content": parts}
+
+    # -- streamed ----------------------------------------------------------------------------------
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        body = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return b"event: " + kind.encode() + b"\n" + sse(body)
+
+    async def stream(self, events: AsyncIterator[tuple[int, Event]]) -> AsyncIterator[bytes]:
+        yield self._event("response.created", response=self._response("in_progress", []))
+        yield self._event("response.in_progress", response=self._response("in_progress", []))
+        tools = ToolStream(self.mode, self.names) if self.mode != "none" else None
+        self.output: list[dict] = []
+        self.open_text: str | None = None  # the message's text so far, while it is open
+        try:
+            async for _, event in events:
+                self._account(event)
+                pieces = tools.push(event.text) if tools else [("content", event.text)]
+                if event.finish_reason is not None and tools:
+                    pieces += tools.finish()
+                for kind, value in pieces:
+                    for chunk in self._piece(kind, value):
+                        yield chunk
+        except RequestError as exc:
+            yield self._event("error", code=exc.code or exc.type, message=exc.message, param=None)
+            yield DONE
+            return
+        for chunk in self._close_text() + self._close_call():
+            yield chunk
+        final = self._response("completed", self.output)
+        yield self._event("response.incomplete" if final["status"] == "incomplete" else "response.completed",
+                          response=final)
+
+    def _piece(self, kind: str, value: Any) -> list[bytes]:
+        if kind == "content":
+            return self._text_delta(value) if value else []
+        if kind == "arguments":
+            index = len(self.output) - 1
+            self.output[index]["arguments"] += value
+            return [self._event("response.function_call_arguments.delta", item_id=self.output[index]["id"],
+                                output_index=index, delta=value)]
+        out = self._close_text() + self._close_call()
+        item = _function_item(value, "in_progress")
+        item["arguments"] = ""
+        self.output.append(item)
+        out.append(self._event("response.output_item.added", output_index=len(self.output) - 1, item=dict(item)))
+        if kind == "call":
+            out += self._piece("arguments", value.arguments) + self._close_call()
+        return out
+
+    def _text_delta(self, text: str) -> list[bytes]:
+        out = []
+        if self.open_text is None:
+            out += self._close_call()
+            self.open_text = ""
+            self.output.append(self._message(None, "in_progress"))
+            index = len(self.output) - 1
+            out.append(self._event("response.output_item.added", output_index=index, item=self._message(None,
+                                                                                                          "in_progress")))
+            out.append(self._event("response.content_part.added", item_id=self.message_id, output_index=index,
+                                   content_index=0, part={"type": "output_text", "text": "", "annotations": []}))
+        self.open_text += text
+        out.append(self._event("response.output_text.delta", item_id=self.message_id, output_index=len(self.output) - 1,
+                               content_index=0, delta=text, logprobs=[]))
+        return out
+
+    def _close_text(self) -> list[bytes]:
+        if self.open_text is None:
+            return []
+        index, text = len(self.output) - 1, self.open_text
+        self.open_text = None
+        self.output[index] = item = self._message(text)
+        part = item["content"][0]
+        return [self._event("response.output_text.done", item_id=self.message_id, output_index=index, content_index=0,
+                            text=text, logprobs=[]),
+                self._event("response.content_part.done", item_id=self.message_id, output_index=index,
+                            content_index=0, part=part),
+                self._event("response.output_item.done", output_index=index, item=item)]
+
+    def _close_call(self) -> list[bytes]:
+        if not self.output or self.output[-1]["type"] != "function_call" or self.output[-1]["status"] == "completed":
+            return []
+        index, item = len(self.output) - 1, self.output[-1]
+        item["status"] = "completed"
+        return [self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                            arguments=item["arguments"]),
+                self._event("response.output_item.done", output_index=index, item=dict(item))]
+
+
+def _function_item(call: Call, status: str) -> dict[str, Any]:
+    return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call.id, "name": call.name,
+            "arguments": call.arguments, "status": status}
