@@ -35,7 +35,7 @@ from anatomy.kernels.planned_linear import PlannedLinear
 from anatomy.weights.formats import FloatWeight, WeightFormat
 from anatomy.weights.modules import CompactLinear
 
-HEAD_LAYERS = {"lm_head.weight"}
+HEAD_LAYERS = {"lm_head.weight", "lm_head.local.weight"}  # the latter: a vocabulary-parallel shard's (parallel/)
 HEAD_PHASES = ("decode", "batch")  # the LM head computes the last position of each row only
 HEAD_THRESHOLD = 1e-3  # its products are the logits: near-ties between tokens are decided there
 

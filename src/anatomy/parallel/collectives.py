@@ -1,0 +1,130 @@
+"""The collectives the parallel layers issue, each one recorded when a caller asks.
+
+    comm = Comm(group, ranks=[0, 1], rank=0)    # a process group and where this rank sits in it
+    comm.all_reduce(y, where="stack.blocks.0.attn.out")            # y [..., D] summed over the group, in place
+    full = comm.gather_last(y, where="lm_head")                     # [..., V_r] -> [..., N * V_r] on the group's first rank
+    send(x, dst, where=...) / recv(shape, dtype, src, where=...)    # point to point (pipeline stages)
+    with recording() as log:                                        # every collective of this process, as issued
+        ...
+    log.ops  # [Issued(kind="all_reduce", where=..., shape=(1, 5, 64), dtype="f32", bytes=1280, ranks=2), ...]
+
+They are torch.distributed's own (gloo on CPUs, NCCL on GPUs): nothing here moves bytes itself.
+A Comm deep-copies as itself, so that the engine's view of a sharded model (a structural copy,
+inference/engine/view.py) calls the same process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from anatomy import dtypes
+
+
+@dataclass(frozen=True)
+class Issued:
+    """One collective as this rank issued it: `bytes` is the message (the tensor this rank gives)."""
+
+    kind: str  # all_reduce, gather, send, recv
+    where: str  # the module (or stage) that issued it
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    ranks: int  # ranks taking part
+
+
+@dataclass
+class Log:
+    ops: list[Issued] = field(default_factory=list)
+
+    def count(self, kind: str | None = None) -> int:
+        return sum(1 for op in self.ops if kind is None or op.kind == kind)
+
+    def total_bytes(self, kind: str | None = None) -> int:
+        return sum(op.bytes for op in self.ops if kind is None or op.kind == kind)
+
+
+_logs: list[Log] = []
+_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Log]:
+    """Record every collective this process issues while inside."""
+    log = Log()
+    with _lock:
+        _logs.append(log)
+    try:
+        yield log
+    finally:
+        with _lock:
+            _logs.remove(log)
+
+
+def _record(kind: str, where: str, t: Tensor, ranks: int) -> None:
+    if not _logs:
+        return
+    op = Issued(kind, where, tuple(t.shape), dtypes.name_of(t.dtype), t.nbytes, ranks)
+    with _lock:
+        for log in _logs:
+            log.ops.append(op)
+
+
+class Comm:
+    """A process group of ranks `ranks` (global numbers) and this rank's place in it."""
+
+    def __init__(self, group, *, ranks: list[int], rank: int) -> None:
+        self.group, self.ranks, self.rank = group, list(ranks), rank
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def index(self) -> int:
+        """This rank's position in the group."""
+        return self.ranks.index(self.rank)
+
+    def __deepcopy__(self, memo) -> Comm:
+        return self
+
+    def all_reduce(self, t: Tensor, *, where: str) -> Tensor:
+        """t summed over the group, in place (t must be contiguous); returned."""
+        if self.size > 1:
+            _record("all_reduce", where, t, self.size)
+            dist.all_reduce(t, group=self.group)
+        return t
+
+    def gather_last(self, t: Tensor, *, where: str) -> Tensor:
+        """Every rank's t [..., n] side by side on the group's first rank -> [..., N * n]; the other
+        ranks get their own t back."""
+        if self.size == 1:
+            return t
+        t = t.contiguous()
+        _record("gather", where, t, self.size)
+        first = self.index == 0
+        parts = [torch.empty_like(t) for _ in range(self.size)] if first else None
+        dist.gather(t, parts, dst=self.ranks[0], group=self.group)
+        return torch.cat(parts, dim=-1) if first else t
+
+
+def send(t: Tensor, dst: int, *, where: str, tag: int = 0) -> None:
+    """t to global rank `dst` (blocking until it is on its way)."""
+    t = t.contiguous()
+    _record("send", where, t, 2)
+    dist.send(t, dst, tag=tag)
+
+
+def recv(shape: tuple[int, ...], dtype: torch.dtype, src: int, *, where: str, device: torch.device | str = "cpu",
+         tag: int = 0) -> Tensor:
+    """A tensor of `shape` and `dtype` from global rank `src`."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    _record("recv", where, t, 2)
+    dist.recv(t, src, tag=tag)
+    return t

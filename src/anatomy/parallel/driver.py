@@ -1,0 +1,103 @@
+"""ParallelEngine: rank 0's engine. It is a DecoderEngine over rank 0's shard (its planned kernels,
+its KV cache of its own heads and blocks), and every call that runs the model is first sent to the
+other ranks, which make the same call on their own shards' engines (follower.py); the collectives
+inside the shards' modules then meet.
+
+    engine = ParallelEngine(shard, world)        # rank 0; the others run follow(DecoderEngine(shard), world)
+    run = engine.start(prompts, params)          # a MirroredRun: prefill / decode / verify / rewind are
+    logits = run.prefill()                       #   mirrored; choose and observe (sampling) stay on rank 0
+    logits = engine.step(cache, chunks)          # serving: paged_cache and step are mirrored too
+    engine.close()                               # the others leave their loop
+
+A prompt the engine refuses (too long, empty) is refused on rank 0 before any order goes out; a step
+it refuses (past the cache's end) raises the same InputError on every rank, which the others drop
+before waiting for the next order. The decode step runs eagerly on every rank: a traced graph
+cannot hold the collectives' process groups (capture.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from anatomy.errors import InputError
+from anatomy.inference.engine import Chunk, DecoderEngine, PagedKVCache, Run
+from anatomy.inference.sampling import SamplingParams
+from anatomy.parallel.channel import Channel
+
+
+class ParallelEngine(DecoderEngine):
+    """A DecoderEngine whose model calls are mirrored on every rank of `world` (world.py)."""
+
+    def __init__(self, shard: nn.Module, world, *, attention: str | None = None, plan_cache: bool = True,
+                 channel: Channel | None = None) -> None:
+        super().__init__(shard, capture=False, attention=attention, plan_cache=plan_cache)
+        self.world = world
+        self.channel = channel or Channel(world.control)
+        self._run_ids = itertools.count()
+        self._cache_ids = itertools.count()
+
+    @property
+    def layout(self):
+        return self.world.layout
+
+    def start(self, prompts: list[list[int]], params: SamplingParams | None = None) -> MirroredRun:
+        run = super().start(prompts, params)  # checked here first: a refused prompt never reaches the others
+        run_id = next(self._run_ids)
+        self.channel.send("start", run_id, prompts, params)
+        return MirroredRun(run, run_id, self.channel)
+
+    def logits(self, ids: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
+        """ids [B, S] -> logits [B, S, V] of one full pass, on every rank."""
+        self.channel.send("logits", ids.tolist(), None if attention_mask is None else attention_mask.tolist())
+        with torch.inference_mode():
+            return self.head(super().hidden_states(ids, attention_mask=attention_mask))
+
+    def hidden_states(self, ids: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
+        raise InputError("a tensor- or pipeline-parallel engine gives no hidden states apart from its logits "
+                         "(the head runs on every rank): use engine.logits(ids)")
+
+    def paged_cache(self, *, num_blocks: int, block_size: int) -> PagedKVCache:
+        cache = super().paged_cache(num_blocks=num_blocks, block_size=block_size)
+        cache.parallel_id = next(self._cache_ids)
+        self.channel.send("paged_cache", cache.parallel_id, num_blocks, block_size)
+        return cache
+
+    def step(self, cache: PagedKVCache, chunks: list[Chunk]) -> Tensor:
+        self.channel.send("step", cache.parallel_id, chunks)
+        return super().step(cache, chunks)
+
+    def close(self) -> None:
+        """The other ranks leave their loop (the process group stays up: world.leave ends it)."""
+        self.channel.close()
+
+
+class MirroredRun:
+    """Rank 0's Run: the model steps are sent to the other ranks' runs of the same id first."""
+
+    def __init__(self, run: Run, run_id: int, channel: Channel) -> None:
+        self.run, self.id, self.channel = run, run_id, channel
+        weakref.finalize(self, channel.ended.append, run_id)  # the others free theirs with the next order
+
+    def prefill(self) -> Tensor:
+        self.channel.send("prefill", self.id)
+        return self.run.prefill()
+
+    def decode(self, token: Tensor) -> Tensor:
+        self.channel.send("decode", self.id, token.tolist())
+        return self.run.decode(token)
+
+    def verify(self, tokens: Tensor) -> Tensor:
+        self.channel.send("verify", self.id, tokens.tolist())
+        return self.run.verify(tokens)
+
+    def rewind(self, slot: int) -> None:
+        self.run.rewind(slot)
+        self.channel.send("rewind", self.id, slot)
+
+    def __getattr__(self, name: str) -> Any:  # choose, observe, slot, rows, batch, params, cache: rank 0's own
+        return getattr(self.run, name)
