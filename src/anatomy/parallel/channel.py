@@ -31,7 +31,7 @@ HEARTBEAT_S = 5.0
 class Channel:
     """The sending end (rank 0) and, with `receive`, the receiving end of the orders."""
 
-    def __init__(self, group, *, heartbeat_s: float = HEARTBEAT_S, start_heartbeat: bool = True) -> None:
+    def __init__(self, group, *, heartbeat_s: float = HEARTBEAT_S) -> None:
         self.group, self.heartbeat_s = group, heartbeat_s
         self.ended: list[int] = []  # runs rank 0 let go of: their ids ride along with the next order
         self.on_lost: list[Callable[[ParallelError], Any]] = []
@@ -39,8 +39,11 @@ class Channel:
         self._lock = threading.Lock()
         self._last = time.monotonic()
         self._closed = threading.Event()
-        if start_heartbeat:
-            threading.Thread(target=self._beat, name="anatomy-parallel-heartbeat", daemon=True).start()
+
+    def start_heartbeat(self) -> None:
+        """Rank 0: from now on, a "ping" whenever no order went out for heartbeat_s seconds."""
+        self._last = time.monotonic()
+        threading.Thread(target=self._beat, name="anatomy-parallel-heartbeat", daemon=True).start()
 
     def send(self, op: str, *args: Any) -> None:
         """Broadcast the order (op, args) to every rank of the group."""
@@ -54,7 +57,7 @@ class Channel:
         try:
             dist.broadcast_object_list([(op, args, ended)], src=0, group=self.group)
         except RuntimeError as exc:
-            self._lose(ParallelError(f"sending the order {op!r} to the other ranks failed: a rank is gone or stopped "
+            self.lose(ParallelError(f"sending the order {op!r} to the other ranks failed: a rank is gone or stopped "
                                      f"answering ({_first_line(exc)})"))
         self._last = time.monotonic()
 
@@ -82,7 +85,8 @@ class Channel:
                     except ParallelError:
                         return
 
-    def _lose(self, error: ParallelError) -> None:
+    def lose(self, error: ParallelError) -> None:
+        """Mark the run lost (every later send raises `error`), tell the on_lost callbacks, raise it."""
         self.lost = error
         for callback in self.on_lost:
             callback(error)

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from anatomy import dtypes
+from anatomy.errors import ParallelError
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class Comm:
         """t summed over the group, in place (t must be contiguous); returned."""
         if self.size > 1:
             _record("all_reduce", where, t, self.size)
-            dist.all_reduce(t, group=self.group)
+            _checked("all-reduce", where, lambda: dist.all_reduce(t, group=self.group))
         return t
 
     def gather_last(self, t: Tensor, *, where: str) -> Tensor:
@@ -110,7 +111,7 @@ class Comm:
         _record("gather", where, t, self.size)
         first = self.index == 0
         parts = [torch.empty_like(t) for _ in range(self.size)] if first else None
-        dist.gather(t, parts, dst=self.ranks[0], group=self.group)
+        _checked("gather", where, lambda: dist.gather(t, parts, dst=self.ranks[0], group=self.group))
         return torch.cat(parts, dim=-1) if first else t
 
 
@@ -118,7 +119,7 @@ def send(t: Tensor, dst: int, *, where: str, tag: int = 0) -> None:
     """t to global rank `dst` (blocking until it is on its way)."""
     t = t.contiguous()
     _record("send", where, t, 2)
-    dist.send(t, dst, tag=tag)
+    _checked(f"send to rank {dst}", where, lambda: dist.send(t, dst, tag=tag))
 
 
 def recv(shape: tuple[int, ...], dtype: torch.dtype, src: int, *, where: str, device: torch.device | str = "cpu",
@@ -126,5 +127,15 @@ def recv(shape: tuple[int, ...], dtype: torch.dtype, src: int, *, where: str, de
     """A tensor of `shape` and `dtype` from global rank `src`."""
     t = torch.empty(shape, dtype=dtype, device=device)
     _record("recv", where, t, 2)
-    dist.recv(t, src, tag=tag)
+    _checked(f"receive from rank {src}", where, lambda: dist.recv(t, src, tag=tag))
     return t
+
+
+def _checked(what: str, where: str, call) -> None:
+    """Run a collective; its failure (a rank gone, a timeout) is a ParallelError naming it."""
+    try:
+        call()
+    except RuntimeError as exc:
+        text = str(exc).strip().splitlines()
+        raise ParallelError(f"the {what} at {where} failed: a rank is gone or stopped answering "
+                            f"({text[0] if text else type(exc).__name__})") from None

@@ -17,14 +17,16 @@ cannot hold the collectives' process groups (capture.py).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from anatomy.errors import InputError
+from anatomy.errors import InputError, ParallelError
 from anatomy.inference.engine import Chunk, DecoderEngine, PagedKVCache, Run
 from anatomy.inference.sampling import SamplingParams
 from anatomy.parallel.channel import Channel
@@ -37,7 +39,10 @@ class ParallelEngine(DecoderEngine):
                  channel: Channel | None = None) -> None:
         super().__init__(shard, capture=False, attention=attention, plan_cache=plan_cache)
         self.world = world
-        self.channel = channel or Channel(world.control)
+        if channel is None:
+            channel = Channel(world.control)
+            channel.start_heartbeat()
+        self.channel = channel
         self._run_ids = itertools.count()
         self._cache_ids = itertools.count()
 
@@ -54,7 +59,7 @@ class ParallelEngine(DecoderEngine):
     def logits(self, ids: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
         """ids [B, S] -> logits [B, S, V] of one full pass, on every rank."""
         self.channel.send("logits", ids.tolist(), None if attention_mask is None else attention_mask.tolist())
-        with torch.inference_mode():
+        with torch.inference_mode(), watched(self.channel):
             return self.head(super().hidden_states(ids, attention_mask=attention_mask))
 
     def hidden_states(self, ids: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
@@ -69,11 +74,21 @@ class ParallelEngine(DecoderEngine):
 
     def step(self, cache: PagedKVCache, chunks: list[Chunk]) -> Tensor:
         self.channel.send("step", cache.parallel_id, chunks)
-        return super().step(cache, chunks)
+        with watched(self.channel):
+            return super().step(cache, chunks)
 
     def close(self) -> None:
         """The other ranks leave their loop (the process group stays up: world.leave ends it)."""
         self.channel.close()
+
+
+@contextlib.contextmanager
+def watched(channel: Channel) -> Iterator[None]:
+    """A collective of the step that fails (a rank gone) marks the run lost: the server stops."""
+    try:
+        yield
+    except ParallelError as exc:
+        channel.lose(exc)
 
 
 class MirroredRun:
@@ -85,15 +100,18 @@ class MirroredRun:
 
     def prefill(self) -> Tensor:
         self.channel.send("prefill", self.id)
-        return self.run.prefill()
+        with watched(self.channel):
+            return self.run.prefill()
 
     def decode(self, token: Tensor) -> Tensor:
         self.channel.send("decode", self.id, token.tolist())
-        return self.run.decode(token)
+        with watched(self.channel):
+            return self.run.decode(token)
 
     def verify(self, tokens: Tensor) -> Tensor:
         self.channel.send("verify", self.id, tokens.tolist())
-        return self.run.verify(tokens)
+        with watched(self.channel):
+            return self.run.verify(tokens)
 
     def rewind(self, slot: int) -> None:
         self.run.rewind(slot)

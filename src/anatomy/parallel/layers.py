@@ -85,10 +85,11 @@ class VocabParallelHead(nn.Module):
 
     communicates = True
 
-    def __init__(self, local: nn.Module, *, vocab_size: int, comm: Comm, where: str, to: int | None = None) -> None:
+    def __init__(self, local: nn.Module, *, vocab_size: int, comm: Comm, where: str, to: int | None = None,
+                 to_where: str = "") -> None:
         super().__init__()
         self.local, self.comm, self.where = local, comm, where
-        self.vocab_size, self.to = vocab_size, to
+        self.vocab_size, self.to, self.to_where = vocab_size, to, to_where
         self.in_features, self.out_features = local.in_features, vocab_size
 
     def forward(self, hidden: Tensor) -> Tensor:
@@ -97,5 +98,5 @@ class VocabParallelHead(nn.Module):
             return logits  # this rank's shard: only the first rank's logits are used
         logits = logits[..., :self.vocab_size]  # [..., V]: the padding rows' logits cut off
         if self.to is not None:
-            send(logits, self.to, where=self.where)
+            send(logits, self.to, where=self.to_where)
         return logits

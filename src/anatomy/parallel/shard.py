@@ -34,7 +34,7 @@ from anatomy.parallel.collectives import Comm
 from anatomy.parallel.cuts import cut_format, cut_tensor, tensor_cuts
 from anatomy.parallel.layers import ReducedMoE, RowParallelLinear, VocabParallelEmbedding, VocabParallelHead
 from anatomy.parallel.layout import Layout, check_layout, local_config, query_heads, stage_layers, vocab_rows
-from anatomy.parallel.stages import NoHead, ReceivedLogits, StageInput, StageOutput
+from anatomy.parallel.stages import LOGITS_TO_RANK_0, NoHead, ReceivedLogits, StageInput, StageOutput, boundary
 from anatomy.weights.modules import compact_modules
 
 
@@ -75,7 +75,8 @@ def shard_model(model: nn.Module, place: Place) -> nn.Module:
         if getattr(module, "config", None) is shell.config:
             module.config = local
     _slice_alibi(shard, model, place)
-    _parallel_modules(shard, place, model.stack.embed.dtype)
+    layers = stage_layers(config.n_layers, place.layout.pp, place.stage)
+    _parallel_modules(shard, place, model.stack.embed.dtype, layers)
     return shard.eval()
 
 
@@ -146,24 +147,25 @@ def _slice_alibi(shard: nn.Module, model: nn.Module, place: Place) -> None:
 
 # -- the parallel modules ------------------------------------------------------------------------
 
-def _parallel_modules(shard: nn.Module, place: Place, dtype: torch.dtype) -> None:
+def _parallel_modules(shard: nn.Module, place: Place, dtype: torch.dtype, layers: range) -> None:
     """The collectives put in: row-parallel projections, a reduced mixture, the vocabulary's table and
     head (tensor parallelism); the stage modules where this stage holds no embeddings, final norm or
     head (pipeline parallelism)."""
     layout = place.layout
     if layout.tp > 1:
-        _tensor_parallel(shard, place, dtype)
+        _tensor_parallel(shard, place, dtype, layers)
     if not place.first:
         shard.stack.embed = StageInput(src=layout.rank(place.stage - 1, place.tp_rank), d_model=shard.config.d_model,
-                                       dtype=dtype)
+                                       dtype=dtype, where=boundary(place.stage - 1))
     if not place.last:
-        shard.stack.final_norm = StageOutput(dst=layout.rank(place.stage + 1, place.tp_rank))
+        shard.stack.final_norm = StageOutput(dst=layout.rank(place.stage + 1, place.tp_rank), where=boundary(place.stage))
     shard.lm_head = _head(shard, place, dtype)
 
 
-def _tensor_parallel(shard: nn.Module, place: Place, dtype: torch.dtype) -> None:
+def _tensor_parallel(shard: nn.Module, place: Place, dtype: torch.dtype, layers: range) -> None:
+    """The collectives are named by the whole model's block numbers (the communication model's)."""
     comm = place.tp
-    for j, block in enumerate(shard.stack.blocks):
+    for j, block in zip(layers, shard.stack.blocks):
         prefix = f"stack.blocks.{j}"
         block.attn.out = _row_parallel(block.attn.out, comm, f"{prefix}.attn.out", dtype)
         if isinstance(block.ffn, MoE):
@@ -183,9 +185,10 @@ def _head(shard: nn.Module, place: Place, dtype: torch.dtype) -> nn.Module:
     if place.last:
         to = 0 if place.rank != 0 and place.tp_rank == 0 else None  # the driver, global rank 0, needs the logits
         return VocabParallelHead(shard.lm_head, vocab_size=shard.config.vocab_size, comm=place.tp, where="lm_head",
-                                 to=to)
+                                 to=to, to_where=LOGITS_TO_RANK_0)
     if place.rank == 0:
-        return ReceivedLogits(src=layout.rank(layout.pp - 1, 0), vocab_size=shard.config.vocab_size, dtype=dtype)
+        return ReceivedLogits(src=layout.rank(layout.pp - 1, 0), vocab_size=shard.config.vocab_size, dtype=dtype,
+                              where=LOGITS_TO_RANK_0)
     return NoHead()
 
 

@@ -17,13 +17,20 @@ from torch import Tensor, nn
 
 from anatomy.parallel.collectives import recv, send
 
+LOGITS_TO_RANK_0 = "lm_head -> rank 0"  # the name of the last stage's logits sent to the driver
+
+
+def boundary(stage: int) -> str:
+    """The name of the hidden states sent from `stage` to the next (both ends record it so)."""
+    return f"stage {stage} -> {stage + 1}"
+
 
 class StageInput(nn.Module):
     """The hidden states [B, S, D] of the previous stage, received from global rank `src`."""
 
     communicates = True
 
-    def __init__(self, *, src: int, d_model: int, dtype: torch.dtype, where: str = "stack.embed") -> None:
+    def __init__(self, *, src: int, d_model: int, dtype: torch.dtype, where: str) -> None:
         super().__init__()
         self.src, self.d_model, self._dtype, self.where = src, d_model, dtype, where
 
@@ -42,7 +49,7 @@ class StageOutput(nn.Module):
 
     communicates = True
 
-    def __init__(self, *, dst: int, where: str = "stack.final_norm") -> None:
+    def __init__(self, *, dst: int, where: str) -> None:
         super().__init__()
         self.dst, self.where = dst, where
 
@@ -56,7 +63,7 @@ class ReceivedLogits(nn.Module):
 
     communicates = True
 
-    def __init__(self, *, src: int, vocab_size: int, dtype: torch.dtype, where: str = "lm_head") -> None:
+    def __init__(self, *, src: int, vocab_size: int, dtype: torch.dtype, where: str = LOGITS_TO_RANK_0) -> None:
         super().__init__()
         self.src, self.vocab_size, self.dtype, self.where = src, vocab_size, dtype, where
 
