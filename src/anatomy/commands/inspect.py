@@ -24,6 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("old_model", nargs="?", default=None, metavar="MODEL", help=argparse.SUPPRESS)
     add_size_options(p)
     add_prediction_options(p)
+    add_parallel_options(p)
     add_report_options(p, docs="docs/anatomy.md", plot="the parameter breakdown and roofline chart",
                        html="diagram, ledger, shape trace, FLOPs, memory, roofline")
     p.add_argument("--mermaid", action="store_true", help="print only the block as a Mermaid flowchart")
@@ -58,6 +59,37 @@ def add_prediction_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-layers", type=int, default=None, metavar="N",
                    help="the draft is the first N blocks of --draft-model (default: of the model itself)")
     g.add_argument("--draft-dtype", default=None, help="the draft's weight dtype (default: --dtype)")
+
+
+def add_parallel_options(p: argparse.ArgumentParser) -> None:
+    from anatomy.analysis.hardware import INTERCONNECTS
+
+    g = p.add_argument_group("parallel (docs/parallel.md): what each rank holds and what the ranks say to each other")
+    g.add_argument("--tensor-parallel", "--tensor-parallel-size", dest="tensor_parallel", type=int, default=1,
+                   metavar="N", help="heads, FFN columns and vocabulary split over N ranks")
+    g.add_argument("--pipeline-parallel", "--pipeline-parallel-size", dest="pipeline_parallel", type=int, default=1,
+                   metavar="M", help="the blocks in M stages")
+    g.add_argument("--interconnect", default=None, metavar="NAME",
+                   help=f"the link between the ranks: {', '.join(INTERCONNECTS)} (default nvlink4 with N or M > 1)")
+
+
+def parallel_options(args: argparse.Namespace, config: ModelConfig) -> tuple:
+    """(Layout, Interconnect), or (None, None) for one device; sizes checked against the config."""
+    from anatomy.analysis.hardware import get_interconnect
+    from anatomy.parallel.layout import Layout, check_layout
+
+    tp, pp = getattr(args, "tensor_parallel", 1), getattr(args, "pipeline_parallel", 1)
+    for name, value in (("--tensor-parallel", tp), ("--pipeline-parallel", pp)):
+        if value < 1:
+            raise InputError(f"{name} {value} must be a positive integer")
+    interconnect = getattr(args, "interconnect", None)
+    if tp * pp == 1:
+        if interconnect is not None:
+            raise InputError("--interconnect needs --tensor-parallel N or --pipeline-parallel M above 1")
+        return None, None
+    layout = Layout(tp=tp, pp=pp)
+    check_layout(config, layout)
+    return layout, get_interconnect(interconnect or "nvlink4")
 
 
 def speculative_options(args: argparse.Namespace, config: ModelConfig):
@@ -146,8 +178,10 @@ def options_from_args(args: argparse.Namespace, config: ModelConfig):
     speculative = speculative_options(args, config) if hasattr(args, "speculative") else None
     if speculative is not None and speculative.k >= context:
         raise InputError(f"--speculative {speculative.k} is beyond the decode context --context {context}")
+    layout, interconnect = parallel_options(args, config)
     return Options(batch=args.batch_size, seq=seq, context=context, dtype=dtype, kv_dtype=kv_dtype,
-                   tokens=args.tokens, gpus=args.gpus, mfu=args.mfu, speculative=speculative)
+                   tokens=args.tokens, gpus=args.gpus, mfu=args.mfu, speculative=speculative, layout=layout,
+                   interconnect=interconnect)
 
 
 def run(args: argparse.Namespace) -> int:

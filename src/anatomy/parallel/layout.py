@@ -140,3 +140,23 @@ def local_config(config: ModelConfig, layout: Layout, rank: int) -> ModelConfig:
         changes["d_ff_expert"] = config.d_ff_expert // tp
         changes["d_ff_shared_expert"] = config.d_ff_shared_expert // tp
     return local.replace(**changes)
+
+
+def shard_config(config: ModelConfig, layout: Layout, rank: int) -> ModelConfig:
+    """The local config with the vocabulary shard's padded rows as its vocabulary: the structure a
+    rank's tensors have (its special token ids, which may lie beyond those rows, cleared)."""
+    local = local_config(config, layout, rank)
+    _, per = vocab_rows(config.vocab_size, layout.tp, layout.coords(rank)[1])
+    return local.replace(vocab_size=per, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+                         decoder_start_token_id=None)
+
+
+def stage_holds(name: str, *, first: bool, last: bool, tied: bool) -> bool:
+    """Does a stage hold the tensor `name` of a DecoderLM (the others' stage modules stand in for it)?
+    The first stage holds the embeddings, the last the final norm and the LM head (and, tied, the
+    token table it reads as the head)."""
+    if name.startswith("stack.embed."):
+        return first or (tied and last and name == "stack.embed.tokens.weight")
+    if name.startswith("stack.final_norm.") or name.startswith("lm_head."):
+        return last
+    return True

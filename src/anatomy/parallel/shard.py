@@ -33,7 +33,8 @@ from anatomy.models import build_model
 from anatomy.parallel.collectives import Comm
 from anatomy.parallel.cuts import cut_format, cut_tensor, tensor_cuts
 from anatomy.parallel.layers import ReducedMoE, RowParallelLinear, VocabParallelEmbedding, VocabParallelHead
-from anatomy.parallel.layout import Layout, check_layout, local_config, query_heads, stage_layers, vocab_rows
+from anatomy.parallel.layout import (Layout, check_layout, local_config, query_heads, shard_config, stage_holds,
+                                     stage_layers, vocab_rows)
 from anatomy.parallel.stages import LOGITS_TO_RANK_0, NoHead, ReceivedLogits, StageInput, StageOutput, boundary
 from anatomy.weights.modules import compact_modules
 
@@ -68,7 +69,7 @@ def shard_model(model: nn.Module, place: Place) -> nn.Module:
     config = model.config
     check_layout(config, place.layout)
     local = local_config(config, place.layout, place.rank)
-    shell = _shell(local, place, dtype=model.stack.embed.dtype)
+    shell = _shell(place, config, dtype=model.stack.embed.dtype)
     tensors, compact = _tensors(model, shell, place)
     shard = assign_tensors(shell, tensors, source=f"the shard of rank {place.rank}", compact=compact)
     for module in shard.modules():  # the shell was built for the vocabulary shard's rows; the shard takes all ids
@@ -80,13 +81,9 @@ def shard_model(model: nn.Module, place: Place) -> nn.Module:
     return shard.eval()
 
 
-def _shell(local: ModelConfig, place: Place, *, dtype: torch.dtype) -> nn.Module:
-    """The shard's structure on the meta device: the vocabulary as many rows as a rank's shard has
-    (special token ids, which may lie beyond them, are the local config's business)."""
-    _, per = vocab_rows(local.vocab_size, place.layout.tp, place.tp_rank)
-    rows = local.replace(vocab_size=per, pad_token_id=None, bos_token_id=None, eos_token_id=None,
-                         decoder_start_token_id=None)
-    return build_model(rows, device="meta", dtype=dtype)
+def _shell(place: Place, config: ModelConfig, *, dtype: torch.dtype) -> nn.Module:
+    """The shard's structure on the meta device, its vocabulary the rows of the rank's shard."""
+    return build_model(shard_config(config, place.layout, place.rank), device="meta", dtype=dtype)
 
 
 def _tensors(model: nn.Module, shell: nn.Module, place: Place) -> tuple[dict[str, Tensor], dict[str, object]]:
@@ -114,15 +111,7 @@ def _tensors(model: nn.Module, shell: nn.Module, place: Place) -> tuple[dict[str
 def _held(shell: nn.Module, place: Place):
     """Does this stage hold the tensor `name` (else another stage's modules stand in for it)?"""
     tied = shell.config.tie_embeddings
-
-    def held(name: str) -> bool:
-        if name.startswith("stack.embed."):
-            return place.first or (tied and place.last and name == "stack.embed.tokens.weight")
-        if name.startswith("stack.final_norm.") or name.startswith("lm_head."):
-            return place.last
-        return True
-
-    return held
+    return lambda name: stage_holds(name, first=place.first, last=place.last, tied=tied)
 
 
 def _is_parameter(module: nn.Module, name: str) -> bool:
