@@ -54,9 +54,9 @@ class Layout:
         return f"tensor-parallel {self.tp} x pipeline-parallel {self.pp} = {self.world} ranks"
 
 
-def check_layout(config: ModelConfig, layout: Layout, *, experts: str = "tp") -> None:
-    """InputError unless `config` splits evenly over `layout` (`experts`: "tp" splits each expert's
-    width, "ep" deals whole experts out to the ranks)."""
+def check_layout(config: ModelConfig, layout: Layout) -> None:
+    """InputError unless `config` splits evenly over `layout` (a mixture's experts each split by their
+    width: docs/parallel.md says why not whole experts per rank)."""
     if not config.is_decoder:
         raise InputError(f"tensor and pipeline parallelism run decoder-only models; this one has "
                          f"architecture={config.architecture!r}")
@@ -76,10 +76,7 @@ def check_layout(config: ModelConfig, layout: Layout, *, experts: str = "tp") ->
     if any(not config.layer_is_moe(i) for i in range(config.n_layers)):
         _divides(config.d_ff, tp, "d_ff", "each rank computes d_ff / N columns of the FFN")
     if config.n_experts:
-        if experts == "ep":
-            _divides(config.n_experts, tp, "n_experts", "expert parallelism gives each rank n_experts / N experts")
-        else:
-            _divides(config.d_ff_expert, tp, "d_ff_expert", "each rank computes d_ff_expert / N columns of every expert")
+        _divides(config.d_ff_expert, tp, "d_ff_expert", "each rank computes d_ff_expert / N columns of every expert")
         if config.d_ff_shared_expert:
             _divides(config.d_ff_shared_expert, tp, "d_ff_shared_expert",
                      "each rank computes d_ff_shared_expert / N columns of the shared expert")
