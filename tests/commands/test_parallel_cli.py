@@ -174,3 +174,27 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+@pytest.mark.slow
+def test_profile_on_two_ranks_puts_the_collectives_at_their_own_position(tiny_dir):
+    """Rank 0's profile of a TP=2 run: the all-reduces and the head's gather (and the waits for the other
+    rank) at `communication`, verdict "communication"; the local GEMMs still meet their rows of the
+    shape trace of the shard's shapes (the LM head: its 1/2 of the vocabulary)."""
+    import json
+
+    done = anatomy_cli("profile", "--model", str(tiny_dir), "--tensor-parallel-size", "2", "--prompt-len", "8",
+                       "--new-tokens", "4", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    decode = report["phases"]["decode"]
+    assert decode["positions"]["communication"] > 0
+    comm = [o for o in decode["ops"] if o["position"] == "communication"]
+    assert {o["op"] for o in comm} >= {"c10d::allreduce_", "c10d::gather_"}
+    assert all(o["bound"] == "communication" for o in comm)
+    head = next(o for o in decode["ops"] if o["module"] == "lm_head" and o["op"] == "linear")
+    vocab = anatomy.load_tokenizer(tiny_dir).vocab_size
+    assert head["flops"] == 2 * 64 * (vocab // 2)
+    out = next(o for o in decode["ops"] if o["module"] == "stack.blocks.*.attn.out" and o["op"] == "linear")
+    assert out["flops"] == 2 * 2 * (2 * 16) * 64  # 2 layers x [1, 32] @ [32, 64]: the rank's 2 heads of 16
+    assert report["parallel"] == {"tensor_parallel": 2, "pipeline_parallel": 1, "profiled_rank": 0}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from anatomy.errors import InputError
@@ -75,11 +75,12 @@ def is_follower() -> bool:
 
 
 @contextlib.contextmanager
-def rank_engine(args: argparse.Namespace, layout) -> Iterator[Any]:
-    """This process as one rank of `layout`: the process group joined, the model (--model, --dtype,
-    --weights) loaded and cut to this rank's shard; rank 0 gets its ParallelEngine (closed on the
-    way out), every other rank follows rank 0's calls until it stops and then gets None."""
-    from anatomy.checkpoints.loader import load
+def rank_engine(args: argparse.Namespace, layout, *, load: Callable[[], Any] | None = None) -> Iterator[Any]:
+    """This process as one rank of `layout`: the process group joined, the model (`load()`, by default
+    --model at --dtype and --weights) loaded and cut to this rank's shard; rank 0 gets its
+    ParallelEngine (closed on the way out), every other rank follows rank 0's calls until it stops
+    and then gets None."""
+    from anatomy.checkpoints.loader import load as default_load
     from anatomy.parallel.launch import LAUNCHED_ENV, watch_parent
     from anatomy.parallel.ranks import sharded_engine
     from anatomy.parallel.world import join, leave
@@ -89,7 +90,7 @@ def rank_engine(args: argparse.Namespace, layout) -> Iterator[Any]:
     world = join(layout)
     engine = None
     try:
-        model = load(args.model, dtype=args.dtype, weights=args.weights)
+        model = load() if load is not None else default_load(args.model, dtype=args.dtype, weights=args.weights)
         engine = sharded_engine(model, world)
         del model  # the shard holds what this rank needs
         yield engine

@@ -10,7 +10,9 @@
 
 They are torch.distributed's own (gloo on CPUs, NCCL on GPUs): nothing here moves bytes itself.
 A Comm deep-copies as itself, so that the engine's view of a sharded model (a structural copy,
-inference/engine/view.py) calls the same process group.
+inference/engine/view.py) calls the same process group. Every collective runs inside a profiler range
+`anatomy.engine:communication` (`communicating()`), which `anatomy profile` puts at the decoder map's
+position of its own (analysis/profile/positions.py): the transfer and the wait for the other ranks.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.autograd.profiler import record_function
 
 from anatomy import dtypes
 from anatomy.errors import ParallelError
@@ -51,6 +54,7 @@ class Log:
         return sum(op.bytes for op in self.ops if kind is None or op.kind == kind)
 
 
+RANGE = "anatomy.engine:communication"  # the profiler range of every collective (analysis/profile/positions.py)
 _logs: list[Log] = []
 _lock = threading.Lock()
 
@@ -66,6 +70,11 @@ def recording() -> Iterator[Log]:
     finally:
         with _lock:
             _logs.remove(log)
+
+
+def communicating():
+    """The profiler range collectives (and the glue that belongs to them) run in."""
+    return record_function(RANGE)
 
 
 def _record(kind: str, where: str, t: Tensor, ranks: int) -> None:
@@ -134,7 +143,8 @@ def recv(shape: tuple[int, ...], dtype: torch.dtype, src: int, *, where: str, de
 def _checked(what: str, where: str, call) -> None:
     """Run a collective; its failure (a rank gone, a timeout) is a ParallelError naming it."""
     try:
-        call()
+        with communicating():
+            call()
     except RuntimeError as exc:
         text = str(exc).strip().splitlines()
         raise ParallelError(f"the {what} at {where} failed: a rank is gone or stopped answering "

@@ -38,7 +38,7 @@ class ParallelEngine(DecoderEngine):
     def __init__(self, shard: nn.Module, world, *, attention: str | None = None, plan_cache: bool = True,
                  channel: Channel | None = None) -> None:
         super().__init__(shard, capture=False, attention=attention, plan_cache=plan_cache)
-        self.world = world
+        self.shard, self.world = shard, world
         if channel is None:
             channel = Channel(world.control)
             channel.start_heartbeat()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from anatomy.parallel.collectives import Comm, send
+from anatomy.parallel.collectives import Comm, communicating, send
 
 
 class RowParallelLinear(nn.Module):
@@ -33,9 +33,10 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(bias.detach(), requires_grad=False) if bias is not None else None
 
     def forward(self, x: Tensor) -> Tensor:
-        y = self.local(x).to(self.dtype).contiguous()  # [..., D]: this rank's part of the sum
-        y = self.comm.all_reduce(y, where=self.where)
-        return y + self.bias.to(y.dtype) if self.bias is not None else y
+        y = self.local(x)  # [..., D]: this rank's part of the sum
+        with communicating():  # the sum, and the bias added once after it
+            y = self.comm.all_reduce(y.to(self.dtype).contiguous(), where=self.where)
+            return y + self.bias.to(y.dtype) if self.bias is not None else y
 
     def extra_repr(self) -> str:
         return f"all-reduce over {self.comm.size} ranks in {self.dtype}"
@@ -93,10 +94,12 @@ class VocabParallelHead(nn.Module):
         self.in_features, self.out_features = local.in_features, vocab_size
 
     def forward(self, hidden: Tensor) -> Tensor:
-        logits = self.comm.gather_last(self.local(hidden), where=self.where)  # [..., V_r] -> [..., N * V_r]
-        if self.comm.index != 0:
-            return logits  # this rank's shard: only the first rank's logits are used
-        logits = logits[..., :self.vocab_size]  # [..., V]: the padding rows' logits cut off
-        if self.to is not None:
-            send(logits, self.to, where=self.to_where)
-        return logits
+        local = self.local(hidden)  # [..., V_r]
+        with communicating():
+            logits = self.comm.gather_last(local, where=self.where)  # [..., N * V_r] on the group's first rank
+            if self.comm.index != 0:
+                return logits  # this rank's shard: only the first rank's logits are used
+            logits = logits[..., :self.vocab_size]  # [..., V]: the padding rows' logits cut off
+            if self.to is not None:
+                send(logits, self.to, where=self.to_where)
+            return logits

@@ -71,7 +71,9 @@ def shard_model(model: nn.Module, place: Place) -> nn.Module:
     local = local_config(config, place.layout, place.rank)
     shell = _shell(place, config, dtype=model.stack.embed.dtype)
     tensors, compact = _tensors(model, shell, place)
+    shape = shell.config
     shard = assign_tensors(shell, tensors, source=f"the shard of rank {place.rank}", compact=compact)
+    shard.shape_config = shape  # the config of its tensors' shapes (a shape trace of what the rank computes)
     for module in shard.modules():  # the shell was built for the vocabulary shard's rows; the shard takes all ids
         if getattr(module, "config", None) is shell.config:
             module.config = local
