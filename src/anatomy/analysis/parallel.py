@@ -34,8 +34,11 @@ from anatomy.parallel.layout import (Layout, check_layout, columns, kv_heads, qu
 
 
 def parallel_report(config: ModelConfig, layout: Layout, *, hardware: Hardware, link: Interconnect, batch: int,
-                    seq: int, context: int, weight_dtype: str, kv_dtype: str, compute_dtype: str) -> dict[str, Any]:
-    """The `parallel` section of `anatomy inspect --tensor-parallel N --pipeline-parallel M` (docs/parallel.md)."""
+                    seq: int, context: int, weight_dtype: str, kv_dtype: str, compute_dtype: str,
+                    stage_link: Interconnect | None = None) -> dict[str, Any]:
+    """The `parallel` section of `anatomy inspect --tensor-parallel N --pipeline-parallel M` (docs/parallel.md):
+    `link` joins the ranks of a stage, `stage_link` (default: `link`) the stages."""
+    stage_link = stage_link or link
     check_layout(config, layout)
     ranks = [_rank(config, layout, r, batch=batch, context=context, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
              for r in range(layout.world)]
@@ -45,13 +48,14 @@ def parallel_report(config: ModelConfig, layout: Layout, *, hardware: Hardware, 
     for phase, spec in phases.items():
         ops = communication.step_collectives(config, layout, batch=batch, tokens=spec["tokens"], rows=(batch,),
                                              dtype=compute_dtype)
-        steps[phase] = _step(config, layout, ops, spec, hardware=hardware, link=link, batch=batch,
+        steps[phase] = _step(config, layout, ops, spec, hardware=hardware, link=link, stage_link=stage_link,
+                             batch=batch,
                              weight_dtype=weight_dtype, kv_dtype=kv_dtype, compute_dtype=compute_dtype,
                              context=context if phase == "decode" else None)
     return {
         "layout": {"tensor_parallel": layout.tp, "pipeline_parallel": layout.pp, "ranks": layout.world},
-        "interconnect": {"name": link.name, "bandwidth": link.bandwidth, "base_latency_s": link.base_latency_s,
-                         "step_latency_s": link.step_latency_s, "source": link.source, "notes": link.notes},
+        "interconnect": _link(link),
+        "between_stages": _link(stage_link),
         "ranks": ranks,
         "prefill": steps["prefill"],
         "decode": steps["decode"],
@@ -118,8 +122,14 @@ def _is_expert(name: str) -> bool:
     return name.endswith(".ffn.gate_up") or name.endswith(".ffn.down")
 
 
+def _link(link: Interconnect) -> dict[str, Any]:
+    return {"name": link.name, "bandwidth": link.bandwidth, "base_latency_s": link.base_latency_s,
+            "step_latency_s": link.step_latency_s, "source": link.source, "notes": link.notes}
+
+
 def _step(config: ModelConfig, layout: Layout, ops, spec: dict, *, hardware: Hardware, link: Interconnect,
-          batch: int, weight_dtype: str, kv_dtype: str, compute_dtype: str, context: int | None) -> dict[str, Any]:
+          stage_link: Interconnect, batch: int, weight_dtype: str, kv_dtype: str, compute_dtype: str,
+          context: int | None) -> dict[str, Any]:
     """Each stage's roofline time (its slowest rank's), the communication, and the step's time."""
     peak, tokens = hardware.peak(compute_dtype), spec["tokens"]
     stages = []
@@ -136,14 +146,15 @@ def _step(config: ModelConfig, layout: Layout, ops, spec: dict, *, hardware: Har
                        "memory_s": memory_s, "communication_s": comm, "time_s": max(compute_s, memory_s) + comm,
                        "bound": "compute" if compute_s >= memory_s else "memory"})
     sends = [op for op in ops if op.kind == "send"]
-    send_s = communication.step_time_s(sends, link)
+    send_s = communication.step_time_s(sends, stage_link)
     latency = sum(s["time_s"] for s in stages) + send_s
-    pipelined = max(s["time_s"] for s in stages) + max((op.time_s(link) for op in sends), default=0.0)
+    pipelined = max(s["time_s"] for s in stages) + max((op.time_s(stage_link) for op in sends), default=0.0)
     comm_total = sum(s["communication_s"] for s in stages) + send_s
     produced = batch * tokens if context is None else batch
     return {
         "stages": stages,
-        "collectives": communication.by_role(ops, link, tokens=batch * tokens),
+        "collectives": (communication.by_role([op for op in ops if op.kind != "send"], link, tokens=batch * tokens)
+                        + communication.by_role(sends, stage_link, tokens=batch * tokens)),
         "collectives_per_step": len(ops),
         "message_bytes_per_token": sum(op.message_bytes for op in ops) / (batch * tokens),
         "communication_s": comm_total, "send_s": send_s,

@@ -37,7 +37,7 @@ def _ranks(p: dict[str, Any]) -> TableSpec:
 
 
 def _collectives(p: dict[str, Any], phase: str) -> TableSpec:
-    link = p["interconnect"]["name"]
+    link = _links(p)
     t = TableSpec(f"Collectives of one {phase} step on {link}",
                   ["what", "collective", "per step", "shape", "dtype", "ranks", "message", "per token",
                    "wire bytes per rank", "time each", "time per step"])
@@ -51,9 +51,13 @@ def _collectives(p: dict[str, Any], phase: str) -> TableSpec:
     return t
 
 
+def _links(p: dict[str, Any]) -> str:
+    within, between = p["interconnect"]["name"], p["between_stages"]["name"]
+    return within if within == between else f"{within} (between stages: {between})"
+
+
 def _roofline(p: dict[str, Any]) -> TableSpec:
-    link = p["interconnect"]
-    t = TableSpec(f"Roofline with communication on {link['name']}",
+    t = TableSpec(f"Roofline with communication on {_links(p)}",
                   ["phase", "stage", "FLOPs", "bytes", "compute", "memory", "communication", "stage time", "bound"])
     for phase in ("prefill", "decode"):
         for s in p[phase]["stages"]:
@@ -67,6 +71,9 @@ def _roofline(p: dict[str, Any]) -> TableSpec:
                            f"{step['pipelined_tokens_per_s']:,.1f} tok/s with one sequence per stage in flight"])
     t.notes.append("a stage's time = max(compute, memory) of one of its ranks + its collectives, which nothing "
                    "overlaps: the next block needs the all-reduce's result")
-    t.notes.append(f"{link['name']}: {si(link['bandwidth'], 'B/s')} each way per rank, {si(link['base_latency_s'], 's')} "
-                   f"+ {si(link['step_latency_s'], 's')} per ring step; {link['source']}")
+    links = [p["interconnect"]] + ([p["between_stages"]] if p["between_stages"] != p["interconnect"] else [])
+    for link in links:
+        t.notes.append(f"{link['name']}: {si(link['bandwidth'], 'B/s')} each way per rank, "
+                       f"{si(link['base_latency_s'], 's')} + {si(link['step_latency_s'], 's')} per ring step; "
+                       f"{link['source']}")
     return t

@@ -69,12 +69,15 @@ def add_parallel_options(p: argparse.ArgumentParser) -> None:
                    metavar="N", help="heads, FFN columns and vocabulary split over N ranks")
     g.add_argument("--pipeline-parallel", "--pipeline-parallel-size", dest="pipeline_parallel", type=int, default=1,
                    metavar="M", help="the blocks in M stages")
-    g.add_argument("--interconnect", default=None, metavar="NAME",
-                   help=f"the link between the ranks: {', '.join(INTERCONNECTS)} (default nvlink4 with N or M > 1)")
+    g.add_argument("--interconnect", default=None, metavar="NAME[,NAME]",
+                   help=f"the link between the ranks: {', '.join(INTERCONNECTS)} (default nvlink4 with N or M > 1); "
+                        "a second name after a comma is the link between the pipeline stages (nvlink4,ib-ndr400: "
+                        "stages on different machines)")
 
 
 def parallel_options(args: argparse.Namespace, config: ModelConfig) -> tuple:
-    """(Layout, Interconnect), or (None, None) for one device; sizes checked against the config."""
+    """(Layout, Interconnect within a stage, Interconnect between stages), or Nones for one device;
+    sizes checked against the config."""
     from anatomy.analysis.hardware import get_interconnect
     from anatomy.parallel.layout import Layout, check_layout
 
@@ -86,10 +89,14 @@ def parallel_options(args: argparse.Namespace, config: ModelConfig) -> tuple:
     if tp * pp == 1:
         if interconnect is not None:
             raise InputError("--interconnect needs --tensor-parallel N or --pipeline-parallel M above 1")
-        return None, None
+        return None, None, None
     layout = Layout(tp=tp, pp=pp)
     check_layout(config, layout)
-    return layout, get_interconnect(interconnect or "nvlink4")
+    names = (interconnect or "nvlink4").split(",")
+    if len(names) > 2:
+        raise InputError(f"--interconnect {interconnect!r}: one link, or two (within a stage, between stages)")
+    links = [get_interconnect(name.strip()) for name in names]
+    return layout, links[0], links[-1]
 
 
 def speculative_options(args: argparse.Namespace, config: ModelConfig):
@@ -178,10 +185,10 @@ def options_from_args(args: argparse.Namespace, config: ModelConfig):
     speculative = speculative_options(args, config) if hasattr(args, "speculative") else None
     if speculative is not None and speculative.k >= context:
         raise InputError(f"--speculative {speculative.k} is beyond the decode context --context {context}")
-    layout, interconnect = parallel_options(args, config)
+    layout, interconnect, stage_interconnect = parallel_options(args, config)
     return Options(batch=args.batch_size, seq=seq, context=context, dtype=dtype, kv_dtype=kv_dtype,
                    tokens=args.tokens, gpus=args.gpus, mfu=args.mfu, speculative=speculative, layout=layout,
-                   interconnect=interconnect)
+                   interconnect=interconnect, stage_interconnect=stage_interconnect)
 
 
 def run(args: argparse.Namespace) -> int:
