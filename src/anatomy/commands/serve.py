@@ -127,9 +127,14 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
     try:
         start = time.perf_counter()
         engine, tokenizer = _engine(args, server, failures, ranks)
-        loop = ServingLoop(engine, tokenizer, kv_bytes=kv_bytes, block_size=args.block_size,
-                           max_seqs=args.batch_size, max_step_tokens=args.max_step_tokens,
-                           prefix_caching=not args.no_prefix_cache, name=args.model)
+        options = dict(kv_bytes=kv_bytes, block_size=args.block_size, max_seqs=args.batch_size,
+                       max_step_tokens=args.max_step_tokens, prefix_caching=not args.no_prefix_cache, name=args.model)
+        if args.pipeline_parallel_size > 1:  # one loop per stage: their steps overlap on the stages
+            from anatomy.parallel.lanes import Lanes
+
+            loop = Lanes.of(engine, tokenizer, lanes=args.pipeline_parallel_size, **options)
+        else:
+            loop = ServingLoop(engine, tokenizer, **options)
         if state.embedding_name is not None:
             state.embedder = _embedder(state.embedding_name)
         loop.start()
@@ -186,6 +191,9 @@ def _report(args: argparse.Namespace, loop, block_bytes: int, seconds: float) ->
     if layout is not None:
         print(f"anatomy serve: {layout.describe()}: the weights, kernels and KV cache above are rank 0's shard; "
               "every rank holds its own", file=sys.stderr, flush=True)
+    if layout is not None and layout.pp > 1:
+        print(f"anatomy serve: {layout.pp} serving lanes (one per pipeline stage, each 1/{layout.pp} of the KV "
+              "cache and its own batch): their steps overlap on the stages", file=sys.stderr, flush=True)
     config_context = loop.engine.config.max_seq_len
     if loop.context < config_context:
         print(f"anatomy serve: warning: the KV memory holds {loop.context:,} tokens, less than the model's context "

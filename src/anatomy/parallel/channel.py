@@ -37,6 +37,7 @@ class Channel:
         self.on_lost: list[Callable[[ParallelError], Any]] = []
         self.lost: ParallelError | None = None
         self._lock = threading.Lock()
+        self.count = 0  # orders sent (rank 0) or received (the others)
         self._last = time.monotonic()
         self._closed = threading.Event()
 
@@ -45,12 +46,13 @@ class Channel:
         self._last = time.monotonic()
         threading.Thread(target=self._beat, name="anatomy-parallel-heartbeat", daemon=True).start()
 
-    def send(self, op: str, *args: Any) -> None:
-        """Broadcast the order (op, args) to every rank of the group."""
+    def send(self, op: str, *args: Any) -> int:
+        """Broadcast the order (op, args) to every rank of the group; its number (the orders, pings
+        included, counted alike on every rank: the tag of its point-to-point messages)."""
         with self._lock:
-            self._send(op, args)
+            return self._send(op, args)
 
-    def _send(self, op: str, args: tuple) -> None:
+    def _send(self, op: str, args: tuple) -> int:
         if self.lost is not None:
             raise self.lost
         ended, self.ended[:] = tuple(self.ended), []
@@ -60,15 +62,18 @@ class Channel:
             self.lose(ParallelError(f"sending the order {op!r} to the other ranks failed: a rank is gone or stopped "
                                      f"answering ({_first_line(exc)})"))
         self._last = time.monotonic()
+        self.count += 1
+        return self.count
 
-    def receive(self) -> tuple[str, tuple, tuple[int, ...]]:
-        """The next (op, args, ended run ids) from rank 0."""
+    def receive(self) -> tuple[str, tuple, tuple[int, ...], int]:
+        """The next (op, args, ended run ids, its number) from rank 0."""
         box: list[Any] = [None]
         try:
             dist.broadcast_object_list(box, src=0, group=self.group)
         except RuntimeError as exc:
             raise ParallelError(f"rank 0 is gone or stopped sending orders ({_first_line(exc)})") from None
-        return box[0]
+        self.count += 1
+        return (*box[0], self.count)
 
     def close(self) -> None:
         """Tell the other ranks to stop (they leave their loop) and stop the heartbeat."""

@@ -18,8 +18,9 @@ position of its own (analysis/profile/positions.py): the transfer and the wait f
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -56,6 +57,30 @@ class Log:
 
 RANGE = "anatomy.engine:communication"  # the profiler range of every collective (analysis/profile/positions.py)
 _logs: list[Log] = []
+_tag: contextvars.ContextVar[int] = contextvars.ContextVar("anatomy_parallel_tag", default=0)
+_waiting: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("anatomy_parallel_wait",
+                                                                                     default=None)
+
+
+@contextlib.contextmanager
+def tagged(tag: int) -> Iterator[None]:
+    """Point-to-point messages inside carry `tag` (the order's number on every rank: several steps in
+    flight at once never take each other's hidden states or logits)."""
+    token = _tag.set(tag & 0x7FFFFFFF)
+    try:
+        yield
+    finally:
+        _tag.reset(token)
+
+
+@contextlib.contextmanager
+def waiting(hook: Callable[[], None]) -> Iterator[None]:
+    """`hook()` runs when a receive inside starts waiting (rank 0 lets the next step start its stage)."""
+    token = _waiting.set(hook)
+    try:
+        yield
+    finally:
+        _waiting.reset(token)
 _lock = threading.Lock()
 
 
@@ -124,20 +149,28 @@ class Comm:
         return torch.cat(parts, dim=-1) if first else t
 
 
-def send(t: Tensor, dst: int, *, where: str, tag: int = 0) -> None:
-    """t to global rank `dst` (blocking until it is on its way)."""
+def send(t: Tensor, dst: int, *, where: str) -> None:
+    """t to global rank `dst` (blocking until it is on its way), with the current order's tag."""
     t = t.contiguous()
     _record("send", where, t, 2)
-    _checked(f"send to rank {dst}", where, lambda: dist.send(t, dst, tag=tag))
+    _checked(f"send to rank {dst}", where, lambda: dist.send(t, dst, tag=_tag.get()))
 
 
-def recv(shape: tuple[int, ...], dtype: torch.dtype, src: int, *, where: str, device: torch.device | str = "cpu",
-         tag: int = 0) -> Tensor:
-    """A tensor of `shape` and `dtype` from global rank `src`."""
+def recv(shape: tuple[int, ...], dtype: torch.dtype, src: int, *, where: str,
+         device: torch.device | str = "cpu") -> Tensor:
+    """A tensor of `shape` and `dtype` from global rank `src`, with the current order's tag."""
     t = torch.empty(shape, dtype=dtype, device=device)
     _record("recv", where, t, 2)
-    _checked(f"receive from rank {src}", where, lambda: dist.recv(t, src, tag=tag))
+    _checked(f"receive from rank {src}", where, lambda: _receive(t, src))
     return t
+
+
+def _receive(t: Tensor, src: int) -> None:
+    work = dist.irecv(t, src, tag=_tag.get())
+    hook = _waiting.get()
+    if hook is not None:
+        hook()
+    work.wait()
 
 
 def _checked(what: str, where: str, call) -> None:

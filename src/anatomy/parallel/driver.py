@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +31,7 @@ from anatomy.errors import InputError, ParallelError
 from anatomy.inference.engine import Chunk, DecoderEngine, PagedKVCache, Run
 from anatomy.inference.sampling import SamplingParams
 from anatomy.parallel.channel import Channel
+from anatomy.parallel.collectives import tagged, waiting
 
 
 class ParallelEngine(DecoderEngine):
@@ -43,6 +45,7 @@ class ParallelEngine(DecoderEngine):
             channel = Channel(world.control)
             channel.start_heartbeat()
         self.channel = channel
+        self._stage = threading.Lock()  # rank 0's own stage: one step at a time, in the orders' order
         self._run_ids = itertools.count()
         self._cache_ids = itertools.count()
 
@@ -50,16 +53,37 @@ class ParallelEngine(DecoderEngine):
     def layout(self):
         return self.world.layout
 
+    @contextlib.contextmanager
+    def mirrored(self, op: str, *args: Any) -> Iterator[None]:
+        """Send the order, then run rank 0's part of it inside. Rank 0's stage runs one step at a time
+        in the orders' order; it lets the next step in as soon as it waits for the last stage's logits,
+        so that steps from several threads (a pipeline's serving lanes) overlap on the stages. A failed
+        collective marks the run lost."""
+        self._stage.acquire()
+        held = [True]
+
+        def release() -> None:
+            if held[0]:
+                held[0] = False
+                self._stage.release()
+
+        try:
+            number = self.channel.send(op, *args)
+            with tagged(number), waiting(release), watched(self.channel):
+                yield
+        finally:
+            release()
+
     def start(self, prompts: list[list[int]], params: SamplingParams | None = None) -> MirroredRun:
         run = super().start(prompts, params)  # checked here first: a refused prompt never reaches the others
         run_id = next(self._run_ids)
         self.channel.send("start", run_id, prompts, params)
-        return MirroredRun(run, run_id, self.channel)
+        return MirroredRun(run, run_id, self)
 
     def logits(self, ids: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
         """ids [B, S] -> logits [B, S, V] of one full pass, on every rank."""
-        self.channel.send("logits", ids.tolist(), None if attention_mask is None else attention_mask.tolist())
-        with torch.inference_mode(), watched(self.channel):
+        mask = None if attention_mask is None else attention_mask.tolist()
+        with torch.inference_mode(), self.mirrored("logits", ids.tolist(), mask):
             return self.head(super().hidden_states(ids, attention_mask=attention_mask))
 
     def hidden_states(self, ids: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
@@ -73,8 +97,7 @@ class ParallelEngine(DecoderEngine):
         return cache
 
     def step(self, cache: PagedKVCache, chunks: list[Chunk]) -> Tensor:
-        self.channel.send("step", cache.parallel_id, chunks)
-        with watched(self.channel):
+        with self.mirrored("step", cache.parallel_id, chunks):
             return super().step(cache, chunks)
 
     def close(self) -> None:
@@ -94,28 +117,25 @@ def watched(channel: Channel) -> Iterator[None]:
 class MirroredRun:
     """Rank 0's Run: the model steps are sent to the other ranks' runs of the same id first."""
 
-    def __init__(self, run: Run, run_id: int, channel: Channel) -> None:
-        self.run, self.id, self.channel = run, run_id, channel
-        weakref.finalize(self, channel.ended.append, run_id)  # the others free theirs with the next order
+    def __init__(self, run: Run, run_id: int, engine: ParallelEngine) -> None:
+        self.run, self.id, self.engine = run, run_id, engine
+        weakref.finalize(self, engine.channel.ended.append, run_id)  # the others free theirs with the next order
 
     def prefill(self) -> Tensor:
-        self.channel.send("prefill", self.id)
-        with watched(self.channel):
+        with self.engine.mirrored("prefill", self.id):
             return self.run.prefill()
 
     def decode(self, token: Tensor) -> Tensor:
-        self.channel.send("decode", self.id, token.tolist())
-        with watched(self.channel):
+        with self.engine.mirrored("decode", self.id, token.tolist()):
             return self.run.decode(token)
 
     def verify(self, tokens: Tensor) -> Tensor:
-        self.channel.send("verify", self.id, tokens.tolist())
-        with watched(self.channel):
+        with self.engine.mirrored("verify", self.id, tokens.tolist()):
             return self.run.verify(tokens)
 
     def rewind(self, slot: int) -> None:
         self.run.rewind(slot)
-        self.channel.send("rewind", self.id, slot)
+        self.engine.channel.send("rewind", self.id, slot)
 
     def __getattr__(self, name: str) -> Any:  # choose, observe, slot, rows, batch, params, cache: rank 0's own
         return getattr(self.run, name)

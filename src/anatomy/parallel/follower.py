@@ -14,6 +14,7 @@ import torch
 from anatomy.errors import InputError
 from anatomy.inference.engine import DecoderEngine
 from anatomy.parallel.channel import Channel
+from anatomy.parallel.collectives import tagged
 
 
 class Follower:
@@ -63,7 +64,7 @@ def follow(engine: DecoderEngine, channel: Channel) -> int:
     follower = Follower(engine)
     made = 0
     while True:
-        op, args, ended = channel.receive()
+        op, args, ended, number = channel.receive()
         for run_id in ended:
             follower.runs.pop(run_id, None)
         if op == "stop":
@@ -71,7 +72,8 @@ def follow(engine: DecoderEngine, channel: Channel) -> int:
         if op not in CALLS:
             raise RuntimeError(f"rank 0 sent an unknown order {op!r}")
         try:
-            getattr(follower, op)(*args)
+            with tagged(number):
+                getattr(follower, op)(*args)
         except InputError:
             pass  # rank 0 refused the same call and tells its caller
         made += 1
