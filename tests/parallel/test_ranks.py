@@ -32,6 +32,7 @@ def ranks(saved, tmp_path_factory):
     cases = [{"name": f"{kind}-{name}", "model": str(saved[kind]), "tp": LAYOUTS[name].tp, "pp": LAYOUTS[name].pp}
              for kind, name in CASES]
     cases.append({"name": "llama-int4-tp2", "model": str(saved["llama"]), "weights": "int4", "tp": 2, "pp": 1})
+    cases.append({"name": "llama-pp2-lanes", "model": str(saved["llama"]), "tp": 1, "pp": 2, "lanes": True})
     return run_ranks(cases, tmp_path_factory.mktemp("ranks"), nproc=2)
 
 
@@ -109,3 +110,13 @@ def kept_bytes(model, rank: int) -> int:
         cut = cuts.get(name)
         total += t.nbytes if cut is None else t.nbytes // t.shape[cut.dim] * len(cut.index)
     return total
+
+
+def test_serving_lanes_overlap_on_the_stages(ranks):
+    """Two threads stepping their own paged caches on a PP=2 engine (the serving lanes): rank 0's stage
+    takes the next step while the previous one waits for the last stage's logits, and every step's
+    logits are those of the same steps run one after the other (tags keep the messages apart)."""
+    got = ranks["llama-pp2-lanes"][0]
+    assert got["overlaps"] >= 1
+    for lane in range(2):
+        assert torch.equal(got["lanes"][lane], got["alone"][lane])

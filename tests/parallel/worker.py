@@ -68,6 +68,67 @@ def comm(engine) -> dict:
     return {"prefill_ops": _ops(prefill), "decode_ops": _ops(decode)}
 
 
+def lanes(engine) -> dict:
+    """Two threads, each its own paged cache and steps (serving's lanes), then the same steps one after the
+    other: the logits of each, and when each thread entered rank 0's stage and got its step back."""
+    import threading
+    import time
+
+    from anatomy.inference.engine import Chunk
+
+    def steps(cache, lane):
+        yield [Chunk([5 + lane, 6, 7, 8], 0, [0])]
+        for j in range(6):
+            yield [Chunk([10 + j + lane], 4 + j, [0])]
+
+    stage, times = engine._stage, []
+
+    class Recorded:  # rank 0's stage lock, its acquisitions timed
+        def acquire(self):
+            stage.acquire()
+            times.append(("enter", threading.get_ident(), time.perf_counter()))
+
+        def release(self):
+            stage.release()
+
+    engine._stage = Recorded()
+    out = {"lanes": [None, None], "alone": []}
+
+    def run(lane):
+        cache = caches[lane]
+        logits = []
+        for chunks in steps(cache, lane):
+            logits.append(engine.step(cache, chunks))
+            times.append(("done", threading.get_ident(), time.perf_counter()))
+        out["lanes"][lane] = torch.cat(logits)
+
+    caches = [engine.paged_cache(num_blocks=4, block_size=16) for _ in range(2)]
+    threads = [threading.Thread(target=run, args=(lane,)) for lane in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    engine._stage = stage
+    for lane in range(2):
+        cache = engine.paged_cache(num_blocks=4, block_size=16)
+        out["alone"].append(torch.cat([engine.step(cache, chunks) for chunks in steps(cache, lane)]))
+    out["overlaps"] = _overlaps(times)
+    return out
+
+
+def _overlaps(times: list) -> int:
+    """Entries into the stage while the other thread's step was still waiting for its logits."""
+    open_since: dict[int, float] = {}
+    count = 0
+    for what, thread, _ in times:
+        if what == "enter":
+            count += any(other != thread for other in open_since)
+            open_since[thread] = 0.0
+        else:
+            open_since.pop(thread, None)
+    return count
+
+
 def _ops(log) -> list:
     return [[op.kind, op.where, list(op.shape), op.bytes] for op in log.ops]
 
@@ -81,10 +142,13 @@ def main(out: Path, cases: list[dict]) -> None:
         shard = shard_model(model, world.place)
         result = {"stored_bytes": stored_bytes(shard), "params": sum(p.numel() for p in shard.parameters()),
                   "engine_weight_bytes": DecoderEngine(shard, capture=False).decode_weight_bytes}
-        result |= session(world, shard, checks)
-        if world.is_driver:
+        if not case.get("lanes"):
+            result |= session(world, shard, checks)
+        if case.get("lanes"):
+            result |= session(world, shard, lanes)
+        elif world.is_driver:
             result |= session(world, shard, comm)
-        else:  # a follower records every collective of the comm session: one prefill, one decode
+        elif not case.get("lanes"):  # a follower records every collective of the comm session: a prefill, a decode
             with recording() as log:
                 session(world, shard, comm)
             result["ops"] = _ops(log)
