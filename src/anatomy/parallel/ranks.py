@@ -28,6 +28,8 @@ STARTUP_TIMEOUT_S = 3600.0  # a rank measuring its kernel plan waits for no one;
 def sharded_engine(model: nn.Module, world, **options) -> ParallelEngine | None:
     """`options` are DecoderEngine's (attention, plan_cache); the decode step is never captured."""
     shard = shard_model(model, world.place)
+    if world.device.type != "cpu":  # NCCL: each rank's shard on its own GPU (untested here: no GPU was at hand)
+        shard = shard.to(world.device)
     channel = Channel(world.control)
     if world.is_driver:
         engine = ParallelEngine(shard, world, channel=channel, **options)
