@@ -85,9 +85,9 @@ def _print_measured(rows: dict[str, dict]) -> None:
     one = rows["1 rank, eager step (as the ranks run)"]
     print(f"measured on this machine ({os.cpu_count()} cores), fp32, LLaMA-shaped {SHAPE}; "
           f"{REPEATS} runs, medians\n")
-    print(f"| layout | threads per rank | TTFT {PROMPT} (ms) | decode tok/s | vs 1 rank eager | prefill {PREFILL} tok/s "
-          f"| vs 1 rank eager | rank 0's weights read per decode step (MB) | collectives per decode step (rank 0) "
-          "| bytes sent per decode step (rank 0) |")
+    print(f"| layout | threads per rank | TTFT {PROMPT} (ms) | decode tok/s | vs 1 rank eager "
+          f"| prefill {PREFILL} tok/s | vs 1 rank eager | rank 0's weights read per decode step (MB) "
+          "| collectives per decode step (rank 0) | bytes sent per decode step (rank 0) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         print(f"| {name} | {r['threads']} | {r['ttft_s'] * 1e3:.0f} | {r['decode_tok_s']:.1f} | "

@@ -84,7 +84,8 @@ class Channel:
     def _beat(self) -> None:
         while not self._closed.wait(self.heartbeat_s / 2):
             with self._lock:
-                if self.lost is None and not self._closed.is_set() and time.monotonic() - self._last >= self.heartbeat_s:
+                idle = time.monotonic() - self._last >= self.heartbeat_s
+                if self.lost is None and not self._closed.is_set() and idle:
                     try:
                         self._send("ping", ())
                     except ParallelError:

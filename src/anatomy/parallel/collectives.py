@@ -2,7 +2,7 @@
 
     comm = Comm(group, ranks=[0, 1], rank=0)    # a process group and where this rank sits in it
     comm.all_reduce(y, where="stack.blocks.0.attn.out")            # y [..., D] summed over the group, in place
-    full = comm.gather_last(y, where="lm_head")                     # [..., V_r] -> [..., N * V_r] on the group's first rank
+    full = comm.gather_last(y, where="lm_head")                     # [..., V_r] -> [..., N * V_r] on the first rank
     send(x, dst, where=...) / recv(shape, dtype, src, where=...)    # point to point (pipeline stages)
     with recording() as log:                                        # every collective of this process, as issued
         ...

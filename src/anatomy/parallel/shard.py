@@ -149,7 +149,8 @@ def _parallel_modules(shard: nn.Module, place: Place, dtype: torch.dtype, layers
         shard.stack.embed = StageInput(src=layout.rank(place.stage - 1, place.tp_rank), d_model=shard.config.d_model,
                                        dtype=dtype, where=boundary(place.stage - 1))
     if not place.last:
-        shard.stack.final_norm = StageOutput(dst=layout.rank(place.stage + 1, place.tp_rank), where=boundary(place.stage))
+        shard.stack.final_norm = StageOutput(dst=layout.rank(place.stage + 1, place.tp_rank),
+                                             where=boundary(place.stage))
     shard.lm_head = _head(shard, place, dtype)
 
 

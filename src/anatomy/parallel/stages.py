@@ -39,7 +39,8 @@ class StageInput(nn.Module):
         """The residual stream's dtype (what Embeddings.dtype would be)."""
         return self._dtype
 
-    def forward(self, input_ids: Tensor, position_ids: Tensor | None = None, token_type_ids: Tensor | None = None) -> Tensor:
+    def forward(self, input_ids: Tensor, position_ids: Tensor | None = None,
+                token_type_ids: Tensor | None = None) -> Tensor:
         B, S = input_ids.shape
         return recv((B, S, self.d_model), self._dtype, self.src, where=self.where, device=input_ids.device)
 
