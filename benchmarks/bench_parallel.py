@@ -1,8 +1,10 @@
 """Tensor and pipeline parallelism on this machine, and predicted on named GPU clusters.
 
 Measured: a LLaMA-shaped decoder with random fp32 weights (D 1024, 16 heads, 4 kv heads, 8 blocks,
-F 2816, V 32000: 176 M parameters, big enough that a rank's GEMMs are real work) on one rank with
-all of the machine's cores, and on 2 gloo ranks (torchrun, 1/2 of the cores each) as TP=2 and PP=2:
+F 2816, V 32000: 176 M parameters, big enough that a rank's GEMMs are real work) in one process with
+all of the machine's cores (its decode step captured, as by default, and eager, as a sharded model's
+runs), and on 2 gloo ranks (torchrun, 1/2 of the cores each) as TP=2 and PP=2, each in processes of
+its own:
 time to first token of a PROMPT-token prompt, decode tok/s over NEW greedy tokens, prefill tok/s of
 PREFILL tokens (medians of REPEATS runs), and the collectives of one decode step as rank 0 issued
 them. On a 2-core CPU the ranks share the cores and gloo's loopback TCP is the interconnect: TP=2 is
@@ -31,7 +33,6 @@ import anatomy
 from anatomy import build_model, get_preset
 from anatomy.analysis.hardware import get_hardware, get_interconnect
 from anatomy.analysis.parallel import parallel_report
-from anatomy.inference.engine import DecoderEngine
 from anatomy.parallel.layout import Layout
 from benchmarks import parallel_ranks
 
@@ -57,27 +58,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "model"
         anatomy.save(build_model(get_preset("llama-7b", max_seq_len=2048, **SHAPE)), folder)
-        rows = {"1 rank": _one_rank(folder, capture=True), "1 rank, eager step (as the ranks run)": _one_rank(folder)}
-        for name, tp, pp in (("TP=2", 2, 1), ("PP=2", 1, 2)):
-            rows[name] = _ranks(folder, tp, pp, Path(tmp) / f"{name}.json")
+        rows = {}
+        for name, tp, pp, capture in (("1 rank", 1, 1, 1), ("1 rank, eager step (as the ranks run)", 1, 1, 0),
+                                      ("TP=2", 2, 1, 0), ("PP=2", 1, 2, 0)):
+            rows[name] = _ranks(folder, tp, pp, Path(tmp) / f"{tp}x{pp}-{capture}.json", capture=capture)
     _print_measured(rows)
     _print_predicted()
 
 
-def _one_rank(folder: Path, *, capture: bool = False) -> dict:
-    """One process with every core; `capture`: its decode steps replayed from captured graphs (a sharded
-    model's steps run eagerly: a trace cannot hold the collectives' process groups)."""
-    engine = DecoderEngine(anatomy.load(folder), capture=capture)
-    result = parallel_ranks.measure(engine, prompt=PROMPT, new=NEW, prefill=PREFILL, repeats=REPEATS)
-    return result | {"decode_weight_bytes_rank0": engine.decode_weight_bytes}
-
-
-def _ranks(folder: Path, tp: int, pp: int, out: Path) -> dict:
+def _ranks(folder: Path, tp: int, pp: int, out: Path, *, capture: int) -> dict:
+    """One row, in processes of its own: one plain process with every core (`capture`: its decode steps
+    replayed from captured graphs; a sharded model's run eagerly, a trace cannot hold the collectives'
+    process groups), or tp x pp ranks under torchrun with 1/(tp x pp) of the cores each."""
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // (tp * pp)))}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp * pp}",
-           str(Path(parallel_ranks.__file__)), str(folder), str(tp), str(pp), str(out), str(PROMPT), str(NEW),
-           str(PREFILL), str(REPEATS)]
-    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    script = [str(Path(parallel_ranks.__file__)), str(folder), str(tp), str(pp), str(out), str(PROMPT), str(NEW),
+              str(PREFILL), str(REPEATS), str(capture)]
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp * pp}"] if tp * pp > 1 else []
+    subprocess.run([sys.executable, *launcher, *script], env=env, check=True, capture_output=True, text=True)
     return json.loads(out.read_text())
 
 

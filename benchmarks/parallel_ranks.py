@@ -1,11 +1,12 @@
-"""One rank of `python -m benchmarks parallel`, under torchrun:
+"""One rank of `python -m benchmarks parallel`, under torchrun (TP x PP ranks), or one plain process:
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/parallel_ranks.py MODEL TP PP OUT.json
+    python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/parallel_ranks.py MODEL 2 1 OUT.json ...
+    python benchmarks/parallel_ranks.py MODEL 1 1 OUT.json PROMPT NEW PREFILL REPEATS CAPTURE   (one DecoderEngine)
 
 Rank 0 drives the engine API (the others follow) and writes, as JSON: the median time to first token
 of a PROMPT-token prompt, decode tok/s over NEW greedy tokens, prefill tok/s of PREFILL tokens, and
-the collectives one decode step issued on rank 0 (count, message bytes). The same figures for one
-rank come from `measure(engine)` in the benchmark's own process."""
+the collectives one decode step issued on rank 0 (count, message bytes). Every row of the benchmark
+runs in a process of its own, started the same way, so that they differ only in the layout."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import time
 import torch
 
 import anatomy
+from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.sampling import SamplingParams
 from anatomy.parallel.collectives import recording
 from anatomy.parallel.layout import Layout
@@ -52,16 +54,25 @@ def measure(engine, *, prompt: int, new: int, prefill: int, repeats: int) -> dic
             "collectives": log.count(), "message_bytes": log.total_bytes(), "threads": torch.get_num_threads()}
 
 
-def main(model_dir: str, tp: int, pp: int, out: str, prompt: int, new: int, prefill: int, repeats: int) -> None:
+def main(model_dir: str, tp: int, pp: int, out: str, prompt: int, new: int, prefill: int, repeats: int,
+         capture: int = 0) -> None:
+    sizes = dict(prompt=prompt, new=new, prefill=prefill, repeats=repeats)
+    if tp * pp == 1:  # one plain process: the engine as it runs without parallelism
+        engine = DecoderEngine(anatomy.load(model_dir), capture=bool(capture))
+        _write(out, measure(engine, **sizes) | {"decode_weight_bytes_rank0": engine.decode_weight_bytes})
+        return
     world = join(Layout(tp=tp, pp=pp))
     engine = sharded_engine(anatomy.load(model_dir), world)
     if engine is not None:
-        result = measure(engine, prompt=prompt, new=new, prefill=prefill, repeats=repeats)
-        result["decode_weight_bytes_rank0"] = engine.decode_weight_bytes
+        result = measure(engine, **sizes) | {"decode_weight_bytes_rank0": engine.decode_weight_bytes}
         engine.close()
-        with open(out, "w") as f:
-            json.dump(result, f)
+        _write(out, result)
     leave(world)
+
+
+def _write(out: str, result: dict) -> None:
+    with open(out, "w") as f:
+        json.dump(result, f)
 
 
 if __name__ == "__main__":
