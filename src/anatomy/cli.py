@@ -4,6 +4,7 @@ contract:
 
     bad input (an AnatomyError), a file the OS refuses,    one line on stderr, exit 2
     or a command line argparse rejects
+    a lost rank of a parallel run (ParallelError)          one line on stderr, exit 1
     Ctrl-C                                                 exit 130
     anything else: a bug in anatomy                        the traceback and a request to report it, exit 1
 
@@ -20,7 +21,7 @@ import warnings
 
 from anatomy import __version__
 from anatomy.deprecation import AnatomyDeprecationWarning
-from anatomy.errors import AnatomyError
+from anatomy.errors import AnatomyError, ParallelError
 
 # Each command's one-line summary: `anatomy --help` lists them without importing any command, and
 # a run imports only the module of the command it runs (training pulls in torch.distributed).
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             args = parse(build_parser(argv), argv)
         except SystemExit as exc:  # --help, or a command line argparse refused (one line: Parser.error)
             return int(exc.code or 0)
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # a parallel run starts its ranks with it
         return _run(args)
 
 
@@ -106,6 +108,9 @@ def _run(args: argparse.Namespace) -> int:
     try:
         with progress.quieted(getattr(args, "quiet", False)):  # --quiet of the commands with long work
             return int(args.run(args) or 0)
+    except ParallelError as exc:
+        print(f"anatomy {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except AnatomyError as exc:
         print(f"anatomy {args.command}: error: {exc}", file=sys.stderr)
         return 2

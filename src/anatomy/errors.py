@@ -15,3 +15,7 @@ class InputError(AnatomyError, ValueError):
 
 class CheckpointError(AnatomyError):
     """A checkpoint file is missing, malformed or does not fit the model (names file, field, value)."""
+
+
+class ParallelError(AnatomyError):
+    """A tensor- or pipeline-parallel run lost a rank: it died, or stopped answering within the timeout."""

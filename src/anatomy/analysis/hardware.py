@@ -58,6 +58,53 @@ BUILTIN = {
 }
 
 
+@dataclass(frozen=True)
+class Interconnect:
+    """The link between the ranks of a tensor- or pipeline-parallel run, for the communication term:
+    a collective of M bytes over N ranks costs base + steps * step latency + wire bytes / bandwidth
+    (analysis/communication.py), with the bandwidth each rank sends (and receives) at in one direction."""
+
+    name: str
+    bandwidth: float  # bytes/s one rank sends at, one direction
+    base_latency_s: float  # a collective's fixed start-up cost
+    step_latency_s: float  # each step of a ring (or the one step of a send)
+    source: str = ""
+    notes: str = ""
+
+
+_NCCL_LATENCY = ("latencies: NCCL's own tuning model (src/graph/tuning.cc): a ring collective costs 3.6 us (LL "
+                 "protocol) plus, per ring step, ")
+INTERCONNECTS = {
+    "nvlink4": Interconnect(
+        "nvlink4", 450e9, 3.6e-6, 0.47e-6,
+        source="NVIDIA H100 Tensor Core GPU datasheet (SXM5): NVLink 900 GB/s per GPU, both directions together: "
+               f"450 GB/s each way (18 fourth-generation links); {_NCCL_LATENCY}0.47 us over NVLink",
+        notes="the GPUs of one HGX H100 board, all-to-all through NVSwitch"),
+    "pcie5": Interconnect(
+        "pcie5", 64e9, 3.6e-6, 1.0e-6,
+        source="PCI Express 5.0 x16: 32 GT/s x 16 lanes = 64 GB/s each way before encoding (NVIDIA H100 PCIe "
+               f"datasheet: PCIe Gen5 128 GB/s, both directions); {_NCCL_LATENCY}1.0 us over PCI",
+        notes="GPUs without NVLink: every byte crosses the PCIe switch"),
+    "ib-ndr400": Interconnect(
+        "ib-ndr400", 50e9, 3.6e-6, 2.7e-6,
+        source="InfiniBand NDR 400 Gb/s (NVIDIA ConnectX-7), one adapter per GPU: 50 GB/s each way; "
+               f"{_NCCL_LATENCY}2.7 us over the network",
+        notes="ranks on different machines (as a DGX H100 cluster's compute fabric)"),
+}
+INTERCONNECT_ALIASES = {"nvlink": "nvlink4", "nvlink-4": "nvlink4", "pcie": "pcie5", "pcie-5": "pcie5",
+                        "infiniband": "ib-ndr400", "ib": "ib-ndr400", "ib400": "ib-ndr400", "400g-ib": "ib-ndr400"}
+
+
+def get_interconnect(name: str) -> Interconnect:
+    """A named interconnect (or an alias: nvlink, pcie, infiniband)."""
+    key = INTERCONNECT_ALIASES.get(name.lower(), name.lower())
+    if key in INTERCONNECTS:
+        return INTERCONNECTS[key]
+    close = difflib.get_close_matches(name, [*INTERCONNECTS, *INTERCONNECT_ALIASES], n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise InputError(f"unknown --interconnect {name!r}{hint} (choose from {', '.join(INTERCONNECTS)})")
+
+
 def hardware_names() -> list[str]:
     return [*BUILTIN, "local", "FILE.json"]
 

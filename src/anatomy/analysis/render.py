@@ -40,6 +40,10 @@ def tables(report: dict[str, Any]) -> list[TableSpec]:
         out.append(_training(report["training"]))
     if "speculative" in report:
         out.append(_speculative(report["speculative"], report["roofline"]["hardware"]["name"]))
+    if "parallel" in report:
+        from anatomy.analysis.render_parallel import parallel_tables
+
+        out += parallel_tables(report["parallel"])
     for phase in ("prefill", "decode"):
         rows = [r for r in report["trace"] if r["phase"] == phase]
         if rows:

@@ -26,6 +26,9 @@ class Options:
     gpus: int = 1
     mfu: float = 0.4
     speculative: SpeculativeOptions | None = None  # predict speculative decoding at this context
+    layout: Any = None  # a parallel.Layout of several ranks: the per-rank anatomy and communication
+    interconnect: Any = None  # a hardware.Interconnect, with a layout: between the ranks of a stage
+    stage_interconnect: Any = None  # ... and between the stages (default: the same)
 
     @property
     def compute_dtype(self) -> str:
@@ -57,6 +60,15 @@ def build_report(config: ModelConfig, *, name: str, options: Options, hardware: 
         report["speculative"] = speculative_report(config, hardware, options.speculative, context=options.context,
                                                    weight_dtype=options.dtype, kv_dtype=options.cache_dtype,
                                                    compute_dtype=options.compute_dtype)
+    if options.layout is not None:
+        from anatomy.analysis.parallel import parallel_report
+
+        report["parallel"] = parallel_report(config, options.layout, hardware=hardware, link=options.interconnect,
+                                             batch=options.batch, seq=options.seq, context=options.context,
+                                             weight_dtype=options.dtype, kv_dtype=options.cache_dtype,
+                                             compute_dtype=options.compute_dtype,
+                                             stage_link=options.stage_interconnect)
+        report["options"]["interconnect"] = report["parallel"]["interconnect"]["name"]
     if stored is not None:  # the real bytes of a checkpoint or loaded model, next to the analytic ones
         report["memory"]["stored_weights"] = stored
     return report

@@ -13,6 +13,8 @@ from typing import Any
 from anatomy import dtypes
 from anatomy.commands.common import (
     DefaultsHelpFormatter, add_kv_dtype_option, add_model_option, add_quiet_option, read_stdin)
+from anatomy.commands.parallel_options import (
+    add_parallel_options, check_parallel, launched, layout_of, rank_engine, start_ranks)
 from anatomy.commands.speculative_options import (
     add_speculative_options, check_speculative_options, speculative_options)
 from anatomy.errors import InputError
@@ -33,6 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_options(p)
     add_sampling_options(p, max_new_tokens=256)
     add_speculative_options(p)
+    add_parallel_options(p)
     p.set_defaults(run=run)
 
 
@@ -93,8 +96,31 @@ def check_options(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     check_options(args)
     check_speculative_options(args)
+    layout = layout_of(args)
+    if layout.world > 1:
+        return run_parallel(args, layout)
     prompt = read_prompt(args.prompt)
     model, tokenizer = load(args)
+    return answer(args, prompt, model, tokenizer)
+
+
+def run_parallel(args: argparse.Namespace, layout) -> int:
+    """Start the ranks (this process is their launcher), or run as one of them: rank 0 answers."""
+    if not launched():
+        check_parallel(args, layout)
+        if args.prompt != "-":
+            read_prompt(args.prompt)  # an empty prompt fails before any rank starts
+        return start_ranks(args, layout)
+    with rank_engine(args, layout) as engine:
+        if engine is None:
+            return 0  # a follower: rank 0 has finished
+        from anatomy.text.tokenizer import load_tokenizer
+
+        return answer(args, read_prompt(args.prompt), engine, load_tokenizer(args.model))
+
+
+def answer(args: argparse.Namespace, prompt: str, model: Any, tokenizer: Any) -> int:
+    """Stream the answer to `prompt` from `model` (an engine or a model) to stdout."""
     messages = prompt if args.raw or tokenizer.chat_template is None else as_chat(prompt, args.system)
     gen = start(model, tokenizer, messages, args, speculative_options(args, tokenizer))
     for _, delta in gen.deltas():

@@ -22,6 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_option(p, forms=MODEL_FORMS, old_positional=True)
     add_size_options(p)
     add_prediction_options(p)
+    add_parallel_options(p)
     add_report_options(p, docs="docs/anatomy.md", plot="the parameter breakdown and roofline chart",
                        html="diagram, ledger, shape trace, FLOPs, memory, roofline")
     p.add_argument("--mermaid", action="store_true", help="print only the block as a Mermaid flowchart")
@@ -58,6 +59,44 @@ def add_prediction_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-layers", type=int, default=None, metavar="N",
                    help="the draft is the first N blocks of --draft-model (default: of the model itself)")
     g.add_argument("--draft-dtype", default=None, help="the draft's weight dtype (default: --dtype)")
+
+
+def add_parallel_options(p: argparse.ArgumentParser) -> None:
+    from anatomy.analysis.hardware import INTERCONNECTS
+
+    g = p.add_argument_group("parallel (docs/parallel.md): what each rank holds and what the ranks say to each other")
+    g.add_argument("--tensor-parallel", "--tensor-parallel-size", dest="tensor_parallel", type=int, default=1,
+                   metavar="N", help="heads, FFN columns and vocabulary split over N ranks")
+    g.add_argument("--pipeline-parallel", "--pipeline-parallel-size", dest="pipeline_parallel", type=int, default=1,
+                   metavar="M", help="the blocks in M stages")
+    g.add_argument("--interconnect", default=None, metavar="NAME[,NAME]",
+                   help=f"the link between the ranks: {', '.join(INTERCONNECTS)} (default nvlink4 with N or M > 1); "
+                        "a second name after a comma is the link between the pipeline stages (nvlink4,ib-ndr400: "
+                        "stages on different machines)")
+
+
+def parallel_options(args: argparse.Namespace, config: ModelConfig) -> tuple:
+    """(Layout, Interconnect within a stage, Interconnect between stages), or Nones for one device;
+    sizes checked against the config."""
+    from anatomy.analysis.hardware import get_interconnect
+    from anatomy.parallel.layout import Layout, check_layout
+
+    tp, pp = getattr(args, "tensor_parallel", 1), getattr(args, "pipeline_parallel", 1)
+    for name, value in (("--tensor-parallel", tp), ("--pipeline-parallel", pp)):
+        if value < 1:
+            raise InputError(f"{name} {value} must be a positive integer")
+    interconnect = getattr(args, "interconnect", None)
+    if tp * pp == 1:
+        if interconnect is not None:
+            raise InputError("--interconnect needs --tensor-parallel N or --pipeline-parallel M above 1")
+        return None, None, None
+    layout = Layout(tp=tp, pp=pp)
+    check_layout(config, layout)
+    names = (interconnect or "nvlink4").split(",")
+    if len(names) > 2:
+        raise InputError(f"--interconnect {interconnect!r}: one link, or two (within a stage, between stages)")
+    links = [get_interconnect(name.strip()) for name in names]
+    return layout, links[0], links[-1]
 
 
 def speculative_options(args: argparse.Namespace, config: ModelConfig):
@@ -134,8 +173,10 @@ def options_from_args(args: argparse.Namespace, config: ModelConfig):
     speculative = speculative_options(args, config) if hasattr(args, "speculative") else None
     if speculative is not None and speculative.k >= context:
         raise InputError(f"--speculative {speculative.k} is beyond the decode context --context {context}")
+    layout, interconnect, stage_interconnect = parallel_options(args, config)
     return Options(batch=args.batch_size, seq=seq, context=context, dtype=dtype, kv_dtype=kv_dtype,
-                   tokens=args.tokens, gpus=args.gpus, mfu=args.mfu, speculative=speculative)
+                   tokens=args.tokens, gpus=args.gpus, mfu=args.mfu, speculative=speculative, layout=layout,
+                   interconnect=interconnect, stage_interconnect=stage_interconnect)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,6 +10,9 @@ import sys
 from anatomy.commands.common import (
     MODEL_FORMS, DefaultsHelpFormatter, add_kv_dtype_option, add_model_option, add_quiet_option, add_report_options,
     model_of, print_report)
+from anatomy.commands.parallel_options import (
+    add_parallel_options, check_parallel, launched, layout_of, rank_engine, start_ranks)
+from anatomy.errors import InputError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -46,6 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_report_options(p, docs="docs/profile.md", plot="the positions and the sweeps as a chart",
                        html="positions, every op on this machine's roofline, sweeps, what-ifs")
     add_quiet_option(p)
+    add_parallel_options(p)
     p.set_defaults(run=run)
 
 
@@ -73,8 +77,45 @@ def run(args: argparse.Namespace) -> int:
     hardware = get_hardware(args.hardware) if args.hardware else None
     options = ProfileOptions(batch=args.batch_size, prompt_len=args.prompt_len, context=args.context,
                              new_tokens=args.new_tokens, kv_dtype=kv_dtype)
+    layout = layout_of(args)
+    if layout.world > 1:
+        return run_parallel(args, layout, options, weights)
     report = run_session(model, weights=weights, options=options, sweeps=sweeps, what_ifs=what_ifs,
                          hardware=hardware, name=model)
+    return show(report, args)
+
+
+def run_parallel(args: argparse.Namespace, layout, options, weights: str) -> int:
+    """Rank 0 profiles its shard while the others follow: the collectives' time at its own position."""
+    if not launched():
+        refused = [o for o, v in (("--sweep", args.sweep), ("--what-if", args.what_if), ("--hardware", args.hardware))
+                   if v]
+        if refused:
+            raise InputError(f"{refused[0]} does not run with --tensor-parallel-size / --pipeline-parallel-size yet")
+        check_parallel(args, layout)
+        return start_ranks(args, layout)
+    from anatomy.analysis.profile.api import load_model, weights_label
+    from anatomy.analysis.profile.measure import measure
+
+    def load():
+        import torch
+
+        torch.manual_seed(0)  # a preset's random weights: the same on every rank
+        return load_model(args.model, weights)
+
+    with rank_engine(args, layout, load=load) as engine:
+        if engine is None:
+            return 0
+        report = measure(engine.shard, options=options, name=args.model, engine=engine,
+                         config=engine.shard.shape_config)
+        report["options"]["weights"] = weights_label(engine.shard)
+        report["sweep"], report["what_if"] = [], []
+        report["parallel"] = {"tensor_parallel": layout.tp, "pipeline_parallel": layout.pp, "profiled_rank": 0}
+        return show(report, args)
+
+
+def show(report: dict, args: argparse.Namespace) -> int:
+    """The report printed (and plotted, paged) as the options ask."""
     if args.plot:
         from anatomy.analysis.profile.plot import save_profile_plot
 

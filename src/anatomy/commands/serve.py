@@ -14,6 +14,7 @@ the start-up lines name its kernels per phase and the KV cache's size.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import socket
@@ -23,6 +24,8 @@ import time
 
 from anatomy.commands.common import DefaultsHelpFormatter, add_kv_dtype_option, add_model_option, add_quiet_option
 from anatomy.commands.generate import WEIGHTS_HELP
+from anatomy.commands.parallel_options import (
+    add_parallel_options, check_parallel, is_follower, launched, layout_of, rank_engine, start_ranks)
 from anatomy.errors import InputError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -80,6 +83,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="refuse unknown request fields with 400, as OpenAI does (default: ignored and logged, as vLLM "
                         "does)")
     add_quiet_option(p)
+    add_parallel_options(p)
     p.set_defaults(run=run)
 
 
@@ -99,14 +103,23 @@ def run(args: argparse.Namespace) -> int:
 
     embedding = _embedding_name(args.embedding_model)
     _resolve(args.model, "--model", "serving")
+    layout = layout_of(args)
+    if layout.world > 1 and not launched():  # this process starts the ranks; rank 0 serves HTTP
+        check_parallel(args, layout)
+        _listen(args.host, args.port).close()  # a port in use fails before any rank starts
+        return start_ranks(args, layout)
+    if layout.world > 1 and is_follower():
+        with rank_engine(args, layout):
+            return 0  # followed rank 0's calls until it stopped
     sock = _listen(args.host, args.port)
     state = ServerState(model_name=args.model, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                         embedding_name=embedding, strict_fields=args.strict_fields,
                         max_queue=None if args.max_queue < 0 else args.max_queue)
     server = _uvicorn(create_app(state), state, args.shutdown_timeout)
     failures: list[BaseException] = []
-    loader = threading.Thread(target=_load, args=(state, args, kv_bytes, server, failures), name="anatomy-loader",
-                              daemon=True)
+    ranks = contextlib.ExitStack()  # a parallel run's engine and process group, left when the server stops
+    loader = threading.Thread(target=_load, args=(state, args, kv_bytes, server, failures, ranks),
+                              name="anatomy-loader", daemon=True)
     loader.start()
     host, port = sock.getsockname()[:2]
     print(f"anatomy serve: listening on http://{host}:{port} (OpenAI API under /v1; /health, /metrics); "
@@ -116,31 +129,33 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if state.loop is not None:
             state.loop.stop()
+        ranks.close()
     if failures:
         raise failures[0]  # bad input is one line (exit 2); a bug keeps its traceback (exit 1)
     return 0
 
 
-def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list[BaseException]) -> None:
+def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list[BaseException],
+          ranks: contextlib.ExitStack) -> None:
     """Load the model (and the embedding model), start the serving loop, report, mark ready."""
     from anatomy.inference.engine import PagedKVCache
-    from anatomy.inference.loading import load_named
     from anatomy.serving.loop import ServingLoop
 
     try:
         start = time.perf_counter()
-        named = load_named(args.model, args.dtype, args.weights)
-        if not named.model.config.is_decoder:
-            raise InputError(f"{args.model}: serving needs a decoder model, got architecture="
-                             f"{named.model.config.architecture!r}")
-        engine = named.engine(kv_dtype=args.kv_dtype)
-        loop = ServingLoop(engine, named.tokenizer, kv_bytes=kv_bytes, block_size=args.block_size,
-                           max_seqs=args.batch_size, max_step_tokens=args.max_step_tokens,
-                           prefix_caching=not args.no_prefix_cache, name=args.model, speculation=_speculation(args))
+        engine, tokenizer = _engine(args, server, failures, ranks)
+        options = dict(kv_bytes=kv_bytes, block_size=args.block_size, max_seqs=args.batch_size,
+                       max_step_tokens=args.max_step_tokens, prefix_caching=not args.no_prefix_cache, name=args.model)
+        if args.pipeline_parallel_size > 1:  # one loop per stage: their steps overlap on the stages
+            from anatomy.parallel.lanes import Lanes
+
+            loop = Lanes.of(engine, tokenizer, lanes=args.pipeline_parallel_size, **options)
+        else:
+            loop = ServingLoop(engine, tokenizer, speculation=_speculation(args), **options)
         if state.embedding_name is not None:
             state.embedder = _embedder(state.embedding_name)
         loop.start()
-        state.loop, state.tokenizer = loop, named.tokenizer
+        state.loop, state.tokenizer = loop, tokenizer
         _report(args, loop, PagedKVCache.block_bytes(engine.config, args.block_size, engine.kv_dtype),
                 time.perf_counter() - start)
         state.ready.set()
@@ -148,6 +163,29 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
         state.load_error = str(exc)
         failures.append(exc)
         server.should_exit = True
+
+
+def _engine(args: argparse.Namespace, server, failures: list[BaseException], ranks: contextlib.ExitStack):
+    """(the engine, the tokenizer): the model's kept engine, or rank 0's ParallelEngine (a lost rank
+    stops the server: the error is what `anatomy serve` exits with)."""
+    from anatomy.inference.loading import load_named
+    from anatomy.text.tokenizer import load_tokenizer
+
+    layout = layout_of(args)
+    if layout.world > 1:
+        engine = ranks.enter_context(rank_engine(args, layout))
+
+        def lost(error: BaseException) -> None:
+            failures.append(error)
+            server.should_exit = True
+
+        engine.channel.on_lost.append(lost)
+        return engine, load_tokenizer(args.model)
+    named = load_named(args.model, args.dtype, args.weights)
+    if not named.model.config.is_decoder:
+        raise InputError(f"{args.model}: serving needs a decoder model, got architecture="
+                         f"{named.model.config.architecture!r}")
+    return named.engine(kv_dtype=args.kv_dtype), named.tokenizer
 
 
 def _report(args: argparse.Namespace, loop, block_bytes: int, seconds: float) -> None:
@@ -168,6 +206,13 @@ def _report(args: argparse.Namespace, loop, block_bytes: int, seconds: float) ->
           f"tokens per sequence, up to {args.batch_size} sequences and {args.max_step_tokens} tokens per step; "
           f"prefix cache {'off' if args.no_prefix_cache else 'on'}; speculative decoding "
           f"{_speculation_note(loop.speculation)}", file=sys.stderr, flush=True)
+    layout = getattr(engine, "layout", None)
+    if layout is not None:
+        print(f"anatomy serve: {layout.describe()}: the weights, kernels and KV cache above are rank 0's shard; "
+              "every rank holds its own", file=sys.stderr, flush=True)
+    if layout is not None and layout.pp > 1:
+        print(f"anatomy serve: {layout.pp} serving lanes (one per pipeline stage, each 1/{layout.pp} of the KV "
+              "cache and its own batch): their steps overlap on the stages", file=sys.stderr, flush=True)
     config_context = loop.engine.config.max_seq_len
     if loop.context < config_context:
         print(f"anatomy serve: warning: the KV memory holds {loop.context:,} tokens, less than the model's context "

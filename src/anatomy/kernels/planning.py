@@ -37,7 +37,7 @@ from anatomy.kernels.planned_linear import PlannedLinear
 from anatomy.weights.formats import FloatWeight, WeightFormat
 from anatomy.weights.modules import CompactLinear
 
-HEAD_LAYERS = {"lm_head.weight"}
+HEAD_LAYERS = {"lm_head.weight", "lm_head.local.weight"}  # the latter: a vocabulary-parallel shard's (parallel/)
 HEAD_PHASES = ("decode", "batch")  # the LM head computes the last position of each row only
 # its products are the logits, and near-ties between tokens are decided there: SmolLM2's first answer
 # token to "What is the capital of France?" leads by 0.08 of ~25 (0.3%); int8 activations per group of

@@ -30,9 +30,10 @@ class Embeddings(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         """The dtype of the vectors this produces (the activations' dtype): the token table's, or
-        the output dtype of a compact one (weights/modules.py)."""
+        the output dtype of a table that says its own (a compact one, weights/modules.py; a
+        vocabulary-parallel one, parallel/layers.py)."""
         table = self.tokens
-        return table.dtype if hasattr(table, "compact") else table.weight.dtype
+        return table.dtype if isinstance(getattr(table, "dtype", None), torch.dtype) else table.weight.dtype
 
     def forward(self, input_ids: Tensor, position_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         x = self.tokens(input_ids)  # [B, S] -> [B, S, D]

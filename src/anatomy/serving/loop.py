@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from anatomy.errors import InputError
+from anatomy.errors import InputError, ParallelError
 from anatomy.inference.engine import Chunk, DecoderEngine, PagedKVCache
 from anatomy.inference.generate import eos_ids
 from anatomy.inference.sampling import SamplingParams, make_generator, next_tokens, token_logprobs
@@ -137,6 +137,9 @@ class ServingLoop:
         while not self._stopping:
             try:
                 busy = self.step()
+            except ParallelError as exc:  # a rank of a parallel run is gone: nothing more can be computed
+                self._fail_all(str(exc))
+                return
             except Exception:  # a bug: every sequence in flight ends with an error, the loop keeps serving
                 traceback.print_exc(file=sys.stderr)
                 self._fail_all("internal error in the serving loop (see the server's log)")

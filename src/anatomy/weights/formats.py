@@ -86,6 +86,24 @@ class WeightFormat(nn.Module):
             setattr(out, name, buf[index])
         return out
 
+    def take_columns(self, start: int, stop: int, *, label: str | None = None) -> WeightFormat:
+        """The same format holding columns [start, stop) of W: the inputs a row-parallel shard of the
+        layer sees (parallel/). A grouped format is cut along whole groups only; any other cut is an
+        InputError naming the layer, the columns and the rule."""
+        N, K = self.shape
+        unit = max(self.group, 1)
+        if not 0 <= start < stop <= K or start % unit or stop % unit:
+            raise InputError(f"{self.label} {self.signature}: columns [{start}, {stop}) do not fall on its groups of "
+                             f"{unit} inputs; a shard of its inputs must start and end on a multiple of {unit}")
+        out = type(self).__new__(type(self))
+        WeightFormat.__init__(out, (N, stop - start), label=label or self.label)
+        out.group = self.group
+        for name, buf in self.named_buffers():
+            per_row = buf.shape[1] if buf.dim() == 2 else 0  # values per row covering the K inputs (K, K/2, K/g)
+            part = buf[:, start * per_row // K:stop * per_row // K].contiguous() if per_row else buf
+            out.register_buffer(name, part)
+        return out
+
     @classmethod
     def cat_rows(cls, parts: list[WeightFormat], *, label: str = "weight") -> WeightFormat:
         """One weight whose rows are those of `parts` in order (fusing q, k, v or gate, up)."""

@@ -71,14 +71,16 @@ class ProfileOptions:
 
 
 def measure(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), name: str = "",
-            machine: Machine | Hardware | None = None, hardware: Hardware | None = None) -> dict[str, Any]:
+            machine: Machine | Hardware | None = None, hardware: Hardware | None = None, engine=None,
+            config: ModelConfig | None = None) -> dict[str, Any]:
     """Profile `model` (the caller's model is left as it was: the steps run on a view of it).
     `machine`: this machine's roofs (measured now when None); `hardware`: a named accelerator whose
-    prediction is added next to the measurement."""
-    config = model.config
+    prediction is added next to the measurement. A parallel run's rank 0 gives its `engine` (the
+    ParallelEngine over `model`, its shard) and the `config` of the shard's shapes for the trace."""
+    config = config or model.config
     shape = Shape(options.batch, options.prompt_len, options.context_for(config))
     check_shape(config, shape, options)  # the caller checks memory (check_run) before loading
-    work = workload(model, shape, attention=options.attention, kv_dtype=options.kv_dtype)
+    work = workload(model, shape, attention=options.attention, kv_dtype=options.kv_dtype, engine=engine)
     compute = dtypes.name_of(work.dtype)
     measured = machine if isinstance(machine, Machine) else Machine(machine)
     machine = measured.roofs(compute)
@@ -170,7 +172,7 @@ def _predicted_s(ops: list[dict], plain: float) -> float:
     """The rows a roof bounds at their roofline time, everything else as measured: the unprofiled
     step less the bound rows' measured time (so the profiler's own cost, which lands on the many
     small ops and the Python between them, is not predicted either)."""
-    bound = [o for o in ops if o["bound"] != "overhead"]
+    bound = [o for o in ops if o["roofline_s"] is not None and o["bound"] != "overhead"]
     roofed = sum(o["roofline_s"] for o in bound)
     return roofed + max(0.0, plain - sum(o["time_s"] for o in bound))
 
@@ -191,7 +193,8 @@ def _by(ops: list[dict], key: str) -> dict[str, float]:
 
 def _miss(ops: list[dict], predicted: float, measured: float) -> dict[str, Any]:
     """Measured against predicted, and the rows a roof bounds whose time is furthest above it."""
-    excess = sorted((o for o in ops if o["bound"] != "overhead"), key=lambda o: o["roofline_s"] - o["time_s"])
+    excess = sorted((o for o in ops if o["roofline_s"] is not None and o["bound"] != "overhead"),
+                    key=lambda o: o["roofline_s"] - o["time_s"])
     return {"measured_s": measured, "predicted_s": predicted, "ratio": measured / predicted,
             "rows": [{"module": o["module"], "op": o["op"], "time_s": o["time_s"], "roofline_s": o["roofline_s"],
                       "excess_s": o["time_s"] - o["roofline_s"]} for o in excess[:MISS_ROWS]]}

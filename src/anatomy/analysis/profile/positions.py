@@ -10,10 +10,18 @@
     lm_head           the output head (LM head, pooler, MLM head)  -
     sampling          choosing the next token                      -
     decode_loop       the engine's own ops around the model        continuous batching, speculative decoding
+    communication     the collectives between devices              tensor parallelism's all-reduces, pipeline
+                      (a tensor- or pipeline-parallel run)         stages' sends: NVLink, InfiniBand, NCCL
 
 The KV cache is *read* inside the attention kernel, so its reads are timed (and counted in bytes)
 at rope_attention; kv_cache holds the writes. A module's position follows from its class and its
 place, never from its name: a linear inside a block is a GEMM, one outside the blocks a head.
+
+A parallel run's modules (parallel/layers.py, stages.py) issue their collectives inside an
+`anatomy.engine:communication` range: every op and the waiting in it is `communication`. Such a
+module (it says `communicates`) has no row of its own: the one module it wraps (a row-parallel
+linear's local product, a reduced mixture's experts) takes the wrapper's path, so that it meets its
+row of the shape trace (`profiled_paths`).
 """
 
 from __future__ import annotations
@@ -39,18 +47,37 @@ POSITIONS: dict[str, tuple[str, str]] = {
     "lm_head": ("LM head", "the vocabulary projection: one more GEMM (tied or not)"),
     "sampling": ("Sampling", "the next token from the logits"),
     "decode_loop": ("Token-by-token decode", "continuous batching, speculative decoding (the engine's own ops)"),
+    "communication": ("Between devices", "tensor parallelism's all-reduces, pipeline stages' sends and the waits "
+                                         "for them (NVLink, InfiniBand, NCCL)"),
 }
+COMMUNICATION = "engine:communication"  # the range parallel/collectives.py puts every collective in
 KV_WRITES = ("index_copy_", "index_copy", "copy_", "index_put_")
 _NORMS = (LayerNorm, RMSNorm, nn.LayerNorm)
 _FFNS = (GLU, MLP, MoE)
 
 
 def module_positions(model: nn.Module) -> dict[str, str]:
-    """{module path (the root is "(model)"): position} for every module of `model`."""
+    """{module path as profiled (the root is "(model)"): position} for every module of `model`."""
     out = {"(model)": "lm_head"}
+    paths = profiled_paths(model)
     for path, module in model.named_modules():
         if path:
-            out[path] = _position(module, _ancestors(model, path))
+            out.setdefault(paths[path] or path, _position(module, _ancestors(model, path)))
+    return out
+
+
+def profiled_paths(model: nn.Module) -> dict[str, str | None]:
+    """{module path: the path it is profiled under, or None for a communicating wrapper (no range of
+    its own)}: a wrapper's child and its descendants take the wrapper's path in place of the child's."""
+    wrappers = [path for path, m in model.named_modules() if path and getattr(m, "communicates", False)]
+    out: dict[str, str | None] = {}
+    for path, _ in model.named_modules():
+        label = path
+        for wrapper in wrappers:
+            if path.startswith(wrapper + "."):
+                _, _, tail = path[len(wrapper) + 1:].partition(".")
+                label = wrapper + ("." + tail if tail else "")
+        out[path] = None if path in wrappers else label
     return out
 
 
@@ -90,6 +117,8 @@ def position_of(owner: str, op: str, modules: dict[str, str]) -> str:
     """The position of an op of `owner` (a module path, "(engine)" or "engine:<stage>")."""
     if owner == "engine:sampling":
         return "sampling"
+    if owner == COMMUNICATION:
+        return "communication"
     if owner.startswith("engine:") or owner == "(engine)":
         return "decode_loop"
     position = modules.get(owner, "decode_loop")

@@ -6,7 +6,8 @@ Steps are noisy on a shared machine; the rows are averaged over the steps whose 
 the middle half (the interquartile steps): robust against a step another process slowed, and
 still additive, so that the rows of a phase sum to its step time exactly.
 
-A row's verdict: `overhead` when its work per call is too small for a roof to matter, its roofline
+A row's verdict: `communication` for the collectives of a parallel run (the transfer and the wait
+for the other ranks); `overhead` when its work per call is too small for a roof to matter, its roofline
 time per call below the time one small op takes on this machine (measured: the dispatch latency),
 and its time is above its roofline time (or it has no FLOPs and bytes to put on a roof: Python,
 views, the engine's glue): dispatch, Python and small-op latency; otherwise `compute` or
@@ -130,7 +131,9 @@ def row_dict(row: Row, roofs: Roofs) -> dict[str, Any]:
     flops, nbytes, t = row.flops, row.bytes, row.time_s
     roof = roofs.time(flops, nbytes) if flops is not None else None
     per_call = roof / row.calls if roof is not None and row.calls else 0.0
-    if roof is None or (per_call < roofs.op_latency_s and t > roof):
+    if row.position == "communication":
+        bound = "communication"  # the transfer and the wait for the other ranks: no roof of this machine's
+    elif roof is None or (per_call < roofs.op_latency_s and t > roof):
         bound = "overhead"
     else:
         bound = roofs.bound(flops, nbytes)

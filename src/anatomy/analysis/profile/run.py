@@ -44,8 +44,13 @@ class NamedRanges:
         self.handles: list = []
 
     def __enter__(self) -> NamedRanges:
+        from anatomy.analysis.profile.positions import profiled_paths
+
+        paths = profiled_paths(self.model)
         for name, module in self.model.named_modules():
-            label = MODULE + (name or ROOT)
+            if paths[name] is None:
+                continue  # a parallel module's wrapper: its child takes its path, its collectives their own range
+            label = MODULE + (paths[name] or ROOT)
             stack: list[record_function] = []
             self.handles.append(module.register_forward_pre_hook(_enter(label, stack)))
             self.handles.append(module.register_forward_hook(_exit(stack), always_call=True))

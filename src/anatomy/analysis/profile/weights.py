@@ -38,8 +38,16 @@ class WeightTable:
     """The weights of a model's linear layers (by module path), and the engine's plan for them."""
 
     def __init__(self, model: nn.Module, plan=None) -> None:
-        self.loaded = loaded_weights(model)
+        from anatomy.analysis.profile.positions import profiled_paths
+
+        paths = profiled_paths(model)  # a parallel shard's local layer is profiled under its wrapper's path
+        self.real = {label: path for path, label in paths.items() if label is not None and label != path}
+        self.loaded = {self._label(paths, path): value for path, value in loaded_weights(model).items()}
         self.plan = plan
+
+    @staticmethod
+    def _label(paths: dict[str, str | None], path: str) -> str:
+        return paths.get(path) or path
 
     def of(self, path: str, row: TraceRow) -> LinearWeight | None:
         """The weight a trace row (a linear call of module `path`) reads, or None for other rows."""
@@ -59,7 +67,7 @@ class WeightTable:
         from anatomy.kernels.candidates import KERNELS_BY_NAME
 
         try:
-            w = self.plan.for_layer(f"{path}.weight")
+            w = self.plan.for_layer(f"{self.real.get(path, path)}.weight")
         except InputError:
             return None
         phases = self.plan.phases_of(w)

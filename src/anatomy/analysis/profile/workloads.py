@@ -49,25 +49,28 @@ def prompt_ids(vocab_size: int, shape: Shape) -> list[list[int]]:
     return [[low + (131 * row + 17 * j) % span for j in range(shape.prompt_len)] for row in range(shape.batch)]
 
 
-def workload(model: nn.Module, shape: Shape, *, attention: str | None = None, kv_dtype: str | None = None) -> Workload:
+def workload(model: nn.Module, shape: Shape, *, attention: str | None = None, kv_dtype: str | None = None,
+             engine=None) -> Workload:
     """The phases of `model` at `shape` through its engine; `attention` ("sdpa" or "eager") is the
     backend of the engine's attention layers (the caller's model keeps its own), `kv_dtype` what a
-    decoder's KV cache holds."""
+    decoder's KV cache holds. A decoder's `engine`, when given, is used as it is (a parallel run's
+    ParallelEngine over `model`, rank 0's shard)."""
     config = model.config
     if config.is_decoder:
-        return _decoder(model, shape, attention, kv_dtype)
+        return _decoder(model, shape, attention, kv_dtype, engine)
     if config.is_seq2seq:
         return _seq2seq(model, shape, attention)
     return _encoder(model, shape, attention)
 
 
-def _decoder(model: nn.Module, shape: Shape, attention: str | None, kv_dtype: str | None) -> Workload:
+def _decoder(model: nn.Module, shape: Shape, attention: str | None, kv_dtype: str | None, engine=None) -> Workload:
     """The engine kept for the model with an eager decode step (capture=False): a captured step replays
     a graph without module calls, so its operators could not be attributed to their modules and
     positions. A sweep's points and a what-if's runs share it (its kernel plan is measured once)."""
     from anatomy.inference.engine import engine_for
 
-    engine = engine_for(model, capture=False, attention=attention, kv_dtype=kv_dtype)
+    if engine is None:
+        engine = engine_for(model, capture=False, attention=attention, kv_dtype=kv_dtype)
     prompts = prompt_ids(model.config.vocab_size, shape)
     first = SamplingParams(max_new_tokens=1, ignore_eos=True)
     decode = SamplingParams(max_new_tokens=shape.context - shape.prompt_len, ignore_eos=True)
