@@ -10,6 +10,8 @@ as good or as bad as it is on them.
 The forward is the view's own reference one (its float or compact layers before the plan replaces
 them) over a fixed sequence of token ids spread over the vocabulary (no tokenizer is needed, and the
 same model always gets the same samples); every layer that saw inputs gets its first `rows` of them.
+A model whose forward needs other processes (a tensor- or pipeline-parallel shard, `runs_alone =
+False`) gives no samples: its plan is checked on standard normal inputs.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def calibration_ids(vocab_size: int, length: int = TOKENS) -> Tensor:
 def calibration_inputs(view: nn.Module, names: list[str], rows: int = ROWS) -> dict[str, Tensor]:
     """{weight name: float32 inputs [<= rows, K]} of the linear layers `names` ("...weight") in one
     forward of `view` over calibration_ids."""
+    if not getattr(view, "runs_alone", True):
+        return {}
     seen: dict[str, Tensor] = {}
     hooks = []
     for name in names:
