@@ -37,16 +37,16 @@ GREEDY = [[3, 14, 15, 92, 65]]
 COMM_PROMPT = [[7, 8, 9, 10]]
 
 
-def session(world, shard, drive) -> dict:
+def session(world, shard, drive, kv_dtype: str | None = None) -> dict:
     """A fresh engine on every rank over the same shard; rank 0 runs `drive(engine)`, the others follow."""
     channel = Channel(world.control)
     if world.is_driver:
-        engine = ParallelEngine(shard, world, channel=channel)
+        engine = ParallelEngine(shard, world, channel=channel, kv_dtype=kv_dtype)
         try:
             return drive(engine)
         finally:
             engine.close()
-    follow(DecoderEngine(shard, capture=False), channel)
+    follow(DecoderEngine(shard, capture=False, kv_dtype=kv_dtype), channel)
     return {}
 
 
@@ -143,7 +143,7 @@ def main(out: Path, cases: list[dict]) -> None:
         result = {"stored_bytes": stored_bytes(shard), "params": sum(p.numel() for p in shard.parameters()),
                   "engine_weight_bytes": DecoderEngine(shard, capture=False).decode_weight_bytes}
         if not case.get("lanes"):
-            result |= session(world, shard, checks)
+            result |= session(world, shard, checks, kv_dtype=case.get("kv_dtype"))
         if case.get("lanes"):
             result |= session(world, shard, lanes)
         elif world.is_driver:
