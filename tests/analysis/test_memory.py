@@ -28,7 +28,10 @@ def test_kv_cache_counts_head_dim_not_d_model_over_heads():
 
 def test_int_kv_dtypes_and_encoders():
     config = get_preset("llama-2-7b")
-    assert memory.kv_bytes_per_token(config, "int8") * 2 == memory.kv_bytes_per_token(config, "f16")
+    values = 2 * 32 * 4096  # K and V, 32 layers, 32 heads of 128
+    assert memory.kv_bytes_per_token(config, "f16") == 2 * values
+    scales = 2 * 32 * 32 * 2  # an f16 scale per token, layer and head, for K and for V
+    assert memory.kv_bytes_per_token(config, "int8") == values + scales  # 266,240 B: 50.8% of f16's
     assert memory.kv_bytes_per_token(config, "int4") * 4 == memory.kv_bytes_per_token(config, "f16")
     assert memory.kv_bytes_per_token(get_preset("bert-base"), "f16") == 0  # no decoding, no cache
 
