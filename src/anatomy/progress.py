@@ -90,6 +90,8 @@ def task(description: str, total: float | None = None, *, info: str = "") -> Ite
         yield Task(display, task_id)
     finally:
         with _lock:
+            if _shared["started"]:
+                display.refresh()  # its last state drawn once (work shorter than a refresh tick included)
             display.remove_task(task_id)
             _close()
 

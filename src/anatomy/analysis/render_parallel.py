@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from anatomy.analysis.render import TableSpec, count, nbytes, si
+from anatomy.analysis.tables import TableSpec, count, nbytes, si
 
 MAX_RANK_ROWS = 16  # a larger layout's ranks are shown per stage
 

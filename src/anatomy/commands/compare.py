@@ -41,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from anatomy.analysis.hardware import get_hardware
-    from anatomy.analysis.render import TableSpec
+    from anatomy.analysis.tables import TableSpec
     from anatomy.analysis.report import build_report
 
     configs = [(name, resolve_config(name)) for name in args.models]

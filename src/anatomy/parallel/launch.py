@@ -62,11 +62,12 @@ def launch(argv: list[str], *, world: int, command: str) -> int:
 
 
 def _report(exc, logs: Path, *, world: int, command: str) -> int:
-    """One line for the rank that failed first (rank 0's own error it printed itself); its exit code."""
-    failures = exc.failures
-    if 0 in failures and failures[0].exitcode > 0:
-        return failures[0].exitcode  # rank 0 said what went wrong on this terminal already
+    """One line for the rank that failed first (rank 0's own error it printed itself); its exit code.
+    Another rank's death comes first even when rank 0 then exits with an error of its own (a served
+    rank 0 drains its requests when the launcher stops it, and says that a collective failed)."""
     rank, failure = exc.get_first_failure()
+    if rank == 0 and failure.exitcode > 0:
+        return failure.exitcode  # rank 0 said what went wrong on this terminal already
     how = (f"was killed by {failure.signal_name()}" if failure.exitcode < 0
            else f"exited with code {failure.exitcode}")
     tail = _tail(logs, rank)

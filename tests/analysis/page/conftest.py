@@ -71,7 +71,7 @@ class Browser:
         return opened
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser():
     chromium = chromium_path()
     if chromium is None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from anatomy.analysis.render import TableSpec, count, markdown_tables, print_tables, si
+from anatomy.analysis.render import markdown_tables, print_tables
+from anatomy.analysis.tables import TableSpec, count, si
 
 
 def us(seconds: float | None) -> str:
