@@ -20,7 +20,7 @@ as GGUF), path/to/bert-dir (all-MiniLM-L6-v2) and data/shakespeare.txt (tests/da
 standing in for the corpus `make data/shakespeare.txt` fetches); examples/ is the repository's.
 
 Small inputs: the options of SMALL are appended to each `anatomy` command of that name (argparse
-keeps the last value), e.g. --max-new-tokens 16 for generate and --steps 2 for train, so the
+keeps the last value), e.g. --max-new-tokens 16 for generate and --steps 2 for train (and SCRIPTS' to the example scripts), so the
 documented options are all parsed and used and only the amount of work shrinks. `anatomy serve`
 is started in the background on a free port (each port a block names, 8000 by default, is mapped
 to a free one, in its URLs too), used by the block's later lines and stopped at the block's end.
@@ -56,6 +56,10 @@ SMALL = {
     "train": ["--steps", "2", "--eval-steps", "1", "--warmup", "1"],
     "serve": ["--kv-memory", "64MiB"],
     "bench-serve": ["--requests", "4", "--max-tokens", "8"],
+}
+SCRIPTS = {  # (a script, its subcommand or None): options appended, as SMALL's
+    ("examples/training/sample.py", None): ["--tokens", "16"],
+    ("examples/training/number_words.py", "score"): ["--limit", "20"],
 }
 COMMAND_TIMEOUT_S = 600
 MARK = re.compile(r"<!--\s*(?P<kind>runnable|not runnable)(?P<rest>.*?)-->")
@@ -300,6 +304,9 @@ def _small(words: list[str], shell: Shell) -> str:
                 segment = segment + ["--port", "8000"]
             if program[1] == "bench-serve" and "--url" not in segment:
                 segment = segment + ["--url", "http://127.0.0.1:8000"]
+        if len(program) >= 2 and program[0] == "python":
+            sub = program[2] if len(program) > 2 else None
+            segment = segment + SCRIPTS.get((program[1], sub), SCRIPTS.get((program[1], None), []))
         out += segment
     for i, word in enumerate(out):
         if i and out[i - 1] == "--port":

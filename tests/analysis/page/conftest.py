@@ -71,7 +71,7 @@ class Browser:
         return opened
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def browser():
     chromium = chromium_path()
     if chromium is None:
