@@ -20,7 +20,6 @@ weights; greedy output on the README's prompts identical to the fp32 path for 64
 from __future__ import annotations
 
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -179,16 +178,14 @@ def quality(f32: torch.nn.Module, default: torch.nn.Module) -> tuple[float, list
 
 def peak_rss() -> tuple[int, int]:
     """(peak RSS of `anatomy generate` answering the README's question, the process's RSS after `import
-    torch, anatomy` alone), bytes."""
-    question = [sys.executable, "-m", "anatomy", "generate", README_PROMPTS[0], "--max-new-tokens", "64"]
+    torch, anatomy` alone), bytes. Each is run under a fresh Python whose only child it is (ru_maxrss of
+    RUSAGE_CHILDREN is the largest child so far: this process has run llama.cpp's tools)."""
+    question = [sys.executable, "-m", "anatomy", "generate", README_PROMPTS[0], "--max-new-tokens", "64", "--quiet"]
     baseline = [sys.executable, "-c", "import torch, anatomy"]
-    rss = []
-    for argv in (question, baseline):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        subprocess.run(argv, check=True, capture_output=True)
-        rss.append(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
-        if rss[-1] <= before * 1024:
-            rss[-1] = 0  # ru_maxrss is the largest child so far: a smaller one does not show
+    meter = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    rss = [int(subprocess.run([sys.executable, "-c", meter, *argv], check=True, capture_output=True,
+                              text=True).stdout) * 1024 for argv in (question, baseline)]
     return rss[0], rss[1]
 
 

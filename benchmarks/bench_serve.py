@@ -97,7 +97,9 @@ def start(argv: list[str], port: int, ready: str, log) -> subprocess.Popen:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{argv[0]} exited with {proc.returncode}")
+            log.seek(0)
+            said = log.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"{' '.join(argv[:4])} ... exited with {proc.returncode}:\n{said}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}{ready}", timeout=2) as r:
                 if r.status == 200:

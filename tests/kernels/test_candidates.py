@@ -120,3 +120,16 @@ def test_compilable_kernels_compile():
                 y = torch.compile(layer, fullgraph=True)(x)
             # compiled code may order the sums differently: the outputs agree to the kernel's precision
             assert relative_error(y, layer(x).double()) < 1e-2, k.name
+
+
+def test_no_rows_give_no_rows_on_every_kernel():
+    """A serving step whose chunks want no logits (a long prompt's first chunks) sends the LM head 0 rows:
+    every kernel's layer answers [0, N] (anatomy's native ones refuse an empty matrix themselves)."""
+    from anatomy.kernels.planned_linear import PlannedLinear
+
+    w = torch.randn(64, 128)
+    for fmt in (FloatWeight.from_float(w), Int8Weight.from_float(w), Int8GroupWeight.from_float(w),
+                Int4Weight.from_float(w)):
+        for k in candidates(fmt):
+            y = PlannedLinear.with_kernel(k, fmt)(torch.randn(0, 128))
+            assert y.shape == (0, 64), k.name
