@@ -29,6 +29,7 @@ Figures vary with the machine's load: the targets are judged on a run with the m
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -134,7 +135,11 @@ class Running:
             self.log.seek(0)
             print("\n".join(f"  {line}" for line in self.log.read().decode(errors="replace").splitlines()
                             if "ready in" in line or "KV cache" in line), flush=True)
-        self.run(make_prompts(2, PROMPT_WORDS, seed=99), 8, 2)  # warm-up
+        try:
+            self.run(make_prompts(2, PROMPT_WORDS, seed=99), 8, 2)  # warm-up
+        except BaseException:
+            self.close()
+            raise
 
     def run(self, prompts: list[str], max_tokens: int, concurrency: int, *, chat: bool = False,
             extra: dict | None = None) -> BenchResult:
@@ -147,6 +152,12 @@ class Running:
     def close(self) -> None:
         stop(self.proc)
         self.log.close()
+
+    def __enter__(self) -> Running:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def measure(rows: dict[str, tuple[Running, dict]], prompts_of, levels: list[int], *,
@@ -185,13 +196,11 @@ def ratio(runs: dict, a: str, b: str, c: int) -> float:
 
 
 def plain(threads: int) -> list[str]:
-    servers = {name: Running(name, threads) for name in ("anatomy", "llama-server", "llama_cpp.server")}
-    try:
+    with contextlib.ExitStack() as up:  # a server that fails to start stops the ones already up
+        servers = {name: up.enter_context(Running(name, threads))
+                   for name in ("anatomy", "llama-server", "llama_cpp.server")}
         runs = measure({name: (s, {}) for name, s in servers.items()},
                        lambda n, seed: make_prompts(n, PROMPT_WORDS, seed=seed), [1, 4, 16])
-    finally:
-        for server in servers.values():
-            server.close()
     print("\n" + table(runs) + "\n")
     return [f"plain: concurrency 1 {ratio(runs, 'anatomy', 'llama-server', 1):.2f}x llama-server (>= 1.0x)",
             f"plain: concurrency 16 {ratio(runs, 'anatomy', 'llama-server', 16):.2f}x llama-server (>= 1.5x)",
@@ -204,15 +213,13 @@ def speculative(threads: int) -> list[str]:
     from benchmarks.speculative_prompts import GROUNDED
 
     texts = [messages[0]["content"] for messages in GROUNDED.values()]
-    anatomy_server, llama = Running("anatomy", threads), Running("llama-server", threads)
-    try:
+    with contextlib.ExitStack() as up:
+        anatomy_server = up.enter_context(Running("anatomy", threads))
+        llama = up.enter_context(Running("llama-server", threads))
         rows = {"anatomy": (anatomy_server, {}), "anatomy, speculative.n_max 5": (anatomy_server, SPECULATIVE),
                 "llama-server": (llama, {})}
         runs = measure(rows, lambda n, seed: [texts[(seed + i) % len(texts)] for i in range(n)], [1, 4], chat=True)
         same = _same_text(anatomy_server, texts)
-    finally:
-        anatomy_server.close()
-        llama.close()
     print("\n" + table(runs) + "\n")
     return [f"speculative (grounded prompts): concurrency {c} {ratio(runs, 'anatomy, speculative.n_max 5', 'anatomy', c):.2f}x "
             f"plain anatomy, {ratio(runs, 'anatomy, speculative.n_max 5', 'llama-server', c):.2f}x llama-server"
@@ -234,13 +241,11 @@ def _same_text(server: Running, texts: list[str]) -> int:
 
 
 def kv(threads: int) -> list[str]:
-    servers = {kind: Running(f"anatomy --kv-dtype {kind} --kv-memory 128MiB", threads) for kind in ("bf16", "int8")}
-    try:
+    with contextlib.ExitStack() as up:
+        servers = {kind: up.enter_context(Running(f"anatomy --kv-dtype {kind} --kv-memory 128MiB", threads))
+                   for kind in ("bf16", "int8")}
         runs = measure({f"anatomy --kv-dtype {k}": (s, {}) for k, s in servers.items()},
                        lambda n, seed: make_prompts(n, LONG_WORDS, seed=seed), [16])
-    finally:
-        for server in servers.values():
-            server.close()
     print("\n" + table(runs) + "\n")
     return [f"kv (800-word prompts, 128 MiB): int8 {ratio(runs, 'anatomy --kv-dtype int8', 'anatomy --kv-dtype bf16', 16):.2f}x "
             "the bf16 cache's output tok/s at concurrency 16 (>= 1.0x)"]
