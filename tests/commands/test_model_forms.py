@@ -73,14 +73,19 @@ def _refused(code: int, err: str, command: str, name: str) -> None:
 
 # -- the anatomy of any form ---------------------------------------------------------------------
 
+def _parameters(form: str, decoder_forms) -> int:
+    """The parameter count each form's model has (the preset and the installed model: their known totals)."""
+    return {"preset": 124_439_808, "installed": 134_515_008}.get(
+        form, sum(p.numel() for p in decoder_forms["model"].parameters()))
+
+
 @pytest.mark.parametrize("form", FORMS)
 def test_inspect(form, decoder_forms, capsys):
     name = decoder_forms[form]
     code, out, err = _run(capsys, "inspect", "--model", name, "--json", "--seq-len", "8", "--context", "64")
     assert code == 0, err
     report = json.loads(out)
-    counted = {"preset": 124_439_808, "installed": 134_515_008}.get(
-        form, sum(p.numel() for p in decoder_forms["model"].parameters()))
+    counted = _parameters(form, decoder_forms)
     assert report["params"]["total"] == counted
     stored = report["memory"].get("stored_weights")
     if form in WITHOUT_WEIGHTS:
@@ -113,8 +118,7 @@ def test_compare_takes_every_form_at_once(decoder_forms, capsys):
     code, out, err = _run(capsys, "compare", *names, "--json", "--seq-len", "8", "--context", "64")
     assert code == 0, err
     totals = [r["params"]["total"] for r in json.loads(out).values()]
-    tiny = sum(p.numel() for p in decoder_forms["model"].parameters())
-    assert totals == [124_439_808, tiny, tiny, tiny, tiny, 134_515_008]
+    assert totals == [_parameters(f, decoder_forms) for f in FORMS]
 
 
 @pytest.mark.parametrize("form", _forms(SLOW))
@@ -124,8 +128,7 @@ def test_profile(form, decoder_forms, capsys):
     code, out, err = _run(capsys, "profile", "--model", name, "--prompt-len", "4", "--new-tokens", "2", "--json")
     assert code == 0, err
     report = json.loads(out)
-    counted = {"preset": 124_439_808, "installed": 134_515_008}.get(
-        form, sum(p.numel() for p in decoder_forms["model"].parameters()))
+    counted = _parameters(form, decoder_forms)
     assert report["model"]["parameters"] == counted and report["model"]["name"] == name
     assert report["phases"]["decode"]["step_s"] > 0
 
