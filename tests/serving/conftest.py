@@ -82,8 +82,9 @@ class Server:
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env)
         failure = wait_until_ready(self.proc, self.url, timeout)
         if failure is not None:
+            output = self.output()
             self.close()
-            raise RuntimeError(f"{failure}:\n{self.output()}")
+            raise RuntimeError(f"{failure}:\n{output}")
 
     def output(self) -> str:
         self.log.seek(0)

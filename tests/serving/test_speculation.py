@@ -1,18 +1,21 @@
-"""Speculative decoding in the serving loop: prompt-lookup drafts verified in the step give plain
-serving's greedy tokens (alone, batched with sequences that do not speculate, across preemption),
-sample from the same distributions, keep the right prompt-cache blocks, and back off when they fail."""
+"""Speculative decoding in the serving loop: prompt-lookup drafts and a draft model's, verified in the
+step, give plain serving's greedy tokens (alone, batched with sequences that do not speculate, across
+preemption), sample from the same distributions, keep the right prompt-cache blocks, and back off when
+they fail."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from anatomy.errors import InputError
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.sampling import SamplingParams
 from anatomy.inference.speculative.ngram import NgramIndex
 from anatomy.serving.loop import ServingLoop
 from anatomy.serving.speculation import ServedSpeculation, SequenceSpeculation
 
+from ..inference.conftest import llama_tiny
 from ..inference.speculative.conftest import markov_decoder
 from ..inference.speculative.test_acceptance import P_VALUE, chi_square_p
 from ..inference.speculative.test_sampling import PROMPT, TARGET, continuations
@@ -50,6 +53,34 @@ def test_verified_drafts_give_plain_greedy_tokens(tiny, kv_bytes):
         assert loops[1].steps < loops[0].steps, "several tokens per step for some sequences"
 
 
+@pytest.mark.parametrize("draft", ["itself", "another"])
+@pytest.mark.parametrize("kv_bytes", [10 ** 7, 60_000], ids=["roomy", "preempting"])
+def test_a_draft_models_proposals_give_plain_greedy_tokens(tiny, draft, kv_bytes):
+    """A draft model in the loop (the target itself: every guess right; another random model of the same
+    vocabulary: most wrong), ten sequences at once, also preempted and recomputed: plain greedy tokens,
+    and with the target as its own draft in fewer steps."""
+    engine = DecoderEngine(tiny)
+    torch.manual_seed(7)
+    drafter = engine if draft == "itself" else DecoderEngine(llama_tiny())
+    prompts = repeating(6) + random_prompts(4)
+    plain = [engine_tokens(engine, p, GREEDY) for p in prompts]
+    loop = ServingLoop(engine, kv_bytes=kv_bytes, block_size=4, speculation=ServedSpeculation(
+        method="draft", num_speculative_tokens=4, draft=drafter))
+    assert [tokens_of(e) for e in run_all(loop, prompts, GREEDY)] == plain
+    assert loop.blocks.used == 0 and not loop.scheduler.running and loop.drafter.forwards > 0
+    if draft == "itself" and kv_bytes > 10 ** 6:  # 24 tokens: 1 from the prefill, then 5 per step
+        assert loop.steps <= 2 + 23 // 5, "the target's own guesses are all kept"
+
+
+def test_a_draft_model_needs_the_targets_vocabulary(tiny):
+    other = DecoderEngine(markov_decoder(TARGET))  # 3 tokens
+    with pytest.raises(InputError, match="vocabulary"):
+        ServingLoop(DecoderEngine(tiny), kv_bytes=10 ** 7, block_size=4,
+                    speculation=ServedSpeculation(method="draft", draft=other))
+    with pytest.raises(InputError, match="needs a draft model"):
+        ServedSpeculation(method="draft")
+
+
 def test_a_request_that_asks_speculates_beside_one_that_does_not(tiny):
     engine = DecoderEngine(tiny)
     prompts = repeating(2)
@@ -75,12 +106,14 @@ def test_logprobs_of_verified_tokens_are_the_models(tiny):
         assert a.logprob.logprob == pytest.approx(b.logprob.logprob, abs=1e-4)
 
 
-def test_sampled_speculation_follows_the_target_distribution():
-    """1,200 seeded sequences of a hand-set Markov chain, served with k = 2 drafts at temperature 1:
-    chi-square of the 27 possible 2nd-4th tokens against the chain, p > 1e-4 (as the offline test)."""
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_sampled_speculation_follows_the_target_distribution(method):
+    """1,200 seeded sequences of a hand-set Markov chain, served with k = 2 drafts at temperature 1
+    (prompt lookup's, or the chain's own argmax as a draft model's): chi-square of the 27 possible
+    2nd-4th tokens against the chain, p > 1e-4 (as the offline test)."""
     engine = DecoderEngine(markov_decoder(TARGET))
     loop = ServingLoop(engine, kv_bytes=10 ** 7, block_size=4, max_seqs=64, speculation=ServedSpeculation(
-        num_speculative_tokens=2))
+        method=method, num_speculative_tokens=2, draft=engine if method == "draft" else None))
     events = [[] for _ in range(1200)]
     for seed, sink in enumerate(events):
         loop.submit(PROMPT, SamplingParams(max_new_tokens=4, temperature=1.0, seed=seed), sink.append)

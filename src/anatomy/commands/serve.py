@@ -24,6 +24,7 @@ import time
 
 from anatomy.commands.common import DefaultsHelpFormatter, add_kv_dtype_option, add_model_option, add_quiet_option
 from anatomy.commands.generate import WEIGHTS_HELP
+from anatomy.commands.speculative_options import add_speculative_options, check_speculative_options, speculative_options
 from anatomy.commands.parallel_options import (
     add_parallel_options, check_parallel, is_follower, launched, layout_of, rank_engine, start_ranks)
 from anatomy.errors import InputError
@@ -65,13 +66,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="most tokens one step computes (decodes + prefill chunks): long prompts are prefilled in "
                         "chunks of what is left")
     p.add_argument("--no-prefix-cache", action="store_true", help="turn off reusing cached prompt prefixes")
-    p.add_argument("--speculative", choices=("ngram",), default=None,
-                   help="speculative decoding for every request: prompt-lookup proposals verified in the step "
-                        "(the output is plain serving's; a request's `speculative.n_max` sets its k, 0 turns it "
-                        "off; without this option a request that sets it speculates alone)")
-    p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
-                   help="the most tokens a sequence proposes per step (default 5; it backs off while they are "
-                        "rejected)")
     p.add_argument("--max-body-bytes", type=int, default=4 * 2 ** 20, help="larger request bodies get 413")
     p.add_argument("--max-queue", type=int, default=256,
                    help="most sequences that may wait beyond a full batch; past it requests get 429 with Retry-After "
@@ -82,6 +76,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strict-fields", action="store_true",
                    help="refuse unknown request fields with 400, as OpenAI does (default: ignored and logged, as vLLM "
                         "does)")
+    add_speculative_options(p, served=True)
     add_quiet_option(p)
     add_parallel_options(p)
     p.set_defaults(run=run)
@@ -103,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
 
     embedding = _embedding_name(args.embedding_model)
     _resolve(args.model, "--model", "serving")
+    if args.draft_model is not None:
+        _resolve(args.draft_model, "--draft-model", "serving")
     layout = layout_of(args)
     if layout.world > 1 and not launched():  # this process starts the ranks; rank 0 serves HTTP
         check_parallel(args, layout)
@@ -151,7 +148,7 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
 
             loop = Lanes.of(engine, tokenizer, lanes=args.pipeline_parallel_size, **options)
         else:
-            loop = ServingLoop(engine, tokenizer, speculation=_speculation(args), **options)
+            loop = ServingLoop(engine, tokenizer, speculation=_speculation(args, tokenizer), **options)
         if state.embedding_name is not None:
             state.embedder = _embedder(state.embedding_name)
         loop.start()
@@ -205,7 +202,7 @@ def _report(args: argparse.Namespace, loop, block_bytes: int, seconds: float) ->
           f"= {tokens:,} tokens ({block_bytes // loop.blocks.block_size:,} B per token); context {loop.context:,} "
           f"tokens per sequence, up to {args.batch_size} sequences and {args.max_step_tokens} tokens per step; "
           f"prefix cache {'off' if args.no_prefix_cache else 'on'}; speculative decoding "
-          f"{_speculation_note(loop.speculation)}", file=sys.stderr, flush=True)
+          f"{_speculation_note(args, loop)}", file=sys.stderr, flush=True)
     layout = getattr(engine, "layout", None)
     if layout is not None:
         print(f"anatomy serve: {layout.describe()}: the weights, kernels and KV cache above are rank 0's shard; "
@@ -219,18 +216,29 @@ def _report(args: argparse.Namespace, loop, block_bytes: int, seconds: float) ->
               f"of {config_context:,}: requests are limited to {loop.context:,} tokens", file=sys.stderr, flush=True)
 
 
-def _speculation(args: argparse.Namespace):
+def _speculation(args: argparse.Namespace, tokenizer):
+    """The server's default speculation (None: only requests that ask, by prompt lookup)."""
     from anatomy.serving.speculation import ServedSpeculation
 
-    if args.speculative is None:
+    options = speculative_options(args, tokenizer)
+    if not options:
         return None
-    return ServedSpeculation(method=args.speculative, num_speculative_tokens=args.num_speculative_tokens or 5)
+    return ServedSpeculation(method=args.speculative, num_speculative_tokens=args.num_speculative_tokens or 5,
+                             draft=options["draft_model"])
 
 
-def _speculation_note(speculation) -> str:
+def _speculation_note(args: argparse.Namespace, loop) -> str:
+    speculation = loop.speculation
     if speculation is None:
-        return "only for requests that set speculative.n_max"
-    return f"{speculation.method}, up to {speculation.num_speculative_tokens} tokens per step"
+        return "only for requests that set speculative.n_max (prompt lookup)"
+    note = f"{speculation.method}, up to {speculation.num_speculative_tokens} tokens per step"
+    if loop.drafter is not None:
+        draft = loop.drafter
+        name = args.draft_model or args.model
+        layers = f", its first {args.draft_layers} blocks" if args.draft_layers is not None else ""
+        note += (f" (draft {name}{layers}: weights {draft.engine.decode_weight_bytes / 1e6:,.0f} MB a step, "
+                 f"its KV cache {loop.blocks.num_blocks * draft.block_bytes / 2 ** 20:,.0f} MiB beside the target's)")
+    return note
 
 
 def _embedder(name: str):
@@ -274,9 +282,7 @@ def _check_args(args: argparse.Namespace) -> None:
         raise InputError(f"--port {args.port} must be <= 65535")
     if args.api_key is not None and not args.api_key.strip():
         raise InputError("--api-key must not be empty")
-    if args.num_speculative_tokens is not None and (args.speculative is None or args.num_speculative_tokens < 1):
-        raise InputError(f"--num-speculative-tokens {args.num_speculative_tokens} needs --speculative ngram and "
-                         "must be >= 1")
+    check_speculative_options(args)
 
 
 def _embedding_name(option: str | None) -> str | None:

@@ -1,4 +1,4 @@
-"""The speculative-decoding options of `anatomy generate` and `anatomy chat`:
+"""The speculative-decoding options of `anatomy generate`, `anatomy chat` and `anatomy serve`:
 
     --speculative ngram                         prompt lookup: no second model
     --speculative draft --draft-model NAME      a smaller model with the same tokenizer
@@ -6,6 +6,10 @@
     --speculative draft --draft-weights int4    the target with int4 weights (or int8, a GGUF file's own blocks: auto)
     --speculative draft --draft-dtype f16       the target in float16
     --num-speculative-tokens K                  at most K proposed tokens per target forward (default 5)
+
+`--model-draft` is accepted for `--draft-model` (llama-server's spelling). For `anatomy serve` they set
+the default of every request (a request's `speculative.n_max` sets its k, 0 turns it off; a server
+without them verifies prompt-lookup proposals for a request that sets it).
 """
 
 from __future__ import annotations
@@ -17,14 +21,15 @@ from anatomy import dtypes
 from anatomy.errors import InputError
 
 
-def add_speculative_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("speculative decoding (the output is the same; --stats shows what it gained)")
+def add_speculative_options(p: argparse.ArgumentParser, *, served: bool = False) -> None:
+    shown = "/metrics and the start-up line show" if served else "--stats shows"
+    g = p.add_argument_group(f"speculative decoding (the output is the same; {shown} what it gained)")
     g.add_argument("--speculative", choices=("ngram", "draft"), default=None,
                    help="propose tokens by prompt lookup (ngram) or with a draft model, and verify them in one "
-                        "target forward")
+                        "target forward" + (" (every request's default)" if served else ""))
     g.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
                    help="the most tokens proposed per round (default 5; fewer while they are rejected)")
-    g.add_argument("--draft-model", default=None, metavar="NAME",
+    g.add_argument("--draft-model", "--model-draft", default=None, metavar="NAME",
                    help="the draft: a model name, .gguf file or HF directory with the target's tokenizer "
                         "(default: the target model itself, with --draft-layers or --draft-dtype)")
     g.add_argument("--draft-layers", type=int, default=None, metavar="N",

@@ -2,7 +2,7 @@
 
     submit(prompt ids, params, sink) / cancel(seq)      from any thread: queued, picked up by the loop
     step():  new and cancelled sequences -> speculating sequences propose their drafts (within their
-                grammar, if any)
+                grammar, if any; a draft model's are slots, filled once scheduled: drafting.py)
              -> scheduler.schedule() -> (sequence, n tokens) pairs
              -> one engine.step for the decoding rows [B, 1], one for the verifying rows [B', 1 + k]
                 and one per group of prefill chunks [B'', S] over the paged cache -> logits of rows
@@ -42,7 +42,8 @@ from anatomy.serving.processors import logit_bias, processed, processed_draft
 from anatomy.serving.prompt_logprobs import PromptLogprobStore, record, wants_prompt_logits
 from anatomy.serving.scheduler import Scheduler
 from anatomy.serving.sequence import Event, Sequence, TokenLogprob
-from anatomy.serving.speculation import ServedSpeculation, accept
+from anatomy.serving.drafting import Drafter
+from anatomy.serving.speculation import DRAFTED, ServedSpeculation, accept
 
 # Running a forward costs a read of every weight however few its rows; padding a prefill chunk costs
 # compute per padded token. Chunks are grouped into one forward while each one's padding stays
@@ -66,6 +67,8 @@ class ServingLoop:
                              f"({block_bytes:,} bytes each); at least 2 are needed")
         self.context = min(config.max_seq_len, num_blocks * block_size)  # the most tokens one sequence can hold
         self.cache = engine.paged_cache(num_blocks=num_blocks, block_size=block_size)
+        self.drafter = Drafter(speculation.draft, num_blocks=num_blocks, block_size=block_size, context=self.context,
+                               vocab_size=config.vocab_size) if speculation and speculation.draft else None
         self.blocks = BlockManager(num_blocks, block_size)
         self.prompt_store = PromptLogprobStore(block_size)
         self.scheduler = Scheduler(self.blocks, max_seqs=max_seqs, max_step_tokens=max_step_tokens,
@@ -158,6 +161,13 @@ class ServingLoop:
         if not scheduled:
             return False
         self.steps += 1
+        drafted = [seq for seq, _ in scheduled if seq.draft and seq.draft[0] == DRAFTED]
+        if drafted:
+            self.drafter.fill(drafted)
+            for seq in drafted:
+                _within_grammar(seq)
+            # a decoding sequence runs its last token and what is left of its draft
+            scheduled = [(seq, 1 + len(seq.draft) if seq.remaining == 1 else n) for seq, n in scheduled]
         verify = [(seq, n) for seq, n in scheduled if seq.draft]
         decode = [(seq, n) for seq, n in scheduled if n == 1 and not seq.draft]
         prefill = [(seq, n) for seq, n in scheduled if n > 1 and not seq.draft]
@@ -173,8 +183,8 @@ class ServingLoop:
             if seq.speculation is not None and seq.remaining == 1:
                 room = min(seq.params.max_new_tokens - seq.generated, self.context - len(seq.tokens)) - 1
                 seq.draft = seq.speculation.propose(room)
-                if seq.constraint is not None and seq.draft:  # only what the grammar allows is verified
-                    seq.draft = seq.draft[:seq.constraint.valid_prefix(seq.draft)]
+                if not seq.draft or seq.draft[0] != DRAFTED:
+                    _within_grammar(seq)
 
     def _take_inbox(self) -> None:
         while True:
@@ -227,6 +237,7 @@ class ServingLoop:
             draft, seq.draft = seq.draft, []
             tokens, kept = accept(processed_draft(rows, seq, draft), draft, seq.params, seq.generator)
             seq.speculation.kept(len(draft), kept)
+            self.metrics.speculated(len(draft), kept)
             logprobs = self._logprobs(rows[:len(tokens)], tokens, seq.logprobs)
             for token, logprob in zip(tokens, logprobs):
                 self._emit(seq, token, logprob)
@@ -290,6 +301,12 @@ class ServingLoop:
             self.scheduler.finish(seq)
             self.metrics.finish("error", None)
             _deliver(seq, Event(None, "", finish_reason="error", error=message))
+
+
+def _within_grammar(seq: Sequence) -> None:
+    """Only what a sequence's grammar allows of its draft is verified."""
+    if seq.constraint is not None and seq.draft:
+        seq.draft = seq.draft[:seq.constraint.valid_prefix(seq.draft)]
 
 
 def _deliver(seq: Sequence, event: Event) -> None:

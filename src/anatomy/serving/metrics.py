@@ -17,6 +17,9 @@ scheduler and the block manager when scraped.
     anatomy_e2e_request_latency_seconds           histogram: arrival -> last token
     anatomy_requests_finished_total{reason}       stop / length / abort / error
     anatomy_preemptions_total                     sequences preempted (recomputed later)
+    anatomy_spec_decode_num_draft_tokens_total / _accepted_tokens_total
+                                                  speculative decoding: tokens proposed and verified /
+                                                  kept (their ratio: the acceptance rate)
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class ServingMetrics:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.finished: Counter[str] = Counter()
+        self.draft_tokens = self.accepted_tokens = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
@@ -74,6 +78,11 @@ class ServingMetrics:
             self._recent.append((now, prompt_tokens, generated))
             while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
                 self._recent.popleft()
+
+    def speculated(self, proposed: int, accepted: int) -> None:
+        with self.lock:
+            self.draft_tokens += proposed
+            self.accepted_tokens += accepted
 
     def token(self, *, first: bool, latency: float) -> None:
         with self.lock:
@@ -119,6 +128,10 @@ class ServingMetrics:
         with self.lock:
             lines += self._counter("prompt_tokens_total", "Prompt tokens computed", self.prompt_tokens)
             lines += self._counter("generation_tokens_total", "Tokens generated", self.generation_tokens)
+            lines += self._counter("spec_decode_num_draft_tokens_total", "Speculative tokens proposed and verified",
+                                   self.draft_tokens)
+            lines += self._counter("spec_decode_num_accepted_tokens_total", "Speculative tokens kept",
+                                   self.accepted_tokens)
             lines += ["# HELP anatomy_requests_finished_total Sequences finished, by reason",
                       "# TYPE anatomy_requests_finished_total counter"]
             for reason in ("stop", "length", "abort", "error"):

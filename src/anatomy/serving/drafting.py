@@ -1,0 +1,65 @@
+"""A draft model's proposals in the serving loop: its own paged KV cache, indexed by the target's blocks.
+
+    the draft's cache    as many blocks of the same size as the target's, so a sequence's block table
+                         (the scheduler's) addresses both: the draft writes its K/V where the target
+                         writes its own, nothing to allocate or free
+    fill(sequences)      for the verifying sequences of a step, scheduled with k DRAFTED slots each:
+                           round 1   what the draft has not seen yet (the whole prompt the first time,
+                                     then the 1-2 tokens the last round emitted) -> its next token
+                           round i   its token of round i - 1 -> the next (k - 1 single-token steps,
+                                     replayed from a captured graph as every decode step is)
+                         the draft's argmax each time (deterministic proposals: for a sampled request
+                         the rejection rule keeps the output distributed as plain sampling)
+    after verification   the draft's cache is right up to the kept tokens (SequenceSpeculation.kept);
+                         a preempted sequence's blocks are new, so its draft starts again from 0
+
+A block the prefix cache hands a new sequence holds the target's K/V, not necessarily the draft's: the
+draft computes every sequence from its first token, writing the same values where a shared prefix
+already has them. Only proposals come from the draft: the target verifies every token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from anatomy.errors import InputError
+from anatomy.inference.engine import Chunk, DecoderEngine, PagedKVCache
+from anatomy.serving.sequence import Sequence
+
+
+class Drafter:
+    """The serving loop's draft model: `engine` over a paged cache of `num_blocks` x `block_size` tokens."""
+
+    def __init__(self, engine: DecoderEngine, *, num_blocks: int, block_size: int, context: int,
+                 vocab_size: int) -> None:
+        config = engine.config
+        if config.vocab_size != vocab_size:
+            raise InputError(f"the draft model's vocabulary ({config.vocab_size} tokens) differs from the target's "
+                             f"({vocab_size}): speculative decoding needs one tokenizer for both")
+        if config.max_seq_len < context:
+            raise InputError(f"the draft model's context of {config.max_seq_len} tokens (max_seq_len) is shorter "
+                             f"than the served context of {context} tokens")
+        self.engine = engine
+        self.cache = engine.paged_cache(num_blocks=num_blocks, block_size=block_size)
+        self.block_bytes = PagedKVCache.block_bytes(config, block_size, engine.kv_dtype)
+        self.forwards = 0
+
+    @torch.inference_mode()
+    def fill(self, seqs: list[Sequence]) -> None:
+        """Write each sequence's draft (len(seq.draft) DRAFTED slots) with the draft model's tokens."""
+        for seq in seqs:
+            state = seq.speculation
+            if state.preemptions != seq.preemptions:  # new blocks: nothing of it is in the draft's cache
+                state.computed, state.preemptions = 0, seq.preemptions
+        rows = [(seq, seq.tokens[seq.speculation.computed:], seq.speculation.computed) for seq in seqs]
+        for i in range(max(len(seq.draft) for seq in seqs)):
+            chunks = [Chunk(tokens, start, seq.blocks) for seq, tokens, start in rows]
+            tokens = self.engine.step(self.cache, chunks).argmax(dim=-1).tolist()  # [R]
+            self.forwards += 1
+            for (seq, fed, start), token in zip(rows, tokens):
+                seq.draft[i] = token
+            rows = [(seq, [token], start + len(fed)) for (seq, fed, start), token in zip(rows, tokens)
+                    if i + 1 < len(seq.draft)]
+        for seq in seqs:  # the sequence and every guess but the last are in the draft's cache now
+            seq.speculation.base = len(seq.tokens)
+            seq.speculation.computed = len(seq.tokens) + len(seq.draft) - 1
