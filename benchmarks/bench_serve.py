@@ -10,6 +10,9 @@ Three scenarios, each server started once and warmed up, the servers measured in
     speculative  input-grounded chat prompts (benchmarks/speculative_prompts.py: copy-edits, typo fixes,
                  code edits), concurrency 1 and 4: anatomy plain and with llama-server's per-request
                  `speculative.n_max` = 5 (prompt lookup), llama-server plain
+    draft        a draft model's proposals: the target in f32 (--weights f32), the draft the file's own
+                 Q4_1 blocks (--speculative draft --draft-model, --draft-weights auto), grounded and
+                 open-ended chat prompts, concurrency 1 and 4, against the same f32 server plain
     kv           long prompts (800 words), concurrency 16, a 128 MiB KV budget: anatomy --kv-dtype bf16
                  against --kv-dtype int8 (twice the tokens in the same memory)
 
@@ -19,7 +22,7 @@ threads: torch's intra-op count for anatomy, -t / --n_threads the same for the l
 
     python -m benchmarks serve
         ANATOMY_BENCH_SERVE_REQUESTS=3 (per unit of concurrency), ANATOMY_BENCH_SERVE_MAX_TOKENS=128,
-        ANATOMY_BENCH_SERVE_ROUNDS=1, ANATOMY_BENCH_SERVE_SCENARIOS=plain,speculative,kv
+        ANATOMY_BENCH_SERVE_ROUNDS=1, ANATOMY_BENCH_SERVE_SCENARIOS=plain,speculative,draft,kv
         LLAMA_SERVER=/path/to/llama-server (else benchmarks/build_llama_cpp.sh builds it, once, ~10-15 min)
 
 Targets (issues 11, 22, 20): concurrency 1 >= 1.0x llama-server's, concurrency 16 >= 1.5x; speculation
@@ -49,8 +52,10 @@ REQUESTS = int(os.environ.get("ANATOMY_BENCH_SERVE_REQUESTS", "3"))
 MAX_TOKENS = int(os.environ.get("ANATOMY_BENCH_SERVE_MAX_TOKENS", "128"))
 PROMPT_WORDS, LONG_WORDS = 64, 800
 ROUNDS = int(os.environ.get("ANATOMY_BENCH_SERVE_ROUNDS", "1"))
-SCENARIOS = os.environ.get("ANATOMY_BENCH_SERVE_SCENARIOS", "plain,speculative,kv").split(",")
+SCENARIOS = os.environ.get("ANATOMY_BENCH_SERVE_SCENARIOS", "plain,speculative,draft,kv").split(",")
 SPECULATIVE = {"speculative.n_max": 5}
+PLAIN = {"speculative.n_max": 0}  # on a server that speculates by default: this request does not
+DRAFTED = f"anatomy --weights f32 --speculative draft --draft-model {MODEL} --draft-weights auto"
 
 
 def free_port() -> int:
@@ -219,15 +224,46 @@ def speculative(threads: int) -> list[str]:
         rows = {"anatomy": (anatomy_server, {}), "anatomy, speculative.n_max 5": (anatomy_server, SPECULATIVE),
                 "llama-server": (llama, {})}
         runs = measure(rows, lambda n, seed: [texts[(seed + i) % len(texts)] for i in range(n)], [1, 4], chat=True)
-        same = _same_text(anatomy_server, texts)
+        same = _same_text(anatomy_server, texts, {}, SPECULATIVE)
     print("\n" + table(runs) + "\n")
     return [f"speculative (grounded prompts): concurrency {c} {ratio(runs, 'anatomy, speculative.n_max 5', 'anatomy', c):.2f}x "
             f"plain anatomy, {ratio(runs, 'anatomy, speculative.n_max 5', 'llama-server', c):.2f}x llama-server"
             for c in (1, 4)] + [f"speculative: greedy text identical to plain on {same}/{len(texts)} prompts"]
 
 
-def _same_text(server: Running, texts: list[str]) -> int:
-    """On how many prompts the greedy answer with speculation is the plain one (the openai client)."""
+def draft(threads: int) -> list[str]:
+    from benchmarks.speculative_prompts import CHAT, GROUNDED
+
+    lines = []
+    with contextlib.ExitStack() as up:
+        drafted = up.enter_context(Running(DRAFTED, threads))
+        for kind, prompts in (("grounded", GROUNDED), ("chat", CHAT)):
+            texts = [messages[0]["content"] for messages in prompts.values()]
+            rows = {"anatomy --weights f32": (drafted, PLAIN), "anatomy --weights f32, Q4_1 draft": (drafted, {})}
+            runs = measure(rows, lambda n, seed: [texts[(seed + i) % len(texts)] for i in range(n)], [1, 4], chat=True)
+            print("\n" + table(runs) + "\n")
+            same = _same_text(drafted, texts, PLAIN, {})
+            lines += [f"draft ({kind} prompts): concurrency {c} "
+                      f"{ratio(runs, 'anatomy --weights f32, Q4_1 draft', 'anatomy --weights f32', c):.2f}x plain f32"
+                      for c in (1, 4)] + [f"draft ({kind}): greedy text identical to plain on {same}/{len(texts)} prompts"]
+        lines.append(f"draft: {_acceptance(drafted)}")
+    return lines
+
+
+def _acceptance(server: Running) -> str:
+    """The server's own count of proposed and kept tokens (/metrics)."""
+    import re
+
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    proposed, kept = (int(re.search(rf"anatomy_spec_decode_num_{name}_tokens_total\{{[^}}]*\}} (\d+)", text).group(1))
+                      for name in ("draft", "accepted"))
+    return f"{kept:,} of {proposed:,} proposed tokens kept ({kept / max(proposed, 1):.0%})"
+
+
+def _same_text(server: Running, texts: list[str], plain_extra: dict, fast_extra: dict) -> int:
+    """On how many prompts the greedy answer with speculation (`fast_extra` request fields) is the plain one
+    (`plain_extra`), through the openai client."""
     import openai
 
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
@@ -235,7 +271,7 @@ def _same_text(server: Running, texts: list[str]) -> int:
     for text in texts:
         answers = [client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}],
                                                   max_tokens=MAX_TOKENS, temperature=0, extra_body=extra)
-                   .choices[0].message.content for extra in ({}, SPECULATIVE)]
+                   .choices[0].message.content for extra in (plain_extra, fast_extra)]
         same += answers[0] == answers[1]
     return same
 
@@ -258,7 +294,7 @@ def main() -> None:
     lines = []
     for name in SCENARIOS:
         print(f"\n### {name}\n", flush=True)
-        lines += {"plain": plain, "speculative": speculative, "kv": kv}[name](threads)
+        lines += {"plain": plain, "speculative": speculative, "draft": draft, "kv": kv}[name](threads)
     print("\n".join(lines))
 
 

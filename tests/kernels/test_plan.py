@@ -246,3 +246,12 @@ def test_file_identity_changes_with_the_file(tmp_path):
     f.write_bytes(b"x" * 11)
     assert file_identity(f) != first
     assert file_identity(tmp_path) != file_identity(f)  # a directory: its files together
+
+
+def test_the_plan_key_names_the_native_kernels_build():
+    """A changed native kernel is measured again: the machine key holds its build's digest."""
+    from anatomy.kernels import native
+    from anatomy.kernels.cache import machine_key
+    from anatomy.kernels.native.build import library_path
+
+    assert machine_key()["native"] == (library_path().stem if native.loaded() else "none")

@@ -41,7 +41,17 @@ def machine_key() -> dict[str, Any]:
     """What makes one machine's timings differ from another's."""
     cpu, flags = _cpuinfo()
     return {"cpu": cpu, "flags": hashlib.sha256(flags.encode()).hexdigest()[:16], "logical_cpus": os.cpu_count(),
-            "threads": torch.get_num_threads(), "capability": _capability(), "torch": torch.__version__}
+            "threads": torch.get_num_threads(), "capability": _capability(), "torch": torch.__version__,
+            "native": _native_build()}
+
+
+def _native_build() -> str:
+    """Which build of anatomy's own kernels was measured (a digest of their sources; "none" without it):
+    a changed kernel is measured again."""
+    from anatomy.kernels import native
+    from anatomy.kernels.native.build import library_path
+
+    return library_path().stem if native.loaded() else "none"
 
 
 def _cpuinfo() -> tuple[str, str]:

@@ -15,6 +15,8 @@ attends to k/v [B, H_kv, S_k, d_h] directly.
 An 8-bit KV cache gives its keys and values as `Codes` (anatomy/kv_format.py): a step of a few query
 rows reads them as they are through the cache's `reader` (kernels/native/attention.cpp), anything
 else (a prefill, ALiBi, a soft cap, attention weights asked for, no reader) turns them into floats.
+A float cache is read the same way when the layer has a `reader` (an engine's view sets it where
+the native kernel measures faster than SDPA: kernels/attention.py).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from anatomy.layers.norm import RMSNorm
 from anatomy.layers.position import apply_rope
 
 BACKENDS = ("sdpa", "eager")
-READ_ROWS = 16  # query rows per KV head up to which an 8-bit cache's reader attends (decode, verification)
+READ_ROWS = 16  # query rows per KV head up to which a cache's reader attends (decode, verification)
+READABLE = (torch.float32, torch.bfloat16)  # the float caches a reader reads as stored
 
 
 class LayerCache(Protocol):
@@ -59,6 +62,7 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
         self.causal, self.cross = causal, cross
         self.backend = backend
+        self.reader = None  # attention of a few query rows over a float cache as stored (set by an engine's view)
         self.dropout = config.dropout
         self.scale, self.softcap = config.attn_scale, config.attn_softcap
         q_dim, kv_dim = config.q_dim, config.kv_dim
@@ -102,7 +106,7 @@ class Attention(nn.Module):
         out, weights = attend(
             q, k, v, mask=mask, bias=bias, is_causal=is_causal, backend=self.backend,
             dropout=self.dropout if self.training else 0.0, return_weights=return_weights,
-            scale=self.scale, softcap=self.softcap,
+            scale=self.scale, softcap=self.softcap, reader=self.reader if cache is not None else None,
         )
         out = self.out(out.transpose(1, 2).reshape(B, S, -1))  # [B, H, S, d_h] -> [B, S, H*d_h] -> [B, S, D]
         return (out, weights) if return_weights else out
@@ -142,18 +146,21 @@ def attend(
     return_weights: bool = False,
     scale: float | None = None,
     softcap: float | None = None,
+    reader=None,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(q k^T * scale + bias, masked) v for q [B, H, S, d_h] and k/v [B, H_kv, S_k, d_h];
     scale defaults to 1/sqrt(d_h). A softcap (cap * tanh(scores / cap), before bias and mask) has no
     fused kernel: the scores are computed as a tensor.
 
     mask [B|1, 1, S, S_k] is bool (True attends) or float (added to the scores). k and v may be Codes
-    (an 8-bit cache's)."""
+    (an 8-bit cache's). `reader` reads float k and v as stored, for a few query rows (kernels/native)."""
     check_backend(backend)
+    readable = (bias is None and softcap is None and not return_weights and not dropout and q.shape[2] <= READ_ROWS
+                and (mask is None or mask.dtype != torch.bool))
+    reader = k.reader if isinstance(k, Codes) else reader
+    if readable and reader is not None and (isinstance(k, Codes) or k.dtype in READABLE):
+        return reader(q, k, v, mask=mask, scale=scale if scale is not None else q.shape[-1] ** -0.5), None
     if isinstance(k, Codes):
-        if (k.reader is not None and bias is None and softcap is None and not return_weights and not dropout
-                and q.shape[2] <= READ_ROWS and (mask is None or mask.dtype != torch.bool)):
-            return k.reader(q, k, v, mask=mask, scale=scale if scale is not None else q.shape[-1] ** -0.5), None
         k, v = k.dequantize(q.dtype), v.dequantize(q.dtype)
     elif k.dtype != q.dtype:  # a float cache in another dtype than the branches compute in (kv_dtype=...)
         k, v = k.to(q.dtype), v.to(q.dtype)

@@ -56,7 +56,7 @@ def test_reading_codes_as_stored_equals_attention_over_their_values(kind, rows):
     mask = torch.zeros(B, 1, rows, T)
     mask[0, ..., 150:] = float("-inf")
     mask[1, ..., :7] = float("-inf")
-    got = native.read_codes(q, k, v, mask=mask, scale=1 / math.sqrt(d))
+    got = native.read_cache(q, k, v, mask=mask, scale=1 / math.sqrt(d))
     kd, vd = k.dequantize(torch.float32), v.dequantize(torch.float32)
     want = F.scaled_dot_product_attention(q, kd.repeat_interleave(3, 1), vd.repeat_interleave(3, 1), attn_mask=mask)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

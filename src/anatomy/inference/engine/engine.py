@@ -38,6 +38,8 @@ from anatomy.inference.engine.run import PaddedBatch, Run
 from anatomy.inference.engine.view import engine_view
 from anatomy.inference.sampling import SamplingParams
 from anatomy.kernels import native
+from anatomy.kernels.attention import decode_reader
+from anatomy.layers.attention import Attention
 from anatomy.kernels.planning import branch_dtype, decode_weight_bytes, kernel_summary, plan_view
 from anatomy.kv_format import parse_kv_dtype
 
@@ -59,20 +61,27 @@ class DecoderEngine:
                  attention: str | None = None, kv_dtype: str | None = None) -> None:
         if not getattr(getattr(model, "config", None), "is_decoder", False):
             raise InputError(f"DecoderEngine needs a decoder-only anatomy model, got {type(model).__name__}")
-        self.model = engine_view(model, attention=attention)
+        self.model = engine_view(model, attention=attention, native_norms=not compile)
         self.plan = plan_view(self.model, compile=compile, cache=plan_cache)
         self.branch_dtype = branch_dtype(self.plan, self.dtype)  # RoPE and attention compute in it
         kv = parse_kv_dtype(kv_dtype) or dtypes.name_of(self.branch_dtype)
         self.kv_dtype = kv  # what the caches hold (a name: f32, bf16, int8, ...)
         self._codes = kv if kv in kv_format.CODES else None
         self._cache_dtype = self.branch_dtype if self._codes else dtypes.torch_dtype(kv)
-        self._reader = native.read_codes if self._codes and native.loaded() else None
+        self._reader = native.read_cache if self._codes and native.loaded() else None
+        if self._codes is None and self.device.type == "cpu" and not compile:  # SDPA or the native reader, measured
+            self._read_float_caches(decode_reader(self.config, self._cache_dtype))
         self.compiled = compile
         self.captured = capture and not compile and self.device.type == "cpu"
         self._compiled_step = torch.compile(self._eager_step, dynamic=False) if compile else None
         self._caches: dict[tuple[int, int], list[KVCache]] = {}  # (batch, length) -> caches lent to runs
         self._bodies: dict[tuple, Captured | None] = {}  # (cache, shape, Context fields) -> the captured blocks
         self._seen_shapes: dict[tuple, int] = {}  # paged decode shapes -> steps run eagerly so far
+
+    def _read_float_caches(self, reader) -> None:
+        for module in self.model.modules():
+            if isinstance(module, Attention) and not module.cross:
+                module.reader = reader
 
     # -- what it is --------------------------------------------------------------------------------
 

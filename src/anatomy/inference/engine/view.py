@@ -1,6 +1,7 @@
 """The engine's own view of a model: new module objects over the caller's tensors.
 
-An engine puts a model in eval mode and swaps its linear layers for the kernels it runs; doing
+An engine puts a model in eval mode and swaps its linear layers for the kernels it runs (and its
+RMSNorms for one native operator each: kernels/norm.py); doing
 that to the caller's model would change it under the caller's feet (its training flag, its module
 classes). The view is a structural copy of the module tree whose parameters and buffers are the
 caller's own tensors (nothing is copied): the engine changes only its copy.
@@ -13,14 +14,18 @@ import itertools
 
 from torch import nn
 
+from anatomy.kernels.norm import swap_norms
 from anatomy.layers.attention import Attention, check_backend
 
 
-def engine_view(model: nn.Module, *, attention: str | None = None) -> nn.Module:
+def engine_view(model: nn.Module, *, attention: str | None = None, native_norms: bool = True) -> nn.Module:
     """A copy of `model`'s modules sharing its parameters and buffers, in eval mode; `attention`
-    ("sdpa" or "eager") sets the backend of the copy's attention layers (default: the model's)."""
+    ("sdpa" or "eager") sets the backend of the copy's attention layers (default: the model's);
+    `native_norms` (on a CPU) its RMSNorms run anatomy's operator (not inside torch.compile)."""
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     view = copy.deepcopy(model, memo=shared).eval()
+    if native_norms and next(view.parameters()).device.type == "cpu":
+        swap_norms(view)
     if attention is not None:
         check_backend(attention)
         for module in view.modules():

@@ -15,6 +15,8 @@ import functools
 
 import torch
 
+from anatomy.kv_format import Codes
+
 
 @functools.cache
 def loaded() -> bool:
@@ -31,17 +33,21 @@ def loaded() -> bool:
     return True
 
 
-def read_codes(q: torch.Tensor, k, v, *, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """Attention of q [B, H, S, d_h] over an 8-bit cache's Codes k, v [B, H_kv, T, d_h] read as stored
-    (anatomy::decode_attention): the query heads of a KV group folded into its rows, mask [B|1, 1, S, T]
-    additive -> [B, H, S, d_h]."""
+def read_cache(q: torch.Tensor, k, v, *, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Attention of q [B, H, S, d_h] over a cache's k, v [B, H_kv, T, d_h] read as stored
+    (anatomy::decode_attention): float32 or bfloat16 tensors, or an 8-bit cache's Codes; the query
+    heads of a KV group folded into its rows, mask [B|1, 1, S, T] additive -> [B, H, S, d_h]."""
     B, H, S, d = q.shape
-    H_kv = k.codes.shape[1]
+    codes = isinstance(k, Codes)
+    H_kv = (k.codes if codes else k).shape[1]
     rep = H // H_kv
     folded = q.reshape(B, H_kv, rep * S, d)  # [B, H_kv, rep*S, d_h]
     if mask is not None and S > 1:
         mask = mask.repeat(1, 1, rep, 1)  # [B|1, 1, rep*S, T]
-    out = torch.ops.anatomy.decode_attention(folded, k.codes, v.codes, k.scale, v.scale, mask, k.lut, scale)
+    if codes:
+        out = torch.ops.anatomy.decode_attention(folded, k.codes, v.codes, k.scale, v.scale, mask, k.lut, scale)
+    else:
+        out = torch.ops.anatomy.decode_attention(folded, k, v, None, None, mask, None, scale)
     return out.reshape(B, H, S, d)
 
 

@@ -17,6 +17,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -112,6 +114,71 @@ inline __attribute__((always_inline)) void attend_slice(const float* q, int64_t 
   }
 }
 
+// -- AVX-512: the same arithmetic, vectorized (dots over d, exp over a block of keys, the weighted sum
+// over keys with four accumulators per 16 dims); taken when d is a multiple of 16 ------------------
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
+
+// exp(x) to ~2e-7 relative: x = n ln2 + r with |r| <= ln2 / 2, a degree-6 Taylor polynomial of r,
+// scaled by 2^n (scalef); x is clamped below at -87 (exp(-87) ~ 2e-38, a masked key's weight)
+AVX512 inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720.f);
+  for (const float c : {1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+
+AVX512 void attend_slice_avx512(const float* q, int64_t R, int64_t d, const Cache& k, const Cache& v, const float* lut,
+                                const float* mask, int64_t mr, int64_t mt, int64_t b, int64_t h, int64_t t0, int64_t t1,
+                                float scale, Partial& p) {
+  p.max.assign(R, -std::numeric_limits<float>::infinity());
+  p.sum.assign(R, 0.f);
+  p.acc.assign(R * d, 0.f);
+  alignas(64) float kb[KEYS * MAX_DIM], vb[KEYS * MAX_DIM], s[KEYS];
+  const int64_t C = d / 16;
+  for (int64_t start = t0; start < t1; start += KEYS) {
+    const int64_t n = std::min(KEYS, t1 - start);
+    decode_rows(k, lut, b, h, start, n, d, kb);
+    decode_rows(v, lut, b, h, start, n, d, vb);
+    for (int64_t r = 0; r < R; ++r) {
+      const float* qr = q + r * d;
+      float block_max = -std::numeric_limits<float>::infinity();
+      for (int64_t i = 0; i < n; ++i) {
+        __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(qr), _mm512_load_ps(kb + i * d));
+        for (int64_t c = 1; c < C; ++c)
+          dot = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * c), _mm512_load_ps(kb + i * d + 16 * c), dot);
+        s[i] = _mm512_reduce_add_ps(dot) * scale + (mask ? mask[r * mr + (start + i) * mt] : 0.f);
+        block_max = std::max(block_max, s[i]);
+      }
+      if (block_max == -std::numeric_limits<float>::infinity()) continue;  // every key of the block masked
+      const float new_max = std::max(p.max[r], block_max);
+      const float correction = std::exp(p.max[r] - new_max);  // 0 when the row had nothing yet
+      const __m512 top = _mm512_set1_ps(new_max);
+      __m512 total = _mm512_setzero_ps();
+      for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 lanes = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+        const __m512 w = _mm512_maskz_mov_ps(lanes, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + i), top)));
+        _mm512_mask_storeu_ps(s + i, lanes, w);
+        total = _mm512_add_ps(total, w);
+      }
+      p.sum[r] = p.sum[r] * correction + _mm512_reduce_add_ps(total);
+      p.max[r] = new_max;
+      float* acc = p.acc.data() + r * d;
+      for (int64_t c = 0; c < C; ++c) {
+        __m512 a[4] = {_mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), _mm512_set1_ps(correction)), _mm512_setzero_ps(),
+                       _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int64_t i = 0; i < n; ++i)
+          a[i % 4] = _mm512_fmadd_ps(_mm512_set1_ps(s[i]), _mm512_load_ps(vb + i * d + 16 * c), a[i % 4]);
+        _mm512_storeu_ps(acc + 16 * c, _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+      }
+    }
+  }
+}
+
 // the slices of one (b, h) merged: out [R, d]
 void merge(const std::vector<Partial>& parts, int64_t R, int64_t d, float* out) {
   for (int64_t r = 0; r < R; ++r) {
@@ -149,12 +216,14 @@ void run_portable(const Job& j, int64_t task, Partial& p) {
   attend_slice(j.q + bh * j.R * j.d, j.R, j.d, j.k, j.v, j.lut, mask, j.mr, j.mt, b, h, t0, t1, j.scale, p);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
-void run_avx512(const Job& j, int64_t task, Partial& p) {
+AVX512 void run_avx512(const Job& j, int64_t task, Partial& p) {
   const int64_t slice = task % j.slices, bh = task / j.slices, b = bh / j.H, h = bh % j.H;
   const int64_t per = (j.T + j.slices - 1) / j.slices, t0 = slice * per, t1 = std::min(j.T, t0 + per);
   const float* mask = j.mask ? j.mask + (j.mb ? b * j.mb : 0) : nullptr;
-  attend_slice(j.q + bh * j.R * j.d, j.R, j.d, j.k, j.v, j.lut, mask, j.mr, j.mt, b, h, t0, t1, j.scale, p);
+  if (j.d % 16 == 0)
+    attend_slice_avx512(j.q + bh * j.R * j.d, j.R, j.d, j.k, j.v, j.lut, mask, j.mr, j.mt, b, h, t0, t1, j.scale, p);
+  else
+    attend_slice(j.q + bh * j.R * j.d, j.R, j.d, j.k, j.v, j.lut, mask, j.mr, j.mt, b, h, t0, t1, j.scale, p);
 }
 
 bool has_avx512() {

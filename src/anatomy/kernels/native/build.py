@@ -1,4 +1,4 @@
-"""Build anatomy's native kernels (gemv.cpp, attention.cpp) into a shared library that
+"""Build anatomy's native kernels (gemv.cpp, exact.cpp, attention.cpp, norm.cpp) into a shared library that
 `torch.ops.load_library` loads.
 
     python -m anatomy.kernels.native.build       (what `make` runs; ~30 s on 2 cores, once per source
@@ -20,7 +20,7 @@ import sysconfig
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "gemv.cpp", HERE / "exact.cpp", HERE / "attention.cpp")
+SOURCES = (HERE / "gemv.cpp", HERE / "exact.cpp", HERE / "attention.cpp", HERE / "norm.cpp")
 FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-D_GLIBCXX_USE_CXX11_ABI=1", "-DTORCH_API_INCLUDE_EXTENSION_H"]
 
 

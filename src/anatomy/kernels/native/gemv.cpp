@@ -161,11 +161,49 @@ void q4_rows_avx512(const Quantized& a, const Lanes& l, int64_t K, const uint8_t
   }
 }
 
+// One row of x (a decode step): UNROLL output rows at a time, each with two accumulators (the scaled
+// dots, the min terms), so that 2 * UNROLL independent FMA chains hide the FMA latency that one row's
+// chain (two dependent FMAs per 64 weights) is bound by; x's codes and lanes are loaded once for them.
+constexpr int UNROLL = 4;
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
+void q4_row_avx512(const Quantized& a, const Lanes& l, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+                   int64_t N) {
+  const int64_t pairs = K / PAIR;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m512i pick_d = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i pick_m = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
+  int64_t n = n0;
+  for (; n + UNROLL <= n1; n += UNROLL) {
+    __m512 dots[UNROLL], mins[UNROLL];
+    for (int u = 0; u < UNROLL; ++u) dots[u] = mins[u] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < pairs; ++p) {
+      const __m512i x = _mm512_loadu_si512(a.q.data() + p * PAIR);
+      const __m512 sx = _mm512_loadu_ps(l.scale.data() + p * 16);
+      const __m512 sm = _mm512_loadu_ps(l.sum.data() + p * 16);
+      for (int u = 0; u < UNROLL; ++u) {
+        const uint8_t* block = w + ((n + u) * pairs + p) * Q4_BLOCK;
+        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 8));
+        const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(packed, low)),
+                                                 _mm256_and_si256(_mm256_srli_epi16(packed, 4), low), 1);
+        const __m512 dm = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block))));
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, x);
+        dots[u] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_permutexvar_ps(pick_d, dm), sx), _mm512_cvtepi32_ps(dot), dots[u]);
+        mins[u] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick_m, dm), sm, mins[u]);
+      }
+    }
+    for (int u = 0; u < UNROLL; ++u) y[n + u] = _mm512_reduce_add_ps(_mm512_add_ps(dots[u], mins[u]));
+  }
+  if (n < n1) q4_rows_avx512<1>(a, l, K, w, n, n1, y, N);
+}
+
 template <int M>
 void q4_dispatch(const Quantized& a, const Lanes& l, int64_t rows, int64_t K, const uint8_t* w, int64_t n0, int64_t n1,
                  float* y, int64_t N) {
   if constexpr (M > 1) {
     if (rows < M) return q4_dispatch<M - 1>(a, l, rows, K, w, n0, n1, y, N);
+  } else {
+    return q4_row_avx512(a, l, K, w, n0, n1, y, N);
   }
   q4_rows_avx512<M>(a, l, K, w, n0, n1, y, N);
 }

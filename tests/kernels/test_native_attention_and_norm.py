@@ -1,0 +1,97 @@
+"""anatomy's native RMSNorm and its decode attention over float caches, against torch's references:
+anatomy::rms_norm == F.rms_norm (float32 to 1e-6, bfloat16 to one rounding), the engine view's norms
+swapped for it; native.read_cache over float32 / bfloat16 caches == SDPA (GQA folded, masks, head dims
+that do and do not take the vector path); the engine chooses it only where it measures faster, and
+runs SDPA without the library."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import anatomy.kernels.attention as attention
+from anatomy.inference.engine import DecoderEngine
+from anatomy.kernels import native
+from anatomy.kernels.norm import NativeRMSNorm, swap_norms
+from anatomy.layers.attention import Attention
+from anatomy.layers.norm import RMSNorm
+
+from ..inference.conftest import llama_tiny
+
+needs_library = pytest.mark.skipif(not native.loaded(), reason="the native library is built by make")
+
+
+@needs_library
+@pytest.mark.parametrize("shape", [(1, 1, 576), (3, 7, 64), (2, 130)])
+def test_rms_norm_is_torchs(shape):
+    torch.manual_seed(0)
+    x, w = torch.randn(*shape) * 3, torch.randn(shape[-1])
+    torch.testing.assert_close(torch.ops.anatomy.rms_norm(x, w, 1e-5), F.rms_norm(x, (shape[-1],), w, 1e-5),
+                               rtol=1e-6, atol=1e-6)
+    xb = x.bfloat16()  # float32 arithmetic, one rounding to bfloat16 at the end
+    want = (x.bfloat16().float() * torch.rsqrt(xb.float().pow(2).mean(-1, keepdim=True) + 1e-5) * w).bfloat16()
+    got = torch.ops.anatomy.rms_norm(xb, w, 1e-5)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=8e-3, atol=1e-6)
+
+
+@needs_library
+def test_the_engine_views_norms_are_native_and_the_models_are_not():
+    model = llama_tiny()
+    engine = DecoderEngine(model)
+    native_norms = [m for m in engine.model.modules() if isinstance(m, NativeRMSNorm)]
+    assert len(native_norms) == 2 * model.config.n_layers + 1  # two per block and the final norm
+    assert not any(isinstance(m, NativeRMSNorm) for m in model.modules()), "the caller's model is never changed"
+    ids = torch.tensor([[5, 17, 33, 2, 9]])
+    with torch.inference_mode():
+        torch.testing.assert_close(engine.logits(ids), model(ids), rtol=1e-4, atol=1e-4)
+
+
+def test_without_the_library_nothing_is_swapped(monkeypatch):
+    monkeypatch.setattr(native, "loaded", lambda: False)
+    model = llama_tiny()
+    assert swap_norms(model) == 0 and not any(isinstance(m, NativeRMSNorm) for m in model.modules())
+    assert attention.decode_reader(model.config, torch.float32) is None
+
+
+@needs_library
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 40])  # 40: not a multiple of 16, the portable loop
+@pytest.mark.parametrize("rows", [1, 3])
+def test_reading_a_float_cache_equals_sdpa(dtype, d, rows):
+    """GQA (9 query heads over 3 KV heads), a cache of 300 slots (several blocks and a ragged one), a
+    padded row and a decode mask: float32 to 1e-5, bfloat16 to its rounding of the output."""
+    torch.manual_seed(0)
+    B, H, H_kv, T = 2, 9, 3, 300
+    q = torch.randn(B, H, rows, d).to(dtype)
+    k, v = (torch.randn(B, H_kv, T, d).to(dtype) for _ in range(2))
+    mask = torch.zeros(B, 1, rows, T)
+    mask[0, ..., 250:] = float("-inf")
+    mask[1, ..., :9] = float("-inf")
+    got = native.read_cache(q, k, v, mask=mask.to(dtype), scale=1 / math.sqrt(d))
+    want = F.scaled_dot_product_attention(q.double(), k.double().repeat_interleave(3, 1),
+                                          v.double().repeat_interleave(3, 1), attn_mask=mask.double())
+    assert got.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 8e-3
+    torch.testing.assert_close(got.double(), want, rtol=tolerance, atol=tolerance)
+
+
+@needs_library
+@pytest.mark.parametrize("faster", [True, False])
+def test_the_engine_reads_float_caches_natively_only_where_it_measured_faster(monkeypatch, faster):
+    monkeypatch.setattr(attention, "_native_faster", lambda *shape: faster)
+    model = llama_tiny()
+    engine = DecoderEngine(model)
+    readers = {m.reader for m in engine.model.modules() if isinstance(m, Attention)}
+    assert readers == ({native.read_cache} if faster else {None})
+    assert all(m.reader is None for m in model.modules() if isinstance(m, Attention))
+    prompt = [[5, 17, 33, 2, 9, 41]]
+    from anatomy.inference.sampling import SamplingParams
+
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)  # past CAPTURE_AFTER: captured steps too
+    plain = DecoderEngine(model, capture=False)
+    plain._read_float_caches(None)
+    assert [int(t[0]) for t in engine.tokens(prompt, params)] == [int(t[0]) for t in plain.tokens(prompt, params)]
