@@ -27,7 +27,7 @@ ENGINE_OWNER = "(engine)"  # ops of the step outside every module and stage
 
 @dataclass
 class Op:
-    name: str  # the aten name without "aten::"
+    name: str  # the aten name without "aten::" (an anatomy:: operator's without "anatomy::")
     seconds: float
     via: str  # the op in its subtree with the most self time: the kernel that did the work
     events: int  # profiler events in its subtree, itself included
@@ -90,7 +90,8 @@ def _seconds(event) -> float:
 
 
 def _short(name: str) -> str:
-    return name.removeprefix("aten::")
+    """The op's name without its namespace: aten's, or anatomy's own operators (kernels/native)."""
+    return name.removeprefix("aten::").removeprefix("anatomy::")
 
 
 def _count(event) -> int:

@@ -24,7 +24,8 @@ from anatomy.config import ModelConfig
 _BLOCK = re.compile(r"\.blocks\.(\d+)(?=\.|$)")
 # torch call names (the trace) and aten names (the profiler) that are one op under two names
 _SAME = {"split_with_sizes": "split", "select": "getitem", "slice": "getitem", "index": "getitem",
-         "radd": "add", "iadd": "add_", "rmul": "mul", "truediv": "div", "rsub": "sub", "float": "to"}
+         "radd": "add", "iadd": "add_", "rmul": "mul", "truediv": "div", "rsub": "sub", "float": "to",
+         "decode_attention": "scaled_dot_product_attention"}  # anatomy's own operator for the torch call
 
 
 def canonical(path: str) -> tuple[str, int | None]:

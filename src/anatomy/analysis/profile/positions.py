@@ -32,6 +32,7 @@ from anatomy.layers.attention import Attention
 from anatomy.layers.block import Block
 from anatomy.layers.ffn import GLU, MLP
 from anatomy.layers.moe import MoE
+from anatomy.kernels.norm import NativeRMSNorm
 from anatomy.layers.norm import LayerNorm, RMSNorm
 from anatomy.models.context import PositionContext
 from anatomy.models.embedding import Embeddings
@@ -52,7 +53,7 @@ POSITIONS: dict[str, tuple[str, str]] = {
 }
 COMMUNICATION = "engine:communication"  # the range parallel/collectives.py puts every collective in
 KV_WRITES = ("index_copy_", "index_copy", "copy_", "index_put_")
-_NORMS = (LayerNorm, RMSNorm, nn.LayerNorm)
+_NORMS = (LayerNorm, RMSNorm, NativeRMSNorm, nn.LayerNorm)
 _FFNS = (GLU, MLP, MoE)
 
 
