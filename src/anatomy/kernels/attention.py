@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from anatomy.config import ModelConfig
 from anatomy.kernels import native
+from anatomy.layers.attention import READABLE
 
 SLOTS = 256  # the cache length timed (the engine's BUCKET: the shortest cache a captured step sees)
 CALLS = 30
@@ -27,7 +28,7 @@ CALLS = 30
 
 def decode_reader(config: ModelConfig, dtype: torch.dtype):
     """native.read_cache where it measures faster than SDPA on this model's decode shape, else None."""
-    if not native.loaded() or dtype not in (torch.float32, torch.bfloat16):
+    if not native.loaded() or dtype not in READABLE:
         return None
     if _native_faster(config.n_heads, config.n_kv_heads, config.head_dim, dtype):
         return native.read_cache
