@@ -95,6 +95,7 @@ def test_lm_eval_generate_until_through_chat_completions(server, hf_dir, lm_eval
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
 def test_guidellm_runs_with_the_servers_token_counts(server, hf_dir, tmp_path, route):
     before = server.metric("anatomy_generation_tokens_total")
+    finished = server.metric("anatomy_requests_finished_total", reason="length")
     out = tmp_path / "guidellm.json"
     command = [str(Path(sys.executable).parent / "guidellm"), "run",
                "--backend", f"kind=openai_http,target={server.url},model={hf_dir},request_format={route}",
@@ -105,7 +106,11 @@ def test_guidellm_runs_with_the_servers_token_counts(server, hf_dir, tmp_path, r
     run = subprocess.run(command, capture_output=True, text=True, timeout=300, env={"HF_HUB_OFFLINE": "1", **os.environ})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     requests = json.loads(out.read_text())["benchmarks"][0]["requests"]
-    assert not requests["errored"] and not requests["incomplete"] and len(requests["successful"]) >= 4
+    # guidellm 0.8.1 may drop the last request of its budget unsent when the constraint ends the run
+    # (a request cancelled before it started is reported nowhere): every request the server answered is
+    # one of guidellm's successful ones, and at least the first round of both streams was sent
+    assert not requests["errored"] and not requests["incomplete"] and len(requests["successful"]) >= 2
+    assert server.metric("anatomy_requests_finished_total", reason="length") - finished == len(requests["successful"])
     for r in requests["successful"]:
         body = json.loads(r["request_args"])["body"]
         assert body["stream_options"]["continuous_usage_stats"] is True
