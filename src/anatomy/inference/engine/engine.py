@@ -40,7 +40,8 @@ from anatomy.inference.sampling import SamplingParams
 from anatomy.kernels import native
 from anatomy.kernels.attention import decode_reader
 from anatomy.layers.attention import Attention
-from anatomy.kernels.planning import branch_dtype, decode_weight_bytes, kernel_summary, plan_view
+from anatomy.kernels.decode_block import fuse_blocks
+from anatomy.kernels.planning import branch_dtype, decode_weight_bytes, kernel_summary, linear_layers, plan_view
 from anatomy.kv_format import parse_kv_dtype
 
 BUCKET = 256  # a compiled or captured step is specialised to its cache length: round it up so few sizes occur
@@ -55,14 +56,19 @@ class DecoderEngine:
     ("sdpa" or "eager") sets the backend of the view's attention layers (default: the model's).
     `kv_dtype` is what the KV caches hold: None (the branches' dtype), "f32", "f16", "bf16", or 8-bit
     codes with a scale per token and head, "int8", "fp8_e4m3", "fp8_e5m2" (anatomy/kv_format.py).
+    `native_blocks=True` runs each LLaMA-style block of a decode step as one native operator where it
+    measures faster (kernels/decode_block.py; off by default until it is measured across machines).
     """
 
     def __init__(self, model: nn.Module, *, compile: bool = False, capture: bool = True, plan_cache: bool = True,
-                 attention: str | None = None, kv_dtype: str | None = None) -> None:
+                 attention: str | None = None, kv_dtype: str | None = None, native_blocks: bool = False) -> None:
         if not getattr(getattr(model, "config", None), "is_decoder", False):
             raise InputError(f"DecoderEngine needs a decoder-only anatomy model, got {type(model).__name__}")
         self.model = engine_view(model, attention=attention, native_norms=not compile)
+        formats = {name: fmt for name, (fmt, _) in linear_layers(self.model).items()}
         self.plan = plan_view(self.model, compile=compile, cache=plan_cache)
+        # each decode step's block as one native operator (kernels/decode_block.py): opt-in while it is measured
+        self.native_blocks = fuse_blocks(self.model, self.plan, formats) if native_blocks and not compile else 0
         self.branch_dtype = branch_dtype(self.plan, self.dtype)  # RoPE and attention compute in it
         kv = parse_kv_dtype(kv_dtype) or dtypes.name_of(self.branch_dtype)
         self.kv_dtype = kv  # what the caches hold (a name: f32, bf16, int8, ...)

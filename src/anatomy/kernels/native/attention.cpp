@@ -12,6 +12,10 @@
 //
 // 8-bit codes decode through a table of their 256 values (`lut`: int8 -> its integer, fp8 -> its
 // float), times the token's scale: value = lut[code] * scale[b, h, t].
+//
+// A paged cache is read in place through its block tables: with `tables` [B, nb], k and v are the
+// pools [N, bs, H, d] (scales [N, bs, H]) and slot t of row b lives in block tables[b, t / bs], slot
+// t % bs; T = nb * bs. No gathered copy of the rows' keys and values is made.
 
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -26,6 +30,8 @@
 #include <limits>
 #include <vector>
 
+#include "native.h"
+
 namespace {
 
 constexpr int64_t KEYS = 64;       // slots turned into floats at a time
@@ -35,11 +41,19 @@ enum Kind { F32 = 0, BF16 = 1, CODES = 2 };
 
 struct Cache {
   const void* data;
-  int64_t sb, sh, st;  // strides of [B, H, T, d] in elements (d is contiguous)
+  int64_t sb, sh, st;  // strides of [B, H, T, d] in elements (d is contiguous); paged: of block, head, slot
   const float* scale;  // [B, H, T] as float32 (8-bit codes only), strides below
   int64_t ssb, ssh, sst;
   Kind kind;
+  const int64_t* table = nullptr;  // paged: [B, nb] block ids, blocks of bs slots
+  int64_t nb = 0, bs = 0;
 };
+
+// where (b, h, t) starts, in elements of the data (scale: of the scales)
+inline int64_t offset(const Cache& c, int64_t b, int64_t h, int64_t t, int64_t sb, int64_t sh, int64_t st) {
+  if (c.table == nullptr) return b * sb + h * sh + t * st;
+  return c.table[b * c.nb + t / c.bs] * sb + h * sh + (t % c.bs) * st;
+}
 
 inline float bf16_to_float(uint16_t x) {
   uint32_t bits = static_cast<uint32_t>(x) << 16;
@@ -52,7 +66,7 @@ inline float bf16_to_float(uint16_t x) {
 inline __attribute__((always_inline)) void decode_rows(const Cache& c, const float* lut, int64_t b, int64_t h,
                                                        int64_t t0, int64_t n, int64_t d, float* out) {
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t at = b * c.sb + h * c.sh + (t0 + i) * c.st;
+    const int64_t at = offset(c, b, h, t0 + i, c.sb, c.sh, c.st);
     float* row = out + i * d;
     if (c.kind == F32) {
       std::memcpy(row, static_cast<const float*>(c.data) + at, d * sizeof(float));
@@ -62,7 +76,7 @@ inline __attribute__((always_inline)) void decode_rows(const Cache& c, const flo
       for (int64_t j = 0; j < d; ++j) row[j] = bf16_to_float(src[j]);
     } else {
       const uint8_t* src = static_cast<const uint8_t*>(c.data) + at;
-      const float s = c.scale[b * c.ssb + h * c.ssh + (t0 + i) * c.sst];
+      const float s = c.scale[offset(c, b, h, t0 + i, c.ssb, c.ssh, c.sst)];
       for (int64_t j = 0; j < d; ++j) row[j] = lut[src[j]] * s;
     }
   }
@@ -231,29 +245,52 @@ bool has_avx512() {
   return ok;
 }
 
-Cache cache_of(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& scale_f32) {
-  TORCH_CHECK(x.dim() == 4 && x.stride(3) == 1, "anatomy::decode_attention: k and v must be [B, H, T, d] with d contiguous");
+// k or v as the attention reads it: [B, H, T, d], or a paged pool [N, bs, H, d] read through tables
+Cache cache_of(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& scale_f32, const at::Tensor& tables) {
+  TORCH_CHECK(x.dim() == 4 && x.stride(3) == 1, "anatomy::decode_attention: k and v must be [B, H, T, d] (paged: "
+              "[N, bs, H, d]) with d contiguous");
   Kind kind = x.scalar_type() == at::kFloat ? F32 : x.scalar_type() == at::kBFloat16 ? BF16 : CODES;
   TORCH_CHECK(kind != CODES || x.element_size() == 1, "anatomy::decode_attention: k and v must be float32, "
               "bfloat16 or 8-bit codes (their bytes are looked up in lut), got ", x.scalar_type());
   TORCH_CHECK(kind != CODES || (scale.defined() && scale.dim() == 3), "anatomy::decode_attention: 8-bit codes need "
-              "their scales [B, H, T]");
-  Cache c{x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), nullptr, 0, 0, 0, kind};
+              "their scales [B, H, T] (paged: [N, bs, H])");
+  const bool paged = tables.defined();
+  const int h = paged ? 2 : 1, t = paged ? 1 : 2;  // which dims are the heads' and the slots'
+  Cache c{x.data_ptr(), x.stride(0), x.stride(h), x.stride(t), nullptr, 0, 0, 0, kind};
   if (kind == CODES) {
     c.scale = scale_f32.data_ptr<float>();
-    c.ssb = scale_f32.stride(0), c.ssh = scale_f32.stride(1), c.sst = scale_f32.stride(2);
+    c.ssb = scale_f32.stride(0), c.ssh = scale_f32.stride(h), c.sst = scale_f32.stride(t);
   }
+  if (paged) c.table = tables.data_ptr<int64_t>(), c.nb = tables.size(1), c.bs = x.size(1);
   return c;
 }
+
+}  // namespace
+
+namespace anatomy {
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
                             const c10::optional<at::Tensor>& mask, const c10::optional<at::Tensor>& lut,
-                            double scale, bool portable) {
+                            double scale, bool portable, const c10::optional<at::Tensor>& tables) {
   TORCH_CHECK(q.dim() == 4, "anatomy::decode_attention: q must be [B, H, R, d]");
-  const int64_t B = q.size(0), H = q.size(1), R = q.size(2), d = q.size(3), T = k.size(2);
-  TORCH_CHECK(k.size(0) == B && k.size(1) == H && k.size(3) == d && v.sizes() == k.sizes(),
-              "anatomy::decode_attention: k and v must be [B, H, T, d] of q's B, H and d");
+  const int64_t B = q.size(0), H = q.size(1), R = q.size(2), d = q.size(3);
+  at::Tensor blocks;
+  if (tables.has_value()) {
+    TORCH_CHECK(tables->dim() == 2 && tables->size(0) == B && tables->scalar_type() == at::kLong,
+                "anatomy::decode_attention: tables must be int64 [B, nb]");
+    TORCH_CHECK(k.dim() == 4 && k.size(2) == H && k.size(3) == d && v.sizes() == k.sizes(),
+                "anatomy::decode_attention: paged k and v must be pools [N, bs, H, d] of q's H and d");
+    blocks = tables->contiguous();
+    const int64_t* ids = blocks.data_ptr<int64_t>();
+    for (int64_t i = 0; i < blocks.numel(); ++i)
+      TORCH_CHECK(ids[i] >= 0 && ids[i] < k.size(0), "anatomy::decode_attention: block id ", ids[i],
+                  " of tables is outside the pool's ", k.size(0), " blocks");
+  } else {
+    TORCH_CHECK(k.dim() == 4 && k.size(0) == B && k.size(1) == H && k.size(3) == d && v.sizes() == k.sizes(),
+                "anatomy::decode_attention: k and v must be [B, H, T, d] of q's B, H and d");
+  }
+  const int64_t T = tables.has_value() ? blocks.size(1) * k.size(1) : k.size(2);
   TORCH_CHECK(d <= MAX_DIM, "anatomy::decode_attention: head dim ", d, " > ", MAX_DIM);
   at::Tensor qf = q.to(at::kFloat).contiguous();
   at::Tensor ks = k_scale.has_value() ? k_scale->to(at::kFloat) : at::Tensor();
@@ -267,8 +304,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
                 "anatomy::decode_attention: mask must be [B|1, 1, R|1, T]");
     m = mask->to(at::kFloat).expand({mask->size(0), 1, R, T}).contiguous();
   }
-  Job job{qf.data_ptr<float>(), B, H, R, T, d, cache_of(k, k_scale.value_or(at::Tensor()), ks),
-          cache_of(v, v_scale.value_or(at::Tensor()), vs), table.defined() ? table.data_ptr<float>() : nullptr,
+  Job job{qf.data_ptr<float>(), B, H, R, T, d, cache_of(k, k_scale.value_or(at::Tensor()), ks, blocks),
+          cache_of(v, v_scale.value_or(at::Tensor()), vs, blocks), table.defined() ? table.data_ptr<float>() : nullptr,
           m.defined() ? m.data_ptr<float>() : nullptr, m.defined() && m.size(0) > 1 ? R * T : 0, T, 1,
           static_cast<float>(scale), 1};
   const int64_t threads = at::get_num_threads();
@@ -288,11 +325,11 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out.to(q.scalar_type());
 }
 
-}  // namespace
+}  // namespace anatomy
 
 TORCH_LIBRARY_FRAGMENT(anatomy, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? k_scale, Tensor? v_scale, Tensor? mask, "
-        "Tensor? lut, float scale, bool portable=False) -> Tensor");
+        "Tensor? lut, float scale, bool portable=False, Tensor? tables=None) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(anatomy, CPU, m) { m.impl("decode_attention", decode_attention); }
+TORCH_LIBRARY_IMPL(anatomy, CPU, m) { m.impl("decode_attention", anatomy::decode_attention); }

@@ -1,5 +1,5 @@
-"""Build anatomy's native kernels (gemv.cpp, exact.cpp, attention.cpp, norm.cpp) into a shared library that
-`torch.ops.load_library` loads.
+"""Build anatomy's native kernels (gemv.cpp, exact.cpp, attention.cpp, norm.cpp, block.cpp; native.h) into
+a shared library that `torch.ops.load_library` loads.
 
     python -m anatomy.kernels.native.build       (what `make` runs; ~30 s on 2 cores, once per source
                                                   and torch version)
@@ -20,7 +20,8 @@ import sysconfig
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "gemv.cpp", HERE / "exact.cpp", HERE / "attention.cpp", HERE / "norm.cpp")
+SOURCES = (HERE / "gemv.cpp", HERE / "exact.cpp", HERE / "attention.cpp", HERE / "norm.cpp", HERE / "block.cpp")
+HEADERS = (HERE / "native.h",)
 FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-D_GLIBCXX_USE_CXX11_ABI=1", "-DTORCH_API_INCLUDE_EXTENSION_H"]
 
 
@@ -28,7 +29,7 @@ def library_path() -> Path:
     """Where the library of this source, torch version and flags lives (built or not)."""
     import torch
 
-    text = b"".join(source.read_bytes() for source in SOURCES)
+    text = b"".join(source.read_bytes() for source in SOURCES + HEADERS)
     digest = hashlib.sha256(text + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()
     return HERE / "_build" / f"anatomy_kernels-{digest[:16]}.so"
 

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "native.h"
+
 namespace {
 
 constexpr int64_t PAIR = 64;
@@ -178,13 +180,17 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
+bool fast_float() { return has_avx512(); }
+
+}  // namespace
+
+namespace anatomy {
+
 at::Tensor q4f_linear(const at::Tensor& x, const at::Tensor& w, bool portable) { return linear<true>(x, w, portable); }
 
 at::Tensor q8f_linear(const at::Tensor& x, const at::Tensor& w, bool portable) { return linear<false>(x, w, portable); }
 
-bool fast_float() { return has_avx512(); }
-
-}  // namespace
+}  // namespace anatomy
 
 TORCH_LIBRARY_FRAGMENT(anatomy, m) {
   m.def("q4f_linear(Tensor x, Tensor weight, bool portable=False) -> Tensor");
@@ -193,8 +199,8 @@ TORCH_LIBRARY_FRAGMENT(anatomy, m) {
 }
 
 TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
-  m.impl("q4f_linear", q4f_linear);
-  m.impl("q8f_linear", q8f_linear);
+  m.impl("q4f_linear", anatomy::q4f_linear);
+  m.impl("q8f_linear", anatomy::q8f_linear);
 }
 
 TORCH_LIBRARY_IMPL(anatomy, CompositeExplicitAutograd, m) { m.impl("avx512", fast_float); }

@@ -28,6 +28,8 @@
 #include <cstring>
 #include <vector>
 
+#include "native.h"
+
 namespace {
 
 constexpr int64_t G = 32;        // inputs per group
@@ -165,6 +167,9 @@ void q4_rows_avx512(const Quantized& a, const Lanes& l, int64_t K, const uint8_t
 // dots, the min terms), so that 2 * UNROLL independent FMA chains hide the FMA latency that one row's
 // chain (two dependent FMAs per 64 weights) is bound by; x's codes and lanes are loaded once for them.
 constexpr int UNROLL = 4;
+// The weights stream from memory once per step, a few hundred KB per matrix: the hardware prefetcher
+// alone leaves each new matrix latency-bound, so the loop asks for the bytes this far ahead itself
+constexpr int64_t AHEAD = 8192;
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
 void q4_row_avx512(const Quantized& a, const Lanes& l, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
@@ -183,6 +188,7 @@ void q4_row_avx512(const Quantized& a, const Lanes& l, int64_t K, const uint8_t*
       const __m512 sm = _mm512_loadu_ps(l.sum.data() + p * 16);
       for (int u = 0; u < UNROLL; ++u) {
         const uint8_t* block = w + ((n + u) * pairs + p) * Q4_BLOCK;
+        _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD, _MM_HINT_T0);
         const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 8));
         const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(packed, low)),
                                                  _mm256_and_si256(_mm256_srli_epi16(packed, 4), low), 1);
@@ -303,6 +309,10 @@ at::Tensor in_chunks(const at::Tensor& x, const at::Tensor& w, bool portable, Op
   return at::cat(parts);
 }
 
+}  // namespace
+
+namespace anatomy {
+
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   if (x.dim() == 2 && x.size(0) > MAX_ROWS) return in_chunks(x, w, portable, q4_linear);
   check(x, w, Q4_BLOCK, "anatomy::q4_linear");
@@ -331,6 +341,10 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
          : q8_rows_portable(a, M, K, weights, n0, n1, y, N);
   });
 }
+
+}  // namespace anatomy
+
+namespace {
 
 // -- building the layouts from a format's tensors ---------------------------------------------------
 
@@ -400,8 +414,8 @@ TORCH_LIBRARY(anatomy, m) {
 }
 
 TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
-  m.impl("q4_linear", q4_linear);
-  m.impl("q8_linear", q8_linear);
+  m.impl("q4_linear", anatomy::q4_linear);
+  m.impl("q8_linear", anatomy::q8_linear);
   m.impl("pack_q4", pack_q4);
   m.impl("pack_q8", pack_q8);
 }

@@ -1,0 +1,174 @@
+"""A decode step's blocks as one native operator each (kernels/native/block.cpp).
+
+    fuse_blocks(view, plan, formats)   each LLaMA-style block of the engine's view becomes a NativeBlock,
+                                       when the native library runs here and measures faster
+
+A decode step of a small model is bound by the host: SmolLM2-135M's block runs ~35 torch operators
+around its four products (norms, RoPE, the cache write, GQA views, SwiGLU, residual adds, the casts to
+and from the kernels' dtypes), each a few microseconds of dispatch for a few hundred floats of work.
+`anatomy::decode_block` does the same arithmetic in one call: the four products through anatomy's
+own kernels on their native layouts (the layer's q4/q8 layout when the plan already holds one, built
+from its format otherwise), everything between them a loop over the rows in float32.
+
+    NativeBlock(x [B, 1, D], ctx, cache)  a decode step (one new token per row, RoPE, no ALiBi, a float
+                                          static or paged cache): one operator -> [B, 1, D]
+                                          anything else (prefill, a span, 8-bit caches, attention weights
+                                          asked for): the block as it is
+
+A product quantizes its input to int8 per group of 32 (VNNI, q4x/q8x) where the plan's accuracy check
+passed that kernel for the layer, and reads it as float32 (q4f/q8f) otherwise. Only blocks the
+operator covers exactly are swapped: pre-norm, RMSNorm, one fused QKV projection with full-width
+RoPE, SwiGLU, no biases, no QK norm, no soft cap, no sliding window, no experts.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from anatomy.kernels import native
+from anatomy.kernels.candidates import KERNELS_BY_NAME
+from anatomy.kernels.norm import NativeRMSNorm
+from anatomy.kernels.planned_linear import PlannedLinear
+from anatomy.kernels.record import KernelPlan, by_kernel
+from anatomy.layers.block import Block
+from anatomy.layers.context import Context
+from anatomy.layers.ffn import GLU
+from anatomy.layers.norm import RMSNorm
+from anatomy.weights.formats import WeightFormat
+
+LINEARS = ("attn.qkv", "attn.out", "ffn.gate_up", "ffn.down")  # in the operator's order
+INT8_KERNELS = ("q4x", "q8x")  # int8 activations on each native layout (the float ones, q4f/q8f, share it)
+CACHE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+class NativeBlock(Block):
+    """A Block whose decode steps run as anatomy::decode_block; every other pass runs as the Block it
+    was made from (whose modules, under the same names, and settings it takes over)."""
+
+    def __init__(self, block: Block, weights: list[Tensor], int8: int) -> None:
+        nn.Module.__init__(self)
+        for name, child in block.named_children():
+            self.add_module(name, child)
+        vars(self).update({k: v for k, v in vars(block).items() if not k.startswith("_")})
+        self.weights, self.int8 = weights, int8  # the four products' native layouts; bit i: product i in int8
+        attn = self.attn
+        self.n_heads, self.head_dim = attn.n_heads, attn.head_dim
+        self.scale = attn.scale if attn.scale is not None else attn.head_dim ** -0.5
+        self.norms = (self.attn_norm.weight, self.ffn_norm.weight)
+        self.eps = self.attn_norm.eps
+
+    def forward(self, x: Tensor, ctx: Context = Context(), *, cache=None, memory_kv=None, weights=None) -> Tensor:
+        step = self._step(x, ctx, cache) if weights is None else None
+        if step is None:
+            return super().forward(x, ctx, cache=cache, memory_kv=memory_kv, weights=weights)
+        k, v, where, tables = step
+        B = x.shape[0]
+        cos, sin = (t.expand(B, 1, 1, self.head_dim).reshape(B, self.head_dim) for t in ctx.rope)
+        out = torch.ops.anatomy.decode_block(x.reshape(B, -1), *self.norms, self.eps, *self.weights, self.int8, cos, sin,
+                                             k, v, ctx.mask, where, tables, self.n_heads, self.scale)
+        return out.view(B, 1, -1)
+
+    def _step(self, x: Tensor, ctx: Context, cache) -> tuple | None:
+        """(k, v, where, tables) of a decode step the operator computes; None for any other pass."""
+        if x.shape[1] != 1 or x.dtype != torch.float32 or ctx.rope is None or ctx.bias is not None:
+            return None
+        if ctx.rope[0].shape[-1] != self.head_dim:  # partial rotary
+            return None
+        pool = getattr(cache, "pool", None)
+        if pool is not None:  # a paged cache's layer (inference/engine/paged.py)
+            if pool.kind is not None or pool.k.dtype not in CACHE_DTYPES or cache.where.new != 1:
+                return None
+            where = cache.where
+            return pool.k, pool.v, where.slots, where.tables.view(where.rows, where.blocks)
+        k = getattr(cache, "k", None)  # a static cache's layer (inference/engine/kv_cache.py)
+        if k is None or cache.kind is not None or k.dtype not in CACHE_DTYPES or ctx.input_pos is None \
+                or ctx.input_pos.numel() != 1:
+            return None
+        return cache.k, cache.v, ctx.input_pos, None
+
+
+def fusable(block: nn.Module) -> bool:
+    """Does anatomy::decode_block compute exactly what this block computes in a decode step?"""
+    if not isinstance(block, Block) or not block.pre_norm or block.moe or block.cross_attn is not None:
+        return False
+    if block.attn_out_norm is not None or block.ffn_out_norm is not None or block.window is not None:
+        return False
+    norms = (block.attn_norm, block.ffn_norm)
+    if not all(isinstance(n, NativeRMSNorm) or (isinstance(n, RMSNorm) and not n.unit_offset) for n in norms):
+        return False
+    attn, ffn = block.attn, block.ffn
+    if attn.q_norm is not None or attn.softcap is not None or attn.head_dim % 16 or attn.head_dim > 256:
+        return False
+    if not isinstance(ffn, GLU) or ffn.act is not F.silu:
+        return False
+    return all(isinstance(m := block.get_submodule(n), PlannedLinear) and m.bias is None for n in LINEARS)
+
+
+def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan, name: str) -> tuple[Tensor, bool] | None:
+    """(the layer's native layout, whether its product may take int8 activations), or None when the
+    format has no native layout."""
+    for int8_kernel in INT8_KERNELS:
+        form = KERNELS_BY_NAME[int8_kernel].form
+        if form.accepts(fmt):
+            prepared = layer.layouts.get(form.name) or form.build(fmt)
+            measured = by_kernel(plan.for_layer(name).measurements.get("decode", [])).get(int8_kernel)
+            int8 = measured is not None and measured.error is not None and measured.error <= plan.threshold
+            return prepared[0], int8
+    return None
+
+
+def native_block(name: str, block: Block, plan: KernelPlan, formats: dict[str, WeightFormat]) -> NativeBlock | None:
+    weights, int8 = [], 0
+    for i, linear in enumerate(LINEARS):
+        layer_name = f"{name}.{linear}.weight"
+        found = native_weight(block.get_submodule(linear), formats[layer_name], plan, layer_name)
+        if found is None:
+            return None
+        weights.append(found[0])
+        int8 |= found[1] << i
+    return NativeBlock(block, weights, int8)
+
+
+def fuse_blocks(view: nn.Module, plan: KernelPlan | None, formats: dict[str, WeightFormat]) -> int:
+    """Swap the view's blocks for NativeBlocks where the operator covers them and measures faster than
+    the block on a one-row decode step here; how many were swapped."""
+    if plan is None or not native.available():
+        return 0
+    blocks = view.stack.blocks
+    swapped = {i: b for i, block in enumerate(blocks) if fusable(block)
+               and (b := native_block(f"stack.blocks.{i}", block, plan, formats)) is not None}
+    first = next(iter(swapped), None)
+    if first is None or not faster(blocks[first], swapped[first], view):
+        return 0
+    for i, b in swapped.items():
+        blocks[i] = b
+    return len(swapped)
+
+
+@torch.inference_mode()
+def faster(block: Block, fused: NativeBlock, view: nn.Module, *, slots: int = 256, rounds: int = 5,
+           calls: int = 20) -> bool:
+    """Is the operator faster than the block it stands for, on one row over a cache of `slots`? Timed
+    in alternating rounds (the fastest round of each), the block's own tensors and a scratch cache."""
+    from anatomy.inference.engine.kv_cache import LayerKVCache
+    from anatomy.models.context import ContextTables
+
+    config = view.config
+    dtype = block.attn.qkv.dtype
+    cache = LayerKVCache(batch=1, n_kv_heads=config.n_kv_heads, max_len=slots, head_dim=config.head_dim,
+                         dtype=dtype if dtype in CACHE_DTYPES else torch.float32)
+    pos = torch.tensor([slots // 2])
+    ctx = ContextTables(view.stack.context, length=slots, dtype=dtype).build(pos[None], q_slots=pos, input_pos=pos)
+    x = torch.randn(1, 1, config.d_model)
+    best = {}
+    for _ in range(rounds):
+        for name, module in (("block", block), ("fused", fused)):
+            start = time.perf_counter()
+            for _ in range(calls):
+                module(x, ctx, cache=cache)
+            best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
+    return best["fused"] < best["block"]

@@ -1,0 +1,163 @@
+// One pre-norm LLaMA-style decoder block of a decode step as one operator: what ~35 torch operators
+// (and the interpreter between them) do per block, with the same products, in one call.
+//
+//   x [B, D] float32, one new token per row
+//   h = rms_norm(x) * attn_norm                   qkv = h @ Wqkv^T        [B, (H + 2 H_kv) d]
+//   q, k rotated (RoPE, rotate-half pairs i and i + d/2, cos/sin [B, d]); k, v written to the cache
+//   a = softmax(q k^T * scale + mask) v over the row's cache slots (decode_attention, GQA folded)
+//   x = x + a @ Wo^T
+//   h = rms_norm(x) * ffn_norm                    g, u = h @ Wgate_up^T   [B, 2F]
+//   x = x + (silu(g) * u) @ Wdown^T
+//
+// The four weights are in the native layouts (q4: 40 bytes per 64 weights, q8: 72; gemv.cpp); bit i of
+// `int8_activations` makes product i quantize its input to int8 per group of 32 (q4_linear / q8_linear,
+// VNNI) instead of reading it as float (q4f_linear / q8f_linear). The cache is float32 or bfloat16:
+//   static  k, v [B, H_kv, T, d]; `where` = input_pos [1]: every row writes slot input_pos[0]
+//   paged   k, v pools [N, bs, H_kv, d]; `where` = slots [B] (block * bs + offset), tables [B, nb]
+// Norms, RoPE, SwiGLU and the residual adds are loops over the rows in float32.
+
+#include <torch/library.h>
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "native.h"
+
+namespace {
+
+constexpr int64_t PAIR = 64;  // inputs per stored block of the native layouts
+constexpr int64_t Q4_BLOCK = 40, Q8_BLOCK = 72;
+
+at::Tensor product(const at::Tensor& x, const at::Tensor& w, bool int8) {
+  TORCH_CHECK(w.dim() == 2 && x.size(1) % PAIR == 0, "anatomy::decode_block: a weight is not [N, K/64 * bytes]");
+  const int64_t per = w.size(1) / (x.size(1) / PAIR);
+  if (per == Q4_BLOCK) return int8 ? anatomy::q4_linear(x, w, false) : anatomy::q4f_linear(x, w, false);
+  TORCH_CHECK(per == Q8_BLOCK, "anatomy::decode_block: a weight has ", w.size(1), " bytes a row for K = ", x.size(1),
+              ", neither the q4 nor the q8 layout");
+  return int8 ? anatomy::q8_linear(x, w, false) : anatomy::q8f_linear(x, w, false);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, float eps) {
+  const int64_t B = x.size(0), D = x.size(1);
+  TORCH_CHECK(weight.numel() == D, "anatomy::decode_block: a norm's weight is not [", D, "]");
+  at::Tensor w = weight.to(at::kFloat).contiguous();
+  at::Tensor y = at::empty_like(x);
+  const float *xs = x.data_ptr<float>(), *ws = w.data_ptr<float>();
+  float* ys = y.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b) {
+    float total = 0.f;
+    for (int64_t j = 0; j < D; ++j) total += xs[b * D + j] * xs[b * D + j];
+    const float inv = 1.f / std::sqrt(total / static_cast<float>(D) + eps);
+    for (int64_t j = 0; j < D; ++j) ys[b * D + j] = xs[b * D + j] * inv * ws[j];
+  }
+  return y;
+}
+
+// heads [n, d] of one row rotated in place by cos/sin [d]
+void rope(float* heads, int64_t n, int64_t d, const float* c, const float* s) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < n; ++i) {
+    float* x = heads + i * d;
+    for (int64_t j = 0; j < half; ++j) {
+      const float x1 = x[j], x2 = x[j + half];
+      x[j] = x1 * c[j] - x2 * s[j];
+      x[j + half] = x2 * c[j + half] + x1 * s[j + half];
+    }
+  }
+}
+
+template <typename T>
+void store(const float* src, T* dst, int64_t d) {
+  for (int64_t j = 0; j < d; ++j) dst[j] = static_cast<T>(src[j]);
+}
+
+// the new k and v heads [H_kv, d] of row b into the cache at its slot
+void write_kv(const at::Tensor& cache, const float* heads, int64_t b, int64_t H_kv, int64_t d, const at::Tensor& where,
+              bool paged) {
+  int64_t at0, sh;
+  if (paged) {  // pool [N, bs, H_kv, d]
+    const int64_t slot = where.data_ptr<int64_t>()[b], bs = cache.size(1);
+    TORCH_CHECK(slot >= 0 && slot < cache.size(0) * bs, "anatomy::decode_block: slot ", slot, " outside the pool");
+    at0 = (slot / bs) * cache.stride(0) + (slot % bs) * cache.stride(1), sh = cache.stride(2);
+  } else {  // [B, H_kv, T, d]
+    const int64_t pos = where.data_ptr<int64_t>()[0];
+    TORCH_CHECK(pos >= 0 && pos < cache.size(2), "anatomy::decode_block: input_pos ", pos, " outside the cache");
+    at0 = b * cache.stride(0) + pos * cache.stride(2), sh = cache.stride(1);
+  }
+  for (int64_t h = 0; h < H_kv; ++h) {
+    if (cache.scalar_type() == at::kFloat)
+      store(heads + h * d, cache.data_ptr<float>() + at0 + h * sh, d);
+    else
+      store(heads + h * d, cache.data_ptr<c10::BFloat16>() + at0 + h * sh, d);
+  }
+}
+
+}  // namespace
+
+namespace anatomy {
+
+at::Tensor decode_block(const at::Tensor& x, const at::Tensor& attn_norm, const at::Tensor& ffn_norm, double eps,
+                        const at::Tensor& w_qkv, const at::Tensor& w_out, const at::Tensor& w_gate_up,
+                        const at::Tensor& w_down, int64_t int8_activations, const at::Tensor& cos, const at::Tensor& sin,
+                        const at::Tensor& k_cache, const at::Tensor& v_cache, const c10::optional<at::Tensor>& mask,
+                        const at::Tensor& where, const c10::optional<at::Tensor>& tables, int64_t n_heads,
+                        double scale) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "anatomy::decode_block: x must be float32 [B, D]");
+  const bool paged = tables.has_value();
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() && k_cache.stride(3) == 1 &&
+              v_cache.stride(3) == 1 && k_cache.scalar_type() == v_cache.scalar_type() &&
+              (k_cache.scalar_type() == at::kFloat || k_cache.scalar_type() == at::kBFloat16),
+              "anatomy::decode_block: k and v must be float32 or bfloat16 caches of one shape, d contiguous");
+  TORCH_CHECK(where.scalar_type() == at::kLong && where.is_contiguous() && where.numel() == (paged ? x.size(0) : 1),
+              "anatomy::decode_block: where must be int64: input_pos [1] (static) or slots [B] (paged)");
+  const int64_t B = x.size(0), D = x.size(1), H = n_heads, d = k_cache.size(3);
+  const int64_t H_kv = paged ? k_cache.size(2) : k_cache.size(1);
+  TORCH_CHECK(H % H_kv == 0 && cos.numel() == B * d && sin.numel() == B * d,
+              "anatomy::decode_block: heads ", H, " / ", H_kv, " or RoPE tables not [B, d]");
+  at::Tensor xs = x.contiguous();
+  const float e = static_cast<float>(eps);
+
+  at::Tensor qkv = product(rms_norm(xs, attn_norm, e), w_qkv, int8_activations & 1);  // [B, (H + 2 H_kv) d]
+  TORCH_CHECK(qkv.size(1) == (H + 2 * H_kv) * d, "anatomy::decode_block: Wqkv gives ", qkv.size(1), " outputs, not ",
+              (H + 2 * H_kv) * d);
+  at::Tensor c = cos.to(at::kFloat).contiguous(), s = sin.to(at::kFloat).contiguous();
+  float* rows = qkv.data_ptr<float>();
+  const int64_t width = qkv.size(1);
+  for (int64_t b = 0; b < B; ++b) {
+    float* row = rows + b * width;
+    rope(row, H + H_kv, d, c.data_ptr<float>() + b * d, s.data_ptr<float>() + b * d);
+    write_kv(k_cache, row + H * d, b, H_kv, d, where, paged);
+    write_kv(v_cache, row + (H + H_kv) * d, b, H_kv, d, where, paged);
+  }
+  at::Tensor q = qkv.narrow(1, 0, H * d).reshape({B, H_kv, H / H_kv, d});  // the query heads of a KV group as rows
+  at::Tensor a = decode_attention(q, k_cache, v_cache, c10::nullopt, c10::nullopt, mask, c10::nullopt, scale, false,
+                                  tables);
+  at::Tensor h = product(a.reshape({B, H * d}), w_out, int8_activations & 2);  // [B, D]
+  TORCH_CHECK(h.size(1) == D, "anatomy::decode_block: Wo gives ", h.size(1), " outputs, not D = ", D);
+  h.add_(xs);  // x after attention
+
+  at::Tensor gu = product(rms_norm(h, ffn_norm, e), w_gate_up, int8_activations & 4);  // [B, 2F]
+  const int64_t F = gu.size(1) / 2;
+  at::Tensor act = at::empty({B, F}, gu.options());
+  const float* g = gu.data_ptr<float>();
+  float* y = act.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < F; ++j) {
+      const float gate = g[b * 2 * F + j];
+      y[b * F + j] = gate / (1.f + std::exp(-gate)) * g[b * 2 * F + F + j];
+    }
+  at::Tensor out = product(act, w_down, int8_activations & 8);  // [B, D]
+  TORCH_CHECK(out.size(1) == D, "anatomy::decode_block: Wdown gives ", out.size(1), " outputs, not D = ", D);
+  return out.add_(h);
+}
+
+}  // namespace anatomy
+
+TORCH_LIBRARY_FRAGMENT(anatomy, m) {
+  m.def("decode_block(Tensor x, Tensor attn_norm, Tensor ffn_norm, float eps, Tensor w_qkv, Tensor w_out, "
+        "Tensor w_gate_up, Tensor w_down, int int8_activations, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
+        "Tensor(b!) v_cache, Tensor? mask, Tensor where, Tensor? tables, int n_heads, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(anatomy, CPU, m) { m.impl("decode_block", anatomy::decode_block); }

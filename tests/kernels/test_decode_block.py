@@ -1,0 +1,62 @@
+"""anatomy::decode_block (kernels/native/block.cpp) against the block it stands for, and the decode
+attention reading a paged pool through its block tables against the same rows gathered by torch."""
+
+import pytest
+import torch
+
+import anatomy
+from anatomy.inference.engine import Chunk, DecoderEngine
+from anatomy.inference.sampling import SamplingParams
+from anatomy.kernels import native
+from anatomy.kernels.decode_block import NativeBlock, fusable
+
+needs_vnni = pytest.mark.skipif(not native.available(), reason="the native library with AVX-512 VNNI")
+
+
+@pytest.fixture(scope="module")
+def q4_model(smollm2_gguf_path):
+    return anatomy.load(smollm2_gguf_path)  # the file's Q4_1 blocks: the native layouts' formats
+
+
+@pytest.mark.skipif(not native.loaded(), reason="the native library is built by make")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_reads_the_pool_as_the_gathered_rows(dtype):
+    torch.manual_seed(0)
+    N, bs, H_kv, d, B, nb = 12, 16, 3, 64, 2, 4
+    k, v = (torch.randn(N, bs, H_kv, d).to(dtype) for _ in range(2))
+    tables = torch.tensor([[3, 7, 1, 0], [11, 2, 5, 9]])
+    q = torch.randn(B, H_kv, 3, d)
+    mask = torch.zeros(B, 1, 1, nb * bs)
+    mask[1, ..., 50:] = float("-inf")
+    gathered = [x[tables.flatten()].view(B, nb * bs, H_kv, d).transpose(1, 2) for x in (k, v)]  # [B, H_kv, T, d]
+    want = torch.ops.anatomy.decode_attention(q, *gathered, None, None, mask, None, 0.125)
+    got = torch.ops.anatomy.decode_attention(q, k, v, None, None, mask, None, 0.125, tables=tables)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        torch.ops.anatomy.decode_attention(q, k, v, None, None, mask, None, 0.125, tables=tables + N)
+
+
+@needs_vnni
+def test_native_blocks_decode_as_the_blocks_do(q4_model, smollm2_tokenizer):
+    """Greedy tokens of the README's prompt equal the torch blocks' for 32 tokens; over a paged cache the
+    logits of every step agree within 10% of their largest (the operator computes in float32 with int8
+    activations where the plan passed them, the blocks in bfloat16), and so does every token that is
+    not a near-tie."""
+    plain, fused = DecoderEngine(q4_model), DecoderEngine(q4_model, native_blocks=True)
+    if fused.native_blocks == 0:
+        pytest.skip("the operator measured slower than the blocks on this machine")
+    assert all(isinstance(b, NativeBlock) for b in fused.model.stack.blocks)
+    assert not any(isinstance(b, NativeBlock) for b in plain.model.stack.blocks) and fusable(plain.model.stack.blocks[0])
+    prompt = smollm2_tokenizer.encode("What is the capital of France?")
+    params = SamplingParams(max_new_tokens=32)
+    assert [int(t) for t in fused.tokens([prompt], params)] == [int(t) for t in plain.tokens([prompt], params)]
+    caches = [e.paged_cache(num_blocks=16, block_size=16) for e in (plain, fused)]
+    blocks = list(range(16))
+    logits = [e.step(c, [Chunk(prompt, 0, blocks)]) for e, c in zip((plain, fused), caches)]
+    for j in range(40):  # past PAGED_RECORD_AFTER: the captured paged step holds the operator
+        token = int(logits[0].argmax())
+        top = logits[0][0].topk(2).values
+        if top[0] - top[1] > 1.0:  # not a near-tie (the logits differ by ~0.5 of ~25 here)
+            assert token == int(logits[1].argmax())
+        logits = [e.step(c, [Chunk([token], len(prompt) + j, blocks)]) for e, c in zip((plain, fused), caches)]
+        assert (logits[1] - logits[0]).abs().max() < 0.1 * logits[0].abs().max()
