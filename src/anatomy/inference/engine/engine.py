@@ -65,10 +65,10 @@ class DecoderEngine:
         if not getattr(getattr(model, "config", None), "is_decoder", False):
             raise InputError(f"DecoderEngine needs a decoder-only anatomy model, got {type(model).__name__}")
         self.model = engine_view(model, attention=attention, native_norms=not compile)
-        formats = {name: fmt for name, (fmt, _) in linear_layers(self.model).items()}
+        fusing = native_blocks and not compile  # each decode block as one native operator (kernels/decode_block.py)
+        formats = {name: fmt for name, (fmt, _) in linear_layers(self.model).items()} if fusing else {}
         self.plan = plan_view(self.model, compile=compile, cache=plan_cache)
-        # each decode step's block as one native operator (kernels/decode_block.py): opt-in while it is measured
-        self.native_blocks = fuse_blocks(self.model, self.plan, formats) if native_blocks and not compile else 0
+        self.native_blocks = fuse_blocks(self.model, self.plan, formats) if fusing else 0
         self.branch_dtype = branch_dtype(self.plan, self.dtype)  # RoPE and attention compute in it
         kv = parse_kv_dtype(kv_dtype) or dtypes.name_of(self.branch_dtype)
         self.kv_dtype = kv  # what the caches hold (a name: f32, bf16, int8, ...)

@@ -38,22 +38,6 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& w, bool int8) {
   return int8 ? anatomy::q8_linear(x, w, false) : anatomy::q8f_linear(x, w, false);
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, float eps) {
-  const int64_t B = x.size(0), D = x.size(1);
-  TORCH_CHECK(weight.numel() == D, "anatomy::decode_block: a norm's weight is not [", D, "]");
-  at::Tensor w = weight.to(at::kFloat).contiguous();
-  at::Tensor y = at::empty_like(x);
-  const float *xs = x.data_ptr<float>(), *ws = w.data_ptr<float>();
-  float* ys = y.data_ptr<float>();
-  for (int64_t b = 0; b < B; ++b) {
-    float total = 0.f;
-    for (int64_t j = 0; j < D; ++j) total += xs[b * D + j] * xs[b * D + j];
-    const float inv = 1.f / std::sqrt(total / static_cast<float>(D) + eps);
-    for (int64_t j = 0; j < D; ++j) ys[b * D + j] = xs[b * D + j] * inv * ws[j];
-  }
-  return y;
-}
-
 // heads [n, d] of one row rotated in place by cos/sin [d]
 void rope(float* heads, int64_t n, int64_t d, const float* c, const float* s) {
   const int64_t half = d / 2;
@@ -116,9 +100,8 @@ at::Tensor decode_block(const at::Tensor& x, const at::Tensor& attn_norm, const 
   TORCH_CHECK(H % H_kv == 0 && cos.numel() == B * d && sin.numel() == B * d,
               "anatomy::decode_block: heads ", H, " / ", H_kv, " or RoPE tables not [B, d]");
   at::Tensor xs = x.contiguous();
-  const float e = static_cast<float>(eps);
 
-  at::Tensor qkv = product(rms_norm(xs, attn_norm, e), w_qkv, int8_activations & 1);  // [B, (H + 2 H_kv) d]
+  at::Tensor qkv = product(anatomy::rms_norm(xs, attn_norm, eps), w_qkv, int8_activations & 1);  // [B, (H + 2 H_kv) d]
   TORCH_CHECK(qkv.size(1) == (H + 2 * H_kv) * d, "anatomy::decode_block: Wqkv gives ", qkv.size(1), " outputs, not ",
               (H + 2 * H_kv) * d);
   at::Tensor c = cos.to(at::kFloat).contiguous(), s = sin.to(at::kFloat).contiguous();
@@ -137,7 +120,7 @@ at::Tensor decode_block(const at::Tensor& x, const at::Tensor& attn_norm, const 
   TORCH_CHECK(h.size(1) == D, "anatomy::decode_block: Wo gives ", h.size(1), " outputs, not D = ", D);
   h.add_(xs);  // x after attention
 
-  at::Tensor gu = product(rms_norm(h, ffn_norm, e), w_gate_up, int8_activations & 4);  // [B, 2F]
+  at::Tensor gu = product(anatomy::rms_norm(h, ffn_norm, eps), w_gate_up, int8_activations & 4);  // [B, 2F]
   const int64_t F = gu.size(1) / 2;
   at::Tensor act = at::empty({B, F}, gu.options());
   const float* g = gu.data_ptr<float>();

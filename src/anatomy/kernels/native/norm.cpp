@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "native.h"
+
 namespace {
 
 inline float load(const float* p, int64_t i) { return p[i]; }
@@ -34,6 +36,10 @@ void rows(const T* x, const float* w, T* y, int64_t n0, int64_t n1, int64_t D, f
   }
 }
 
+}  // namespace
+
+namespace anatomy {
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "anatomy::rms_norm: x must be float32 or bfloat16, got ", x.scalar_type());
@@ -54,8 +60,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return y;
 }
 
-}  // namespace
+}  // namespace anatomy
 
 TORCH_LIBRARY_FRAGMENT(anatomy, m) { m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor"); }
 
-TORCH_LIBRARY_IMPL(anatomy, CPU, m) { m.impl("rms_norm", rms_norm); }
+TORCH_LIBRARY_IMPL(anatomy, CPU, m) { m.impl("rms_norm", anatomy::rms_norm); }
