@@ -49,6 +49,24 @@ class Codes:
         return (values * self.scale.float()[..., None]).to(dtype)
 
 
+@dataclass(frozen=True)
+class Pages:
+    """Float keys or values as a paged cache returns them to attention, where they lie: the layer's
+    pool [N + 1, bs, H_kv, d_h] and the blocks each row reads, tables [B, nb] (row b's key slot t is
+    pool[tables[b, t // bs], t % bs]); `reader`, attention that reads them in place (kernels/native:
+    the engine's paged caches set it where it measures faster), or None: attention gathers them."""
+
+    pool: Tensor
+    tables: Tensor
+    reader: Callable | None = None
+
+    def gather(self) -> Tensor:
+        """Every row's [B, H_kv, nb * bs, d_h] (a copy of each row's blocks: what a reader avoids)."""
+        B, nb = self.tables.shape
+        rows = self.pool.index_select(0, self.tables.reshape(-1))  # [B * nb, bs, H_kv, d_h]
+        return rows.view(B, nb * self.pool.shape[1], *self.pool.shape[2:]).transpose(1, 2)
+
+
 def available() -> tuple[str, ...]:
     """The KV dtypes this machine's torch can hold (fp8 needs its float8 dtypes and their casts)."""
     return tuple(name for name in dtypes.KV if name not in ("fp8_e4m3", "fp8_e5m2") or _fp8_works(name))

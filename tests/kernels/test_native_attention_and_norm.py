@@ -115,3 +115,63 @@ def forced_logits(engine: DecoderEngine, steps: int = 40) -> torch.Tensor:
     for i in range(steps - 1):
         logits.append(run.decode(tokens[:, i]))
     return torch.stack(logits, 1)
+
+
+@needs_library
+def test_attention_over_a_paged_pool_reads_it_where_it_lies():
+    """A pool of 7 blocks of 16 slots, two rows reading 3 blocks each out of order through their tables:
+    the reader over Pages == SDPA over the rows' gathered keys (float32, 1e-5), and without a reader
+    attention gathers them itself (the same rows)."""
+    from anatomy.kv_format import Pages
+    from anatomy.layers.attention import attend
+
+    torch.manual_seed(0)
+    pool_k, pool_v = (torch.randn(7, 16, 3, 64) for _ in range(2))  # [N, bs, H_kv, d_h]
+    tables = torch.tensor([[4, 0, 6], [2, 5, 1]])
+    k, v = Pages(pool_k, tables), Pages(pool_v, tables)
+    gathered_k = pool_k[tables].reshape(2, 48, 3, 64).transpose(1, 2)  # [B, H_kv, T, d_h]
+    gathered_v = pool_v[tables].reshape(2, 48, 3, 64).transpose(1, 2)
+    assert torch.equal(k.gather(), gathered_k)
+    q = torch.randn(2, 9, 1, 64)
+    mask = torch.zeros(2, 1, 1, 48)
+    mask[0, ..., 40:] = float("-inf")  # row 0 has 40 keys so far
+    want = F.scaled_dot_product_attention(q, gathered_k.repeat_interleave(3, 1), gathered_v.repeat_interleave(3, 1),
+                                          attn_mask=mask)
+    got, _ = attend(q, k, v, mask=mask, reader=native.read_cache)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    unread, _ = attend(q, k, v, mask=mask)
+    torch.testing.assert_close(unread, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_library
+@torch.inference_mode()
+def test_served_decode_steps_read_the_paged_cache_in_place(monkeypatch):
+    """An engine whose view reads float caches natively, over a paged cache with scattered blocks (its
+    decode steps read the pools in place, never a gathered copy): 40
+    greedy decode steps (past PAGED_RECORD_AFTER, so captured ones too) give the logits of the model's
+    full forward over the same tokens (1e-4 with float32 branches)."""
+    from anatomy.inference.engine.paged import Chunk
+
+    from anatomy.kv_format import Pages
+
+    paged_reads, read = [], native.read_cache
+
+    def read_cache(q, k, v, **kwargs):
+        paged_reads.append(isinstance(k, Pages))
+        return read(q, k, v, **kwargs)
+
+    monkeypatch.setattr(attention, "_native_faster", lambda *shape: True)
+    monkeypatch.setattr(native, "read_cache", read_cache)
+    torch.manual_seed(0)
+    model = llama_tiny()
+    engine = DecoderEngine(model)
+    cache = engine.paged_cache(num_blocks=24, block_size=4)
+    blocks = [17, 3, 20, 8, 11, 0, 5, 14, 22, 9, 2, 19, 6]
+    tokens = [5, 17, 33, 2, 9, 41]
+    logits = engine.step(cache, [Chunk(tokens, 0, blocks)])[0]
+    tolerance = 1e-4 if engine.branch_dtype == torch.float32 else 3e-2
+    for _ in range(40):
+        torch.testing.assert_close(logits, model(torch.tensor([tokens]))[0, -1], rtol=tolerance, atol=tolerance)
+        tokens.append(int(logits.argmax()))
+        logits = engine.step(cache, [Chunk(tokens[-1:], len(tokens) - 1, blocks)])[0]
+    assert engine.captured_graphs >= 1 and paged_reads and all(paged_reads), "decode steps read the pool in place"

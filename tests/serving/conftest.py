@@ -133,6 +133,15 @@ class Server:
                 return float(match.group(2))
         raise KeyError(f"{name} {labels} not in /metrics")
 
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Return once no sequence is running or waiting (a client's cut-off request is counted by then)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while self.metric("anatomy_requests_running") + self.metric("anatomy_requests_waiting") > 0:
+            assert time.monotonic() < deadline, f"a sequence still runs after {timeout} s"
+            time.sleep(0.05)
+
     def close(self) -> None:
         import subprocess
 

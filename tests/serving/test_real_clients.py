@@ -96,6 +96,7 @@ def test_lm_eval_generate_until_through_chat_completions(server, hf_dir, lm_eval
 def test_guidellm_runs_with_the_servers_token_counts(server, hf_dir, tmp_path, route):
     before = server.metric("anatomy_generation_tokens_total")
     finished = server.metric("anatomy_requests_finished_total", reason="length")
+    aborted = server.metric("anatomy_requests_finished_total", reason="abort")
     out = tmp_path / "guidellm.json"
     command = [str(Path(sys.executable).parent / "guidellm"), "run",
                "--backend", f"kind=openai_http,target={server.url},model={hf_dir},request_format={route}",
@@ -106,16 +107,18 @@ def test_guidellm_runs_with_the_servers_token_counts(server, hf_dir, tmp_path, r
     run = subprocess.run(command, capture_output=True, text=True, timeout=300, env={"HF_HUB_OFFLINE": "1", **os.environ})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     requests = json.loads(out.read_text())["benchmarks"][0]["requests"]
-    # guidellm 0.8.1 may drop the last request of its budget unsent when the constraint ends the run
-    # (a request cancelled before it started is reported nowhere): every request the server answered is
-    # one of guidellm's successful ones, and at least the first round of both streams was sent
+    # guidellm 0.8.1 ends the run when its max_requests constraint fires: the last request of the budget may
+    # be dropped unsent, or sent and answered (or cut off) but left out of the report (CI saw the first two).
+    # So once the server is idle it has answered every request guidellm reports and at most the budget
     assert not requests["errored"] and not requests["incomplete"] and len(requests["successful"]) >= 2
-    assert server.metric("anatomy_requests_finished_total", reason="length") - finished == len(requests["successful"])
+    server.wait_idle()
+    answered = server.metric("anatomy_requests_finished_total", reason="length") - finished
+    cut = server.metric("anatomy_requests_finished_total", reason="abort") - aborted
+    assert len(requests["successful"]) <= answered and answered + cut <= 4
     for r in requests["successful"]:
         body = json.loads(r["request_args"])["body"]
         assert body["stream_options"]["continuous_usage_stats"] is True
         tokenize = {"messages": body["messages"]} if "messages" in body else {"prompt": body["prompt"]}
         assert r["input_metrics"]["text_tokens"] == server.post("/tokenize", tokenize)[1]["count"]
         assert r["output_metrics"]["text_tokens"] == 8
-    generated = server.metric("anatomy_generation_tokens_total") - before
-    assert generated == sum(r["output_metrics"]["text_tokens"] for r in requests["successful"])
+    assert 8 * answered <= server.metric("anatomy_generation_tokens_total") - before <= 8 * (answered + cut)

@@ -267,14 +267,6 @@ def test_metrics_in_prometheus_format(server, client):
         server.metric("anatomy_time_to_first_token_seconds_count")
 
 
-def wait_until_idle(server, seconds: float = 10.0) -> float:
-    start = time.monotonic()
-    while server.metric("anatomy_requests_running") > 0 or server.metric("anatomy_requests_waiting") > 0:
-        assert time.monotonic() - start < seconds, "the cancelled sequence still runs"
-        time.sleep(0.05)
-    return time.monotonic() - start
-
-
 def test_a_client_that_goes_away_frees_its_slot(server, client):
     long = dict(messages=[{"role": "user", "content": "Write a very long story."}], max_tokens=4000,
                 temperature=0, extra_body={"ignore_eos": True})
@@ -282,11 +274,11 @@ def test_a_client_that_goes_away_frees_its_slot(server, client):
     stream = client.chat.completions.create(model=MODEL, stream=True, **long)
     next(iter(stream))  # the first chunk, then the client hangs up
     stream.close()
-    wait_until_idle(server)
+    server.wait_idle(10.0)
     impatient = server.client(timeout=1.5)
     with pytest.raises(openai.APITimeoutError):
         impatient.chat.completions.create(model=MODEL, **long)  # non-streaming: times out, disconnects
-    wait_until_idle(server)
+    server.wait_idle(10.0)
     assert server.metric("anatomy_requests_finished_total", reason="abort") == aborted + 2
     assert server.metric("anatomy_kv_blocks_used") == 0
     start = time.monotonic()

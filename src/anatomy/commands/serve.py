@@ -149,6 +149,7 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
             loop = Lanes.of(engine, tokenizer, lanes=args.pipeline_parallel_size, **options)
         else:
             loop = ServingLoop(engine, tokenizer, speculation=_speculation(args, tokenizer), **options)
+            loop.capture_decode()  # the first requests replay their decode steps (vLLM captures CUDA graphs so)
         if state.embedding_name is not None:
             state.embedder = _embedder(state.embedding_name)
         loop.start()
@@ -196,7 +197,9 @@ def _report(args: argparse.Namespace, loop, block_bytes: int, seconds: float) ->
     print(f"anatomy serve: {args.model} (weights {args.weights}, {args.dtype}, branches "
           f"{dtypes.name_of(engine.branch_dtype)}) ready in {seconds:.1f} s; kernels "
           f"{'; '.join(engine.kernel_summary())}; a decode step reads {engine.decode_weight_bytes / 1e6:,.0f} MB "
-          f"of weights", file=sys.stderr, flush=True)
+          f"of weights, {getattr(engine, 'native_blocks', 0)} of {engine.config.n_layers} blocks as one native "
+          f"operator each, {getattr(engine, 'captured_graphs', 0)} decode-step shapes captured",
+          file=sys.stderr, flush=True)
     print(f"anatomy serve: KV cache {engine.kv_dtype}, {total / 2 ** 20:,.0f} MiB = {blocks:,} blocks of "
           f"{loop.blocks.block_size} tokens "
           f"= {tokens:,} tokens ({block_bytes // loop.blocks.block_size:,} B per token); context {loop.context:,} "

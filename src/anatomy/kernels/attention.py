@@ -1,13 +1,15 @@
 """The engine view's decode attention over a float KV cache: SDPA or anatomy's kernel, measured.
 
     reader = decode_reader(config, dtype)     native.read_cache, or None (SDPA stays)
+    reader = paged_reader(config, dtype)      the same over a paged pool (Pages), or None (gather + SDPA)
 
 A decode step's attention is a few query rows over the whole cache: torch's SDPA on a CPU spends most
 of it outside the arithmetic (~40 us a layer for SmolLM2 at 256 slots). anatomy::decode_attention
 (kernels/native/attention.cpp) reads the cache as stored, float32 or bfloat16 alike. Which is faster
 depends on the machine, so both are timed once per process on the model's decode shape (one query
 position, BUCKET slots, the cache in the branches' dtype) and the native kernel is used only where it
-wins; without the native library, SDPA stays.
+wins; without the native library, SDPA stays. Over a paged pool the choice is between reading the
+blocks where they lie and gathering each row's blocks into a copy for SDPA: timed the same way.
 """
 
 from __future__ import annotations
@@ -20,33 +22,51 @@ import torch.nn.functional as F
 
 from anatomy.config import ModelConfig
 from anatomy.kernels import native
+from anatomy.kv_format import Pages
 from anatomy.layers.attention import READABLE
 
 SLOTS = 256  # the cache length timed (the engine's BUCKET: the shortest cache a captured step sees)
+BLOCK = 16  # the block size of the paged pool timed (the server's default)
 CALLS = 30
 
 
 def decode_reader(config: ModelConfig, dtype: torch.dtype):
     """native.read_cache where it measures faster than SDPA on this model's decode shape, else None."""
+    return _reader_if_faster(config, dtype, paged=False)
+
+
+def paged_reader(config: ModelConfig, dtype: torch.dtype):
+    """native.read_cache where reading a paged pool in place measures faster than gathering each row's
+    blocks for SDPA on this model's decode shape, else None."""
+    return _reader_if_faster(config, dtype, paged=True)
+
+
+def _reader_if_faster(config: ModelConfig, dtype: torch.dtype, *, paged: bool):
     if not native.loaded() or dtype not in READABLE:
         return None
-    if _native_faster(config.n_heads, config.n_kv_heads, config.head_dim, dtype):
+    if _native_faster(config.n_heads, config.n_kv_heads, config.head_dim, dtype, paged):
         return native.read_cache
     return None
 
 
 @functools.cache
-def _native_faster(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
+def _native_faster(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, paged: bool) -> bool:
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, heads, 1, head_dim, generator=g).to(dtype)
-    k, v = (torch.randn(1, kv_heads, SLOTS, head_dim, generator=g).to(dtype) for _ in range(2))
+    if paged:  # the slots in blocks of 16 of a larger pool, scattered
+        pools = [torch.randn(4 * SLOTS // BLOCK, BLOCK, kv_heads, head_dim, generator=g).to(dtype) for _ in range(2)]
+        tables = torch.randperm(4 * SLOTS // BLOCK, generator=g)[None, :SLOTS // BLOCK]
+        k, v = (Pages(pool, tables) for pool in pools)
+    else:
+        k, v = (torch.randn(1, kv_heads, SLOTS, head_dim, generator=g).to(dtype) for _ in range(2))
     mask = torch.zeros(1, 1, 1, SLOTS, dtype=dtype)
     rep = heads // kv_heads
     folded = q.reshape(1, kv_heads, rep, head_dim)
     scale = head_dim ** -0.5
 
     def sdpa():
-        F.scaled_dot_product_attention(folded, k, v, attn_mask=mask, scale=scale)
+        keys, values = (k.gather(), v.gather()) if paged else (k, v)
+        F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=scale)
 
     def own():
         native.read_cache(q, k, v, mask=mask, scale=scale)

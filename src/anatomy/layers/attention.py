@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from anatomy.config import ModelConfig
 from anatomy.errors import InputError
-from anatomy.kv_format import Codes
+from anatomy.kv_format import Codes, Pages
 from anatomy.layers.norm import RMSNorm
 from anatomy.layers.position import apply_rope
 
@@ -153,12 +153,15 @@ def attend(
     fused kernel: the scores are computed as a tensor.
 
     mask [B|1, 1, S, S_k] is bool (True attends) or float (added to the scores). k and v may be Codes
-    (an 8-bit cache's). `reader` reads float k and v as stored, for a few query rows (kernels/native)."""
+    (an 8-bit cache's) or Pages (a paged cache's blocks, S_k = nb * bs), each with its own reader.
+    `reader` reads float k and v as stored, for a few query rows (kernels/native)."""
     check_backend(backend)
     readable = (bias is None and softcap is None and not return_weights and not dropout and q.shape[2] <= READ_ROWS
                 and (mask is None or mask.dtype != torch.bool))
-    reader = k.reader if isinstance(k, Codes) else reader
-    if readable and reader is not None and (isinstance(k, Codes) or k.dtype in READABLE):
+    reader = k.reader if isinstance(k, (Codes, Pages)) else reader
+    if isinstance(k, Pages) and not (readable and reader is not None and k.pool.dtype in READABLE):
+        k, v = k.gather(), v.gather()  # a paged cache's blocks, copied into rows
+    if readable and reader is not None and (isinstance(k, (Codes, Pages)) or k.dtype in READABLE):
         return reader(q, k, v, mask=mask, scale=scale if scale is not None else q.shape[-1] ** -0.5), None
     if isinstance(k, Codes):
         k, v = k.dequantize(q.dtype), v.dequantize(q.dtype)

@@ -14,7 +14,8 @@
 
 The loop runs the model only through the engine's public API: `engine.paged_cache` (blocks in the
 dtype the blocks' branches compute in) and `engine.step`, whose decode steps replay a graph captured
-per (batch, blocks) shape, rounded up, as the engine's own static decode step does.
+per (batch, blocks) shape, rounded up, as the engine's own static decode step does; `capture_decode`
+records those of the shortest cache for every batch size before the server takes requests.
 `step()` can also be called directly (tests drive it without a thread).
 """
 
@@ -80,6 +81,11 @@ class ServingLoop:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.steps = 0
+
+    def capture_decode(self) -> int:
+        """Record the decode steps of every batch up to max_seqs now (before serving: engine.capture_decode);
+        how many decode-step shapes the engine holds captured."""
+        return self.engine.capture_decode(self.cache, range(1, self.scheduler.max_seqs + 1))
 
     # -- from any thread --------------------------------------------------------------------------
 

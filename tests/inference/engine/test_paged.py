@@ -20,7 +20,9 @@ def test_update_writes_through_the_table_and_gathers_each_row(decoder_tiny):
     inputs = paged_inputs(decoder_tiny.stack, cache, chunks)
     k = torch.randn(2, H_kv, 6, d_h)
     v = torch.randn(2, H_kv, 6, d_h)
-    k_all, v_all = cache.layers(inputs.where)[0].update(None, k, v)
+    k_pages, v_pages = cache.layers(inputs.where)[0].update(None, k, v)
+    assert k_pages.pool is cache[0].k and k_pages.tables.tolist() == [[7, 2], [4, 10]], "block 10 is scratch"
+    k_all, v_all = k_pages.gather(), v_pages.gather()
     assert k_all.shape == (2, H_kv, 8, d_h)  # two blocks of 4 key slots per row
     assert torch.equal(k_all[0, :, :6], k[0]) and torch.equal(v_all[1, :, :3], v[1, :, :3])
     assert torch.equal(cache[0].k[7], k[0, :, :4].transpose(0, 1)), "positions 0..3 of row 0 are in block 7"
@@ -84,6 +86,25 @@ def test_captured_paged_decode_gives_the_eager_logits_bit_for_bit(decoder_tiny, 
     assert eager.captured_graphs == 0
     for step, (a, b) in enumerate(zip(got, want)):
         assert torch.equal(a, b), f"step {step} differs by {(a - b).abs().max():.3g}"
+
+
+@torch.inference_mode()
+def test_decode_steps_captured_before_serving_replay_from_the_first_step(decoder_tiny):
+    """capture_decode records batches 1..5 as buckets 1, 2, 4, 8 writing the scratch block only; the first
+    decode step of a batch of three then replays bucket 4 and gives the full forward's logits (fp32, 1e-4)."""
+    engine = DecoderEngine(decoder_tiny)
+    cache = engine.paged_cache(num_blocks=40, block_size=4)
+    assert engine.capture_decode(cache, range(1, 6)) == 4
+    assert not any(pool.k[:cache.scratch].any() or pool.v[:cache.scratch].any() for pool in cache)
+    prompts = [list(range(10, 19)), list(range(40, 43)), list(range(60, 65))]
+    tables = [list(range(0, 12)), list(range(12, 24)), list(range(24, 36))]
+    first = engine.step(cache, [Chunk(p, 0, t) for p, t in zip(prompts, tables)]).argmax(dim=-1).tolist()
+    seen = dict(engine._seen_shapes)
+    logits = engine.step(cache, [Chunk([n], len(p), t) for p, n, t in zip(prompts, first, tables)])
+    assert engine._seen_shapes == seen, "no eager decode step ran"
+    for row, (prompt, token) in enumerate(zip(prompts, first)):
+        full = decoder_tiny(torch.tensor([prompt + [token]]))[0, -1]
+        torch.testing.assert_close(logits[row], full, rtol=1e-4, atol=1e-4)
 
 
 def test_paged_decode_equals_the_static_engines_steps(decoder_tiny):

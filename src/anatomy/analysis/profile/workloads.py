@@ -64,13 +64,14 @@ def workload(model: nn.Module, shape: Shape, *, attention: str | None = None, kv
 
 
 def _decoder(model: nn.Module, shape: Shape, attention: str | None, kv_dtype: str | None, engine=None) -> Workload:
-    """The engine kept for the model with an eager decode step (capture=False): a captured step replays
-    a graph without module calls, so its operators could not be attributed to their modules and
-    positions. A sweep's points and a what-if's runs share it (its kernel plan is measured once)."""
+    """The engine kept for the model with an eager decode step of the torch blocks (capture=False,
+    native_blocks=False): a captured step replays a graph without module calls, and a block fused
+    into one native operator runs its products, norms and attention inside it, so their operators
+    could not be attributed to their modules and positions. A sweep's points and a what-if's runs share it (its kernel plan is measured once)."""
     from anatomy.inference.engine import engine_for
 
     if engine is None:
-        engine = engine_for(model, capture=False, attention=attention, kv_dtype=kv_dtype)
+        engine = engine_for(model, capture=False, native_blocks=False, attention=attention, kv_dtype=kv_dtype)
     prompts = prompt_ids(model.config.vocab_size, shape)
     first = SamplingParams(max_new_tokens=1, ignore_eos=True)
     decode = SamplingParams(max_new_tokens=shape.context - shape.prompt_len, ignore_eos=True)

@@ -10,6 +10,7 @@ plan, its captured decode steps and the LM head, and every caller goes through i
     logits = engine.logits(ids)                    # [B, S, V]: one full pass, no cache (NLL, prompt logprobs)
     cache = engine.paged_cache(num_blocks=N, block_size=16)
     logits = engine.step(cache, chunks)            # [R, V]: a batch of chunks over a paged cache (serving)
+    engine.capture_decode(cache, batches=range(1, 17))  # record those decode steps now (a server's start)
 
     prompts (lists of ids, any lengths)
       -> left-padded ids [B, P]; cache [B, H_kv, T, d_h] per layer with T = P + max_new_tokens
@@ -24,7 +25,7 @@ paged decode step is captured per (batch, blocks) rounded up the same way.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -38,7 +39,7 @@ from anatomy.inference.engine.run import PaddedBatch, Run
 from anatomy.inference.engine.view import engine_view
 from anatomy.inference.sampling import SamplingParams
 from anatomy.kernels import native
-from anatomy.kernels.attention import decode_reader
+from anatomy.kernels.attention import decode_reader, paged_reader
 from anatomy.layers.attention import Attention
 from anatomy.kernels.decode_block import fuse_blocks
 from anatomy.kernels.planning import branch_dtype, decode_weight_bytes, kernel_summary, linear_layers, plan_view
@@ -56,12 +57,13 @@ class DecoderEngine:
     ("sdpa" or "eager") sets the backend of the view's attention layers (default: the model's).
     `kv_dtype` is what the KV caches hold: None (the branches' dtype), "f32", "f16", "bf16", or 8-bit
     codes with a scale per token and head, "int8", "fp8_e4m3", "fp8_e5m2" (anatomy/kv_format.py).
-    `native_blocks=True` runs each LLaMA-style block of a decode step as one native operator where it
-    measures faster (kernels/decode_block.py; off by default until it is measured across machines).
+    `native_blocks` (default) runs each LLaMA-style block of a decode step with int4/int8 weights as
+    one native operator where it measures faster than the block (kernels/decode_block.py); False keeps
+    the torch blocks.
     """
 
     def __init__(self, model: nn.Module, *, compile: bool = False, capture: bool = True, plan_cache: bool = True,
-                 attention: str | None = None, kv_dtype: str | None = None, native_blocks: bool = False) -> None:
+                 attention: str | None = None, kv_dtype: str | None = None, native_blocks: bool = True) -> None:
         if not getattr(getattr(model, "config", None), "is_decoder", False):
             raise InputError(f"DecoderEngine needs a decoder-only anatomy model, got {type(model).__name__}")
         self.model = engine_view(model, attention=attention, native_norms=not compile)
@@ -209,9 +211,13 @@ class DecoderEngine:
     # -- serving over a paged cache ----------------------------------------------------------------
 
     def paged_cache(self, *, num_blocks: int, block_size: int) -> PagedKVCache:
-        """A paged KV cache of `num_blocks` blocks of `block_size` tokens holding the engine's kv_dtype."""
+        """A paged KV cache of `num_blocks` blocks of `block_size` tokens holding the engine's kv_dtype;
+        attention reads a float one's blocks in place where that measures faster than gathering them."""
+        reader = self._reader
+        if self._codes is None and self.device.type == "cpu" and not self.compiled:
+            reader = paged_reader(self.config, self._cache_dtype)
         return PagedKVCache(self.config, num_blocks=num_blocks, block_size=block_size, dtype=self._cache_dtype,
-                            device=self.device, codes=self._codes, reader=self._reader)
+                            device=self.device, codes=self._codes, reader=reader)
 
     @torch.inference_mode()
     def step(self, cache: PagedKVCache, chunks: list[Chunk]) -> Tensor:
@@ -228,8 +234,24 @@ class DecoderEngine:
                                           cache=cache.layers(inputs.where))  # [B, S, D]
         return self.head(hidden[inputs.wanted])  # [R, V]
 
+    def capture_decode(self, cache: PagedKVCache, batches: Iterable[int]) -> int:
+        """Record now the paged decode step of each batch size (rounded up as `step` rounds it) over the
+        shortest cache `step` reads, as a server captures its steps before it takes requests, so that
+        the first requests replay them instead of running PAGED_RECORD_AFTER steps eagerly and waiting
+        for the recording; the recording's rows write to and read from the scratch block only. How
+        many decode-step shapes are captured so far (0 where the engine does not capture)."""
+        if not self.captured:
+            return 0
+        for rows in sorted({_rows_bucket(b) for b in batches}):
+            inputs = paged_inputs(self.model.stack, cache, [Chunk([0], 0, [cache.scratch])], rows=rows,
+                                  blocks_multiple=max(1, BUCKET // cache.block_size))
+            key = _paged_key(cache, inputs)
+            if key not in self._bodies:
+                self._bodies[key] = capture_paged(self.model.stack, cache, inputs)
+        return self.captured_graphs
+
     def _paged_decode(self, cache: PagedKVCache, inputs) -> Tensor:
-        key = (id(cache), tuple(inputs.ids.shape), inputs.where.blocks, signature(inputs.ctx))
+        key = _paged_key(cache, inputs)
         body = self._bodies.get(key)
         if body is None and key not in self._bodies:
             seen = self._seen_shapes[key] = self._seen_shapes.get(key, 0) + 1
@@ -248,6 +270,11 @@ def _storage(t: Tensor) -> tuple[int, int]:
     except NotImplementedError:
         return id(t), t.numel() * t.element_size()
     return storage.data_ptr(), storage.nbytes()
+
+
+def _paged_key(cache: PagedKVCache, inputs) -> tuple:
+    """What a captured paged decode step holds for: the cache, the batch, the blocks read, the Context's fields."""
+    return id(cache), tuple(inputs.ids.shape), inputs.where.blocks, signature(inputs.ctx)
 
 
 def _rows_bucket(rows: int) -> int:

@@ -57,7 +57,8 @@ class KeptEngines:
             self._entries.clear()
 
 
-DECODER_OPTIONS = {"compile": False, "capture": True, "attention": None, "plan_cache": True, "kv_dtype": None}
+DECODER_OPTIONS = {"compile": False, "capture": True, "attention": None, "plan_cache": True, "kv_dtype": None,
+                   "native_blocks": True}
 SEQ2SEQ_OPTIONS = {"attention": None}
 
 
@@ -88,5 +89,6 @@ kept_engines = KeptEngines()
 
 def engine_for(model: nn.Module, **options: Any):
     """The engine kept for `model` (a DecoderEngine, or a Seq2SeqEngine for an encoder-decoder model),
-    made on first use; `options` are DecoderEngine's (compile, capture, attention, plan_cache)."""
+    made on first use; `options` are DecoderEngine's (compile, capture, attention, plan_cache, kv_dtype,
+    native_blocks)."""
     return kept_engines.get(model, **options)

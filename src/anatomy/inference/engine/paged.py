@@ -5,14 +5,14 @@
                                                           slot p % bs
     a step over B rows, S new tokens each (right-padded), T = nb * bs key slots:
       write    k, v [B, H_kv, S, d_h] -> pool slots table[p // bs] * bs + p % bs   (padding -> scratch)
-      gather   pool[tables [B, nb]] -> k_all, v_all [B, H_kv, T, d_h]            (missing blocks -> scratch)
+      read     pool through tables [B, nb] in place, or gathered -> [B, H_kv, T, d_h]  (missing blocks -> scratch)
       mask     [B, 1, S, T]: 0 where key position <= the query's position, -inf elsewhere
 
-The gathered keys sit at their own positions (slot j of the gather is position j), so the model's
-attention runs unchanged on a `PagedLayer`, the `LayerCache` of one layer for one step: `update`
-writes the new keys and values and returns the rows' gathered ones. The gather copies every row's
-keys and values once per layer per step; a kernel reading the pool through the table in place
-would avoid that copy.
+Key slot j of a row is position j, so the model's attention runs unchanged on a `PagedLayer`, the
+`LayerCache` of one layer for one step: `update` writes the new keys and values and returns the pool
+with the rows' tables (`Pages`, anatomy/kv_format.py). A step of a few query rows with a native
+reader (decode, verification) reads the pool through the tables in place (kernels/native/attention.cpp);
+anything else gathers the rows' blocks, a copy of every row's keys and values per layer per step.
 
 The pools start zeroed and every slot ever gathered is finite (scratch included), so masked keys
 can never turn an attention row into NaN (0 * NaN is NaN, 0 * a finite value is 0).
@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from anatomy.config import ModelConfig
 from anatomy import kv_format
 from anatomy.inference.engine.kv_cache import bytes_per_token
-from anatomy.kv_format import Codes
+from anatomy.kv_format import Codes, Pages
 from anatomy.layers.context import Context
 from anatomy.models.context import ContextTables
 from anatomy.models.stack import Stack
@@ -40,7 +40,8 @@ from anatomy.models.stack import Stack
 
 class PagedPool(nn.Module):
     """One layer's K and V block pools [num_blocks + 1, block_size, H_kv, d_h] (8-bit codes with their
-    scales [num_blocks + 1, block_size, H_kv] when `codes` names a kind)."""
+    scales [num_blocks + 1, block_size, H_kv] when `codes` names a kind); `reader` is attention that
+    reads them as stored (a float pool's blocks in place, an 8-bit pool's codes), or None."""
 
     def __init__(self, shape: tuple[int, ...], *, dtype: torch.dtype, device: torch.device | str,
                  codes: str | None = None, reader=None) -> None:
@@ -111,27 +112,26 @@ class PagedLayer:
         self.pool, self.where = pool, where
         self.max_len = where.blocks * pool.k.shape[1]
 
-    def update(self, input_pos: Tensor | None, k: Tensor, v: Tensor) -> tuple[Tensor | Codes, Tensor | Codes]:
-        """k, v [B, H_kv, S, d_h] -> every row's keys and values [B, H_kv, nb * bs, d_h] (as Codes for an
-        8-bit cache; input_pos is not used: `where` holds each row's own slots)."""
+    def update(self, input_pos: Tensor | None, k: Tensor, v: Tensor) -> tuple[Pages | Codes, Pages | Codes]:
+        """k, v [B, H_kv, S, d_h] -> every row's keys and values over T = nb * bs slots: a float pool's
+        Pages (read in place, or gathered into [B, H_kv, T, d_h] by attention), an 8-bit pool's codes and
+        scales gathered as Codes (input_pos is not used: `where` holds each row's own slots)."""
         pool = self.pool
         if pool.kind is None:
-            return self._update(pool.k, k), self._update(pool.v, v)
+            return self._write(pool.k, k), self._write(pool.v, v)
         return self._codes(pool.k, pool.k_scale, k), self._codes(pool.v, pool.v_scale, v)
 
     def _codes(self, codes: Tensor, scales: Tensor, new: Tensor) -> Codes:
         q, s = kv_format.quantize(new, self.pool.kind)  # [B, H_kv, S, d_h], [B, H_kv, S]
-        return Codes(self._update(codes, q), self._update(scales, s), self.pool.lut, self.pool.reader)
+        return Codes(self._write(codes, q).gather(), self._write(scales, s).gather(), self.pool.lut, self.pool.reader)
 
-    def _update(self, pool: Tensor, new: Tensor) -> Tensor:
-        """Write new [B, H_kv, S, ...] at the step's slots; every row's [B, H_kv, T, ...] through its table."""
+    def _write(self, pool: Tensor, new: Tensor) -> Pages:
+        """Write new [B, H_kv, S, ...] at the step's slots; the pool with every row's block table."""
         where = self.where
         rest = pool.shape[2:]  # (H_kv, d_h), or (H_kv,) for scales
-        bs = pool.shape[1]
         flat = pool.view(-1, *rest)  # [(N+1) * bs, H_kv, ...]
         flat.index_copy_(0, where.slots, new.transpose(1, 2).reshape(-1, *rest).to(pool.dtype))
-        rows = pool.index_select(0, where.tables)  # [B * nb, bs, H_kv, ...]
-        return rows.view(where.rows, where.blocks * bs, *rest).transpose(1, 2)  # [B, H_kv, T, ...]
+        return Pages(pool, where.tables.view(where.rows, where.blocks), self.pool.reader)
 
 
 @dataclass(frozen=True)

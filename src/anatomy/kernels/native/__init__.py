@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from anatomy.kv_format import Codes
+from anatomy.kv_format import Codes, Pages
 
 
 @functools.cache
@@ -35,17 +35,20 @@ def loaded() -> bool:
 
 def read_cache(q: torch.Tensor, k, v, *, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """Attention of q [B, H, S, d_h] over a cache's k, v [B, H_kv, T, d_h] read as stored
-    (anatomy::decode_attention): float32 or bfloat16 tensors, or an 8-bit cache's Codes; the query
+    (anatomy::decode_attention): float32 or bfloat16 tensors, an 8-bit cache's Codes, or a paged
+    cache's Pages (pools [N, bs, H_kv, d_h] read through their tables [B, nb], T = nb * bs); the query
     heads of a KV group folded into its rows, mask [B|1, 1, S, T] additive -> [B, H, S, d_h]."""
     B, H, S, d = q.shape
-    codes = isinstance(k, Codes)
-    H_kv = (k.codes if codes else k).shape[1]
+    H_kv = k.codes.shape[1] if isinstance(k, Codes) else k.pool.shape[2] if isinstance(k, Pages) else k.shape[1]
     rep = H // H_kv
     folded = q.reshape(B, H_kv, rep * S, d)  # [B, H_kv, rep*S, d_h]
     if mask is not None and S > 1:
         mask = mask.repeat(1, 1, rep, 1)  # [B|1, 1, rep*S, T]
-    if codes:
+    if isinstance(k, Codes):
         out = torch.ops.anatomy.decode_attention(folded, k.codes, v.codes, k.scale, v.scale, mask, k.lut, scale)
+    elif isinstance(k, Pages):
+        out = torch.ops.anatomy.decode_attention(folded, k.pool, v.pool, None, None, mask, None, scale,
+                                                 tables=k.tables)
     else:
         out = torch.ops.anatomy.decode_attention(folded, k, v, None, None, mask, None, scale)
     return out.reshape(B, H, S, d)
