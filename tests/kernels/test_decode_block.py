@@ -8,7 +8,7 @@ import anatomy
 from anatomy.inference.engine import Chunk, DecoderEngine
 from anatomy.inference.sampling import SamplingParams
 from anatomy.kernels import native
-from anatomy.kernels.decode_block import NativeBlock, fusable
+from anatomy.kernels.decode_block import ROWS, NativeBlock, fusable
 
 needs_vnni = pytest.mark.skipif(not native.available(), reason="the native library with AVX-512 VNNI")
 
@@ -46,6 +46,7 @@ def test_native_blocks_decode_as_the_blocks_do(q4_model, smollm2_tokenizer):
     if fused.native_blocks == 0:
         pytest.skip("the operator measured slower than the blocks on this machine")
     assert all(isinstance(b, NativeBlock) for b in fused.model.stack.blocks)
+    assert len({b.max_rows for b in fused.model.stack.blocks}) == 1 and fused.model.stack.blocks[0].max_rows in ROWS
     assert not any(isinstance(b, NativeBlock) for b in plain.model.stack.blocks) and fusable(plain.model.stack.blocks[0])
     prompt = smollm2_tokenizer.encode("What is the capital of France?")
     params = SamplingParams(max_new_tokens=32)

@@ -10,10 +10,13 @@ and from the kernels' dtypes), each a few microseconds of dispatch for a few hun
 own kernels on their native layouts (the layer's q4/q8 layout when the plan already holds one, built
 from its format otherwise), everything between them a loop over the rows in float32.
 
-    NativeBlock(x [B, 1, D], ctx, cache)  a decode step (one new token per row, RoPE, no ALiBi, a float
-                                          static or paged cache): one operator -> [B, 1, D]
-                                          anything else (prefill, a span, 8-bit caches, attention weights
-                                          asked for): the block as it is
+    NativeBlock(x [B, 1, D], ctx, cache)  a decode step (one new token per row, B <= max_rows, RoPE, no
+                                          ALiBi, a float static or paged cache): one operator -> [B, 1, D]
+                                          anything else (more rows, prefill, a span, 8-bit caches,
+                                          attention weights asked for): the block as it is
+
+The operator runs its products row by row on one-row kernels, which the plan's batch kernels beat as
+rows grow: `max_rows` is the largest of 1, 2, 4, 8, 16 rows at which it still measured faster.
 
 A product quantizes its input to int8 per group of 32 (VNNI, q4x/q8x) where the plan's accuracy check
 passed that kernel for the layer, and reads it as float32 (q4f/q8f) otherwise. Only blocks the
@@ -43,6 +46,7 @@ from anatomy.weights.formats import WeightFormat
 LINEARS = ("attn.qkv", "attn.out", "ffn.gate_up", "ffn.down")  # in the operator's order
 INT8_KERNELS = ("q4x", "q8x")  # int8 activations on each native layout (the float ones, q4f/q8f, share it)
 CACHE_DTYPES = (torch.float32, torch.bfloat16)
+ROWS = (1, 2, 4, 8, 16)  # the decode batches the operator is timed on against the block
 
 
 class NativeBlock(Block):
@@ -55,6 +59,7 @@ class NativeBlock(Block):
             self.add_module(name, child)
         vars(self).update({k: v for k, v in vars(block).items() if not k.startswith("_")})
         self.weights, self.int8 = weights, int8  # the four products' native layouts; bit i: product i in int8
+        self.max_rows = 1  # the most rows of a decode step the operator computes (measured: fuse_blocks)
         attn = self.attn
         self.n_heads, self.head_dim = attn.n_heads, attn.head_dim
         self.scale = attn.scale if attn.scale is not None else attn.head_dim ** -0.5
@@ -74,7 +79,8 @@ class NativeBlock(Block):
 
     def _step(self, x: Tensor, ctx: Context, cache) -> tuple | None:
         """(k, v, where, tables) of a decode step the operator computes; None for any other pass."""
-        if x.shape[1] != 1 or x.dtype != torch.float32 or ctx.rope is None or ctx.bias is not None:
+        if x.shape[1] != 1 or x.shape[0] > self.max_rows or x.dtype != torch.float32 or ctx.rope is None \
+                or ctx.bias is not None:
             return None
         if ctx.rope[0].shape[-1] != self.head_dim:  # partial rotary
             return None
@@ -135,7 +141,8 @@ def native_block(name: str, block: Block, plan: KernelPlan, formats: dict[str, W
 
 def fuse_blocks(view: nn.Module, plan: KernelPlan | None, formats: dict[str, WeightFormat]) -> int:
     """Swap the view's blocks for NativeBlocks where the operator covers them and measures faster than
-    the block on a one-row decode step here; how many were swapped."""
+    the block on a one-row decode step here, each computing decode steps of up to the most rows of
+    ROWS at which it still measures faster (more rows run as the block); how many were swapped."""
     if plan is None or not native.available():
         return 0
     blocks = view.stack.blocks
@@ -144,26 +151,34 @@ def fuse_blocks(view: nn.Module, plan: KernelPlan | None, formats: dict[str, Wei
     first = next(iter(swapped), None)
     if first is None or not faster(blocks[first], swapped[first], view):
         return 0
+    max_rows = 1
+    for rows in ROWS[1:]:
+        if not faster(blocks[first], swapped[first], view, rows=rows):
+            break
+        max_rows = rows
     for i, b in swapped.items():
+        b.max_rows = max_rows
         blocks[i] = b
     return len(swapped)
 
 
 @torch.inference_mode()
-def faster(block: Block, fused: NativeBlock, view: nn.Module, *, slots: int = 256, rounds: int = 5,
+def faster(block: Block, fused: NativeBlock, view: nn.Module, *, rows: int = 1, slots: int = 256, rounds: int = 5,
            calls: int = 20) -> bool:
-    """Is the operator faster than the block it stands for, on one row over a cache of `slots`? Timed
-    in alternating rounds (the fastest round of each), the block's own tensors and a scratch cache."""
+    """Is the operator faster than the block it stands for, on `rows` rows over a cache of `slots`?
+    Timed in alternating rounds (the fastest round of each), the block's own tensors and a scratch cache."""
     from anatomy.inference.engine.kv_cache import LayerKVCache
     from anatomy.models.context import ContextTables
 
     config = view.config
     dtype = block.attn.qkv.dtype
-    cache = LayerKVCache(batch=1, n_kv_heads=config.n_kv_heads, max_len=slots, head_dim=config.head_dim,
+    cache = LayerKVCache(batch=rows, n_kv_heads=config.n_kv_heads, max_len=slots, head_dim=config.head_dim,
                          dtype=dtype if dtype in CACHE_DTYPES else torch.float32)
     pos = torch.tensor([slots // 2])
-    ctx = ContextTables(view.stack.context, length=slots, dtype=dtype).build(pos[None], q_slots=pos, input_pos=pos)
-    x = torch.randn(1, 1, config.d_model)
+    ctx = ContextTables(view.stack.context, length=slots, dtype=dtype).build(pos.expand(rows)[:, None], q_slots=pos,
+                                                                             input_pos=pos)
+    fused.max_rows = rows
+    x = torch.randn(rows, 1, config.d_model)
     best = {}
     for _ in range(rounds):
         for name, module in (("block", block), ("fused", fused)):
