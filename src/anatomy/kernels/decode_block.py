@@ -15,8 +15,9 @@ from its format otherwise), everything between them a loop over the rows in floa
                                           anything else (more rows, prefill, a span, 8-bit caches,
                                           attention weights asked for): the block as it is
 
-The operator runs its products row by row on one-row kernels, which the plan's batch kernels beat as
-rows grow: `max_rows` is the largest of 1, 2, 4, 8, 16 rows at which it still measured faster.
+Which of the operator and the block is faster depends on the rows (the plan picks other kernels for
+a batch than for one row): `max_rows` is the largest of 1, 2, 4, 8, 16 rows up to which the operator
+still measured faster; a decode step of more rows runs as the block.
 
 A product quantizes its input to int8 per group of 32 (VNNI, q4x/q8x) where the plan's accuracy check
 passed that kernel for the layer, and reads it as float32 (q4f/q8f) otherwise. Only blocks the
