@@ -26,8 +26,9 @@
 
 namespace {
 
-constexpr int64_t PAIR = 64;  // inputs per stored block of the native layouts
-constexpr int64_t Q4_BLOCK = 40, Q8_BLOCK = 72;
+using anatomy::PAIR;
+using anatomy::Q4_BLOCK;
+using anatomy::Q8_BLOCK;
 
 at::Tensor product(const at::Tensor& x, const at::Tensor& w, bool int8) {
   TORCH_CHECK(w.dim() == 2 && x.size(1) % PAIR == 0, "anatomy::decode_block: a weight is not [N, K/64 * bytes]");

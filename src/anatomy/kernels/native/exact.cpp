@@ -20,9 +20,11 @@
 
 namespace {
 
-constexpr int64_t PAIR = 64;
-constexpr int64_t Q4_BLOCK = 40;
-constexpr int64_t Q8_BLOCK = 72;
+using anatomy::AHEAD;
+using anatomy::PAIR;
+using anatomy::Q4_BLOCK;
+using anatomy::Q8_BLOCK;
+
 constexpr int ROWS = 8;  // rows of x per pass over the weights
 
 inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
@@ -89,6 +91,7 @@ AVX512 void q4f_rows(const float* x, int64_t K, const uint8_t* w, int64_t n0, in
     for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
     for (int64_t p = 0; p < pairs; ++p) {
       const uint8_t* block = row + p * Q4_BLOCK;
+      _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD, _MM_HINT_T0);
       const __m128 dm = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block)));
       const __m512 dA = _mm512_set1_ps(_mm_cvtss_f32(dm)), mA = _mm512_set1_ps(_mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1)));
       const __m512 dB = _mm512_set1_ps(_mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 2)));
@@ -120,6 +123,7 @@ AVX512 void q8f_rows(const float* x, int64_t K, const uint8_t* w, int64_t n0, in
     for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
     for (int64_t p = 0; p < pairs; ++p) {
       const uint8_t* block = row + p * Q8_BLOCK;
+      _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD, _MM_HINT_T0);
       const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(*reinterpret_cast<const int32_t*>(block)));
       const __m512 dA = _mm512_set1_ps(_mm_cvtss_f32(dd)), dB = _mm512_set1_ps(_mm_cvtss_f32(_mm_shuffle_ps(dd, dd, 1)));
       const __m512i codes = _mm512_loadu_si512(block + 8);

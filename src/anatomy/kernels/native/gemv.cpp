@@ -32,10 +32,12 @@
 
 namespace {
 
+using anatomy::AHEAD;
+using anatomy::PAIR;
+using anatomy::Q4_BLOCK;
+using anatomy::Q8_BLOCK;
+
 constexpr int64_t G = 32;        // inputs per group
-constexpr int64_t PAIR = 64;     // inputs per stored block (two groups)
-constexpr int64_t Q4_BLOCK = 40; // bytes per 64 weights
-constexpr int64_t Q8_BLOCK = 72;
 constexpr int MAX_ROWS = 16;
 
 bool has_avx512_vnni() {
@@ -167,9 +169,6 @@ void q4_rows_avx512(const Quantized& a, const Lanes& l, int64_t K, const uint8_t
 // dots, the min terms), so that 2 * UNROLL independent FMA chains hide the FMA latency that one row's
 // chain (two dependent FMAs per 64 weights) is bound by; x's codes and lanes are loaded once for them.
 constexpr int UNROLL = 4;
-// The weights stream from memory once per step, a few hundred KB per matrix: the hardware prefetcher
-// alone leaves each new matrix latency-bound, so the loop asks for the bytes this far ahead itself
-constexpr int64_t AHEAD = 8192;
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
 void q4_row_avx512(const Quantized& a, const Lanes& l, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
