@@ -197,8 +197,8 @@ def _report(args: argparse.Namespace, loop, block_bytes: int, seconds: float) ->
     print(f"anatomy serve: {args.model} (weights {args.weights}, {args.dtype}, branches "
           f"{dtypes.name_of(engine.branch_dtype)}) ready in {seconds:.1f} s; kernels "
           f"{'; '.join(engine.kernel_summary())}; a decode step reads {engine.decode_weight_bytes / 1e6:,.0f} MB "
-          f"of weights, {getattr(engine, 'native_blocks', 0)} of {engine.config.n_layers} blocks as one native "
-          f"operator each, {getattr(engine, 'captured_graphs', 0)} decode-step shapes captured",
+          f"of weights, {engine.native_blocks} of {engine.config.n_layers} blocks as one native "
+          f"operator each, {engine.captured_graphs} decode-step shapes captured",
           file=sys.stderr, flush=True)
     print(f"anatomy serve: KV cache {engine.kv_dtype}, {total / 2 ** 20:,.0f} MiB = {blocks:,} blocks of "
           f"{loop.blocks.block_size} tokens "

@@ -67,7 +67,8 @@ def _decoder(model: nn.Module, shape: Shape, attention: str | None, kv_dtype: st
     """The engine kept for the model with an eager decode step of the torch blocks (capture=False,
     native_blocks=False): a captured step replays a graph without module calls, and a block fused
     into one native operator runs its products, norms and attention inside it, so their operators
-    could not be attributed to their modules and positions. A sweep's points and a what-if's runs share it (its kernel plan is measured once)."""
+    could not be attributed to their modules and positions. A sweep's points and a what-if's runs
+    share it (its kernel plan is measured once)."""
     from anatomy.inference.engine import engine_for
 
     if engine is None:
