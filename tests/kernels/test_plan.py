@@ -249,9 +249,15 @@ def test_file_identity_changes_with_the_file(tmp_path):
 
 
 def test_the_plan_key_names_the_native_kernels_build():
-    """A changed native kernel is measured again: the machine key holds its build's digest."""
+    """A changed native kernel, or another vector path of it, is measured again: the machine key holds
+    its build's digest and the code it runs."""
     from anatomy.kernels import native
     from anatomy.kernels.cache import machine_key
     from anatomy.kernels.native.build import library_path
 
-    assert machine_key()["native"] == (library_path().stem if native.loaded() else "none")
+    if not native.loaded():
+        assert machine_key()["native"] == "none"
+        return
+    assert machine_key()["native"] == f"{library_path().stem}:{native.isa()}"
+    with native.limited("portable"):
+        assert machine_key()["native"] == f"{library_path().stem}:portable"

@@ -44,13 +44,13 @@ def paged_reader(config: ModelConfig, dtype: torch.dtype):
 def _reader_if_faster(config: ModelConfig, dtype: torch.dtype, *, paged: bool):
     if not native.loaded() or dtype not in READABLE:
         return None
-    if _native_faster(config.n_heads, config.n_kv_heads, config.head_dim, dtype, paged):
+    if _native_faster(config.n_heads, config.n_kv_heads, config.head_dim, dtype, paged, native.isa()):
         return native.read_cache
     return None
 
 
 @functools.cache
-def _native_faster(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, paged: bool) -> bool:
+def _native_faster(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, paged: bool, isa: str) -> bool:
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, heads, 1, head_dim, generator=g).to(dtype)
     if paged:  # the slots in blocks of 16 of a larger pool, scattered

@@ -46,12 +46,12 @@ def machine_key() -> dict[str, Any]:
 
 
 def _native_build() -> str:
-    """Which build of anatomy's own kernels was measured (a digest of their sources; "none" without it):
-    a changed kernel is measured again."""
+    """Which build of anatomy's own kernels was measured, and the vector code it ran (a digest of their
+    sources and e.g. "avx2"; "none" without it): a changed kernel, or another limit, is measured again."""
     from anatomy.kernels import native
     from anatomy.kernels.native.build import library_path
 
-    return library_path().stem if native.loaded() else "none"
+    return f"{library_path().stem}:{native.isa()}" if native.loaded() else "none"
 
 
 def _cpuinfo() -> tuple[str, str]:

@@ -1,9 +1,14 @@
-"""anatomy's own kernels (gemv.cpp): few-row products on int4 and int8 groups through AVX-512 VNNI.
+"""anatomy's own kernels (gemv.cpp, gemv_avx2.cpp, ...): few-row products on int4 and int8 groups through
+AVX-512 VNNI or AVX2, decode attention, RMSNorm and a whole decode block as one operator.
 
     loaded()         True when `make` built the library for this source and torch version (build.py)
-                     and it loaded: torch.ops.anatomy.q4_linear, q8_linear, pack_q4, pack_q8, vnni
-    available()      loaded, and this CPU has AVX-512 VNNI: the kernel plan then measures them against
-                     torch's kernels like any other candidate
+                     and it loaded: torch.ops.anatomy.q4_linear, q8_linear, pack_q4, pack_q8, isa, ...
+    isa()            the vector code they run: "avx512-vnni", "avx512", "avx2" or "portable"
+    available()      loaded, and a vector path runs (AVX2 at least): the kernel plan then measures them
+                     against torch's kernels like any other candidate
+    limited(name)    a context in which they run at most that code (the tests' way to run the AVX2 and
+                     portable paths on an AVX-512 machine); $ANATOMY_NATIVE_ISA sets the same limit
+                     for a whole process, e.g. to see what a machine without AVX-512 would choose
 
 They are an option, never a requirement: without the library (a wheel installed elsewhere, a failed
 build, an older CPU) the candidates are simply not offered.
@@ -11,11 +16,18 @@ build, an older CPU) the candidates are simply not offered.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+from collections.abc import Iterator
 
 import torch
 
+from anatomy.errors import InputError
 from anatomy.kv_format import Codes, Pages
+
+ISAS = ("portable", "avx2", "avx512", "avx512-vnni")  # native.h's Isa, by its value
+ISA_ENV = "ANATOMY_NATIVE_ISA"
 
 
 @functools.cache
@@ -30,6 +42,8 @@ def loaded() -> bool:
         torch.ops.load_library(str(path))
     except (OSError, RuntimeError):
         return False
+    if os.environ.get(ISA_ENV):
+        _set_limit(os.environ[ISA_ENV], f"${ISA_ENV}")
     return True
 
 
@@ -54,6 +68,36 @@ def read_cache(q: torch.Tensor, k, v, *, mask: torch.Tensor | None, scale: float
     return out.reshape(B, H, S, d)
 
 
+def isa() -> str:
+    """The vector code the library runs (native.h's Isa: this CPU's, or less under a limit); "portable"
+    without the library."""
+    return ISAS[int(torch.ops.anatomy.isa())] if loaded() else "portable"
+
+
+@contextlib.contextmanager
+def limited(name: str) -> Iterator[str]:
+    """Run the kernels with at most the vector code `name` (one of ISAS) inside; yields the code they
+    then run (never more than the CPU has)."""
+    if not loaded():
+        yield "portable"
+        return
+    before = _limit[0]
+    try:
+        yield _set_limit(name, "native.limited")
+    finally:
+        _set_limit(before, "native.limited")
+
+
+_limit = [ISAS[-1]]  # the limit set last (by $ANATOMY_NATIVE_ISA or limited)
+
+
+def _set_limit(name: str, where: str) -> str:
+    if name not in ISAS:
+        raise InputError(f"{where}={name!r}: not a vector code of anatomy's kernels; one of {', '.join(ISAS)}")
+    _limit[0] = name
+    return ISAS[int(torch.ops.anatomy.set_isa_limit(ISAS.index(name)))]
+
+
 def available() -> bool:
-    """Loaded, and this CPU runs its AVX-512 VNNI paths (the portable ones are for checking them only)."""
-    return loaded() and bool(torch.ops.anatomy.vnni())
+    """Loaded, and this CPU runs a vector path (the portable loops are for checking them only)."""
+    return isa() != "portable"

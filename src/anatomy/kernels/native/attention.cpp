@@ -10,6 +10,10 @@
 // Softmax is the online (flash) form over the blocks; one task per (batch row, KV head, slice of the
 // slots), the slices merged at the end, so that 3 KV heads at batch 1 still keep 2 threads busy.
 //
+// The loops are vectorized for AVX-512 (16 lanes) and AVX2 (8 lanes; float32 keys and values read where
+// they lie, bfloat16 widened by a shift), each taken where native.h's isa() says it runs; the portable
+// loops check them (tests) and serve any other CPU.
+//
 // 8-bit codes decode through a table of their 256 values (`lut`: int8 -> its integer, fp8 -> its
 // float), times the token's scale: value = lut[code] * scale[b, h, t].
 //
@@ -35,6 +39,7 @@
 namespace {
 
 constexpr int64_t KEYS = 64;       // slots turned into floats at a time
+constexpr int64_t KEYS_AVX2 = 32;  // the AVX2 path's: 32 float32 keys and values of 64 dims fill half of a 32 KB L1
 constexpr int64_t MAX_DIM = 256;   // head dims up to this
 
 enum Kind { F32 = 0, BF16 = 1, CODES = 2 };
@@ -193,6 +198,141 @@ AVX512 void attend_slice_avx512(const float* q, int64_t R, int64_t d, const Cach
   }
 }
 
+// -- AVX2: the same, 8 lanes at a time; float32 keys and values are read where they lie (no copy), and
+// the scores of 8 keys are summed across lanes together (a transpose by horizontal adds) ------------
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// exp(x) as exp512 above; 2^n built in the exponent bits (n >= -126 for x >= -87)
+AVX2 inline __m256 exp256(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.4426950408889634f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+  __m256 p = _mm256_set1_ps(1.f / 720.f);
+  for (const float c : {1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+AVX2 inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+AVX2 inline float hmax8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+// [sum(a[0]), ..., sum(a[7])]
+AVX2 inline __m256 sums8(const __m256 (&a)[8]) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// pointers to rows [t0, t0 + n) of one (b, h) as floats: the cache's own rows (float32), else decoded into buf
+AVX2 inline void rows_of(const Cache& c, const float* lut, int64_t b, int64_t h, int64_t t0, int64_t n, int64_t d,
+                         float* buf, const float** rows) {
+  if (c.kind == F32) {
+    for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<const float*>(c.data) + offset(c, b, h, t0 + i, c.sb, c.sh, c.st);
+    return;
+  }
+  if (c.kind == BF16) {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t* src = static_cast<const uint16_t*>(c.data) + offset(c, b, h, t0 + i, c.sb, c.sh, c.st);
+      for (int64_t j = 0; j < d; j += 8) {
+        const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j)));
+        _mm256_storeu_ps(buf + i * d + j, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+      }
+      rows[i] = buf + i * d;
+    }
+    return;
+  }
+  decode_rows(c, lut, b, h, t0, n, d, buf);
+  for (int64_t i = 0; i < n; ++i) rows[i] = buf + i * d;
+}
+
+// the scores s[0..n) of query row qr against the keys' rows (d a multiple of 8)
+AVX2 inline void scores8(const float* qr, const float* const* keys, int64_t n, int64_t d, float scale, const float* mask,
+                         float* s) {
+  const __m256 sc = _mm256_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 a[8];
+    for (int j = 0; j < 8; ++j) a[j] = _mm256_mul_ps(_mm256_loadu_ps(qr), _mm256_loadu_ps(keys[i + j]));
+    for (int64_t c = 8; c < d; c += 8) {
+      const __m256 q = _mm256_loadu_ps(qr + c);
+      for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(q, _mm256_loadu_ps(keys[i + j] + c), a[j]);
+    }
+    const __m256 add = mask ? _mm256_loadu_ps(mask + i) : _mm256_setzero_ps();
+    _mm256_storeu_ps(s + i, _mm256_fmadd_ps(sums8(a), sc, add));
+  }
+  for (; i < n; ++i) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t c = 0; c < d; c += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(qr + c), _mm256_loadu_ps(keys[i] + c), a);
+    s[i] = hsum8(a) * scale + (mask ? mask[i] : 0.f);
+  }
+}
+
+// acc[c, c + 8U) = acc * correction + sum_j w[j] values[j][c, c + 8U): U vectors of the output in registers
+template <int U>
+AVX2 inline void weigh_values(const float* w, const float* const* values, int64_t n, int64_t c, float correction,
+                              float* acc) {
+  __m256 a[U];
+  for (int u = 0; u < U; ++u) a[u] = _mm256_mul_ps(_mm256_loadu_ps(acc + c + 8 * u), _mm256_set1_ps(correction));
+  for (int64_t j = 0; j < n; ++j) {
+    const __m256 wj = _mm256_set1_ps(w[j]);
+    const float* row = values[j] + c;
+    for (int u = 0; u < U; ++u) a[u] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(row + 8 * u), a[u]);
+  }
+  for (int u = 0; u < U; ++u) _mm256_storeu_ps(acc + c + 8 * u, a[u]);
+}
+
+AVX2 void attend_slice_avx2(const float* q, int64_t R, int64_t d, const Cache& k, const Cache& v, const float* lut,
+                            const float* mask, int64_t mr, int64_t b, int64_t h, int64_t t0, int64_t t1, float scale,
+                            Partial& p) {
+  p.max.assign(R, -std::numeric_limits<float>::infinity());
+  p.sum.assign(R, 0.f);
+  p.acc.assign(R * d, 0.f);
+  alignas(32) float kb[KEYS_AVX2 * MAX_DIM], vb[KEYS_AVX2 * MAX_DIM], s[KEYS_AVX2];
+  const float* keys[KEYS_AVX2];
+  const float* values[KEYS_AVX2];
+  for (int64_t start = t0; start < t1; start += KEYS_AVX2) {
+    const int64_t n = std::min(KEYS_AVX2, t1 - start);
+    rows_of(k, lut, b, h, start, n, d, kb, keys);
+    rows_of(v, lut, b, h, start, n, d, vb, values);
+    for (int64_t r = 0; r < R; ++r) {
+      scores8(q + r * d, keys, n, d, scale, mask ? mask + r * mr + start : nullptr, s);
+      float block_max = -std::numeric_limits<float>::infinity();
+      for (int64_t i = 0; i < n; ++i) block_max = std::max(block_max, s[i]);
+      if (block_max == -std::numeric_limits<float>::infinity()) continue;  // every key of the block masked
+      const float new_max = std::max(p.max[r], block_max);
+      const float correction = std::exp(p.max[r] - new_max);  // 0 when the row had nothing yet
+      const __m256 top = _mm256_set1_ps(new_max);
+      __m256 total = _mm256_setzero_ps();
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8) {
+        const __m256 w = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i), top));
+        _mm256_storeu_ps(s + i, w);
+        total = _mm256_add_ps(total, w);
+      }
+      float rest = 0.f;
+      for (; i < n; ++i) rest += (s[i] = std::exp(s[i] - new_max));
+      p.sum[r] = p.sum[r] * correction + hsum8(total) + rest;
+      p.max[r] = new_max;
+      float* acc = p.acc.data() + r * d;
+      int64_t c = 0;
+      for (; c + 64 <= d; c += 64) weigh_values<8>(s, values, n, c, correction, acc);
+      for (; c < d; c += 8) weigh_values<1>(s, values, n, c, correction, acc);
+    }
+  }
+}
+
 // the slices of one (b, h) merged: out [R, d]
 void merge(const std::vector<Partial>& parts, int64_t R, int64_t d, float* out) {
   for (int64_t r = 0; r < R; ++r) {
@@ -240,9 +380,14 @@ AVX512 void run_avx512(const Job& j, int64_t task, Partial& p) {
     attend_slice(j.q + bh * j.R * j.d, j.R, j.d, j.k, j.v, j.lut, mask, j.mr, j.mt, b, h, t0, t1, j.scale, p);
 }
 
-bool has_avx512() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-  return ok;
+AVX2 void run_avx2(const Job& j, int64_t task, Partial& p) {
+  const int64_t slice = task % j.slices, bh = task / j.slices, b = bh / j.H, h = bh % j.H;
+  const int64_t per = (j.T + j.slices - 1) / j.slices, t0 = slice * per, t1 = std::min(j.T, t0 + per);
+  const float* mask = j.mask ? j.mask + (j.mb ? b * j.mb : 0) : nullptr;
+  if (j.d % 8 == 0 && j.mt == 1)
+    attend_slice_avx2(j.q + bh * j.R * j.d, j.R, j.d, j.k, j.v, j.lut, mask, j.mr, b, h, t0, t1, j.scale, p);
+  else
+    attend_slice(j.q + bh * j.R * j.d, j.R, j.d, j.k, j.v, j.lut, mask, j.mr, j.mt, b, h, t0, t1, j.scale, p);
 }
 
 // k or v as the attention reads it: [B, H, T, d], or a paged pool [N, bs, H, d] read through tables
@@ -302,19 +447,24 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   if (mask.has_value()) {
     TORCH_CHECK(mask->dim() == 4 && (mask->size(2) == R || mask->size(2) == 1) && mask->size(3) == T,
                 "anatomy::decode_attention: mask must be [B|1, 1, R|1, T]");
-    m = mask->to(at::kFloat).expand({mask->size(0), 1, R, T}).contiguous();
+    m = mask->scalar_type() == at::kFloat && mask->stride(3) == 1 ? *mask : mask->to(at::kFloat).contiguous();
   }
+  // the mask as it is (a row shared by the batch or the query rows: stride 0), float32 with slots contiguous
+  const int64_t mb = m.defined() && m.size(0) > 1 ? m.stride(0) : 0, mr = m.defined() && m.size(2) > 1 ? m.stride(2) : 0;
   Job job{qf.data_ptr<float>(), B, H, R, T, d, cache_of(k, k_scale.value_or(at::Tensor()), ks, blocks),
           cache_of(v, v_scale.value_or(at::Tensor()), vs, blocks), table.defined() ? table.data_ptr<float>() : nullptr,
-          m.defined() ? m.data_ptr<float>() : nullptr, m.defined() && m.size(0) > 1 ? R * T : 0, T, 1,
-          static_cast<float>(scale), 1};
+          m.defined() ? m.data_ptr<float>() : nullptr, mb, mr, 1, static_cast<float>(scale), 1};
   const int64_t threads = at::get_num_threads();
   job.slices = std::max<int64_t>(1, std::min<int64_t>((2 * threads + B * H - 1) / (B * H), T / KEYS));
   const int64_t tasks = B * H * job.slices;
   std::vector<Partial> parts(tasks);
-  const bool fast = !portable && has_avx512();
+  const anatomy::Isa level = anatomy::isa(portable);
   at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) fast ? run_avx512(job, t, parts[t]) : run_portable(job, t, parts[t]);
+    for (int64_t t = t0; t < t1; ++t) {
+      if (level >= anatomy::Isa::Avx512) run_avx512(job, t, parts[t]);
+      else if (level == anatomy::Isa::Avx2) run_avx2(job, t, parts[t]);
+      else run_portable(job, t, parts[t]);
+    }
   });
   at::Tensor out = at::empty({B, H, R, d}, qf.options());
   float* dst = out.data_ptr<float>();

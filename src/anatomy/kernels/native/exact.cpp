@@ -3,6 +3,7 @@
 // weight decoded to float32 in registers (w = q * d + m, or q * d) and summed in float32, so the product
 // is the float product of the weights the file holds (no rounding of the activations, unlike the int8
 // path). A decode step is bound by reading the weights, and those are the same bytes either way.
+// AVX-512 loops here, AVX2 ones in gemv_avx2.cpp, the portable ones anywhere else (native.h's isa()).
 //
 //   q4f_linear(x [M, K] float, weight) -> [M, N]      (M any; in the input's dtype)
 //   q8f_linear(x [M, K] float, weight) -> [M, N]
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "gemv_avx2.h"
 #include "native.h"
 
 namespace {
@@ -28,12 +30,6 @@ using anatomy::Q8_BLOCK;
 constexpr int ROWS = 8;  // rows of x per pass over the weights
 
 inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
-
-bool has_avx512() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  return ok;
-}
 
 // -- portable: the arithmetic, for checking ---------------------------------------------------------
 
@@ -165,8 +161,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   const float* xs = xf.data_ptr<float>();
   const uint8_t* weights = w.data_ptr<uint8_t>();
   float* out = y.data_ptr<float>();
-  const bool fast = !portable && has_avx512();
+  const anatomy::Isa level = anatomy::isa(portable);
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    if (level == anatomy::Isa::Avx2) {
+      (Q4 ? anatomy::avx2::q4f_rows : anatomy::avx2::q8f_rows)(xs, M, K, weights, n0, n1, out, N);
+      return;
+    }
+    const bool fast = level >= anatomy::Isa::Avx512;
     for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
       const int rows = static_cast<int>(std::min<int64_t>(ROWS, M - m0));
       const float* xm = xs + m0 * K;
@@ -184,8 +185,6 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
-bool fast_float() { return has_avx512(); }
-
 }  // namespace
 
 namespace anatomy {
@@ -199,12 +198,9 @@ at::Tensor q8f_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
 TORCH_LIBRARY_FRAGMENT(anatomy, m) {
   m.def("q4f_linear(Tensor x, Tensor weight, bool portable=False) -> Tensor");
   m.def("q8f_linear(Tensor x, Tensor weight, bool portable=False) -> Tensor");
-  m.def("avx512() -> bool");
 }
 
 TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
   m.impl("q4f_linear", anatomy::q4f_linear);
   m.impl("q8f_linear", anatomy::q8f_linear);
 }
-
-TORCH_LIBRARY_IMPL(anatomy, CompositeExplicitAutograd, m) { m.impl("avx512", fast_float); }

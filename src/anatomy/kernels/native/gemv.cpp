@@ -14,8 +14,9 @@
 // This is what llama.cpp's Q4_1 x Q8_1 and Q8_0 x Q8_0 dot products compute; here it is a PyTorch
 // operator (so a captured decode step holds it), threaded over output rows with at::parallel_for,
 // and chosen only where the kernel plan measures it faster and accurate enough on this machine.
-// The AVX-512 code is compiled for that target only and run only where the CPU has it (`supported`);
-// elsewhere the portable loop gives the same numbers (tests compare both against float64).
+// The AVX-512 code is compiled for that target only and run only where the CPU has it (native.h's
+// isa()); a CPU with AVX2 but not VNNI runs gemv_avx2.cpp's loops, any other the portable one (tests
+// compare each against float64 and the vector paths against the portable one).
 
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -28,6 +29,7 @@
 #include <cstring>
 #include <vector>
 
+#include "gemv_avx2.h"
 #include "native.h"
 
 namespace {
@@ -36,28 +38,17 @@ using anatomy::AHEAD;
 using anatomy::PAIR;
 using anatomy::Q4_BLOCK;
 using anatomy::Q8_BLOCK;
+using anatomy::Quantized;
+using anatomy::Isa;
 
 constexpr int64_t G = 32;        // inputs per group
 constexpr int MAX_ROWS = 16;
-
-bool has_avx512_vnni() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                         __builtin_cpu_supports("avx512vnni");
-  return ok;
-}
 
 inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
 inline uint16_t float_to_half(float f) { return c10::Half(f).x; }
 
 // -- activations: x [M, K] float -> int8 per group of 32 ------------------------------------------
-
-struct Quantized {
-  std::vector<int8_t> q;     // [M, K] round(x / s), in -127..127
-  std::vector<float> scale;  // [M, K/32] s = max|x| / 127
-  std::vector<int32_t> sum;  // [M, K/32] sum of q over the group
-};
 
 Quantized quantize_rows(const at::Tensor& x) {
   const int64_t M = x.size(0), K = x.size(1), groups = K / G;
@@ -318,10 +309,14 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   const Quantized a = quantize_rows(x);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const uint8_t* weights = w.data_ptr<uint8_t>();
-  const bool fast = !portable && has_avx512_vnni();
-  const Lanes l = fast ? lanes_of(a, M, K) : Lanes{};
+  const Isa level = anatomy::isa(portable);
+  const Lanes l = level == Isa::Avx512Vnni ? lanes_of(a, M, K) : Lanes{};
+  const std::vector<float> l8 = level == Isa::Avx2 || level == Isa::Avx512 ? anatomy::avx2::lanes(a, M, K)
+                                                                           : std::vector<float>{};
   return product(x, w, [&](int64_t n0, int64_t n1, float* y) {
-    fast ? q4_dispatch<MAX_ROWS>(a, l, M, K, weights, n0, n1, y, N) : q4_rows_portable(a, M, K, weights, n0, n1, y, N);
+    if (level == Isa::Avx512Vnni) return q4_dispatch<MAX_ROWS>(a, l, M, K, weights, n0, n1, y, N);
+    if (!l8.empty()) return anatomy::avx2::q4_rows(a, l8.data(), M, K, weights, n0, n1, y, N);
+    q4_rows_portable(a, M, K, weights, n0, n1, y, N);
   });
 }
 
@@ -331,13 +326,17 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   const Quantized a = quantize_rows(x);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const uint8_t* weights = w.data_ptr<uint8_t>();
-  const bool fast = !portable && has_avx512_vnni();
-  std::vector<uint8_t> shifted(fast ? M * K : 0);
+  const Isa level = anatomy::isa(portable);
+  const bool vnni = level == Isa::Avx512Vnni;
+  std::vector<uint8_t> shifted(vnni ? M * K : 0);
   for (size_t i = 0; i < shifted.size(); ++i) shifted[i] = static_cast<uint8_t>(a.q[i] + 128);
-  const Lanes l = fast ? lanes_of(a, M, K) : Lanes{};
+  const Lanes l = vnni ? lanes_of(a, M, K) : Lanes{};
+  const std::vector<float> l8 = level == Isa::Avx2 || level == Isa::Avx512 ? anatomy::avx2::lanes(a, M, K)
+                                                                           : std::vector<float>{};
   return product(x, w, [&](int64_t n0, int64_t n1, float* y) {
-    fast ? q8_dispatch<MAX_ROWS>(l, M, K, weights, n0, n1, y, N, shifted.data())
-         : q8_rows_portable(a, M, K, weights, n0, n1, y, N);
+    if (vnni) return q8_dispatch<MAX_ROWS>(l, M, K, weights, n0, n1, y, N, shifted.data());
+    if (!l8.empty()) return anatomy::avx2::q8_rows(a, l8.data(), M, K, weights, n0, n1, y, N);
+    q8_rows_portable(a, M, K, weights, n0, n1, y, N);
   });
 }
 
@@ -400,7 +399,16 @@ at::Tensor pack_q8(const at::Tensor& codes, const at::Tensor& scale) {
   return out;
 }
 
-bool supported() { return has_avx512_vnni(); }
+// the vector code the kernels run (native.h's Isa): 0 portable, 1 AVX2, 2 AVX-512, 3 AVX-512 with VNNI
+int64_t isa_level() { return static_cast<int64_t>(anatomy::isa()); }
+
+// at most `level` from now on (never more than the CPU has); the level the kernels then run
+int64_t set_isa_limit(int64_t level) {
+  TORCH_CHECK(level >= 0 && level <= static_cast<int64_t>(Isa::Avx512Vnni), "anatomy::set_isa_limit: level ", level,
+              " is not 0 (portable) .. 3 (AVX-512 VNNI)");
+  anatomy::isa_limit().store(static_cast<int>(level));
+  return isa_level();
+}
 
 }  // namespace
 
@@ -409,7 +417,8 @@ TORCH_LIBRARY(anatomy, m) {
   m.def("q8_linear(Tensor x, Tensor weight, bool portable=False) -> Tensor");
   m.def("pack_q4(Tensor codes, Tensor scale, Tensor offset) -> Tensor");
   m.def("pack_q8(Tensor codes, Tensor scale) -> Tensor");
-  m.def("vnni() -> bool");
+  m.def("isa() -> int");
+  m.def("set_isa_limit(int level) -> int");
 }
 
 TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
@@ -420,5 +429,6 @@ TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
 }
 
 TORCH_LIBRARY_IMPL(anatomy, CompositeExplicitAutograd, m) {
-  m.impl("vnni", supported);
+  m.impl("isa", isa_level);
+  m.impl("set_isa_limit", set_isa_limit);
 }

@@ -6,6 +6,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <atomic>
+
 namespace anatomy {
 
 // The native weight layouts (gemv.cpp builds them): each row of a weight is K / PAIR blocks, a block the
@@ -16,6 +19,36 @@ constexpr int64_t Q8_BLOCK = 72;  // bytes per block: 2 float16 scales (in 8 byt
 // The weights stream from memory once per step, a few hundred KB per matrix: the hardware prefetcher
 // alone leaves each new matrix latency-bound, so the one-row loops ask for the bytes this far ahead
 constexpr int64_t AHEAD = 8192;
+
+// The vector code a CPU runs: AVX-512 (F, BW, VL, DQ) with VNNI where it has them, AVX2 with FMA and
+// F16C on the x86-64 machines of the last decade, the portable loops (SSE2) anywhere else. Each path is
+// compiled for its own target (function attributes), so one library runs on any x86-64 machine.
+enum class Isa { Portable = 0, Avx2 = 1, Avx512 = 2, Avx512Vnni = 3 };
+
+// The most a kernel may use, below what the CPU has (set_isa_limit: the tests run the AVX2 and portable
+// paths on an AVX-512 machine, and a user can simulate an older CPU); the CPU's own by default
+inline std::atomic<int>& isa_limit() {
+  static std::atomic<int> limit{static_cast<int>(Isa::Avx512Vnni)};
+  return limit;
+}
+
+inline Isa cpu_isa() {
+  static const Isa found = [] {
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    if (avx512) return __builtin_cpu_supports("avx512vnni") ? Isa::Avx512Vnni : Isa::Avx512;
+    return avx2 ? Isa::Avx2 : Isa::Portable;
+  }();
+  return found;
+}
+
+inline Isa isa() {
+  return static_cast<Isa>(std::min(static_cast<int>(cpu_isa()), isa_limit().load(std::memory_order_relaxed)));
+}
+
+// what a kernel runs: `portable` (the tests' check of the vector paths) forces the portable loops
+inline Isa isa(bool portable) { return portable ? Isa::Portable : isa(); }
 
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& w, bool portable);

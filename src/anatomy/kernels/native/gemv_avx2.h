@@ -1,0 +1,36 @@
+// The AVX2 paths of anatomy's few-row products (gemv_avx2.cpp), for x86-64 CPUs with AVX2, FMA and F16C
+// without AVX-512: the same layouts and the same arithmetic as gemv.cpp's and exact.cpp's AVX-512 loops,
+// 8 lanes at a time. Each fills y[m * N + n] for output rows n in [n0, n1) and all M rows of x.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace anatomy {
+
+// activations x [M, K] rounded to int8 per group of 32 (gemv.cpp's quantize_rows)
+struct Quantized {
+  std::vector<int8_t> q;     // [M, K] round(x / s), in -127..127
+  std::vector<float> scale;  // [M, K/32] s = max|x| / 127
+  std::vector<int32_t> sum;  // [M, K/32] sum of q over the group
+};
+
+namespace avx2 {
+
+// What the int8 loops read per row m and block p of 64 inputs besides the codes, spread over the lanes
+// in which the loops sum each group: [s_A s_B s_A s_B s_A s_B s_A s_B] then the same of c / 4 with
+// c = s * sum(q) (q4's minimum term): [M, K/64, 16] floats
+std::vector<float> lanes(const Quantized& a, int64_t M, int64_t K);
+
+// int4 (q4 layout) and int8 (q8 layout) weights x int8 activations, M <= 16
+void q4_rows(const Quantized& a, const float* lanes, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1,
+             float* y, int64_t N);
+void q8_rows(const Quantized& a, const float* lanes, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1,
+             float* y, int64_t N);
+
+// the same layouts x float32 activations x [M, K] as they are, M <= 8
+void q4f_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N);
+void q8f_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N);
+
+}  // namespace avx2
+}  // namespace anatomy
