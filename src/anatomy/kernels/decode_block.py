@@ -93,8 +93,8 @@ class NativeBlock(Block):
             return pool.k, pool.v, where.slots, where.tables.view(where.rows, where.blocks)
         k = getattr(cache, "k", None)  # a static cache's layer (inference/engine/kv_cache.py)
         if k is None or cache.kind is not None or k.dtype not in CACHE_DTYPES or ctx.input_pos is None \
-                or ctx.input_pos.numel() != 1:
-            return None
+                or ctx.input_pos.numel() != 1 or (ctx.mask is not None and ctx.mask.shape[-1] != k.shape[2]):
+            return None  # (a mask over the first slots only: a pass of Run._forward, not a decode step)
         return cache.k, cache.v, ctx.input_pos, None
 
 

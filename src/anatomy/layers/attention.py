@@ -156,6 +156,8 @@ def attend(
     (an 8-bit cache's) or Pages (a paged cache's blocks, S_k = nb * bs), each with its own reader.
     `reader` reads float k and v as stored, for a few query rows (kernels/native)."""
     check_backend(backend)
+    if mask is not None and not isinstance(k, Pages):  # a pass over the cache's first slots only
+        k, v = first_slots(k, mask.shape[-1]), first_slots(v, mask.shape[-1])
     readable = (bias is None and softcap is None and not return_weights and not dropout and q.shape[2] <= READ_ROWS
                 and (mask is None or mask.dtype != torch.bool))
     reader = k.reader if isinstance(k, (Codes, Pages)) else reader
@@ -202,6 +204,16 @@ def check_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise InputError(f"attention backend={backend!r} is not one of {', '.join(map(repr, BACKENDS))}")
     return backend
+
+
+def first_slots(x: Tensor | Codes, n: int) -> Tensor | Codes:
+    """A cache's keys or values [B, H_kv, T, d_h] (or Codes) limited to the first n slots (a view)."""
+    slots = x.codes.shape[2] if isinstance(x, Codes) else x.shape[2]
+    if slots <= n:
+        return x
+    if isinstance(x, Codes):
+        return Codes(x.codes[:, :, :n], x.scale[:, :, :n], x.lut, x.reader)
+    return x[:, :, :n]
 
 
 def _with_bias(mask: Tensor | None, bias: Tensor, dtype: torch.dtype) -> Tensor:

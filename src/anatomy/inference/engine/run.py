@@ -93,7 +93,7 @@ class Run:
     def prefill(self) -> Tensor:
         """The prompts [B, P] into slots 0..P-1 -> the last position's logits [B, V]."""
         P = self.batch.ids.shape[1]
-        hidden = self._forward(self.batch.ids, torch.arange(P, device=self.engine.device))  # [B, P, D]
+        hidden = self._forward(self.batch.ids, 0)  # [B, P, D]
         self.slot = P
         return self.engine.head(hidden[:, -1])  # [B, V]
 
@@ -117,7 +117,7 @@ class Run:
         reads the weights once instead of k times."""
         S = tokens.shape[1]
         self._check_room(S)
-        hidden = self._forward(tokens, torch.arange(self.slot, self.slot + S, device=self.engine.device))
+        hidden = self._forward(tokens, self.slot)
         self.slot += S
         self.decodes += S
         return self.engine.head(hidden)  # [B, S, V]
@@ -130,14 +130,20 @@ class Run:
                              "(the prompt's end .. the current write position)")
         self.slot = slot
 
-    def _forward(self, ids: Tensor, slots: Tensor) -> Tensor:
-        """ids [B, S] at cache slots `slots` [S], eagerly -> final hidden states [B, S, D]."""
-        ctx, positions = self._context(slots)
+    def _forward(self, ids: Tensor, start: int) -> Tensor:
+        """ids [B, S] at cache slots start..start+S-1, eagerly -> final hidden states [B, S, D]. The pass
+        attends over the slots up to its last one only (none later is written yet): a prompt of 512
+        tokens in a cache of 768 slots reads 512 keys, not 768."""
+        S = ids.shape[1]
+        ctx, positions = self._context(torch.arange(start, start + S, device=self.engine.device), keys=start + S)
         return self.engine.model.stack.run(ids, ctx, position_ids=positions, cache=self.cache)
 
-    def _context(self, slots: Tensor):
+    def _context(self, slots: Tensor, keys: int | None = None):
+        """The Context of queries at `slots` over the cache's first `keys` slots (default all: a decode
+        step's shapes stay the same from step to step, so that it can be captured)."""
         positions = self.batch.positions(slots)  # [B, S]
-        ctx = self.tables.build(positions, q_slots=slots, key_valid=self.valid, input_pos=slots)
+        valid = self.valid if self.valid is None or keys is None else self.valid[:, :keys]
+        ctx = self.tables.build(positions, q_slots=slots, keys=keys, key_valid=valid, input_pos=slots)
         return ctx, positions
 
     def _check_room(self, n: int) -> None:

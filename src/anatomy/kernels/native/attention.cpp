@@ -34,6 +34,7 @@
 #include <limits>
 #include <vector>
 
+#include "avx2.h"
 #include "native.h"
 
 namespace {
@@ -201,32 +202,9 @@ AVX512 void attend_slice_avx512(const float* q, int64_t R, int64_t d, const Cach
 // -- AVX2: the same, 8 lanes at a time; float32 keys and values are read where they lie (no copy), and
 // the scores of 8 keys are summed across lanes together (a transpose by horizontal adds) ------------
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-
-// exp(x) as exp512 above; 2^n built in the exponent bits (n >= -126 for x >= -87)
-AVX2 inline __m256 exp256(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.4426950408889634f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
-  __m256 p = _mm256_set1_ps(1.f / 720.f);
-  for (const float c : {1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-AVX2 inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-AVX2 inline float hmax8(__m256 v) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
-}
+using anatomy::avx2::exp8;
+using anatomy::avx2::hmax8;
+using anatomy::avx2::hsum8;
 
 // [sum(a[0]), ..., sum(a[7])]
 AVX2 inline __m256 sums8(const __m256 (&a)[8]) {
@@ -309,15 +287,16 @@ AVX2 void attend_slice_avx2(const float* q, int64_t R, int64_t d, const Cache& k
     for (int64_t r = 0; r < R; ++r) {
       scores8(q + r * d, keys, n, d, scale, mask ? mask + r * mr + start : nullptr, s);
       float block_max = -std::numeric_limits<float>::infinity();
-      for (int64_t i = 0; i < n; ++i) block_max = std::max(block_max, s[i]);
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8) block_max = std::max(block_max, hmax8(_mm256_loadu_ps(s + i)));
+      for (; i < n; ++i) block_max = std::max(block_max, s[i]);
       if (block_max == -std::numeric_limits<float>::infinity()) continue;  // every key of the block masked
       const float new_max = std::max(p.max[r], block_max);
       const float correction = std::exp(p.max[r] - new_max);  // 0 when the row had nothing yet
       const __m256 top = _mm256_set1_ps(new_max);
       __m256 total = _mm256_setzero_ps();
-      int64_t i = 0;
-      for (; i + 8 <= n; i += 8) {
-        const __m256 w = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i), top));
+      for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 w = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), top));
         _mm256_storeu_ps(s + i, w);
         total = _mm256_add_ps(total, w);
       }
@@ -357,37 +336,62 @@ struct Job {
   int64_t B, H, R, T, d;
   Cache k, v;
   const float* lut;
-  const float* mask;  // [Bm, 1, R, T] float32 contiguous, or null
+  const float* mask;  // [Bm, 1, R, T] float32, slots contiguous (strides mb, mr; 0: shared), or null
   int64_t mb, mr, mt;
   float scale;
   int64_t slices;
+  std::vector<int64_t> reach;  // per batch row: the slots up to its last one any query row may attend (T unmasked)
 };
 
+// One task: a (batch row, KV head) and a slice [t0, t1) of the slots it reaches
+struct Task {
+  const float* q;
+  const float* mask;
+  int64_t b, h, t0, t1;
+};
+
+Task task_of(const Job& j, int64_t task) {
+  const int64_t slice = task % j.slices, bh = task / j.slices, b = bh / j.H, T = j.reach[b];
+  const int64_t per = (T + j.slices - 1) / j.slices, t0 = std::min(T, slice * per), t1 = std::min(T, t0 + per);
+  return {j.q + bh * j.R * j.d, j.mask ? j.mask + b * j.mb : nullptr, b, bh % j.H, t0, t1};
+}
+
+// How far each batch row's queries reach: one past the last slot not masked (-inf) for some query row.
+// A decode step over a cache bucket masks the slots not written yet: they are not read at all.
+std::vector<int64_t> reach_of(const float* mask, int64_t B, int64_t R, int64_t T, int64_t mb, int64_t mr) {
+  std::vector<int64_t> reach(B, T);
+  if (mask == nullptr) return reach;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t t = T;
+    for (; t > 0; --t) {
+      bool open = false;
+      for (int64_t r = 0; r < R && !open; ++r) open = mask[b * mb + r * mr + t - 1] != -std::numeric_limits<float>::infinity();
+      if (open) break;
+    }
+    reach[b] = t;
+  }
+  return reach;
+}
+
 void run_portable(const Job& j, int64_t task, Partial& p) {
-  const int64_t slice = task % j.slices, bh = task / j.slices, b = bh / j.H, h = bh % j.H;
-  const int64_t per = (j.T + j.slices - 1) / j.slices, t0 = slice * per, t1 = std::min(j.T, t0 + per);
-  const float* mask = j.mask ? j.mask + (j.mb ? b * j.mb : 0) : nullptr;
-  attend_slice(j.q + bh * j.R * j.d, j.R, j.d, j.k, j.v, j.lut, mask, j.mr, j.mt, b, h, t0, t1, j.scale, p);
+  const Task t = task_of(j, task);
+  attend_slice(t.q, j.R, j.d, j.k, j.v, j.lut, t.mask, j.mr, j.mt, t.b, t.h, t.t0, t.t1, j.scale, p);
 }
 
 AVX512 void run_avx512(const Job& j, int64_t task, Partial& p) {
-  const int64_t slice = task % j.slices, bh = task / j.slices, b = bh / j.H, h = bh % j.H;
-  const int64_t per = (j.T + j.slices - 1) / j.slices, t0 = slice * per, t1 = std::min(j.T, t0 + per);
-  const float* mask = j.mask ? j.mask + (j.mb ? b * j.mb : 0) : nullptr;
+  const Task t = task_of(j, task);
   if (j.d % 16 == 0)
-    attend_slice_avx512(j.q + bh * j.R * j.d, j.R, j.d, j.k, j.v, j.lut, mask, j.mr, j.mt, b, h, t0, t1, j.scale, p);
+    attend_slice_avx512(t.q, j.R, j.d, j.k, j.v, j.lut, t.mask, j.mr, j.mt, t.b, t.h, t.t0, t.t1, j.scale, p);
   else
-    attend_slice(j.q + bh * j.R * j.d, j.R, j.d, j.k, j.v, j.lut, mask, j.mr, j.mt, b, h, t0, t1, j.scale, p);
+    attend_slice(t.q, j.R, j.d, j.k, j.v, j.lut, t.mask, j.mr, j.mt, t.b, t.h, t.t0, t.t1, j.scale, p);
 }
 
 AVX2 void run_avx2(const Job& j, int64_t task, Partial& p) {
-  const int64_t slice = task % j.slices, bh = task / j.slices, b = bh / j.H, h = bh % j.H;
-  const int64_t per = (j.T + j.slices - 1) / j.slices, t0 = slice * per, t1 = std::min(j.T, t0 + per);
-  const float* mask = j.mask ? j.mask + (j.mb ? b * j.mb : 0) : nullptr;
+  const Task t = task_of(j, task);
   if (j.d % 8 == 0 && j.mt == 1)
-    attend_slice_avx2(j.q + bh * j.R * j.d, j.R, j.d, j.k, j.v, j.lut, mask, j.mr, b, h, t0, t1, j.scale, p);
+    attend_slice_avx2(t.q, j.R, j.d, j.k, j.v, j.lut, t.mask, j.mr, t.b, t.h, t.t0, t.t1, j.scale, p);
   else
-    attend_slice(j.q + bh * j.R * j.d, j.R, j.d, j.k, j.v, j.lut, mask, j.mr, j.mt, b, h, t0, t1, j.scale, p);
+    attend_slice(t.q, j.R, j.d, j.k, j.v, j.lut, t.mask, j.mr, j.mt, t.b, t.h, t.t0, t.t1, j.scale, p);
 }
 
 // k or v as the attention reads it: [B, H, T, d], or a paged pool [N, bs, H, d] read through tables
@@ -453,9 +457,11 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t mb = m.defined() && m.size(0) > 1 ? m.stride(0) : 0, mr = m.defined() && m.size(2) > 1 ? m.stride(2) : 0;
   Job job{qf.data_ptr<float>(), B, H, R, T, d, cache_of(k, k_scale.value_or(at::Tensor()), ks, blocks),
           cache_of(v, v_scale.value_or(at::Tensor()), vs, blocks), table.defined() ? table.data_ptr<float>() : nullptr,
-          m.defined() ? m.data_ptr<float>() : nullptr, mb, mr, 1, static_cast<float>(scale), 1};
+          m.defined() ? m.data_ptr<float>() : nullptr, mb, mr, 1, static_cast<float>(scale), 1, {}};
+  job.reach = reach_of(job.mask, B, R, T, mb, mr);
   const int64_t threads = at::get_num_threads();
-  job.slices = std::max<int64_t>(1, std::min<int64_t>((2 * threads + B * H - 1) / (B * H), T / KEYS));
+  const int64_t reach = *std::max_element(job.reach.begin(), job.reach.end());
+  job.slices = std::max<int64_t>(1, std::min<int64_t>((2 * threads + B * H - 1) / (B * H), reach / KEYS));
   const int64_t tasks = B * H * job.slices;
   std::vector<Partial> parts(tasks);
   const anatomy::Isa level = anatomy::isa(portable);

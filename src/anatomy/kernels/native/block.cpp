@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "avx2.h"
 #include "native.h"
 
 namespace {
@@ -50,6 +51,22 @@ void rope(float* heads, int64_t n, int64_t d, const float* c, const float* s) {
       x[j + half] = x2 * c[j + half] + x1 * s[j + half];
     }
   }
+}
+
+// y = silu(gate) * up over n values
+void swiglu(const float* gate, const float* up, float* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] = gate[j] / (1.f + std::exp(-gate[j])) * up[j];
+}
+
+AVX2 void swiglu_avx2(const float* gate, const float* up, float* y, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + j);
+    const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, anatomy::avx2::exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+    _mm256_storeu_ps(y + j, _mm256_mul_ps(silu, _mm256_loadu_ps(up + j)));
+  }
+  swiglu(gate + j, up + j, y + j, n - j);
 }
 
 template <typename T>
@@ -126,11 +143,8 @@ at::Tensor decode_block(const at::Tensor& x, const at::Tensor& attn_norm, const 
   at::Tensor act = at::empty({B, F}, gu.options());
   const float* g = gu.data_ptr<float>();
   float* y = act.data_ptr<float>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t j = 0; j < F; ++j) {
-      const float gate = g[b * 2 * F + j];
-      y[b * F + j] = gate / (1.f + std::exp(-gate)) * g[b * 2 * F + F + j];
-    }
+  const bool vector = anatomy::isa() >= anatomy::Isa::Avx2;
+  for (int64_t b = 0; b < B; ++b) (vector ? swiglu_avx2 : swiglu)(g + b * 2 * F, g + b * 2 * F + F, y + b * F, F);
   at::Tensor out = product(act, w_down, int8_activations & 8);  // [B, D]
   TORCH_CHECK(out.size(1) == D, "anatomy::decode_block: Wdown gives ", out.size(1), " outputs, not D = ", D);
   return out.add_(h);

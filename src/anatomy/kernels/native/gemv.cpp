@@ -50,28 +50,31 @@ inline uint16_t float_to_half(float f) { return c10::Half(f).x; }
 
 // -- activations: x [M, K] float -> int8 per group of 32 ------------------------------------------
 
-Quantized quantize_rows(const at::Tensor& x) {
+// one row's K values into out (codes q [K], scale and sum [K/32]); AVX2 where it runs, the same numbers
+void quantize_row(const float* v, int64_t K, int8_t* q, float* scale, int32_t* sum) {
+  for (int64_t g = 0; g < K / G; ++g, v += G, q += G) {
+    float amax = 0.f;
+    for (int64_t j = 0; j < G; ++j) amax = std::max(amax, std::fabs(v[j]));
+    const float s = amax / 127.f;
+    const float inv = s > 0.f ? 1.f / s : 0.f;
+    int32_t total = 0;
+    for (int64_t j = 0; j < G; ++j) {
+      q[j] = static_cast<int8_t>(std::nearbyint(v[j] * inv));
+      total += q[j];
+    }
+    scale[g] = s;
+    sum[g] = total;
+  }
+}
+
+Quantized quantize_rows(const at::Tensor& x, Isa level) {
   const int64_t M = x.size(0), K = x.size(1), groups = K / G;
   Quantized out{std::vector<int8_t>(M * K), std::vector<float>(M * groups), std::vector<int32_t>(M * groups)};
   at::Tensor xf = x.to(at::kFloat).contiguous();
   const float* src = xf.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* v = src + m * K + g * G;
-      float amax = 0.f;
-      for (int64_t j = 0; j < G; ++j) amax = std::max(amax, std::fabs(v[j]));
-      const float s = amax / 127.f;
-      const float inv = s > 0.f ? 1.f / s : 0.f;
-      int32_t total = 0;
-      int8_t* q = out.q.data() + m * K + g * G;
-      for (int64_t j = 0; j < G; ++j) {
-        q[j] = static_cast<int8_t>(std::nearbyint(v[j] * inv));
-        total += q[j];
-      }
-      out.scale[m * groups + g] = s;
-      out.sum[m * groups + g] = total;
-    }
-  }
+  const auto row = level >= Isa::Avx2 ? anatomy::avx2::quantize_row : quantize_row;
+  for (int64_t m = 0; m < M; ++m)
+    row(src + m * K, K, out.q.data() + m * K, out.scale.data() + m * groups, out.sum.data() + m * groups);
   return out;
 }
 
@@ -306,10 +309,10 @@ namespace anatomy {
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   if (x.dim() == 2 && x.size(0) > MAX_ROWS) return in_chunks(x, w, portable, q4_linear);
   check(x, w, Q4_BLOCK, "anatomy::q4_linear");
-  const Quantized a = quantize_rows(x);
+  const Isa level = anatomy::isa(portable);
+  const Quantized a = quantize_rows(x, level);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const uint8_t* weights = w.data_ptr<uint8_t>();
-  const Isa level = anatomy::isa(portable);
   const Lanes l = level == Isa::Avx512Vnni ? lanes_of(a, M, K) : Lanes{};
   const std::vector<float> l8 = level == Isa::Avx2 || level == Isa::Avx512 ? anatomy::avx2::lanes(a, M, K)
                                                                            : std::vector<float>{};
@@ -323,10 +326,10 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   if (x.dim() == 2 && x.size(0) > MAX_ROWS) return in_chunks(x, w, portable, q8_linear);
   check(x, w, Q8_BLOCK, "anatomy::q8_linear");
-  const Quantized a = quantize_rows(x);
+  const Isa level = anatomy::isa(portable);
+  const Quantized a = quantize_rows(x, level);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const uint8_t* weights = w.data_ptr<uint8_t>();
-  const Isa level = anatomy::isa(portable);
   const bool vnni = level == Isa::Avx512Vnni;
   std::vector<uint8_t> shifted(vnni ? M * K : 0);
   for (size_t i = 0; i < shifted.size(); ++i) shifted[i] = static_cast<uint8_t>(a.q[i] + 128);

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "avx2.h"
 #include "native.h"
 
 namespace {
@@ -38,14 +39,8 @@ constexpr int CHUNK = 4;      // rows of x per pass over a tile of weights
 constexpr int64_t TILE = 16;  // output rows per tile
 constexpr int UNROLL = 4;     // output rows at a time in the one-row loops (independent FMA chains)
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-
-AVX2 inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using anatomy::avx2::hmax8;
+using anatomy::avx2::hsum8;
 
 // 8 int32 lanes, each the sum of 4 of the 32 products u[j] * s[j] (u unsigned bytes, s signed)
 AVX2 inline __m256i dot32(__m256i u, __m256i s) {
@@ -126,7 +121,7 @@ AVX2 void int8_rows(const int8_t* x, const float* l, int64_t K, const uint8_t* w
       const Block b = Block::of(row + p * bytes);
       for (int r = 0; r < R; ++r) acc[r] = b.times(x + r * K + p * PAIR, l + (r * pairs + p) * 16, acc[r]);
     }
-    for (int r = 0; r < R; ++r) y[r * N + n] = hsum(acc[r]);
+    for (int r = 0; r < R; ++r) y[r * N + n] = hsum8(acc[r]);
   }
 }
 
@@ -144,7 +139,7 @@ AVX2 void int8_row(const int8_t* x, const float* l, int64_t K, const uint8_t* w,
         _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD, _MM_HINT_T0);
         acc[u] = Block::of(block).times(x + p * PAIR, l + p * 16, acc[u]);
       }
-    for (int u = 0; u < UNROLL; ++u) y[n + u] = hsum(acc[u]);
+    for (int u = 0; u < UNROLL; ++u) y[n + u] = hsum8(acc[u]);
   }
   if (n < n1) int8_rows<1, Block>(x, l, K, w, n, n1, y, 1);
 }
@@ -218,7 +213,7 @@ AVX2 void q4f_rows(const float* x, int64_t K, const uint8_t* w, int64_t n0, int6
         group_times<R>(wv, x + p * PAIR + g * G, K, acc);
       }
     }
-    for (int r = 0; r < R; ++r) y[r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+    for (int r = 0; r < R; ++r) y[r * N + n] = hsum8(_mm256_add_ps(acc[r][0], acc[r][1]));
   }
 }
 
@@ -241,7 +236,7 @@ AVX2 void q8f_rows(const float* x, int64_t K, const uint8_t* w, int64_t n0, int6
         group_times<R>(wv, x + p * PAIR + g * G, K, acc);
       }
     }
-    for (int r = 0; r < R; ++r) y[r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+    for (int r = 0; r < R; ++r) y[r * N + n] = hsum8(_mm256_add_ps(acc[r][0], acc[r][1]));
   }
 }
 
@@ -258,6 +253,24 @@ void float_product(int64_t M, int64_t K, int64_t n0, int64_t n1, float* y, int64
 }  // namespace
 
 namespace anatomy::avx2 {
+
+AVX2 void quantize_row(const float* x, int64_t K, int8_t* q, float* scale, int32_t* sum) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int64_t g = 0; g < K / G; ++g, x += G, q += G) {
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i] = _mm256_loadu_ps(x + 8 * i)));
+    const float s = hmax8(amax) / 127.f;
+    const __m256 inv = _mm256_set1_ps(s > 0.f ? 1.f / s : 0.f);
+    __m256i c[4];
+    for (int i = 0; i < 4; ++i) c[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));  // nearest, ties to even
+    const __m256i total = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),  // the packs interleave the 128-bit lanes: undo it
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    scale[g] = s;
+    sum[g] = static_cast<int32_t>(hsum8(_mm256_cvtepi32_ps(total)));
+  }
+}
 
 std::vector<float> lanes(const Quantized& a, int64_t M, int64_t K) {
   const int64_t pairs = K / PAIR, groups = K / G;

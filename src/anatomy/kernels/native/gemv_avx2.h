@@ -17,6 +17,10 @@ struct Quantized {
 
 namespace avx2 {
 
+// one row x [K] to int8 per group of 32: codes q [K], scale s = max|x| / 127 and sum of q [K/32] per group
+// (the same numbers as gemv.cpp's portable loop: round to nearest even of x * (1 / s))
+void quantize_row(const float* x, int64_t K, int8_t* q, float* scale, int32_t* sum);
+
 // What the int8 loops read per row m and block p of 64 inputs besides the codes, spread over the lanes
 // in which the loops sum each group: [s_A s_B s_A s_B s_A s_B s_A s_B] then the same of c / 4 with
 // c = s * sum(q) (q4's minimum term): [M, K/64, 16] floats
