@@ -217,6 +217,17 @@ def test_planned_linear_with_real_kernels_and_dtype_contract(monkeypatch):
                 assert relative_error(y, ref) < 1e-2, (name, dtype, shape)
 
 
+@pytest.mark.skipif("fbgemm" not in torch.backends.quantized.supported_engines, reason="this torch has no FBGEMM")
+def test_a_layout_that_is_no_tensor_is_counted_by_its_bytes():
+    """FBGEMM's packed fp16 weight is an opaque object: the layer counts it as its form does (2 bytes a
+    weight), the tensor layouts by their storage (the engine's weight_bytes adds both)."""
+    from anatomy.kernels.candidates import KERNELS_BY_NAME
+
+    fmt = Int4Weight.from_float(torch.randn(64, 128))
+    assert PlannedLinear.with_kernel(KERNELS_BY_NAME["f16/fbgemm"], fmt).opaque_bytes == 64 * 128 * 2
+    assert PlannedLinear.with_kernel(KERNELS_BY_NAME["f32"], fmt).opaque_bytes == 0
+
+
 def test_phases_of_limits_a_layer_and_its_last_phase_takes_any_rows():
     calls = []
     kernels = (_fake("fast-decode", A, slow_above=4, calls=calls), _fake("fast-gemm", B, slow_upto=4, calls=calls))

@@ -38,11 +38,12 @@ class PlannedLinear(nn.Module):
 
     def __init__(self, routes: list[Route], *, in_features: int, out_features: int, bias: Tensor | None = None,
                  dtype: torch.dtype = torch.float32, layouts: dict[str, Prepared] | None = None,
-                 description: str = "") -> None:
+                 opaque_bytes: int = 0, description: str = "") -> None:
         super().__init__()
         self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
         self._routes = routes
         self.layouts = layouts or {}  # layout name -> prepared tensors (kept alive; for inspection)
+        self.opaque_bytes = opaque_bytes  # bytes of layouts that are not tensors (FBGEMM's packed weight)
         self.description = description
         self.bias = None if bias is None else bias.detach().to(dtype)  # a plain attribute: read per call, cheaply
 
@@ -62,7 +63,7 @@ class PlannedLinear(nn.Module):
         text = ", ".join(f"{phase.name} {k.name}" for phase, k in chosen)
         N, K = fmt.shape
         return cls(routes, in_features=K, out_features=N, bias=bias, dtype=dtype, layouts=layouts,
-                   description=f"{w.signature}: {text}")
+                   opaque_bytes=_opaque_bytes(forms, layouts, fmt), description=f"{w.signature}: {text}")
 
     @classmethod
     def with_kernel(cls, kernel: Kernel, fmt: WeightFormat, *, bias: Tensor | None = None,
@@ -72,8 +73,10 @@ class PlannedLinear(nn.Module):
             raise InputError(f"kernel {kernel.name!r} cannot compute with {fmt.signature} on this machine")
         layout = kernel.form.build(fmt)
         N, K = fmt.shape
+        layouts = {kernel.form.name: layout}
         return cls([(sys.maxsize, kernel.act_dtype, kernel.bind(layout))], in_features=K, out_features=N, bias=bias,
-                   dtype=dtype, layouts={kernel.form.name: layout}, description=f"{fmt.signature}: {kernel.name}")
+                   dtype=dtype, layouts=layouts, opaque_bytes=_opaque_bytes({kernel.form.name: kernel.form}, layouts, fmt),
+                   description=f"{fmt.signature}: {kernel.name}")
 
     def forward(self, x: Tensor) -> Tensor:
         K = self.in_features
@@ -95,3 +98,9 @@ class PlannedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.description}, layouts {'+'.join(self.layouts)}, out {self.dtype}"
+
+
+def _opaque_bytes(forms: dict, layouts: dict[str, Prepared], fmt: WeightFormat) -> int:
+    """The bytes of the layouts that hold something other than tensors, as their form counts them."""
+    return sum(forms[name].nbytes(fmt) for name, layout in layouts.items()
+               if not all(isinstance(t, Tensor) for t in layout))

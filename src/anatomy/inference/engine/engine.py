@@ -113,13 +113,14 @@ class DecoderEngine:
     @property
     def weight_bytes(self) -> int:
         """Bytes of the weights the engine holds: its view's parameters and buffers and every planned
-        layer's layouts, each storage counted once (a layout that is the format's own tensor is no copy)."""
+        layer's layouts, each storage counted once (a layout that is the format's own tensor is no copy;
+        one that is not a tensor, FBGEMM's packed fp16 weight, by its form's count)."""
         from anatomy.kernels.planned_linear import PlannedLinear
 
+        planned = [m for m in self.model.modules() if isinstance(m, PlannedLinear)]
         tensors = [*self.model.parameters(), *self.model.buffers()]
-        tensors += [t for m in self.model.modules() if isinstance(m, PlannedLinear)
-                    for layout in m.layouts.values() for t in layout if isinstance(t, torch.Tensor)]
-        return sum(dict(_storage(t) for t in tensors).values())
+        tensors += [t for m in planned for layout in m.layouts.values() for t in layout if isinstance(t, torch.Tensor)]
+        return sum(dict(_storage(t) for t in tensors).values()) + sum(m.opaque_bytes for m in planned)
 
     @property
     def captured_graphs(self) -> int:
