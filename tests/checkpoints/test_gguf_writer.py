@@ -154,3 +154,19 @@ def test_llama_cpp_greedy_tokens_match_on_smollm2(smollm2, smollm2_gguf_path, hf
         llm.eval([theirs[-1]])
     assert greedy(smollm2, ids, 16) == theirs
     assert "Paris" in hf_smollm2_tokenizer.decode(theirs)
+
+
+def test_a_quantized_files_mapping_is_not_kept_for_its_norms(tiny_llama, tmp_path, smollm2_gguf_path):
+    """The Q4_1 file's matrices are copied out of the mapping into their formats; its float32 norms, read
+    as views of it, are copied too (0.1 MB), so the 92 MB mapping is released with the file. An f32
+    file's tensors are most of it: they stay views of the mapping (no copy at all)."""
+    from anatomy.checkpoints.gguf import _own_small_views
+
+    q4 = read_gguf(smollm2_gguf_path)
+    norms = {name: torch.from_numpy(q4.raw(name).view(np.float32)) for name in q4.tensors if name.endswith("norm.weight")}
+    assert norms and all(q4.holds(t) for t in norms.values())
+    assert not any(q4.holds(t) for t in _own_small_views(q4, norms).values())
+    path = save_gguf(tiny_llama, tmp_path / "f32.gguf", dtype="f32")
+    f32 = read_gguf(path)
+    views = {name: torch.from_numpy(f32.raw(name).view(np.float32)) for name in f32.tensors}
+    assert all(f32.holds(t) for t in _own_small_views(f32, views).values())

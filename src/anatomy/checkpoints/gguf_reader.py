@@ -89,6 +89,11 @@ class GGUFFile:
         t = self.tensors[name]
         return np.frombuffer(self._buffer, dtype=np.uint8, count=t.nbytes, offset=t.offset)
 
+    def holds(self, t: Any) -> bool:
+        """Is the torch tensor t a view of this file's mapping (a float tensor read without a copy)?"""
+        view = np.frombuffer(self._buffer, dtype=np.uint8)
+        return view.ctypes.data <= t.untyped_storage().data_ptr() < view.ctypes.data + view.size
+
     def fail(self, field_name: str, value: Any, rule: str) -> CheckpointError:
         """A CheckpointError naming this file, the field, the value and the rule it breaks."""
         return _error(self.path, field_name, value, rule)
