@@ -11,6 +11,8 @@ import torch
 
 import anatomy
 from anatomy.inference.engine import DecoderEngine
+from anatomy.inference.sampling import SamplingParams
+from anatomy.kernels import native
 from anatomy.kernels.planned_linear import PlannedLinear
 from anatomy.kernels.planning import HEAD_THRESHOLD
 from anatomy.inference.quality import mean_nll
@@ -48,6 +50,27 @@ def test_compact_weights_within_the_plans_error(int4_tiny):
         chosen = next(m for m in head.measurements[phase] if m.kernel == kernel)
         assert chosen.error <= HEAD_THRESHOLD
     assert [line.split(":")[0] for line in engine.kernel_summary()] == ["decode", "batch", "prefill"]
+
+
+@pytest.mark.parametrize("isa", native.ISAS[:native.ISAS.index(native.isa()) + 1])
+def test_each_vector_path_of_this_cpu_plans_and_decodes_within_the_plans_error(int4_tiny, isa):
+    """A machine with less than this one (simulated by limiting the native kernels' vector code: no
+    AVX-512, no AVX2): the plan measures what runs there (no native kernel without a vector path, and
+    no fused block), and teacher-forced decode steps give the model's own logits within the plan's
+    error bound, whichever kernels won."""
+    with native.limited(isa):
+        engine = DecoderEngine(int4_tiny)
+        measured = {m.kernel for w in engine.plan.weights.values() for ms in w.measurements.values() for m in ms}
+        if isa == "portable":
+            assert not measured & {"q4x", "q4f", "q8x", "q8f"} and engine.native_blocks == 0
+        else:
+            assert {"q4x", "q4f"} <= measured
+        ids = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(1))
+        run = engine.start([ids[0, :4].tolist()], SamplingParams(max_new_tokens=26))
+        got = torch.stack([run.prefill()] + [run.decode(ids[:, t]) for t in range(4, 29)], dim=1)  # [1, 26, V]
+    with torch.no_grad():
+        ref = int4_tiny(ids[:, :29])[:, 3:]  # the logits after each of the same tokens
+    assert (got - ref).norm() / ref.norm() < 1e-2
 
 
 def test_the_callers_compact_model_is_left_alone(int4_tiny):
