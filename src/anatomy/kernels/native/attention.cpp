@@ -465,7 +465,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t tasks = B * H * job.slices;
   std::vector<Partial> parts(tasks);
   const anatomy::Isa level = anatomy::isa(portable);
-  anatomy::balanced_for(tasks, 1, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       if (level >= anatomy::Isa::Avx512) run_avx512(job, t, parts[t]);
       else if (level == anatomy::Isa::Avx2) run_avx2(job, t, parts[t]);

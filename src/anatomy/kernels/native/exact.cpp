@@ -162,7 +162,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   const uint8_t* weights = w.data_ptr<uint8_t>();
   float* out = y.data_ptr<float>();
   const anatomy::Isa level = anatomy::isa(portable);
-  anatomy::balanced_for(N, anatomy::rows_per_piece(w.size(1)), [&](int64_t n0, int64_t n1) {
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     if (level == anatomy::Isa::Avx2) {
       (Q4 ? anatomy::avx2::q4f_rows : anatomy::avx2::q8f_rows)(xs, M, K, weights, n0, n1, out, N);
       return;

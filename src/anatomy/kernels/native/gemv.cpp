@@ -12,7 +12,7 @@
 //       sum_j w_j x_j = d * sx * (sum_j q_j (qx_j + 128) - 128 * sum_j q_j)
 //
 // This is what llama.cpp's Q4_1 x Q8_1 and Q8_0 x Q8_0 dot products compute; here it is a PyTorch
-// operator (so a captured decode step holds it), threaded over output rows (native.h's balanced_for),
+// operator (so a captured decode step holds it), threaded over output rows with at::parallel_for,
 // and chosen only where the kernel plan measures it faster and accurate enough on this machine.
 // The AVX-512 code is compiled for that target only and run only where the CPU has it (native.h's
 // isa()); a CPU with AVX2 but not VNNI runs gemv_avx2.cpp's loops, any other the portable one (tests
@@ -289,7 +289,7 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& w, Rows rows) {
   const int64_t M = x.size(0), N = w.size(0);
   at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
   float* out = y.data_ptr<float>();
-  anatomy::balanced_for(N, anatomy::rows_per_piece(w.size(1)), [&](int64_t n0, int64_t n1) { rows(n0, n1, out); });
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) { rows(n0, n1, out); });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 

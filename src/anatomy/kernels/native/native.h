@@ -5,7 +5,6 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <atomic>
@@ -50,22 +49,6 @@ inline Isa isa() {
 
 // what a kernel runs: `portable` (the tests' check of the vector paths) forces the portable loops
 inline Isa isa(bool portable) { return portable ? Isa::Portable : isa(); }
-
-// f(i0, i1) over [0, n) in pieces of `grain`, each thread taking the next piece as it comes free: a
-// thread that starts late (woken from its wait) takes fewer, instead of the others waiting for its half
-// (at::parallel_for gives each thread an equal share up front). Serial inside a parallel region.
-template <typename F>
-void balanced_for(int64_t n, int64_t grain, const F& f) {
-  const int64_t pieces = (n + grain - 1) / grain;
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, std::min<int64_t>(pieces, at::get_num_threads()), 1, [&](int64_t, int64_t) {
-    for (int64_t p = next.fetch_add(1); p < pieces; p = next.fetch_add(1)) f(p * grain, std::min(n, (p + 1) * grain));
-  });
-}
-
-// output rows per piece of a product over weights of `row_bytes` bytes a row: ~32 KB of them (the
-// one-row loops prefetch AHEAD bytes into a piece), at least 16
-inline int64_t rows_per_piece(int64_t row_bytes) { return std::max<int64_t>(16, 32768 / std::max<int64_t>(row_bytes, 1)); }
 
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
