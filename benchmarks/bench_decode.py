@@ -6,7 +6,9 @@ anatomy is timed as a user calls it, `anatomy.generate(model, ...)` on `model = 
 public API must be >= 0.95x of it), its eager step and `weights="f32"`. llama.cpp is timed with its
 own native tools built from the llama-cpp-python sdist's sources (benchmarks/build_llama_cpp.sh):
 `llama-bench` (tg128, pp512, tg128 at depth 2048) and `llama-batched-bench` (-npp 128 -ntg 128 -npl
-1,8); its Python binding's per-token loop and HF transformers (fp32) are rows of their own.
+1,8), on the shipped file in each round right after anatomy's rows (the hosts drift by +-15% over
+minutes: each ratio is of medians taken side by side); its Python binding's per-token loop and HF
+transformers (fp32) are rows of their own.
 
 Targets (issue 23): decode >= 1.25x llama-bench tg128; prefill 512 >= 2.5x pp512; 8 sequences >= 5x
 batch 1 and >= 2x llama-batched-bench's 8; decode at a 2,048-token context >= 1.25x llama-bench -d
@@ -103,17 +105,22 @@ def measure(runner, short, long_, batch, deep) -> dict[str, float]:
 
 # -- the references -------------------------------------------------------------------------------
 
-def native_llama(gguf: Path, f32_gguf: Path) -> dict[str, dict[str, float]]:
+NATIVE = "llama.cpp native, Q4_1 (the same file)"
+
+
+def native_llama(path: Path) -> dict[str, float]:
+    """llama-bench's decode, prefill and depth figures on one file (its mean of 3 each)."""
     threads = torch.get_num_threads()
-    rows = {}
-    for name, path in (("llama.cpp native, Q4_1 (the same file)", gguf), ("llama.cpp native, F32", f32_gguf)):
-        rows[name] = {"decode": llama_bench(path, threads=threads, new=NEW),
-                      "prefill": llama_bench(path, threads=threads, prompt=PREFILL),
-                      "depth": llama_bench(path, threads=threads, new=NEW, depth=DEPTH)}
-    batched = batched_bench(gguf, threads=threads, prompt=PROMPT, new=NEW, sequences=(1, BATCH))
-    rows["llama.cpp native, Q4_1 (the same file)"]["batch"] = batched[BATCH]
-    rows["llama.cpp native, Q4_1 (the same file)"]["batch1"] = batched[1]
-    return rows
+    return {"decode": llama_bench(path, threads=threads, new=NEW),
+            "prefill": llama_bench(path, threads=threads, prompt=PREFILL),
+            "depth": llama_bench(path, threads=threads, new=NEW, depth=DEPTH)}
+
+
+def native_round(gguf: Path) -> dict[str, float]:
+    """One round of the native tools on the shipped file, between anatomy's rounds (this project's
+    hosts drift by +-15% over minutes: the ratios are of figures taken side by side)."""
+    batched = batched_bench(gguf, threads=torch.get_num_threads(), prompt=PROMPT, new=NEW, sequences=(1, BATCH))
+    return native_llama(gguf) | {"batch": batched[BATCH], "batch1": batched[1]}
 
 
 def binding_run(gguf: Path, short: list[int], long_: list[int]) -> dict[str, float]:
@@ -207,15 +214,17 @@ def main() -> None:
         print("warming up: every anatomy row's shapes once (kernel plans, captured steps) ...", flush=True)
         for runner in rows.values():
             measure(runner, short, long_, batch, deep)
+        runs[NATIVE] = []
         for rep in progress.track(range(REPEATS), "decode benchmark runs"):
             bandwidth.append(bandwidth_gbs())
             for name, runner in rows.items():
                 runs[name].append(measure(runner, short, long_, batch, deep))
-            print(f"  anatomy run {rep + 1}/{REPEATS} done", flush=True)
-        print("llama.cpp's native tools (llama-bench, llama-batched-bench), its binding, HF ...", flush=True)
-        references = native_llama(gguf, f32_gguf)
-        references["llama.cpp through llama-cpp-python (per-token loop)"] = binding_run(gguf, short, long_)
-        references["HF transformers fp32"] = hf_run(f32, Path(tmp) / "hf", short, long_)
+            runs[NATIVE].append(native_round(gguf))
+            print(f"  run {rep + 1}/{REPEATS} done (anatomy's rows, then llama-bench and llama-batched-bench)", flush=True)
+        print("llama.cpp native on the F32 file, its binding, HF ...", flush=True)
+        references = {"llama.cpp native, F32": native_llama(f32_gguf),
+                      "llama.cpp through llama-cpp-python (per-token loop)": binding_run(gguf, short, long_),
+                      "HF transformers fp32": hf_run(f32, Path(tmp) / "hf", short, long_)}
     table = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()} | references
     nll, same = quality(f32, default)
     rss, base_rss = peak_rss()
@@ -226,7 +235,7 @@ def main() -> None:
 
 
 def _print(table: dict[str, dict[str, float]], bandwidth: float, engine: DecoderEngine) -> None:
-    native = table["llama.cpp native, Q4_1 (the same file)"]
+    native = table[NATIVE]
     read = engine.decode_weight_bytes
     print(f"\nmeasured: memory bandwidth {bandwidth:.1f} GB/s (torch sum over 256 MiB); {torch.get_num_threads()} "
           f"threads; the default decode step reads {read / 1e6:.0f} MB of weights\n")
@@ -239,16 +248,17 @@ def _print(table: dict[str, dict[str, float]], bandwidth: float, engine: Decoder
         depth = f"{row['depth']:.1f} | {row['depth'] / native['depth']:.2f}x" if "depth" in row else "- | -"
         print(f"| {name} | {row['decode']:.1f} | {row['decode'] / native['decode']:.2f}x | {gbs} | {row['prefill']:.0f} | "
               f"{row['prefill'] / native['prefill']:.2f}x | {batch} | {depth} |")
-    print(f"\n(anatomy: medians of {REPEATS} runs; batch 1, {PROMPT}-token prompt, {NEW} new tokens, greedy, EOS "
-          f"ignored; llama.cpp's native rows: llama-bench's mean of 3 (-t {torch.get_num_threads()}), "
-          f"llama-batched-bench -npp {PROMPT} -ntg {NEW} -npl 1,{BATCH} (its batch-1 row is the ratio's base))")
+    print(f"\n(anatomy and llama.cpp's Q4_1 row: medians of {REPEATS} rounds, taken in turn; batch 1, {PROMPT}-token "
+          f"prompt, {NEW} new tokens, greedy, EOS ignored; llama.cpp's native rows: llama-bench's mean of 3 per round "
+          f"(-t {torch.get_num_threads()}), llama-batched-bench -npp {PROMPT} -ntg {NEW} -npl 1,{BATCH} (its batch-1 "
+          f"row is the ratio's base))")
     print("\n" + "; ".join(engine.kernel_summary()))
 
 
 def _targets(table, nll: float, same: list[bool], rss: int, base_rss: int, kept: int) -> None:
     api = table["anatomy.generate(model) (default: the file's int4/int8)"]
     kept_engine = table["anatomy, a kept DecoderEngine"]
-    native = table["llama.cpp native, Q4_1 (the same file)"]
+    native = table[NATIVE]
     checks = [
         ("public API / kept engine, decode", api["decode"] / kept_engine["decode"], 0.95),
         (f"decode / llama-bench tg{NEW}", api["decode"] / native["decode"], 1.25),
