@@ -81,21 +81,18 @@ def limited(name: str) -> Iterator[str]:
     if not loaded():
         yield "portable"
         return
-    before = _limit[0]
+    before = _set_limit(name, "native.limited")
     try:
-        yield _set_limit(name, "native.limited")
+        yield isa()
     finally:
-        _set_limit(before, "native.limited")
+        torch.ops.anatomy.set_isa_limit(before)
 
 
-_limit = [ISAS[-1]]  # the limit set last (by $ANATOMY_NATIVE_ISA or limited)
-
-
-def _set_limit(name: str, where: str) -> str:
+def _set_limit(name: str, where: str) -> int:
+    """Limit the kernels to the vector code `name`; the limit it replaces (native.h's Isa value)."""
     if name not in ISAS:
         raise InputError(f"{where}={name!r}: not a vector code of anatomy's kernels; one of {', '.join(ISAS)}")
-    _limit[0] = name
-    return ISAS[int(torch.ops.anatomy.set_isa_limit(ISAS.index(name)))]
+    return int(torch.ops.anatomy.set_isa_limit(ISAS.index(name)))
 
 
 def available() -> bool:

@@ -388,7 +388,7 @@ AVX512 void run_avx512(const Job& j, int64_t task, Partial& p) {
 
 AVX2 void run_avx2(const Job& j, int64_t task, Partial& p) {
   const Task t = task_of(j, task);
-  if (j.d % 8 == 0 && j.mt == 1)
+  if (j.d % 8 == 0)
     attend_slice_avx2(t.q, j.R, j.d, j.k, j.v, j.lut, t.mask, j.mr, t.b, t.h, t.t0, t.t1, j.scale, p);
   else
     attend_slice(t.q, j.R, j.d, j.k, j.v, j.lut, t.mask, j.mr, j.mt, t.b, t.h, t.t0, t.t1, j.scale, p);

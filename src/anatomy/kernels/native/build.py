@@ -7,9 +7,10 @@ native.h, gemv_avx2.h, avx2.h) into a shared library that `torch.ops.load_librar
 The library goes to `_build/` next to the source, named by a digest of the source, the torch version
 and the compiler flags, so a changed source or another torch builds anew and a stale library is never
 loaded. Each source compiles to an object of its own (named by the same digest of it and the headers),
-the objects in parallel, one per core; a source that did not change is not compiled again. The AVX-512 and AVX2 code paths are compiled for their targets alone (function attributes) and
-taken only where the CPU has them, so one build runs on any x86-64 machine. A failed build is not fatal: the kernel
-plan then measures torch's kernels only.
+the objects in parallel, one per core; a source that did not change is not compiled again. The AVX-512
+and AVX2 code paths are compiled for their targets alone (function attributes) and taken only where
+the CPU has them, so one build runs on any x86-64 machine. A failed build is not fatal: the kernel plan
+then measures torch's kernels only.
 """
 
 from __future__ import annotations

@@ -67,6 +67,11 @@ void quantize_row(const float* v, int64_t K, int8_t* q, float* scale, int32_t* s
   }
 }
 
+// gemv_avx2.cpp's lanes of x where its loops run (AVX2, or AVX-512 without VNNI), else none
+std::vector<float> avx2_lanes(Isa level, const Quantized& a, int64_t M, int64_t K) {
+  return level == Isa::Avx2 || level == Isa::Avx512 ? anatomy::avx2::lanes(a, M, K) : std::vector<float>{};
+}
+
 Quantized quantize_rows(const at::Tensor& x, Isa level) {
   const int64_t M = x.size(0), K = x.size(1), groups = K / G;
   Quantized out{std::vector<int8_t>(M * K), std::vector<float>(M * groups), std::vector<int32_t>(M * groups)};
@@ -314,8 +319,7 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const uint8_t* weights = w.data_ptr<uint8_t>();
   const Lanes l = level == Isa::Avx512Vnni ? lanes_of(a, M, K) : Lanes{};
-  const std::vector<float> l8 = level == Isa::Avx2 || level == Isa::Avx512 ? anatomy::avx2::lanes(a, M, K)
-                                                                           : std::vector<float>{};
+  const std::vector<float> l8 = avx2_lanes(level, a, M, K);
   return product(x, w, [&](int64_t n0, int64_t n1, float* y) {
     if (level == Isa::Avx512Vnni) return q4_dispatch<MAX_ROWS>(a, l, M, K, weights, n0, n1, y, N);
     if (!l8.empty()) return anatomy::avx2::q4_rows(a, l8.data(), M, K, weights, n0, n1, y, N);
@@ -334,8 +338,7 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   std::vector<uint8_t> shifted(vnni ? M * K : 0);
   for (size_t i = 0; i < shifted.size(); ++i) shifted[i] = static_cast<uint8_t>(a.q[i] + 128);
   const Lanes l = vnni ? lanes_of(a, M, K) : Lanes{};
-  const std::vector<float> l8 = level == Isa::Avx2 || level == Isa::Avx512 ? anatomy::avx2::lanes(a, M, K)
-                                                                           : std::vector<float>{};
+  const std::vector<float> l8 = avx2_lanes(level, a, M, K);
   return product(x, w, [&](int64_t n0, int64_t n1, float* y) {
     if (vnni) return q8_dispatch<MAX_ROWS>(l, M, K, weights, n0, n1, y, N, shifted.data());
     if (!l8.empty()) return anatomy::avx2::q8_rows(a, l8.data(), M, K, weights, n0, n1, y, N);
@@ -405,12 +408,11 @@ at::Tensor pack_q8(const at::Tensor& codes, const at::Tensor& scale) {
 // the vector code the kernels run (native.h's Isa): 0 portable, 1 AVX2, 2 AVX-512, 3 AVX-512 with VNNI
 int64_t isa_level() { return static_cast<int64_t>(anatomy::isa()); }
 
-// at most `level` from now on (never more than the CPU has); the level the kernels then run
+// at most `level` from now on (the kernels never run more than the CPU has); the limit it replaces
 int64_t set_isa_limit(int64_t level) {
   TORCH_CHECK(level >= 0 && level <= static_cast<int64_t>(Isa::Avx512Vnni), "anatomy::set_isa_limit: level ", level,
               " is not 0 (portable) .. 3 (AVX-512 VNNI)");
-  anatomy::isa_limit().store(static_cast<int>(level));
-  return isa_level();
+  return anatomy::isa_limit().exchange(static_cast<int>(level));
 }
 
 }  // namespace
