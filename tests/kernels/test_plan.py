@@ -217,15 +217,38 @@ def test_planned_linear_with_real_kernels_and_dtype_contract(monkeypatch):
                 assert relative_error(y, ref) < 1e-2, (name, dtype, shape)
 
 
+FBGEMM_RSS = """
+import sys, torch
+from anatomy.kernels.candidates import KERNELS_BY_NAME
+from anatomy.kernels.planned_linear import PlannedLinear
+from anatomy.weights.formats import FloatWeight
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+fmt = FloatWeight.from_float(torch.randn(int(sys.argv[1]), int(sys.argv[2])))  # packed as it is: no temporaries
+before = rss()
+layers = [PlannedLinear.with_kernel(KERNELS_BY_NAME["f16/fbgemm"], fmt) for _ in range(16)]
+print((rss() - before) / 16, layers[0].opaque_bytes)
+"""
+
+
 @pytest.mark.skipif("fbgemm" not in torch.backends.quantized.supported_engines, reason="this torch has no FBGEMM")
-def test_a_layout_that_is_no_tensor_is_counted_by_its_bytes():
-    """FBGEMM's packed fp16 weight is an opaque object: the layer counts it as its form does (2 bytes a
-    weight), the tensor layouts by their storage (the engine's weight_bytes adds both)."""
+@pytest.mark.parametrize("shape", [(3072, 576), (576, 1536), (960, 576)])
+def test_a_layout_that_is_no_tensor_is_counted_by_the_memory_it_takes(shape):
+    """FBGEMM's packed fp16 weight is an opaque object: the layer counts it by the bytes FBGEMM holds,
+    its tiles' padding included (K = 576 is packed as 1024 rows), as the process's resident memory
+    grows by them (within 3%); the tensor layouts count by their storage (weight_bytes adds both)."""
+    import subprocess
+    import sys
+
     from anatomy.kernels.candidates import KERNELS_BY_NAME
 
-    fmt = Int4Weight.from_float(torch.randn(64, 128))
-    assert PlannedLinear.with_kernel(KERNELS_BY_NAME["f16/fbgemm"], fmt).opaque_bytes == 64 * 128 * 2
-    assert PlannedLinear.with_kernel(KERNELS_BY_NAME["f32"], fmt).opaque_bytes == 0
+    out = subprocess.run([sys.executable, "-c", FBGEMM_RSS, *map(str, shape)], check=True, capture_output=True,
+                         text=True).stdout.split()
+    grown, counted = float(out[0]), int(out[1])
+    assert counted >= shape[0] * shape[1] * 2
+    assert abs(grown - counted) < 0.03 * counted, (shape, grown, counted)
+    assert PlannedLinear.with_kernel(KERNELS_BY_NAME["f32"], Int4Weight.from_float(torch.randn(64, 128))).opaque_bytes == 0
 
 
 def test_phases_of_limits_a_layer_and_its_last_phase_takes_any_rows():

@@ -134,6 +134,19 @@ def _build_onednn(fmt: WeightFormat) -> Prepared:
     return (torch.ops.mkldnn._reorder_linear_weight(fmt.dequantize(torch.bfloat16).contiguous()),)
 
 
+FBGEMM_ROW_BLOCK = 512  # FBGEMM's fp16 packing tiles the inputs (K) 512 at a time, zero-padding the last tile
+FBGEMM_COL_BLOCKS = 2  # and the outputs (N) two vector widths at a time
+
+
+def _fbgemm_bytes(fmt: WeightFormat) -> int:
+    """Bytes FBGEMM's packed fp16 weight holds: both dimensions padded up to its tiles (K = 576 holds
+    1024 rows, 1.78x the 2 bytes per weight), plus the 1 KiB its kernels read past the end."""
+    N, K = fmt.shape
+    lanes = 16 if "AVX512" in str(torch.backends.cpu.get_cpu_capability()) else 8  # floats per vector
+    cols = lanes * FBGEMM_COL_BLOCKS
+    return -(-K // FBGEMM_ROW_BLOCK) * FBGEMM_ROW_BLOCK * -(-N // cols) * cols * 2 + 1024
+
+
 def _fbgemm_ok(fmt: WeightFormat) -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines
 
@@ -184,7 +197,7 @@ INT4X2 = Form("int4x2", _build_int4x2, lambda f: isinstance(f, Int8GroupWeight) 
               lambda f: _numel(f) + _numel(f) // f.group * 8)
 INT8PACK = Form("int8pack", _build_int8pack, lambda f: isinstance(f, Int8Weight) and _has_op("_weight_int8pack_mm"),
                 lambda f: _numel(f) + f.shape[0] * 2)
-FBGEMM_F16 = Form("fbgemm-f16", _build_fbgemm, _fbgemm_ok, lambda f: _numel(f) * 2,
+FBGEMM_F16 = Form("fbgemm-f16", _build_fbgemm, _fbgemm_ok, _fbgemm_bytes,
                   keeps=lambda f: _holds(torch.float16, f))
 ONEDNN_BF16 = Form("onednn-bf16", _build_onednn, _onednn_ok, lambda f: _numel(f) * 2,
                    keeps=lambda f: _holds(torch.bfloat16, f))
