@@ -34,7 +34,7 @@ import torch
 import anatomy
 from anatomy import progress
 from anatomy.checkpoints.registry import resolve
-from anatomy.inference.engine import DecoderEngine
+from anatomy.inference.engine import DecoderEngine, held_bytes
 from anatomy.inference.quality import mean_nll
 from anatomy.inference.sampling import SamplingParams
 from benchmarks.llama_cpp import batched_bench, llama_bench
@@ -229,7 +229,7 @@ def main() -> None:
     nll, same = quality(f32, default)
     rss, base_rss = peak_rss()
     engine = anatomy.engine_for(default)
-    kept = engine.weight_bytes + engine.start([short], SamplingParams(max_new_tokens=64)).cache.nbytes
+    kept = held_bytes(default, engine.model) + engine.start([short], SamplingParams(max_new_tokens=64)).cache.nbytes
     _print(table, statistics.median(bandwidth), engine)
     _targets(table, nll, same, rss, base_rss, kept)
 

@@ -1,5 +1,6 @@
 """The decode engine on tiny random models: batching with left padding gives each prompt's tokens
-alone, sampling is reproducible with a seed, the cache is sized to prompt + new tokens."""
+alone, sampling is reproducible with a seed, the cache is sized to prompt + new tokens; and the
+bytes it holds of the shipped file, against the file's own tensor sizes."""
 
 from __future__ import annotations
 
@@ -82,3 +83,26 @@ def test_compiled_step_gives_the_eager_tokens_and_compiles_once_per_shape():
     for prompts in (PROMPTS[:2], PROMPTS[:1], PROMPTS[:2]):
         assert run(compiled, prompts, params) == run(eager, prompts, params)
     assert len(compiled._caches) == 2  # (B=2, T=256) and (B=1, T=256), reused
+
+
+def test_held_bytes_of_a_loaded_file_are_the_files_tensor_bytes(smollm2_gguf_path):
+    """The Q4_1 file loaded as it is holds exactly its tensors' bytes (as the gguf package reads them:
+    Q4_1's 20 and Q8_0's 34 bytes per 32 weights are anatomy's codes plus scales), plus RoPE's 32
+    inverse frequencies; a model and its engine hold the storages they share once."""
+    import gguf
+
+    import anatomy
+    from anatomy.inference.engine import engine_for, held_bytes
+
+    model = anatomy.load(smollm2_gguf_path)
+    tensors = gguf.GGUFReader(smollm2_gguf_path).tensors
+    in_file = sum(int(t.n_bytes) for t in tensors)
+    assert held_bytes(model) == in_file + 32 * 4
+    assert held_bytes(model, model) == held_bytes(model)
+    engine = engine_for(model)
+    assert held_bytes(engine.model) == engine.weight_bytes
+    # the engine's view reads the embedding (the tied head's weight) and the norms as they are, and
+    # holds its own layouts of the blocks' products
+    products = sum(int(t.n_bytes) for t in tensors if t.name.startswith("blk.") and "norm" not in t.name)
+    shared = held_bytes(model) + engine.weight_bytes - held_bytes(model, engine.model)
+    assert shared == in_file + 32 * 4 - products

@@ -12,11 +12,11 @@ package touches an engine's private members or runs `model.stack` itself.
     view.py      the engine's own copy of a model's modules over the caller's tensors
 """
 
-from anatomy.inference.engine.engine import DecoderEngine
+from anatomy.inference.engine.engine import DecoderEngine, held_bytes
 from anatomy.inference.engine.kept import engine_for, kept_engines
 from anatomy.inference.engine.paged import Chunk, PagedKVCache
 from anatomy.inference.engine.run import PaddedBatch, Run
 from anatomy.inference.engine.seq2seq import Seq2SeqEngine, Seq2SeqRun
 
 __all__ = ["Chunk", "DecoderEngine", "PaddedBatch", "PagedKVCache", "Run", "Seq2SeqEngine", "Seq2SeqRun",
-           "engine_for", "kept_engines"]
+           "engine_for", "held_bytes", "kept_engines"]

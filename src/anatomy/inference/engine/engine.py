@@ -112,15 +112,9 @@ class DecoderEngine:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of the weights the engine holds: its view's parameters and buffers and every planned
-        layer's layouts, each storage counted once (a layout that is the format's own tensor is no copy;
-        one that is not a tensor, FBGEMM's packed fp16 weight, by its form's count)."""
-        from anatomy.kernels.planned_linear import PlannedLinear
-
-        planned = [m for m in self.model.modules() if isinstance(m, PlannedLinear)]
-        tensors = [*self.model.parameters(), *self.model.buffers()]
-        tensors += [t for m in planned for layout in m.layouts.values() for t in layout if isinstance(t, torch.Tensor)]
-        return sum(dict(_storage(t) for t in tensors).values()) + sum(m.opaque_bytes for m in planned)
+        """Bytes of the weights the engine holds (held_bytes of its view): a process that keeps the
+        model as well (anatomy.generate, `anatomy generate`) holds held_bytes(model, engine.model)."""
+        return held_bytes(self.model)
 
     @property
     def captured_graphs(self) -> int:
@@ -262,6 +256,19 @@ class DecoderEngine:
             return body.paged(inputs)
         layers = cache.layers(inputs.where)
         return self.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions, cache=layers)[:, -1]
+
+
+def held_bytes(*modules: nn.Module) -> int:
+    """Bytes of the weights `modules` hold together: parameters, buffers and every planned layer's
+    layouts, each storage counted once (a layout that is the format's own tensor is no copy; one that
+    is not a tensor, FBGEMM's packed fp16 weight, by the bytes its form says it holds)."""
+    from anatomy.kernels.planned_linear import PlannedLinear
+
+    every = [m for module in modules for m in module.modules()]
+    planned = list({id(m): m for m in every if isinstance(m, PlannedLinear)}.values())
+    tensors = [t for m in every for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))]
+    tensors += [t for m in planned for layout in m.layouts.values() for t in layout if isinstance(t, torch.Tensor)]
+    return sum(dict(_storage(t) for t in tensors).values()) + sum(m.opaque_bytes for m in planned)
 
 
 def _storage(t: Tensor) -> tuple[int, int]:
