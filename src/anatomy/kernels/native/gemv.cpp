@@ -67,9 +67,10 @@ void quantize_row(const float* v, int64_t K, int8_t* q, float* scale, int32_t* s
   }
 }
 
-// gemv_avx2.cpp's lanes of x where its loops run (AVX2, or AVX-512 without VNNI), else none
-std::vector<float> avx2_lanes(Isa level, const Quantized& a, int64_t M, int64_t K) {
-  return level == Isa::Avx2 || level == Isa::Avx512 ? anatomy::avx2::lanes(a, M, K) : std::vector<float>{};
+// what gemv_avx2.cpp's loops read of x where they run (AVX2, or AVX-512 without VNNI), else nothing
+anatomy::avx2::Activations avx2_activations(Isa level, const Quantized& a, int64_t M, int64_t K) {
+  return level == Isa::Avx2 || level == Isa::Avx512 ? anatomy::avx2::activations(a, M, K)
+                                                    : anatomy::avx2::Activations{};
 }
 
 Quantized quantize_rows(const at::Tensor& x, Isa level) {
@@ -319,10 +320,10 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const uint8_t* weights = w.data_ptr<uint8_t>();
   const Lanes l = level == Isa::Avx512Vnni ? lanes_of(a, M, K) : Lanes{};
-  const std::vector<float> l8 = avx2_lanes(level, a, M, K);
+  const anatomy::avx2::Activations x8 = avx2_activations(level, a, M, K);
   return product(x, w, [&](int64_t n0, int64_t n1, float* y) {
     if (level == Isa::Avx512Vnni) return q4_dispatch<MAX_ROWS>(a, l, M, K, weights, n0, n1, y, N);
-    if (!l8.empty()) return anatomy::avx2::q4_rows(a, l8.data(), M, K, weights, n0, n1, y, N);
+    if (!x8.lanes.empty()) return anatomy::avx2::q4_rows(x8, M, K, weights, n0, n1, y, N);
     q4_rows_portable(a, M, K, weights, n0, n1, y, N);
   });
 }
@@ -338,10 +339,10 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   std::vector<uint8_t> shifted(vnni ? M * K : 0);
   for (size_t i = 0; i < shifted.size(); ++i) shifted[i] = static_cast<uint8_t>(a.q[i] + 128);
   const Lanes l = vnni ? lanes_of(a, M, K) : Lanes{};
-  const std::vector<float> l8 = avx2_lanes(level, a, M, K);
+  const anatomy::avx2::Activations x8 = avx2_activations(level, a, M, K);
   return product(x, w, [&](int64_t n0, int64_t n1, float* y) {
     if (vnni) return q8_dispatch<MAX_ROWS>(l, M, K, weights, n0, n1, y, N, shifted.data());
-    if (!l8.empty()) return anatomy::avx2::q8_rows(a, l8.data(), M, K, weights, n0, n1, y, N);
+    if (!x8.lanes.empty()) return anatomy::avx2::q8_rows(x8, M, K, weights, n0, n1, y, N);
     q8_rows_portable(a, M, K, weights, n0, n1, y, N);
   });
 }

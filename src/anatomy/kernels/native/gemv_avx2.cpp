@@ -9,7 +9,7 @@
 // One block holds two groups A and B of 32 inputs, which are summed in one vector [A B A B A B A B] so
 // that one vector of scales [sA sB sA sB ...] scales both groups at once: a block's codes are taken as
 // their 4-byte pieces interleaved, [A0 B0 A1 B1 | A4 B4 A5 B5] and [A2 B2 A3 B3 | A6 B6 A7 B7] (two
-// unpacks per block, whatever the rows), and the activations the same way once per call (interleave),
+// unpacks per block, whatever the rows), and the activations the same way once per call (activations),
 // so that the two int32 sums of a row add into [A B A B ...] directly.
 //
 // float activations: the codes widened to float32 8 at a time and decoded (q * d + m, or q * d) in
@@ -179,16 +179,17 @@ void up_to(int rows, F&& f) {
 }
 
 template <typename Block>
-void int8_product(const Quantized& a, const float* l, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1,
+void int8_product(const anatomy::avx2::Activations& a, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1,
                   float* y, int64_t N) {
-  const std::vector<int8_t> x = interleaved(a.q.data(), M, K);
-  if (M == 1) return int8_row<Block>(x.data(), l, K, w, n0, n1, y);
+  const int8_t* x = a.codes.data();
+  const float* l = a.lanes.data();
+  if (M == 1) return int8_row<Block>(x, l, K, w, n0, n1, y);
   const int64_t pairs = K / PAIR;
   for (int64_t t0 = n0; t0 < n1; t0 += TILE) {
     const int64_t t1 = std::min(n1, t0 + TILE);
     for (int64_t m0 = 0; m0 < M; m0 += INT8_CHUNK)
       up_to<INT8_CHUNK>(static_cast<int>(std::min<int64_t>(INT8_CHUNK, M - m0)), [&](auto R) {
-        int8_rows<decltype(R)::value, Block>(x.data() + m0 * K, l + m0 * pairs * 16, K, w, t0, t1, y + m0 * N, N);
+        int8_rows<decltype(R)::value, Block>(x + m0 * K, l + m0 * pairs * 16, K, w, t0, t1, y + m0 * N, N);
       });
   }
 }
@@ -299,26 +300,26 @@ AVX2 void quantize_row(const float* x, int64_t K, int8_t* q, float* scale, int32
   }
 }
 
-std::vector<float> lanes(const Quantized& a, int64_t M, int64_t K) {
+Activations activations(const Quantized& a, int64_t M, int64_t K) {
   const int64_t pairs = K / PAIR, groups = K / G;
-  std::vector<float> out(M * pairs * 16);
+  Activations out{interleaved(a.q.data(), M, K), std::vector<float>(M * pairs * 16)};
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < groups; ++g) {
       const float s = a.scale[m * groups + g], c = s * a.sum[m * groups + g] / 4.f;
-      float* at = out.data() + (m * pairs + g / 2) * 16 + g % 2;  // lanes 0, 2, 4, 6 (A) or 1, 3, 5, 7 (B)
+      float* at = out.lanes.data() + (m * pairs + g / 2) * 16 + g % 2;  // lanes 0, 2, 4, 6 (A) or 1, 3, 5, 7 (B)
       for (int lane : {0, 2, 4, 6}) at[lane] = s, at[8 + lane] = c;
     }
   return out;
 }
 
-void q4_rows(const Quantized& a, const float* l, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1,
-             float* y, int64_t N) {
-  int8_product<Q4>(a, l, M, K, w, n0, n1, y, N);
+void q4_rows(const Activations& x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+             int64_t N) {
+  int8_product<Q4>(x, M, K, w, n0, n1, y, N);
 }
 
-void q8_rows(const Quantized& a, const float* l, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1,
-             float* y, int64_t N) {
-  int8_product<Q8>(a, l, M, K, w, n0, n1, y, N);
+void q8_rows(const Activations& x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+             int64_t N) {
+  int8_product<Q8>(x, M, K, w, n0, n1, y, N);
 }
 
 void q4f_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N) {

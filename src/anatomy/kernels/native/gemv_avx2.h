@@ -21,16 +21,21 @@ namespace avx2 {
 // (the same numbers as gemv.cpp's portable loop: round to nearest even of x * (1 / s))
 void quantize_row(const float* x, int64_t K, int8_t* q, float* scale, int32_t* sum);
 
-// What the int8 loops read per row m and block p of 64 inputs besides the codes, spread over the lanes
-// in which the loops sum each group: [s_A s_B s_A s_B s_A s_B s_A s_B] then the same of c / 4 with
-// c = s * sum(q) (q4's minimum term): [M, K/64, 16] floats
-std::vector<float> lanes(const Quantized& a, int64_t M, int64_t K);
+// What the int8 loops read of x, made once per call: its codes with each block's two groups interleaved
+// by 4-byte pieces as the loops take a block's codes ([A0 B0 A1 B1 | A4 B4 A5 B5] [A2 B2 A3 B3 | ...]),
+// and per row m and block p of 64 inputs, spread over the lanes in which the loops sum each group:
+// [s_A s_B s_A s_B s_A s_B s_A s_B] then the same of c / 4 with c = s * sum(q) (q4's minimum term)
+struct Activations {
+  std::vector<int8_t> codes;  // [M, K]
+  std::vector<float> lanes;   // [M, K/64, 16]
+};
+Activations activations(const Quantized& a, int64_t M, int64_t K);
 
 // int4 (q4 layout) and int8 (q8 layout) weights x int8 activations, M <= 16
-void q4_rows(const Quantized& a, const float* lanes, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1,
-             float* y, int64_t N);
-void q8_rows(const Quantized& a, const float* lanes, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1,
-             float* y, int64_t N);
+void q4_rows(const Activations& x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+             int64_t N);
+void q8_rows(const Activations& x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+             int64_t N);
 
 // the same layouts x float32 activations x [M, K] as they are, M <= 8
 void q4f_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N);
