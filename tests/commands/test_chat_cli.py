@@ -61,3 +61,31 @@ def test_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, args, stdin, mess
     assert main(["chat", "--max-new-tokens", "4", *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("anatomy chat: error: ") and message in err
+
+
+def test_ctrl_c_stops_a_reply_even_where_its_exception_was_swallowed(monkeypatch, capsys):
+    """A real SIGINT lands inside code that catches KeyboardInterrupt and goes on: the reply still stops
+    at its next token, keeps what was shown, and Ctrl-C's handler is the one it was before."""
+    from anatomy.commands import chat
+
+    def deltas():
+        yield 0, "Once"
+        try:
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(0.01)  # the handler runs here, and its KeyboardInterrupt is swallowed
+        except KeyboardInterrupt:
+            pass
+        yield 0, " upon"
+        yield 0, " a time"  # never asked for
+
+    class Gen:
+        def deltas(self):
+            return deltas()
+
+    monkeypatch.setattr(chat, "start", lambda *args: Gen())
+    before = signal.getsignal(signal.SIGINT)
+    assert chat._reply(None, None, [{"role": "user", "content": "Hi"}], chat.argparse.Namespace(system=None)) \
+        == "Once upon"
+    out, err = capsys.readouterr()
+    assert out == "Once upon" and err == " [stopped]\n"
+    assert signal.getsignal(signal.SIGINT) is before

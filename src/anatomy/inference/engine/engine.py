@@ -25,6 +25,8 @@ paged decode step is captured per (batch, blocks) rounded up the same way.
 
 from __future__ import annotations
 
+import os
+import warnings
 from typing import Iterable, Iterator
 
 import torch
@@ -67,6 +69,8 @@ class DecoderEngine:
         if not getattr(getattr(model, "config", None), "is_decoder", False):
             raise InputError(f"DecoderEngine needs a decoder-only anatomy model, got {type(model).__name__}")
         self.model = engine_view(model, attention=attention, native_norms=not compile)
+        if self.device.type == "cpu":
+            _warn_if_threads_sleep()
         fusing = native_blocks and not compile  # each decode block as one native operator (kernels/decode_block.py)
         formats = {name: fmt for name, (fmt, _) in linear_layers(self.model).items()} if fusing else {}
         self.plan = plan_view(self.model, compile=compile, cache=plan_cache)
@@ -256,6 +260,15 @@ class DecoderEngine:
             return body.paged(inputs)
         layers = cache.layers(inputs.where)
         return self.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions, cache=layers)[:, -1]
+
+
+def _warn_if_threads_sleep() -> None:
+    """A CPU decode step runs ~150 parallel regions (each block's products and attention); with
+    OMP_WAIT_POLICY=PASSIVE OpenMP's threads sleep between them, and decode measured ~3x slower."""
+    if os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE":
+        warnings.warn("OMP_WAIT_POLICY=PASSIVE: OpenMP's threads sleep between the ~150 parallel regions of a "
+                      "decode step (measured ~3x slower decode); unset it or set it to ACTIVE", RuntimeWarning,
+                      stacklevel=3)
 
 
 def held_bytes(*modules: nn.Module) -> int:
