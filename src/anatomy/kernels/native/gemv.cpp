@@ -112,105 +112,155 @@ void q4_rows_portable(const Quantized& a, int64_t M, int64_t K, const uint8_t* w
   }
 }
 
-// Per row m and pair p of the activations, what the vector loops read: the pair's 64 int8 codes, and
-// [s_A x8 | s_B x8] and [c_A/8 x8 | c_B/8 x8] with c = s * sum(q) (the min term, spread over the lanes)
+// Per row m and pair p of the activations, what the q8 loop reads beside the pair's 64 int8 codes:
+// [s_A x8 | s_B x8]
 struct Lanes {
   std::vector<float> scale;  // [M, pairs, 16]
-  std::vector<float> sum;    // [M, pairs, 16]
 };
 
 Lanes lanes_of(const Quantized& a, int64_t M, int64_t K) {
   const int64_t pairs = K / PAIR, groups = K / G;
-  Lanes out{std::vector<float>(M * pairs * 16), std::vector<float>(M * pairs * 16)};
+  Lanes out{std::vector<float>(M * pairs * 16)};
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < groups; ++g)
-      for (int64_t lane = 0; lane < 8; ++lane) {
-        const int64_t at = (m * pairs + g / 2) * 16 + (g % 2) * 8 + lane;
-        out.scale[at] = a.scale[m * groups + g];
-        out.sum[at] = a.scale[m * groups + g] * a.sum[m * groups + g] / 8.f;
-      }
+      for (int64_t lane = 0; lane < 8; ++lane)
+        out.scale[(m * pairs + g / 2) * 16 + (g % 2) * 8 + lane] = a.scale[m * groups + g];
   return out;
 }
 
+// The AVX-512 q4 loops take two blocks (128 weights) a step, a "unit": the two 16-lane dots (8 lanes a
+// group) are narrowed to one (packed to int16, then neighbouring lanes summed by vpmaddwd: 4 lanes a
+// group, each a sum of 8 products), so the scaling (convert, multiply, FMA) runs once per 128 weights
+// instead of once per 64, and the minimum terms are summed on the side, one 8-lane FMA a unit. Per row of
+// x and unit, what the loops read: its 128 codes (a phantom second block, where K / 64 is odd, has zero
+// codes), the scales [lane 4i + j: group A for i < 2, else B; block P for j < 2, else Q] and the minimum
+// terms [0, cPA, 0, cPB, 0, cQA, 0, cQB] (c = s * sum(q)) beside the blocks' [d, m] pairs.
+struct Units {
+  int64_t units;
+  std::vector<int8_t> q;       // [M, units, 128]
+  std::vector<float> scale;    // [M, units, 16]
+  std::vector<float> minimum;  // [M, units, 8]
+};
+
+Units units_of(const Quantized& a, int64_t M, int64_t K) {
+  const int64_t pairs = K / PAIR, groups = K / G, units = (pairs + 1) / 2;
+  Units out{units, std::vector<int8_t>(M * units * 128, 0), std::vector<float>(M * units * 16, 0.f),
+            std::vector<float>(M * units * 8, 0.f)};
+  for (int64_t m = 0; m < M; ++m) {
+    std::memcpy(out.q.data() + m * units * 128, a.q.data() + m * K, K);
+    for (int64_t p = 0; p < pairs; ++p) {
+      const int64_t at = m * units + p / 2, block = p % 2;
+      for (int64_t half = 0; half < 2; ++half) {
+        const int64_t g = m * groups + 2 * p + half;
+        float* s = out.scale.data() + at * 16 + half * 8 + block * 2;
+        s[0] = s[1] = s[4] = s[5] = a.scale[g];
+        out.minimum[at * 8 + block * 4 + half * 2 + 1] = a.scale[g] * a.sum[g];
+      }
+    }
+  }
+  return out;
+}
+
+#define AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
+
+// One unit of a weight row (blocks P, Q): its 128 codes as two vectors, [dPA mPA dPB mPB dQA mQA dQB mQB],
+// and the scales d spread over the dot's lanes
+struct Unit {
+  __m512i p, q;
+  __m256 dm;
+  __m512 d;
+};
+
+AVX512_VNNI inline Unit unit_at(const uint8_t* row, int64_t u, int64_t pairs) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const __m512i pick = _mm512_setr_epi32(0, 0, 4, 4, 0, 0, 4, 4, 2, 2, 6, 6, 2, 2, 6, 6);
+  const uint8_t* bp = row + 2 * u * Q4_BLOCK;
+  const uint8_t* bq = 2 * u + 1 < pairs ? bp + Q4_BLOCK : bp;  // a phantom block meets zero codes of x
+  const __m256i kp = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp + 8));
+  const __m256i kq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bq + 8));
+  const __m128i halves = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bp)),
+                                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bq)));
+  Unit out;
+  out.p = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(kp), _mm256_srli_epi16(kp, 4), 1), low);
+  out.q = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(kq), _mm256_srli_epi16(kq, 4), 1), low);
+  out.dm = _mm256_cvtph_ps(halves);
+  out.d = _mm512_permutexvar_ps(pick, _mm512_castps256_ps512(out.dm));
+  return out;
+}
+
+// the unit's dot with one row of x's codes (xp, xq): 16 lanes, 4 a group, each 8 products
+AVX512_VNNI inline __m512 unit_dot(const Unit& w, __m512i xp, __m512i xq) {
+  const __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.p, xp);  // |lane| <= 4 * 15 * 127
+  const __m512i dq = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.q, xq);
+  return _mm512_cvtepi32_ps(_mm512_madd_epi16(_mm512_packs_epi32(dp, dq), _mm512_set1_epi16(1)));
+}
+
+AVX512_VNNI inline float unit_total(__m512 acc, __m256 mins) {
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc, _mm512_zextps256_ps512(mins)));
+}
+
 template <int M>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
-void q4_rows_avx512(const Quantized& a, const Lanes& l, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
-                    int64_t N) {
-  const int64_t pairs = K / PAIR;
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  const __m512i pick_d = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m512i pick_m = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
+AVX512_VNNI void q4_rows_avx512(const Units& x, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+                                int64_t N) {
+  const int64_t pairs = K / PAIR, units = x.units;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * pairs * Q4_BLOCK;
     __m512 acc[M];
-    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < pairs; ++p) {
-      const uint8_t* block = row + p * Q4_BLOCK;
-      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 8));
-      const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(packed, low)),
-                                               _mm256_and_si256(_mm256_srli_epi16(packed, 4), low), 1);
-      const __m512 dm = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block))));
-      const __m512 d = _mm512_permutexvar_ps(pick_d, dm);   // [dA x8 | dB x8]
-      const __m512 mn = _mm512_permutexvar_ps(pick_m, dm);  // [mA x8 | mB x8]
+    __m256 mins[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps(), mins[m] = _mm256_setzero_ps();
+    for (int64_t u = 0; u < units; ++u) {
+      const Unit b = unit_at(row, u, pairs);
       for (int m = 0; m < M; ++m) {
-        const int64_t at = m * pairs + p;
-        const __m512i x = _mm512_loadu_si512(a.q.data() + at * PAIR);
-        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, x);  // 8 lanes per group
-        const __m512 sx = _mm512_loadu_ps(l.scale.data() + at * 16);
-        acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, sx), _mm512_cvtepi32_ps(dot), acc[m]);
-        acc[m] = _mm512_fmadd_ps(mn, _mm512_loadu_ps(l.sum.data() + at * 16), acc[m]);
+        const int64_t at = m * units + u;
+        const int8_t* xq = x.q.data() + at * 128;
+        const __m512 dot = unit_dot(b, _mm512_loadu_si512(xq), _mm512_loadu_si512(xq + 64));
+        acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(b.d, _mm512_loadu_ps(x.scale.data() + at * 16)), dot, acc[m]);
+        mins[m] = _mm256_fmadd_ps(b.dm, _mm256_loadu_ps(x.minimum.data() + at * 8), mins[m]);
       }
     }
-    for (int m = 0; m < M; ++m) y[m * N + n] = _mm512_reduce_add_ps(acc[m]);
+    for (int m = 0; m < M; ++m) y[m * N + n] = unit_total(acc[m], mins[m]);
   }
 }
 
-// One row of x (a decode step): UNROLL output rows at a time, each with two accumulators (the scaled
-// dots, the min terms), so that 2 * UNROLL independent FMA chains hide the FMA latency that one row's
-// chain (two dependent FMAs per 64 weights) is bound by; x's codes and lanes are loaded once for them.
+// One row of x (a decode step): UNROLL output rows at a time, so that x's codes and lanes, loaded once,
+// serve them all and 2 * UNROLL independent FMA chains hide the FMA latency
 constexpr int UNROLL = 4;
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
-void q4_row_avx512(const Quantized& a, const Lanes& l, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
-                   int64_t N) {
-  const int64_t pairs = K / PAIR;
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  const __m512i pick_d = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m512i pick_m = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
+AVX512_VNNI void q4_row_avx512(const Units& x, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y) {
+  const int64_t pairs = K / PAIR, units = x.units;
   int64_t n = n0;
   for (; n + UNROLL <= n1; n += UNROLL) {
-    __m512 dots[UNROLL], mins[UNROLL];
-    for (int u = 0; u < UNROLL; ++u) dots[u] = mins[u] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < pairs; ++p) {
-      const __m512i x = _mm512_loadu_si512(a.q.data() + p * PAIR);
-      const __m512 sx = _mm512_loadu_ps(l.scale.data() + p * 16);
-      const __m512 sm = _mm512_loadu_ps(l.sum.data() + p * 16);
-      for (int u = 0; u < UNROLL; ++u) {
-        const uint8_t* block = w + ((n + u) * pairs + p) * Q4_BLOCK;
-        _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD, _MM_HINT_T0);
-        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 8));
-        const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(packed, low)),
-                                                 _mm256_and_si256(_mm256_srli_epi16(packed, 4), low), 1);
-        const __m512 dm = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block))));
-        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, x);
-        dots[u] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_permutexvar_ps(pick_d, dm), sx), _mm512_cvtepi32_ps(dot), dots[u]);
-        mins[u] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick_m, dm), sm, mins[u]);
+    __m512 acc[UNROLL];
+    __m256 mins[UNROLL];
+    for (int r = 0; r < UNROLL; ++r) acc[r] = _mm512_setzero_ps(), mins[r] = _mm256_setzero_ps();
+    for (int64_t u = 0; u < units; ++u) {
+      const __m512i xp = _mm512_loadu_si512(x.q.data() + u * 128);
+      const __m512i xq = _mm512_loadu_si512(x.q.data() + u * 128 + 64);
+      const __m512 sx = _mm512_loadu_ps(x.scale.data() + u * 16);
+      const __m256 sm = _mm256_loadu_ps(x.minimum.data() + u * 8);
+      for (int r = 0; r < UNROLL; ++r) {
+        const uint8_t* row = w + (n + r) * pairs * Q4_BLOCK;
+        _mm_prefetch(reinterpret_cast<const char*>(row + 2 * u * Q4_BLOCK) + AHEAD, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(row + 2 * u * Q4_BLOCK) + AHEAD + 64, _MM_HINT_T0);
+        const Unit b = unit_at(row, u, pairs);
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(b.d, sx), unit_dot(b, xp, xq), acc[r]);
+        mins[r] = _mm256_fmadd_ps(b.dm, sm, mins[r]);
       }
     }
-    for (int u = 0; u < UNROLL; ++u) y[n + u] = _mm512_reduce_add_ps(_mm512_add_ps(dots[u], mins[u]));
+    for (int r = 0; r < UNROLL; ++r) y[n + r] = unit_total(acc[r], mins[r]);
   }
-  if (n < n1) q4_rows_avx512<1>(a, l, K, w, n, n1, y, N);
+  if (n < n1) q4_rows_avx512<1>(x, K, w, n, n1, y, 1);
 }
 
 template <int M>
-void q4_dispatch(const Quantized& a, const Lanes& l, int64_t rows, int64_t K, const uint8_t* w, int64_t n0, int64_t n1,
-                 float* y, int64_t N) {
+void q4_dispatch(const Units& x, int64_t rows, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+                 int64_t N) {
   if constexpr (M > 1) {
-    if (rows < M) return q4_dispatch<M - 1>(a, l, rows, K, w, n0, n1, y, N);
+    if (rows < M) return q4_dispatch<M - 1>(x, rows, K, w, n0, n1, y, N);
   } else {
-    return q4_row_avx512(a, l, K, w, n0, n1, y, N);
+    return q4_row_avx512(x, K, w, n0, n1, y);
   }
-  q4_rows_avx512<M>(a, l, K, w, n0, n1, y, N);
+  q4_rows_avx512<M>(x, K, w, n0, n1, y, N);
 }
 
 // -- the q8 product ---------------------------------------------------------------------------------
@@ -319,10 +369,10 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   const Quantized a = quantize_rows(x, level);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const uint8_t* weights = w.data_ptr<uint8_t>();
-  const Lanes l = level == Isa::Avx512Vnni ? lanes_of(a, M, K) : Lanes{};
+  const Units u = level == Isa::Avx512Vnni ? units_of(a, M, K) : Units{};
   const anatomy::avx2::Activations x8 = avx2_activations(level, a, M, K);
   return product(x, w, [&](int64_t n0, int64_t n1, float* y) {
-    if (level == Isa::Avx512Vnni) return q4_dispatch<MAX_ROWS>(a, l, M, K, weights, n0, n1, y, N);
+    if (level == Isa::Avx512Vnni) return q4_dispatch<MAX_ROWS>(u, M, K, weights, n0, n1, y, N);
     if (!x8.lanes.empty()) return anatomy::avx2::q4_rows(x8, M, K, weights, n0, n1, y, N);
     q4_rows_portable(a, M, K, weights, n0, n1, y, N);
   });
