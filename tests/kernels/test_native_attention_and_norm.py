@@ -73,12 +73,13 @@ ISAS = native.ISAS[:native.ISAS.index(native.isa()) + 1]  # the portable loops a
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("d", [64, 40, 36])  # 40: AVX2's 8 lanes but not AVX-512's 16; 36: neither (portable)
 @pytest.mark.parametrize("rows", [1, 3])
-def test_reading_a_float_cache_equals_sdpa(isa, dtype, d, rows):
-    """GQA (9 query heads over 3 KV heads), a cache of 300 slots (several blocks and a ragged one), a
+@pytest.mark.parametrize("heads", [(9, 3), (8, 4), (4, 4)])  # a KV head's query rows: 3 or 9, 2 or 6, 1 or 3
+def test_reading_a_float_cache_equals_sdpa(isa, dtype, d, rows, heads):
+    """GQA (query heads over KV heads), a cache of 300 slots (several blocks and a ragged one), a
     padded row and a decode mask, on every vector path this CPU has: float32 to 1e-5, bfloat16 to its
     rounding of the output."""
     torch.manual_seed(0)
-    B, H, H_kv, T = 2, 9, 3, 300
+    (H, H_kv), B, T = heads, 2, 300
     q = torch.randn(B, H, rows, d).to(dtype)
     k, v = (torch.randn(B, H_kv, T, d).to(dtype) for _ in range(2))
     mask = torch.zeros(B, 1, rows, T)
@@ -86,8 +87,8 @@ def test_reading_a_float_cache_equals_sdpa(isa, dtype, d, rows):
     mask[1, ..., :9] = float("-inf")
     with native.limited(isa):
         got = native.read_cache(q, k, v, mask=mask.to(dtype), scale=1 / math.sqrt(d))
-    want = F.scaled_dot_product_attention(q.double(), k.double().repeat_interleave(3, 1),
-                                          v.double().repeat_interleave(3, 1), attn_mask=mask.double())
+    want = F.scaled_dot_product_attention(q.double(), k.double().repeat_interleave(H // H_kv, 1),
+                                          v.double().repeat_interleave(H // H_kv, 1), attn_mask=mask.double())
     assert got.dtype == dtype
     tolerance = 1e-5 if dtype == torch.float32 else 8e-3
     torch.testing.assert_close(got.double(), want, rtol=tolerance, atol=tolerance)
