@@ -19,7 +19,8 @@
 // slots, 31 -> 12 over 256; hot, min of 7, a Zen 4 host.)
 //
 // 8-bit codes decode through a table of their 256 values (`lut`: int8 -> its integer, fp8 -> its
-// float), times the token's scale: value = lut[code] * scale[b, h, t].
+// float), times the token's scale: value = lut[code] * scale[b, h, t]; int8 codes (an int8 tensor)
+// are their own integers, widened without the table.
 //
 // A paged cache is read in place through its block tables: with `tables` [B, nb], k and v are the
 // pools [N, bs, H, d] (scales [N, bs, H]) and slot t of row b lives in block tables[b, t / bs], slot
@@ -57,6 +58,7 @@ struct Cache {
   Kind kind;
   const int64_t* table = nullptr;  // paged: [B, nb] block ids, blocks of bs slots
   int64_t nb = 0, bs = 0;
+  bool signed_codes = false;  // int8 codes: each is its own value (no table look-up; the loop vectorizes)
 };
 
 // where (b, h, t) starts, in elements of the data (scale: of the scales)
@@ -84,6 +86,11 @@ inline __attribute__((always_inline)) void decode_rows(const Cache& c, const flo
       const uint16_t* src = static_cast<const uint16_t*>(c.data) + at;
 #pragma omp simd
       for (int64_t j = 0; j < d; ++j) row[j] = bf16_to_float(src[j]);
+    } else if (c.signed_codes) {
+      const int8_t* src = static_cast<const int8_t*>(c.data) + at;
+      const float s = c.scale[offset(c, b, h, t0 + i, c.ssb, c.ssh, c.sst)];
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) row[j] = static_cast<float>(src[j]) * s;
     } else {
       const uint8_t* src = static_cast<const uint8_t*>(c.data) + at;
       const float s = c.scale[offset(c, b, h, t0 + i, c.ssb, c.ssh, c.sst)];
@@ -481,6 +488,7 @@ Cache cache_of(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& s
   const int h = paged ? 2 : 1, t = paged ? 1 : 2;  // which dims are the heads' and the slots'
   Cache c{x.data_ptr(), x.stride(0), x.stride(h), x.stride(t), nullptr, 0, 0, 0, kind};
   if (kind == CODES) {
+    c.signed_codes = x.scalar_type() == at::kChar;
     c.scale = scale_f32.data_ptr<float>();
     c.ssb = scale_f32.stride(0), c.ssh = scale_f32.stride(h), c.sst = scale_f32.stride(t);
   }
