@@ -70,14 +70,14 @@ ISAS = native.ISAS[:native.ISAS.index(native.isa()) + 1]  # the portable loops a
 
 @needs_library
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("d", [64, 40, 36])  # 40: AVX2's 8 lanes but not AVX-512's 16; 36: neither (portable)
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("heads", [(9, 3), (8, 4), (4, 4)])  # a KV head's query rows: 3 or 9, 2 or 6, 1 or 3
 def test_reading_a_float_cache_equals_sdpa(isa, dtype, d, rows, heads):
     """GQA (query heads over KV heads), a cache of 300 slots (several blocks and a ragged one), a
-    padded row and a decode mask, on every vector path this CPU has: float32 to 1e-5, bfloat16 to its
-    rounding of the output."""
+    padded row and a decode mask, on every vector path this CPU has: float32 to 1e-5, bfloat16 and
+    float16 to their rounding of the output."""
     torch.manual_seed(0)
     (H, H_kv), B, T = heads, 2, 300
     q = torch.randn(B, H, rows, d).to(dtype)
@@ -90,7 +90,7 @@ def test_reading_a_float_cache_equals_sdpa(isa, dtype, d, rows, heads):
     want = F.scaled_dot_product_attention(q.double(), k.double().repeat_interleave(H // H_kv, 1),
                                           v.double().repeat_interleave(H // H_kv, 1), attn_mask=mask.double())
     assert got.dtype == dtype
-    tolerance = 1e-5 if dtype == torch.float32 else 8e-3
+    tolerance = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
     torch.testing.assert_close(got.double(), want, rtol=tolerance, atol=tolerance)
 
 

@@ -5,7 +5,7 @@
 
 A decode step's attention is a few query rows over the whole cache: torch's SDPA on a CPU spends most
 of it outside the arithmetic (~40 us a layer for SmolLM2 at 256 slots). anatomy::decode_attention
-(kernels/native/attention.cpp) reads the cache as stored, float32 or bfloat16 alike. Which is faster
+(kernels/native/attention.cpp) reads the cache as stored, float32, bfloat16 or float16 alike. Which is faster
 depends on the machine, so both are timed once per process on the model's decode shape (one query
 position, BUCKET slots, the cache in the branches' dtype) and the native kernel is used only where it
 wins; without the native library, SDPA stays. Over a paged pool the choice is between reading the

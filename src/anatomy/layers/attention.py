@@ -36,7 +36,7 @@ from anatomy.layers.position import apply_rope
 
 BACKENDS = ("sdpa", "eager")
 READ_ROWS = 16  # query rows per KV head up to which a cache's reader attends (decode, verification)
-READABLE = (torch.float32, torch.bfloat16)  # the float caches a reader reads as stored
+READABLE = (torch.float32, torch.bfloat16, torch.float16)  # the float caches a reader reads as stored
 
 
 class LayerCache(Protocol):

@@ -49,7 +49,7 @@ def loaded() -> bool:
 
 def read_cache(q: torch.Tensor, k, v, *, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """Attention of q [B, H, S, d_h] over a cache's k, v [B, H_kv, T, d_h] read as stored
-    (anatomy::decode_attention): float32 or bfloat16 tensors, an 8-bit cache's Codes, or a paged
+    (anatomy::decode_attention): float32, bfloat16 or float16 tensors, an 8-bit cache's Codes, or a paged
     cache's Pages (pools [N, bs, H_kv, d_h] read through their tables [B, nb], T = nb * bs); the query
     heads of a KV group folded into its rows, mask [B|1, 1, S, T] additive -> [B, H, S, d_h]."""
     B, H, S, d = q.shape

@@ -1,5 +1,5 @@
 // Attention of a few query rows over one cache's keys and values, reading the cache as it is stored:
-// float32, bfloat16, or 8-bit codes (int8 or fp8 e4m3 / e5m2) with a scale per token and head.
+// float32, bfloat16, float16, or 8-bit codes (int8 or fp8 e4m3 / e5m2) with a scale per token and head.
 //
 //   out [B, H, R, d] = softmax(q k^T * scale + mask) v        q [B, H, R, d]; k, v [B, H, T, d]
 //
@@ -29,6 +29,7 @@
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/util/Half.h>
 
 #include <immintrin.h>
 
@@ -48,7 +49,7 @@ constexpr int64_t KEYS = 64;       // slots turned into floats at a time
 constexpr int64_t KEYS_AVX2 = 32;  // the AVX2 path's: 32 float32 keys and values of 64 dims fill half of a 32 KB L1
 constexpr int64_t MAX_DIM = 256;   // head dims up to this
 
-enum Kind { F32 = 0, BF16 = 1, CODES = 2 };
+enum Kind { F32 = 0, BF16 = 1, F16 = 2, CODES = 3 };
 
 struct Cache {
   const void* data;
@@ -59,12 +60,20 @@ struct Cache {
   const int64_t* table = nullptr;  // paged: [B, nb] block ids, blocks of bs slots
   int64_t nb = 0, bs = 0;
   bool signed_codes = false;  // int8 codes: each is its own value (no table look-up; the loop vectorizes)
+  bool f16c = false;          // float16 widened by F16C (a vector path), else one by one (the portable loops)
 };
 
 // where (b, h, t) starts, in elements of the data (scale: of the scales)
 inline int64_t offset(const Cache& c, int64_t b, int64_t h, int64_t t, int64_t sb, int64_t sh, int64_t st) {
   if (c.table == nullptr) return b * sb + h * sh + t * st;
   return c.table[b * c.nb + t / c.bs] * sb + h * sh + (t % c.bs) * st;
+}
+
+// n float16 values widened to float32 by F16C, 8 at a time
+AVX2 void widen_f16(const uint16_t* src, float* dst, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j))));
+  for (; j < n; ++j) dst[j] = _cvtsh_ss(src[j]);
 }
 
 inline float bf16_to_float(uint16_t x) {
@@ -86,6 +95,13 @@ inline __attribute__((always_inline)) void decode_rows(const Cache& c, const flo
       const uint16_t* src = static_cast<const uint16_t*>(c.data) + at;
 #pragma omp simd
       for (int64_t j = 0; j < d; ++j) row[j] = bf16_to_float(src[j]);
+    } else if (c.kind == F16) {
+      const uint16_t* src = static_cast<const uint16_t*>(c.data) + at;
+      if (c.f16c) {
+        widen_f16(src, row, d);
+      } else {
+        for (int64_t j = 0; j < d; ++j) row[j] = static_cast<float>(c10::Half(src[j], c10::Half::from_bits()));
+      }
     } else if (c.signed_codes) {
       const int8_t* src = static_cast<const int8_t*>(c.data) + at;
       const float s = c.scale[offset(c, b, h, t0 + i, c.ssb, c.ssh, c.sst)];
@@ -479,9 +495,10 @@ AVX2 void run_avx2(const Job& j, int64_t task, Partial& p) {
 Cache cache_of(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& scale_f32, const at::Tensor& tables) {
   TORCH_CHECK(x.dim() == 4 && x.stride(3) == 1, "anatomy::decode_attention: k and v must be [B, H, T, d] (paged: "
               "[N, bs, H, d]) with d contiguous");
-  Kind kind = x.scalar_type() == at::kFloat ? F32 : x.scalar_type() == at::kBFloat16 ? BF16 : CODES;
+  const at::ScalarType type = x.scalar_type();
+  Kind kind = type == at::kFloat ? F32 : type == at::kBFloat16 ? BF16 : type == at::kHalf ? F16 : CODES;
   TORCH_CHECK(kind != CODES || x.element_size() == 1, "anatomy::decode_attention: k and v must be float32, "
-              "bfloat16 or 8-bit codes (their bytes are looked up in lut), got ", x.scalar_type());
+              "bfloat16, float16 or 8-bit codes (their bytes are looked up in lut), got ", x.scalar_type());
   TORCH_CHECK(kind != CODES || (scale.defined() && scale.dim() == 3), "anatomy::decode_attention: 8-bit codes need "
               "their scales [B, H, T] (paged: [N, bs, H])");
   const bool paged = tables.defined();
@@ -547,6 +564,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t tasks = B * H * job.slices;
   std::vector<Partial> parts(tasks);
   const anatomy::Isa level = anatomy::isa(portable);
+  job.k.f16c = job.v.f16c = level >= anatomy::Isa::Avx2;
   at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       if (level >= anatomy::Isa::Avx512) run_avx512(job, t, parts[t]);

@@ -11,7 +11,7 @@
 //
 // The four weights are in the native layouts (q4: 40 bytes per 64 weights, q8: 72; gemv.cpp); bit i of
 // `int8_activations` makes product i quantize its input to int8 per group of 32 (q4_linear / q8_linear,
-// VNNI) instead of reading it as float (q4f_linear / q8f_linear). The cache is float32 or bfloat16:
+// VNNI) instead of reading it as float (q4f_linear / q8f_linear). The cache is float32, bfloat16 or float16:
 //   static  k, v [B, H_kv, T, d]; `where` = input_pos [1]: every row writes slot input_pos[0]
 //   paged   k, v pools [N, bs, H_kv, d]; `where` = slots [B] (block * bs + offset), tables [B, nb]
 // Norms, RoPE, SwiGLU and the residual adds are loops over the rows in float32.
@@ -90,6 +90,8 @@ void write_kv(const at::Tensor& cache, const float* heads, int64_t b, int64_t H_
   for (int64_t h = 0; h < H_kv; ++h) {
     if (cache.scalar_type() == at::kFloat)
       store(heads + h * d, cache.data_ptr<float>() + at0 + h * sh, d);
+    else if (cache.scalar_type() == at::kHalf)
+      store(heads + h * d, cache.data_ptr<c10::Half>() + at0 + h * sh, d);
     else
       store(heads + h * d, cache.data_ptr<c10::BFloat16>() + at0 + h * sh, d);
   }
@@ -109,8 +111,9 @@ at::Tensor decode_block(const at::Tensor& x, const at::Tensor& attn_norm, const 
   const bool paged = tables.has_value();
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() && k_cache.stride(3) == 1 &&
               v_cache.stride(3) == 1 && k_cache.scalar_type() == v_cache.scalar_type() &&
-              (k_cache.scalar_type() == at::kFloat || k_cache.scalar_type() == at::kBFloat16),
-              "anatomy::decode_block: k and v must be float32 or bfloat16 caches of one shape, d contiguous");
+              (k_cache.scalar_type() == at::kFloat || k_cache.scalar_type() == at::kBFloat16 ||
+               k_cache.scalar_type() == at::kHalf),
+              "anatomy::decode_block: k and v must be float32, bfloat16 or float16 caches of one shape, d contiguous");
   TORCH_CHECK(where.scalar_type() == at::kLong && where.is_contiguous() && where.numel() == (paged ? x.size(0) : 1),
               "anatomy::decode_block: where must be int64: input_pos [1] (static) or slots [B] (paged)");
   const int64_t B = x.size(0), D = x.size(1), H = n_heads, d = k_cache.size(3);
