@@ -124,8 +124,15 @@ def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan, nam
             prepared = layer.layouts.get(form.name) or form.build(fmt)
             measured = by_kernel(plan.for_layer(name).measurements.get("decode", [])).get(int8_kernel)
             int8 = measured is not None and measured.error is not None and measured.error <= plan.threshold
-            return prepared[0], int8
+            return (tiles(prepared[0]) if int8 and int8_kernel == "q4x" else prepared[0]), int8
     return None
+
+
+def tiles(q4: Tensor) -> Tensor:
+    """The q4 layout as q4 tiles of 16 rows (tiles.cpp) where AVX-512 VNNI runs them and N allows; else as it is."""
+    if native.isa() != "avx512-vnni" or q4.shape[0] % 16:
+        return q4
+    return torch.ops.anatomy.pack_q4_tiles(q4)
 
 
 def native_block(name: str, block: Block, plan: KernelPlan, formats: dict[str, WeightFormat]) -> NativeBlock | None:

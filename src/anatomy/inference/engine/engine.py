@@ -272,15 +272,18 @@ def _warn_if_threads_sleep() -> None:
 
 
 def held_bytes(*modules: nn.Module) -> int:
-    """Bytes of the weights `modules` hold together: parameters, buffers and every planned layer's
-    layouts, each storage counted once (a layout that is the format's own tensor is no copy; one that
-    is not a tensor, FBGEMM's packed fp16 weight, by the bytes its form says it holds)."""
+    """Bytes of the weights `modules` hold together: parameters, buffers, every planned layer's
+    layouts and every fused block's own (q4 tiles, or a layout the plan did not hold), each storage
+    counted once (a layout that is the format's own tensor is no copy; one that is not a tensor,
+    FBGEMM's packed fp16 weight, by the bytes its form says it holds)."""
+    from anatomy.kernels.decode_block import NativeBlock
     from anatomy.kernels.planned_linear import PlannedLinear
 
     every = [m for module in modules for m in module.modules()]
     planned = list({id(m): m for m in every if isinstance(m, PlannedLinear)}.values())
     tensors = [t for m in every for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))]
     tensors += [t for m in planned for layout in m.layouts.values() for t in layout if isinstance(t, torch.Tensor)]
+    tensors += [t for m in every if isinstance(m, NativeBlock) for t in m.weights]
     return sum(dict(_storage(t) for t in tensors).values()) + sum(m.opaque_bytes for m in planned)
 
 

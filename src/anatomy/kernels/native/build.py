@@ -1,4 +1,4 @@
-"""Build anatomy's native kernels (gemv.cpp, gemv_avx2.cpp, exact.cpp, attention.cpp, norm.cpp, block.cpp;
+"""Build anatomy's native kernels (gemv.cpp, gemv_avx2.cpp, exact.cpp, attention.cpp, norm.cpp, block.cpp, tiles.cpp;
 native.h, gemv_avx2.h, avx2.h) into a shared library that `torch.ops.load_library` loads.
 
     python -m anatomy.kernels.native.build       (what `make` runs; ~45 s on 2 cores, once per source
@@ -25,7 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "gemv.cpp", HERE / "gemv_avx2.cpp", HERE / "exact.cpp", HERE / "attention.cpp", HERE / "norm.cpp",
-           HERE / "block.cpp")
+           HERE / "block.cpp", HERE / "tiles.cpp")
 HEADERS = (HERE / "native.h", HERE / "gemv_avx2.h", HERE / "avx2.h")
 FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fopenmp", "-D_GLIBCXX_USE_CXX11_ABI=1", "-DTORCH_API_INCLUDE_EXTENSION_H"]
 BUILD = HERE / "_build"

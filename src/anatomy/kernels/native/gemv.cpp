@@ -73,17 +73,6 @@ anatomy::avx2::Activations avx2_activations(Isa level, const Quantized& a, int64
                                                     : anatomy::avx2::Activations{};
 }
 
-Quantized quantize_rows(const at::Tensor& x, Isa level) {
-  const int64_t M = x.size(0), K = x.size(1), groups = K / G;
-  Quantized out{std::vector<int8_t>(M * K), std::vector<float>(M * groups), std::vector<int32_t>(M * groups)};
-  at::Tensor xf = x.to(at::kFloat).contiguous();
-  const float* src = xf.data_ptr<float>();
-  const auto row = level >= Isa::Avx2 ? anatomy::avx2::quantize_row : quantize_row;
-  for (int64_t m = 0; m < M; ++m)
-    row(src + m * K, K, out.q.data() + m * K, out.scale.data() + m * groups, out.sum.data() + m * groups);
-  return out;
-}
-
 // -- the q4 product ---------------------------------------------------------------------------------
 
 void q4_rows_portable(const Quantized& a, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
@@ -361,6 +350,17 @@ at::Tensor in_chunks(const at::Tensor& x, const at::Tensor& w, bool portable, Op
 }  // namespace
 
 namespace anatomy {
+
+Quantized quantize_rows(const at::Tensor& x, Isa level) {
+  const int64_t M = x.size(0), K = x.size(1), groups = K / G;
+  Quantized out{std::vector<int8_t>(M * K), std::vector<float>(M * groups), std::vector<int32_t>(M * groups)};
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  const float* src = xf.data_ptr<float>();
+  const auto row = level >= Isa::Avx2 ? anatomy::avx2::quantize_row : quantize_row;
+  for (int64_t m = 0; m < M; ++m)
+    row(src + m * K, K, out.q.data() + m * K, out.scale.data() + m * groups, out.sum.data() + m * groups);
+  return out;
+}
 
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   if (x.dim() == 2 && x.size(0) > MAX_ROWS) return in_chunks(x, w, portable, q4_linear);

@@ -50,7 +50,13 @@ inline Isa isa() {
 // what a kernel runs: `portable` (the tests' check of the vector paths) forces the portable loops
 inline Isa isa(bool portable) { return portable ? Isa::Portable : isa(); }
 
+// x [M, K] rounded to int8 per group of 32 (gemv.cpp; the struct is gemv_avx2.h's): the activations of
+// every int8 product, the same numbers on every path
+struct Quantized;
+Quantized quantize_rows(const at::Tensor& x, Isa level);
+
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
+at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q4f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q8f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);

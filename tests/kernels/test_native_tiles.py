@@ -1,0 +1,67 @@
+"""q4 tiles (kernels/native/tiles.cpp): the int4 product with int8 activations on 16 output rows
+interleaved, against the float64 product of the weights and against q4_linear on the q4 layout they are
+packed from (the same int8 activations, the integer sums exact: 1e-5), on the portable loops and every
+vector path this CPU has; bad shapes refused; the fused decode block holds them where VNNI runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from anatomy.kernels import native
+from anatomy.kernels.candidates import reference_product, relative_error
+from anatomy.kernels.decode_block import NativeBlock
+from anatomy.inference.engine import DecoderEngine
+
+from .test_native import ERROR, PATHS, int4
+
+pytestmark = pytest.mark.skipif(not native.loaded(), reason="the native library is built by make")
+
+
+def packed(N: int, K: int, group: int = 32):
+    fmt = int4(N, K, group)
+    scale, offset = (t.float().repeat_interleave(group // 32, 1) for t in (fmt.scale, fmt.offset))
+    q4 = torch.ops.anatomy.pack_q4(fmt.codes, scale, offset)
+    return fmt, q4, torch.ops.anatomy.pack_q4_tiles(q4)
+
+
+@pytest.mark.parametrize("isa", PATHS)
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 20])
+def test_tiles_equal_the_q4_product_and_the_float64_one(isa, rows):
+    fmt, q4, tiles = packed(96, 320, group=64)
+    assert tiles.shape == (96 // 16, 320 // 32, 320)
+    x = torch.randn(rows, 320)
+    with native.limited(isa):
+        y = torch.ops.anatomy.q4_tiles_linear(x, tiles)
+    assert y.shape == (rows, 96) and y.dtype == torch.float32
+    torch.testing.assert_close(y, torch.ops.anatomy.q4_linear(x, q4, True), rtol=1e-5, atol=1e-5)
+    assert relative_error(y, reference_product(fmt, x)) < ERROR
+
+
+def test_bfloat16_in_bfloat16_out():
+    fmt, _, tiles = packed(32, 128)
+    y = torch.ops.anatomy.q4_tiles_linear(torch.randn(2, 128).bfloat16(), tiles)
+    assert y.dtype == torch.bfloat16 and y.shape == (2, 32)
+
+
+def test_bad_shapes_are_refused():
+    _, q4, tiles = packed(32, 128)
+    with pytest.raises(RuntimeError, match="not a multiple of 16"):
+        torch.ops.anatomy.pack_q4_tiles(q4[:24])
+    with pytest.raises(RuntimeError, match=r"tiles must be uint8 \[N/16, K/32, 320\] for K = 192"):
+        torch.ops.anatomy.q4_tiles_linear(torch.randn(1, 192), tiles)
+    with pytest.raises(RuntimeError, match="multiple of 64"):
+        torch.ops.anatomy.q4_tiles_linear(torch.randn(1, 96), tiles)
+
+
+@pytest.mark.skipif(native.isa() != "avx512-vnni", reason="tiles are made where AVX-512 VNNI runs them")
+def test_the_fused_block_holds_tiles_for_its_int8_products(smollm2_gguf_path):
+    import anatomy
+
+    engine = DecoderEngine(anatomy.load(smollm2_gguf_path))
+    blocks = [b for b in engine.model.stack.blocks if isinstance(b, NativeBlock)]
+    if not blocks:
+        pytest.skip("the operator measured slower than the blocks on this machine")
+    for block in blocks:
+        for i, weight in enumerate(block.weights):
+            assert (weight.dim() == 3) == bool(block.int8 >> i & 1)  # tiles exactly where int8 activations
