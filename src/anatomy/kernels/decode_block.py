@@ -20,7 +20,9 @@ a batch than for one row): `max_rows` is the largest of 1, 2, 4, 8, 16 rows up t
 still measured faster; a decode step of more rows runs as the block.
 
 A product quantizes its input to int8 per group of 32 (VNNI, q4x/q8x) where the plan's accuracy check
-passed that kernel for the layer, and reads it as float32 (q4f/q8f) otherwise. Only blocks the
+passed that kernel for the layer, and reads it as float32 (q4f/q8f) otherwise; where AVX-512 VNNI runs,
+an int4 product's weights are q4 tiles (16 output rows interleaved: kernels/native/tiles.cpp), whose
+input is rounded to int16 instead of read as float where int8 missed the check by less than 258x. Only blocks the
 operator covers exactly are swapped: pre-norm, RMSNorm, one fused QKV projection with full-width
 RoPE, SwiGLU, no biases, no QK norm, no soft cap, no sliding window, no experts.
 """
@@ -46,6 +48,9 @@ from anatomy.weights.formats import WeightFormat
 
 LINEARS = ("attn.qkv", "attn.out", "ffn.gate_up", "ffn.down")  # in the operator's order
 INT8_KERNELS = ("q4x", "q8x")  # int8 activations on each native layout (the float ones, q4f/q8f, share it)
+# a product on q4 tiles whose int8 activations missed the plan's error bound takes them rounded to int16
+# (tiles.cpp) where its error, int8's measured one times this (the rounding step's ratio), is within it
+INT16_ERROR = 127 / 32767
 CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ROWS = (1, 2, 4, 8, 16)  # the decode batches the operator is timed on against the block
 
@@ -116,19 +121,22 @@ def fusable(block: nn.Module) -> bool:
 
 
 def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan, name: str) -> tuple[Tensor, bool] | None:
-    """(the layer's native layout, whether its product may take int8 activations), or None when the
-    format has no native layout."""
+    """(the layer's native layout, whether its product takes int8 activations), or None when the
+    format has no native layout. An int4 layout becomes q4 tiles where they run (`tiled`)."""
     for int8_kernel in INT8_KERNELS:
         form = KERNELS_BY_NAME[int8_kernel].form
         if form.accepts(fmt):
             prepared = layer.layouts.get(form.name) or form.build(fmt)
             measured = by_kernel(plan.for_layer(name).measurements.get("decode", [])).get(int8_kernel)
-            int8 = measured is not None and measured.error is not None and measured.error <= plan.threshold
-            return (tiles(prepared[0]) if int8 and int8_kernel == "q4x" else prepared[0]), int8
+            error = measured.error if measured is not None else None
+            int8 = error is not None and error <= plan.threshold
+            if int8_kernel == "q4x" and (int8 or (error is not None and error * INT16_ERROR <= plan.threshold)):
+                return tiled(prepared[0]), int8
+            return prepared[0], int8
     return None
 
 
-def tiles(q4: Tensor) -> Tensor:
+def tiled(q4: Tensor) -> Tensor:
     """The q4 layout as q4 tiles of 16 rows (tiles.cpp) where AVX-512 VNNI runs them and N allows; else as it is."""
     if native.isa() != "avx512-vnni" or q4.shape[0] % 16:
         return q4

@@ -10,9 +10,9 @@
 //   x = x + (silu(g) * u) @ Wdown^T
 //
 // The four weights are in the native layouts (q4: 40 bytes per 64 weights, q8: 72; gemv.cpp; or q4 tiles
-// of 16 rows, [N/16, K/32, 320], for an int8-activation product: tiles.cpp); bit i of
-// `int8_activations` makes product i quantize its input to int8 per group of 32 (q4_linear / q8_linear,
-// VNNI) instead of reading it as float (q4f_linear / q8f_linear). The cache is float32, bfloat16 or float16:
+// of 16 rows, [N/16, K/32, 320]: tiles.cpp); bit i of `int8_activations` makes product i quantize its
+// input to int8 per group of 32 (q4_linear / q8_linear / q4 tiles, VNNI) instead of reading it as float
+// (q4f_linear / q8f_linear), or, on q4 tiles, rounding it to int16. The cache is float32, bfloat16 or float16:
 //   static  k, v [B, H_kv, T, d]; `where` = input_pos [1]: every row writes slot input_pos[0]
 //   paged   k, v pools [N, bs, H_kv, d]; `where` = slots [B] (block * bs + offset), tables [B, nb]
 // Norms, RoPE, SwiGLU and the residual adds are loops over the rows in float32.
@@ -33,10 +33,7 @@ using anatomy::Q4_BLOCK;
 using anatomy::Q8_BLOCK;
 
 at::Tensor product(const at::Tensor& x, const at::Tensor& w, bool int8) {
-  if (w.dim() == 3) {  // q4 tiles (tiles.cpp): int8 activations only
-    TORCH_CHECK(int8, "anatomy::decode_block: q4 tiles take int8 activations");
-    return anatomy::q4_tiles_linear(x, w, false);
-  }
+  if (w.dim() == 3) return anatomy::q4_tiles_linear(x, w, false, int8 ? 8 : 16);  // q4 tiles (tiles.cpp)
   TORCH_CHECK(w.dim() == 2 && x.size(1) % PAIR == 0, "anatomy::decode_block: a weight is not [N, K/64 * bytes]");
   const int64_t per = w.size(1) / (x.size(1) / PAIR);
   if (per == Q4_BLOCK) return int8 ? anatomy::q4_linear(x, w, false) : anatomy::q4f_linear(x, w, false);

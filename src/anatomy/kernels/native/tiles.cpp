@@ -10,7 +10,12 @@
 //   then 4 vectors of 64 bytes; byte 4r + i of vector v holds the code of row r, input 4v + i in its
 //   low nibble and that of input 4(v + 4) + i in its high one
 //       y[m, n] = sum_g sx[m, g] * (d[n, g] * sum_i q[n, i] qx[m, i] + m[n, g] * sum_i qx[m, i])
-//   q4_tiles_linear(x [M, K] float, tiles [N/16, K/32, 320]) -> [M, N]     (x quantized as q4_linear's)
+//   q4_tiles_linear(x [M, K] float, tiles [N/16, K/32, 320], bits) -> [M, N]
+//
+// bits = 8: x quantized to int8 per group of 32 as q4_linear's. bits = 16: to int16 per group of 32
+// (s = max|x| / 32767: the rounding error of int8's / 258), each 32-bit lane's two bytes 0 and 2, then
+// 1 and 3, widened to int16 pairs and summed by vpdpwssd (16 instructions a group): for the products
+// whose inputs int8 rounds too coarsely (a down projection's outlier channels), in place of float.
 //
 // The AVX-512 VNNI loop runs where the CPU has it; elsewhere the portable one (for checking: the
 // engine makes tiles only where VNNI runs).
@@ -23,6 +28,8 @@
 #include <immintrin.h>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "gemv_avx2.h"
 #include "native.h"
@@ -42,11 +49,36 @@ constexpr int ROWS = 8;              // rows of x per pass over the tiles
 
 inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
+// x [M, K] rounded to int16 per group of 32: codes, scale s = max|x| / 32767, sum of the codes
+struct Quantized16 {
+  std::vector<int16_t> q;
+  std::vector<float> scale;
+  std::vector<int32_t> sum;
+};
+
+Quantized16 quantize_rows16(const at::Tensor& x) {
+  const int64_t M = x.size(0), K = x.size(1), groups = K / G;
+  Quantized16 out{std::vector<int16_t>(M * K), std::vector<float>(M * groups), std::vector<int32_t>(M * groups)};
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  const float* v = xf.data_ptr<float>();
+  for (int64_t g = 0; g < M * groups; ++g, v += G) {
+    float amax = 0.f;
+    for (int64_t j = 0; j < G; ++j) amax = std::max(amax, std::fabs(v[j]));
+    const float s = amax / 32767.f, inv = s > 0.f ? 1.f / s : 0.f;
+    int32_t total = 0;
+    for (int64_t j = 0; j < G; ++j) total += out.q[g * G + j] = static_cast<int16_t>(std::nearbyint(v[j] * inv));
+    out.scale[g] = s;
+    out.sum[g] = total;
+  }
+  return out;
+}
+
 // where input i (0..31) of row r sits in a tile's group: byte offset, and whether in the high nibble
 inline int64_t code_byte(int64_t r, int64_t i) { return 64 + (i / 4 % 4) * 64 + 4 * r + i % 4; }
 inline bool code_high(int64_t i) { return i / 4 >= 4; }
 
-void tiles_portable(const Quantized& a, int64_t m0, int64_t M, int64_t K, const uint8_t* w, int64_t t0, int64_t t1,
+template <typename Codes>
+void tiles_portable(const Codes& a, int64_t m0, int64_t M, int64_t K, const uint8_t* w, int64_t t0, int64_t t1,
                     float* y, int64_t N) {
   const int64_t groups = K / G;
   for (int64_t t = t0; t < t1; ++t)
@@ -72,13 +104,57 @@ void tiles_portable(const Quantized& a, int64_t m0, int64_t M, int64_t K, const 
 
 #define AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
 
-// rows [m0, m0 + M) of x against tiles [t0, t1): per group, the tile's codes unpacked once for the M rows,
-// each row's sum in two chains of 4 vpdpbusd
-template <int M>
-AVX512_VNNI void tiles_avx512(const Quantized& a, int64_t m0, int64_t K, const uint8_t* w, int64_t t0, int64_t t1,
+// A group's 16 codes vectors unpacked once for the M rows of x: int8 activations take the 8 vectors of
+// 4-byte pieces, int16 ones each piece as two int16 pairs (its inputs 0 and 2, then 1 and 3)
+AVX512_VNNI inline void unpack(const uint8_t* block, __m512i (&q)[8]) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int v = 0; v < 4; ++v) {
+    const __m512i packed = _mm512_loadu_si512(block + 64 + 64 * v);
+    q[v] = _mm512_and_si512(packed, low);
+    q[v + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+  }
+}
+
+AVX512_VNNI inline void unpack(const uint8_t* block, __m512i (&q)[16]) {
+  const __m512i even = _mm512_set1_epi16(0x00FF);
+  __m512i pieces[8];
+  unpack(block, pieces);
+  for (int j = 0; j < 8; ++j) {
+    q[2 * j] = _mm512_and_si512(pieces[j], even);
+    q[2 * j + 1] = _mm512_srli_epi16(pieces[j], 8);
+  }
+}
+
+// the 16 outputs' integer sums of one group with one row's codes x [32], in two chains
+AVX512_VNNI inline __m512i dot(const __m512i (&q)[8], const int8_t* x) {
+  int32_t x4[8];
+  std::memcpy(x4, x, sizeof(x4));
+  __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+  for (int j = 0; j < 8; j += 2) {
+    s0 = _mm512_dpbusd_epi32(s0, q[j], _mm512_set1_epi32(x4[j]));
+    s1 = _mm512_dpbusd_epi32(s1, q[j + 1], _mm512_set1_epi32(x4[j + 1]));
+  }
+  return _mm512_add_epi32(s0, s1);
+}
+
+AVX512_VNNI inline __m512i dot(const __m512i (&q)[16], const int16_t* x) {
+  const auto pair = [](int16_t lo, int16_t hi) {
+    return static_cast<int32_t>(static_cast<uint16_t>(lo) | static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16);
+  };
+  __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+  for (int j = 0; j < 8; ++j) {
+    const int16_t* p = x + 4 * j;
+    s0 = _mm512_dpwssd_epi32(s0, q[2 * j], _mm512_set1_epi32(pair(p[0], p[2])));
+    s1 = _mm512_dpwssd_epi32(s1, q[2 * j + 1], _mm512_set1_epi32(pair(p[1], p[3])));
+  }
+  return _mm512_add_epi32(s0, s1);
+}
+
+// rows [m0, m0 + M) of x against tiles [t0, t1)
+template <int M, typename Codes>
+AVX512_VNNI void tiles_avx512(const Codes& a, int64_t m0, int64_t K, const uint8_t* w, int64_t t0, int64_t t1,
                               float* y, int64_t N) {
   const int64_t groups = K / G;
-  const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t t = t0; t < t1; ++t) {
     __m512 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
@@ -88,24 +164,13 @@ AVX512_VNNI void tiles_avx512(const Quantized& a, int64_t m0, int64_t K, const u
         _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD + line, _MM_HINT_T0);
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
       const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
-      __m512i q[8];
-      for (int v = 0; v < 4; ++v) {
-        const __m512i packed = _mm512_loadu_si512(block + 64 + 64 * v);
-        q[v] = _mm512_and_si512(packed, low);
-        q[v + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
-      }
+      __m512i q[std::is_same_v<Codes, Quantized16> ? 16 : 8];
+      unpack(block, q);
       for (int m = 0; m < M; ++m) {
         const int64_t row = m0 + m;
-        int32_t x4[8];
-        std::memcpy(x4, a.q.data() + row * K + g * G, sizeof(x4));
-        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-        for (int j = 0; j < 8; j += 2) {
-          s0 = _mm512_dpbusd_epi32(s0, q[j], _mm512_set1_epi32(x4[j]));
-          s1 = _mm512_dpbusd_epi32(s1, q[j + 1], _mm512_set1_epi32(x4[j + 1]));
-        }
+        const __m512i s = dot(q, a.q.data() + row * K + g * G);
         const float sx = a.scale[row * groups + g];
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(d, _mm512_set1_ps(sx)),
-                                 acc[m]);
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(sx)), acc[m]);
         acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(sx * static_cast<float>(a.sum[row * groups + g])), acc[m]);
       }
     }
@@ -113,8 +178,8 @@ AVX512_VNNI void tiles_avx512(const Quantized& a, int64_t m0, int64_t K, const u
   }
 }
 
-template <int M>
-void tiles_dispatch(int rows, const Quantized& a, int64_t m0, int64_t K, const uint8_t* w, int64_t t0, int64_t t1,
+template <int M, typename Codes>
+void tiles_dispatch(int rows, const Codes& a, int64_t m0, int64_t K, const uint8_t* w, int64_t t0, int64_t t1,
                     float* y, int64_t N) {
   if constexpr (M > 1) {
     if (rows < M) return tiles_dispatch<M - 1>(rows, a, m0, K, w, t0, t1, y, N);
@@ -147,37 +212,44 @@ at::Tensor pack_q4_tiles(const at::Tensor& q4) {
   return out;
 }
 
-}  // namespace
-
-namespace anatomy {
-
-at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
-  TORCH_CHECK(x.dim() == 2 && x.is_floating_point() && x.size(0) >= 1, "anatomy::q4_tiles_linear: x must be a float "
-              "matrix [M, K]");
-  TORCH_CHECK(x.size(1) % PAIR == 0, "anatomy::q4_tiles_linear: K = ", x.size(1), " must be a multiple of ", PAIR);
-  TORCH_CHECK(w.dim() == 3 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(1) == x.size(1) / G &&
-              w.size(2) == TILE_BYTES, "anatomy::q4_tiles_linear: tiles must be uint8 [N/16, K/32, 320] for K = ",
-              x.size(1));
-  const Isa level = anatomy::isa(portable);
-  const Quantized a = anatomy::quantize_rows(x, level);
-  const int64_t M = x.size(0), K = x.size(1), T = w.size(0), N = T * TILE;
+// y [M, N] = the activations a against every tile, rows of x ROWS at a time, tiles split over the threads
+template <typename Codes>
+void over_tiles(const Codes& a, const at::Tensor& w, Isa level, at::Tensor& y) {
+  const int64_t M = y.size(0), N = y.size(1), K = w.size(1) * G;
   const uint8_t* tiles = w.data_ptr<uint8_t>();
-  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
   float* out = y.data_ptr<float>();
-  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, w.size(0), 1, [&](int64_t t0, int64_t t1) {
     for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
       const int rows = static_cast<int>(std::min<int64_t>(ROWS, M - m0));
       if (level == Isa::Avx512Vnni) tiles_dispatch<ROWS>(rows, a, m0, K, tiles, t0, t1, out, N);
       else tiles_portable(a, m0, rows, K, tiles, t0, t1, out, N);
     }
   });
+}
+
+}  // namespace
+
+namespace anatomy {
+
+at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits) {
+  TORCH_CHECK(x.dim() == 2 && x.is_floating_point() && x.size(0) >= 1, "anatomy::q4_tiles_linear: x must be a float "
+              "matrix [M, K]");
+  TORCH_CHECK(x.size(1) % PAIR == 0, "anatomy::q4_tiles_linear: K = ", x.size(1), " must be a multiple of ", PAIR);
+  TORCH_CHECK(w.dim() == 3 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(1) == x.size(1) / G &&
+              w.size(2) == TILE_BYTES, "anatomy::q4_tiles_linear: tiles must be uint8 [N/16, K/32, 320] for K = ",
+              x.size(1));
+  TORCH_CHECK(bits == 8 || bits == 16, "anatomy::q4_tiles_linear: bits = ", bits, ": the activations are int8 or int16");
+  const Isa level = anatomy::isa(portable);
+  at::Tensor y = at::empty({x.size(0), w.size(0) * TILE}, x.options().dtype(at::kFloat));
+  if (bits == 8) over_tiles(anatomy::quantize_rows(x, level), w, level, y);
+  else over_tiles(quantize_rows16(x), w, level, y);
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
 }  // namespace anatomy
 
 TORCH_LIBRARY_FRAGMENT(anatomy, m) {
-  m.def("q4_tiles_linear(Tensor x, Tensor tiles, bool portable=False) -> Tensor");
+  m.def("q4_tiles_linear(Tensor x, Tensor tiles, bool portable=False, int bits=8) -> Tensor");
   m.def("pack_q4_tiles(Tensor q4) -> Tensor");
 }
 
