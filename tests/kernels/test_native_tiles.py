@@ -1,5 +1,5 @@
-"""q4 tiles (kernels/native/tiles.cpp): the int4 product with int8 or int16 activations on 16 output rows
-interleaved, against the float64 product of the weights and against q4_linear on the q4 layout they are
+"""q4 and q8 tiles (kernels/native/tiles.cpp): the int4 product with int8 or int16 activations, and the
+int8 one with int16 activations, on 16 output rows interleaved, against the float64 product of the weights and against q4_linear on the q4 layout they are
 packed from (the same int8 activations, the integer sums exact: 1e-5), on the portable loops and every
 vector path this CPU has; bad shapes refused; the fused decode block holds them where VNNI runs."""
 
@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from anatomy.kernels import native
-from anatomy.kernels.candidates import reference_product, relative_error
+from anatomy.kernels.candidates import candidates, reference_product, relative_error
 from anatomy.kernels.decode_block import LINEARS, NativeBlock
 from anatomy.inference.engine import DecoderEngine
 
-from .test_native import ERROR, PATHS, int4
+from .test_native import ERROR, PATHS, int4, int8g
 
 pytestmark = pytest.mark.skipif(not native.loaded(), reason="the native library is built by make")
 
@@ -53,6 +53,32 @@ def test_int16_activations_are_258_times_finer(isa, rows):
     torch.testing.assert_close(y, torch.ops.anatomy.q4_tiles_linear(x, tiles, True, 16), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("isa", PATHS)
+@pytest.mark.parametrize("rows", [1, 8, 13])
+def test_q8_tiles_are_the_q8_product_with_int16_activations(isa, rows):
+    """Q8_0-style int8 groups on tiles, x rounded to int16 per 32 (an outlier channel and all): within
+    1e-4 of the float64 product, the portable and vector loops equal to 1e-5."""
+    fmt = int8g(48, 256)
+    tiles = torch.ops.anatomy.pack_q8_tiles(fmt.codes, fmt.scale.float())
+    assert tiles.shape == (3, 8, 544)
+    x = torch.randn(rows, 256)
+    x[:, 9] *= 40
+    with native.limited(isa):
+        y = torch.ops.anatomy.q8_tiles_linear(x, tiles)
+    assert y.shape == (rows, 48) and relative_error(y, reference_product(fmt, x)) < 1e-4
+    torch.testing.assert_close(y, torch.ops.anatomy.q8_tiles_linear(x, tiles, True), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not native.available(), reason="this CPU runs no vector path of the native kernels")
+def test_offered_where_vnni_runs_and_n_allows():
+    tiled = {"q4t", "q4t16", "q8t16"}
+    offered = {k.name for k in candidates(int4(64, 128)) + candidates(int8g(64, 128))}
+    assert (tiled <= offered) == (native.isa() == "avx512-vnni")
+    assert not tiled & {k.name for k in candidates(int4(72, 128)) + candidates(int8g(72, 128))}  # N = 72
+    with native.limited("avx512"):  # AVX-512 without VNNI
+        assert not tiled & {k.name for k in candidates(int4(64, 128)) + candidates(int8g(64, 128))}
+
+
 def test_bfloat16_in_bfloat16_out():
     fmt, _, tiles = packed(32, 128)
     y = torch.ops.anatomy.q4_tiles_linear(torch.randn(2, 128).bfloat16(), tiles)
@@ -69,6 +95,11 @@ def test_bad_shapes_are_refused():
         torch.ops.anatomy.q4_tiles_linear(torch.randn(1, 96), tiles)
     with pytest.raises(RuntimeError, match="bits = 4: the activations are int8 or int16"):
         torch.ops.anatomy.q4_tiles_linear(torch.randn(1, 128), tiles, False, 4)
+    with pytest.raises(RuntimeError, match="q8_tiles_linear: tiles must be uint8 \\[N/16, K/32, 544\\]"):
+        torch.ops.anatomy.q8_tiles_linear(torch.randn(1, 128), tiles)
+    fmt = int8g(24, 128)
+    with pytest.raises(RuntimeError, match="N = 24 is not a multiple of 16"):
+        torch.ops.anatomy.pack_q8_tiles(fmt.codes, fmt.scale.float())
 
 
 @pytest.mark.skipif(native.isa() != "avx512-vnni", reason="tiles are made where AVX-512 VNNI runs them")

@@ -19,6 +19,9 @@ activations of one dtype; `kernel.bind(prepared)` gives the function `x [M, K] -
     q8x             q8x          any          the same for int8 groups (GGUF Q8_0)
     q4f / q8f       q4x / q8x    any          the same layouts, weights decoded to float32 in registers and
                                               multiplied with the activations as they are: the float product
+    q4t / q4t16     q4t          any          int4 groups on 16 output rows interleaved (tiles.cpp), x
+                                              quantized to int8 / int16 per 32, AVX-512 VNNI only
+    q8t16           q8t          any          int8 groups (Q8_0) the same way, x quantized to int16 per 32
 
 `candidates(fmt)` lists the kernels available for a format on this machine; which one is fastest
 is never assumed here: inference.plan measures them. COMPILABLE_KERNELS are those that work inside
@@ -190,6 +193,19 @@ def _build_q8x(fmt: Int8GroupWeight) -> Prepared:
     return (torch.ops.anatomy.pack_q8(fmt.codes, _per_32(fmt.scale, fmt.group)),)
 
 
+def _tiles_ok(fmt: WeightFormat) -> bool:
+    """Tiles of 16 output rows: where AVX-512 VNNI runs them, for N a multiple of 16."""
+    return _native_ok(fmt) and native.isa() == "avx512-vnni" and fmt.shape[0] % 16 == 0
+
+
+def _build_q4t(fmt: Int4Weight) -> Prepared:
+    return (torch.ops.anatomy.pack_q4_tiles(_build_q4x(fmt)[0]),)
+
+
+def _build_q8t(fmt: Int8GroupWeight) -> Prepared:
+    return (torch.ops.anatomy.pack_q8_tiles(fmt.codes, _per_32(fmt.scale, fmt.group)),)
+
+
 DENSE = {dt: _dense_form(dt) for dt in (torch.float32, torch.float16, torch.bfloat16)}
 INT4PACK = Form("int4pack", _build_int4pack, lambda f: isinstance(f, Int4Weight) and _int4pack_ok(f),
                 lambda f: _numel(f) // 2 + _numel(f) // f.group * 4)
@@ -205,6 +221,10 @@ Q4X = Form("q4x", _build_q4x, lambda f: isinstance(f, Int4Weight) and f.group % 
            lambda f: _numel(f) // NATIVE_BLOCK * 40)
 Q8X = Form("q8x", _build_q8x, lambda f: isinstance(f, Int8GroupWeight) and f.group % 32 == 0 and _native_ok(f),
            lambda f: _numel(f) // NATIVE_BLOCK * 72)
+Q4T = Form("q4t", _build_q4t, lambda f: isinstance(f, Int4Weight) and f.group % 32 == 0 and _tiles_ok(f),
+           lambda f: _numel(f) // NATIVE_BLOCK * 40)
+Q8T = Form("q8t", _build_q8t, lambda f: isinstance(f, Int8GroupWeight) and f.group % 32 == 0 and _tiles_ok(f),
+           lambda f: _numel(f) // 512 * 544)
 
 
 # -- kernels -------------------------------------------------------------------------------------
@@ -287,6 +307,21 @@ def _bind_q8f(p: Prepared) -> Callable[[Tensor], Tensor]:
     return lambda x: torch.ops.anatomy.q8f_linear(x, w)
 
 
+def _bind_q4t(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (w,) = p
+    return lambda x: torch.ops.anatomy.q4_tiles_linear(x, w)
+
+
+def _bind_q4t16(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (w,) = p
+    return lambda x: torch.ops.anatomy.q4_tiles_linear(x, w, False, 16)
+
+
+def _bind_q8t16(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (w,) = p
+    return lambda x: torch.ops.anatomy.q8_tiles_linear(x, w)
+
+
 def _chunkable(fmt: WeightFormat) -> bool:
     return _chunks(fmt.shape[0]) > 1
 
@@ -307,6 +342,9 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("q8x", Q8X, None, _bind_q8x, NATIVE_ROWS, compiles=False),
     Kernel("q4f", Q4X, None, _bind_q4f, NATIVE_ROWS, compiles=False),
     Kernel("q8f", Q8X, None, _bind_q8f, NATIVE_ROWS, compiles=False),
+    Kernel("q4t", Q4T, None, _bind_q4t, NATIVE_ROWS, compiles=False),
+    Kernel("q4t16", Q4T, None, _bind_q4t16, NATIVE_ROWS, compiles=False),
+    Kernel("q8t16", Q8T, None, _bind_q8t16, NATIVE_ROWS, compiles=False),
 )
 KERNELS_BY_NAME = {k.name: k for k in KERNELS}
 COMPILABLE_KERNELS = tuple(k for k in KERNELS if k.compiles)  # for a plan whose layers will be compiled

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from anatomy.kernels import native
-from anatomy.kernels.candidates import KERNELS_BY_NAME
+from anatomy.kernels.candidates import KERNELS_BY_NAME, Q4T
 from anatomy.kernels.norm import NativeRMSNorm
 from anatomy.kernels.planned_linear import PlannedLinear
 from anatomy.kernels.record import KernelPlan, by_kernel
@@ -131,16 +131,18 @@ def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan, nam
             error = measured.error if measured is not None else None
             int8 = error is not None and error <= plan.threshold
             if int8_kernel == "q4x" and (int8 or (error is not None and error * INT16_ERROR <= plan.threshold)):
-                return tiled(prepared[0]), int8
+                return tiled(layer, fmt, prepared[0]), int8
             return prepared[0], int8
     return None
 
 
-def tiled(q4: Tensor) -> Tensor:
-    """The q4 layout as q4 tiles of 16 rows (tiles.cpp) where AVX-512 VNNI runs them and N allows; else as it is."""
-    if native.isa() != "avx512-vnni" or q4.shape[0] % 16:
+def tiled(layer: PlannedLinear, fmt: WeightFormat, q4: Tensor) -> Tensor:
+    """The layer's q4 tiles (tiles.cpp: the plan's, else made from the q4 layout) where AVX-512 VNNI runs
+    them and N allows; else the q4 layout as it is."""
+    if not Q4T.accepts(fmt):
         return q4
-    return torch.ops.anatomy.pack_q4_tiles(q4)
+    held = layer.layouts.get(Q4T.name)
+    return held[0] if held is not None else torch.ops.anatomy.pack_q4_tiles(q4)
 
 
 def native_block(name: str, block: Block, plan: KernelPlan, formats: dict[str, WeightFormat]) -> NativeBlock | None:

@@ -1,4 +1,5 @@
-// The int4 product with int8 activations on a layout made for a few rows of x at once: 16 output rows
+// The int4 and int8 products with int8 or int16 activations on a layout made for a few rows of x at
+// once: 16 output rows
 // interleaved (a "tile"), so that one vpdpbusd multiplies 4 inputs of each of the 16 rows by the same 4
 // inputs of a row of x, broadcast to every lane. The 16 lanes are the 16 outputs: a group of 32 inputs
 // is 8 such instructions into one int32 sum per output, scaled once per group and row of x (gemv.cpp's
@@ -12,13 +13,19 @@
 //       y[m, n] = sum_g sx[m, g] * (d[n, g] * sum_i q[n, i] qx[m, i] + m[n, g] * sum_i qx[m, i])
 //   q4_tiles_linear(x [M, K] float, tiles [N/16, K/32, 320], bits) -> [M, N]
 //
+//   q8 tiles (pack_q8_tiles, from Q8_0-style codes and scales): per tile and group, 544 bytes: d [16]
+//   float16, then 8 vectors of 64 bytes, byte 4r + i of vector j the int8 code of row r, input 4j + i
+//       y[m, n] = sum_g sx[m, g] * d[n, g] * sum_i q[n, i] qx[m, i]
+//   q8_tiles_linear(x [M, K] float, tiles [N/16, K/32, 544]) -> [M, N]     (x rounded to int16)
+//
 // bits = 8: x quantized to int8 per group of 32 as q4_linear's. bits = 16: to int16 per group of 32
 // (s = max|x| / 32767: the rounding error of int8's / 258), each 32-bit lane's two bytes 0 and 2, then
 // 1 and 3, widened to int16 pairs and summed by vpdpwssd (16 instructions a group): for the products
-// whose inputs int8 rounds too coarsely (a down projection's outlier channels), in place of float.
+// whose inputs int8 rounds too coarsely (a down projection's outlier channels), in place of float, and
+// for the int8 LM head, whose products are the logits (~3e-5 of the float product; int8: ~6e-3).
 //
-// The AVX-512 VNNI loop runs where the CPU has it; elsewhere the portable one (for checking: the
-// engine makes tiles only where VNNI runs).
+// The AVX-512 VNNI loop runs where the CPU has it; elsewhere the portable one (for checking: the kernel
+// plan offers tiles only where VNNI runs: kernels/candidates.py q4t, q4t16, q8t16).
 
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -44,21 +51,26 @@ using anatomy::Quantized;
 
 constexpr int64_t G = 32;            // inputs per group
 constexpr int64_t TILE = 16;         // output rows per tile
-constexpr int64_t TILE_BYTES = 320;  // per tile and group: 16 + 16 float16, 256 bytes of codes
+// bytes per tile and group: q4 16 + 16 float16 and 256 bytes of codes; q8 16 float16 and 512 codes
+template <bool Q8>
+constexpr int64_t TILE_BYTES = Q8 ? 544 : 320;
 constexpr int ROWS = 8;              // rows of x per pass over the tiles
 
 inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
-// x [M, K] rounded to int16 per group of 32: codes, scale s = max|x| / 32767, sum of the codes
+// x [M, K] rounded to int16 per group of 32: codes, scale s = max|x| / 32767, sum of the codes, and the
+// codes as the vector loop takes them: per 4 inputs, two 32-bit pairs (inputs 0 and 2, then 1 and 3)
 struct Quantized16 {
   std::vector<int16_t> q;
   std::vector<float> scale;
   std::vector<int32_t> sum;
+  std::vector<int32_t> pairs;  // [M, K/2]
 };
 
 Quantized16 quantize_rows16(const at::Tensor& x) {
   const int64_t M = x.size(0), K = x.size(1), groups = K / G;
-  Quantized16 out{std::vector<int16_t>(M * K), std::vector<float>(M * groups), std::vector<int32_t>(M * groups)};
+  Quantized16 out{std::vector<int16_t>(M * K), std::vector<float>(M * groups), std::vector<int32_t>(M * groups),
+                  std::vector<int32_t>(M * K / 2)};
   at::Tensor xf = x.to(at::kFloat).contiguous();
   const float* v = xf.data_ptr<float>();
   for (int64_t g = 0; g < M * groups; ++g, v += G) {
@@ -70,14 +82,30 @@ Quantized16 quantize_rows16(const at::Tensor& x) {
     out.scale[g] = s;
     out.sum[g] = total;
   }
+  const auto pair = [](int16_t lo, int16_t hi) {
+    return static_cast<int32_t>(static_cast<uint16_t>(lo) | static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16);
+  };
+  for (int64_t i = 0; i < M * K; i += 4) {
+    out.pairs[i / 2] = pair(out.q[i], out.q[i + 2]);
+    out.pairs[i / 2 + 1] = pair(out.q[i + 1], out.q[i + 3]);
+  }
   return out;
 }
 
-// where input i (0..31) of row r sits in a tile's group: byte offset, and whether in the high nibble
+// where input i (0..31) of row r sits in a q4 tile's group: byte offset, and whether in the high nibble
 inline int64_t code_byte(int64_t r, int64_t i) { return 64 + (i / 4 % 4) * 64 + 4 * r + i % 4; }
 inline bool code_high(int64_t i) { return i / 4 >= 4; }
+// and in a q8 tile's: its byte
+inline int64_t q8_byte(int64_t r, int64_t i) { return 32 + i / 4 * 64 + 4 * r + i % 4; }
 
-template <typename Codes>
+template <bool Q8>
+inline int32_t code_at(const uint8_t* block, int64_t r, int64_t i) {
+  if constexpr (Q8) return static_cast<int8_t>(block[q8_byte(r, i)]);
+  const uint8_t byte = block[code_byte(r, i)];
+  return code_high(i) ? byte >> 4 : byte & 0x0F;
+}
+
+template <bool Q8, typename Codes>
 void tiles_portable(const Codes& a, int64_t m0, int64_t M, int64_t K, const uint8_t* w, int64_t t0, int64_t t1,
                     float* y, int64_t N) {
   const int64_t groups = K / G;
@@ -86,15 +114,12 @@ void tiles_portable(const Codes& a, int64_t m0, int64_t M, int64_t K, const uint
       for (int64_t m = m0; m < m0 + M; ++m) {
         float total = 0.f;
         for (int64_t g = 0; g < groups; ++g) {
-          const uint8_t* block = w + (t * groups + g) * TILE_BYTES;
-          uint16_t dm[2];
+          const uint8_t* block = w + (t * groups + g) * TILE_BYTES<Q8>;
+          uint16_t dm[2] = {0, 0};
           std::memcpy(&dm[0], block + 2 * r, 2);
-          std::memcpy(&dm[1], block + 32 + 2 * r, 2);
+          if (!Q8) std::memcpy(&dm[1], block + 32 + 2 * r, 2);
           int32_t dot = 0;
-          for (int64_t i = 0; i < G; ++i) {
-            const uint8_t byte = block[code_byte(r, i)];
-            dot += (code_high(i) ? byte >> 4 : byte & 0x0F) * a.q[m * K + g * G + i];
-          }
+          for (int64_t i = 0; i < G; ++i) dot += code_at<Q8>(block, r, i) * a.q[m * K + g * G + i];
           const float sx = a.scale[m * groups + g];
           total += half_to_float(dm[0]) * sx * dot + half_to_float(dm[1]) * sx * a.sum[m * groups + g];
         }
@@ -125,6 +150,15 @@ AVX512_VNNI inline void unpack(const uint8_t* block, __m512i (&q)[16]) {
   }
 }
 
+// a q8 tile's group, for int16 activations: each piece's signed bytes 0 and 2, then 1 and 3, as int16
+AVX512_VNNI inline void unpack_q8(const uint8_t* block, __m512i (&q)[16]) {
+  for (int j = 0; j < 8; ++j) {
+    const __m512i piece = _mm512_loadu_si512(block + 32 + 64 * j);
+    q[2 * j] = _mm512_srai_epi16(_mm512_slli_epi16(piece, 8), 8);
+    q[2 * j + 1] = _mm512_srai_epi16(piece, 8);
+  }
+}
+
 // the 16 outputs' integer sums of one group with one row's codes x [32], in two chains
 AVX512_VNNI inline __m512i dot(const __m512i (&q)[8], const int8_t* x) {
   int32_t x4[8];
@@ -137,21 +171,24 @@ AVX512_VNNI inline __m512i dot(const __m512i (&q)[8], const int8_t* x) {
   return _mm512_add_epi32(s0, s1);
 }
 
-AVX512_VNNI inline __m512i dot(const __m512i (&q)[16], const int16_t* x) {
-  const auto pair = [](int16_t lo, int16_t hi) {
-    return static_cast<int32_t>(static_cast<uint16_t>(lo) | static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16);
-  };
+// the same with int16 codes, x their pairs [16] (Quantized16::pairs)
+AVX512_VNNI inline __m512i dot(const __m512i (&q)[16], const int32_t* x) {
   __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-  for (int j = 0; j < 8; ++j) {
-    const int16_t* p = x + 4 * j;
-    s0 = _mm512_dpwssd_epi32(s0, q[2 * j], _mm512_set1_epi32(pair(p[0], p[2])));
-    s1 = _mm512_dpwssd_epi32(s1, q[2 * j + 1], _mm512_set1_epi32(pair(p[1], p[3])));
+  for (int j = 0; j < 16; j += 2) {
+    s0 = _mm512_dpwssd_epi32(s0, q[j], _mm512_set1_epi32(x[j]));
+    s1 = _mm512_dpwssd_epi32(s1, q[j + 1], _mm512_set1_epi32(x[j + 1]));
   }
   return _mm512_add_epi32(s0, s1);
 }
 
+// a row's codes of group g as `dot` takes them
+inline const int8_t* codes_of(const Quantized& a, int64_t row, int64_t K, int64_t g) { return a.q.data() + row * K + g * G; }
+inline const int32_t* codes_of(const Quantized16& a, int64_t row, int64_t K, int64_t g) {
+  return a.pairs.data() + (row * K + g * G) / 2;
+}
+
 // rows [m0, m0 + M) of x against tiles [t0, t1)
-template <int M, typename Codes>
+template <int M, bool Q8, typename Codes>
 AVX512_VNNI void tiles_avx512(const Codes& a, int64_t m0, int64_t K, const uint8_t* w, int64_t t0, int64_t t1,
                               float* y, int64_t N) {
   const int64_t groups = K / G;
@@ -159,32 +196,34 @@ AVX512_VNNI void tiles_avx512(const Codes& a, int64_t m0, int64_t K, const uint8
     __m512 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* block = w + (t * groups + g) * TILE_BYTES;
-      for (int64_t line = 0; line < TILE_BYTES; line += 64)
+      const uint8_t* block = w + (t * groups + g) * TILE_BYTES<Q8>;
+      for (int64_t line = 0; line < TILE_BYTES<Q8>; line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD + line, _MM_HINT_T0);
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
-      const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
+      const __m512 mins = Q8 ? _mm512_setzero_ps()
+                             : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
       __m512i q[std::is_same_v<Codes, Quantized16> ? 16 : 8];
-      unpack(block, q);
+      if constexpr (Q8) unpack_q8(block, q);
+      else unpack(block, q);
       for (int m = 0; m < M; ++m) {
         const int64_t row = m0 + m;
-        const __m512i s = dot(q, a.q.data() + row * K + g * G);
+        const __m512i s = dot(q, codes_of(a, row, K, g));
         const float sx = a.scale[row * groups + g];
         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(sx)), acc[m]);
-        acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(sx * static_cast<float>(a.sum[row * groups + g])), acc[m]);
+        if (!Q8) acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(sx * static_cast<float>(a.sum[row * groups + g])), acc[m]);
       }
     }
     for (int m = 0; m < M; ++m) _mm512_storeu_ps(y + (m0 + m) * N + t * TILE, acc[m]);
   }
 }
 
-template <int M, typename Codes>
+template <int M, bool Q8, typename Codes>
 void tiles_dispatch(int rows, const Codes& a, int64_t m0, int64_t K, const uint8_t* w, int64_t t0, int64_t t1,
                     float* y, int64_t N) {
   if constexpr (M > 1) {
-    if (rows < M) return tiles_dispatch<M - 1>(rows, a, m0, K, w, t0, t1, y, N);
+    if (rows < M) return tiles_dispatch<M - 1, Q8>(rows, a, m0, K, w, t0, t1, y, N);
   }
-  tiles_avx512<M>(a, m0, K, w, t0, t1, y, N);
+  tiles_avx512<M, Q8>(a, m0, K, w, t0, t1, y, N);
 }
 
 // the q4 layout [N, K/64 * 40] -> tiles [N/16, K/32, 320]
@@ -194,14 +233,14 @@ at::Tensor pack_q4_tiles(const at::Tensor& q4) {
   TORCH_CHECK(q4.size(0) % TILE == 0, "anatomy::pack_q4_tiles: N = ", q4.size(0), " is not a multiple of ", TILE);
   const int64_t N = q4.size(0), pairs = q4.size(1) / Q4_BLOCK, groups = 2 * pairs;
   at::Tensor src = q4.contiguous();
-  at::Tensor out = at::zeros({N / TILE, groups, TILE_BYTES}, q4.options());
+  at::Tensor out = at::zeros({N / TILE, groups, TILE_BYTES<false>}, q4.options());
   const uint8_t* from = src.data_ptr<uint8_t>();
   uint8_t* to = out.data_ptr<uint8_t>();
   for (int64_t n = 0; n < N; ++n)
     for (int64_t g = 0; g < groups; ++g) {
       const uint8_t* block = from + (n * pairs + g / 2) * Q4_BLOCK;
       const int64_t half = g % 2, r = n % TILE;
-      uint8_t* tile = to + (n / TILE * groups + g) * TILE_BYTES;
+      uint8_t* tile = to + (n / TILE * groups + g) * TILE_BYTES<false>;
       std::memcpy(tile + 2 * r, block + 4 * half, 2);       // d
       std::memcpy(tile + 32 + 2 * r, block + 4 * half + 2, 2);  // m
       for (int64_t i = 0; i < G; ++i) {
@@ -212,8 +251,30 @@ at::Tensor pack_q4_tiles(const at::Tensor& q4) {
   return out;
 }
 
+// codes [N, K] int8 and scales [N, K/32] (GGUF Q8_0: w = q * d) -> q8 tiles [N/16, K/32, 544]
+at::Tensor pack_q8_tiles(const at::Tensor& codes, const at::Tensor& scale) {
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar && codes.size(1) % G == 0 &&
+              scale.dim() == 2 && scale.size(0) == codes.size(0) && scale.size(1) == codes.size(1) / G,
+              "anatomy::pack_q8_tiles: codes int8 [N, K] and scales [N, K/32]");
+  TORCH_CHECK(codes.size(0) % TILE == 0, "anatomy::pack_q8_tiles: N = ", codes.size(0), " is not a multiple of ", TILE);
+  const int64_t N = codes.size(0), K = codes.size(1), groups = K / G;
+  at::Tensor c = codes.contiguous(), s = scale.to(at::kHalf).contiguous();
+  at::Tensor out = at::empty({N / TILE, groups, TILE_BYTES<true>}, codes.options().dtype(at::kByte));
+  const int8_t* from = c.data_ptr<int8_t>();
+  const at::Half* scales = s.data_ptr<at::Half>();
+  uint8_t* to = out.data_ptr<uint8_t>();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t r = n % TILE;
+      uint8_t* tile = to + (n / TILE * groups + g) * TILE_BYTES<true>;
+      std::memcpy(tile + 2 * r, scales + n * groups + g, 2);
+      for (int64_t i = 0; i < G; ++i) tile[q8_byte(r, i)] = static_cast<uint8_t>(from[n * K + g * G + i]);
+    }
+  return out;
+}
+
 // y [M, N] = the activations a against every tile, rows of x ROWS at a time, tiles split over the threads
-template <typename Codes>
+template <bool Q8, typename Codes>
 void over_tiles(const Codes& a, const at::Tensor& w, Isa level, at::Tensor& y) {
   const int64_t M = y.size(0), N = y.size(1), K = w.size(1) * G;
   const uint8_t* tiles = w.data_ptr<uint8_t>();
@@ -221,8 +282,8 @@ void over_tiles(const Codes& a, const at::Tensor& w, Isa level, at::Tensor& y) {
   at::parallel_for(0, w.size(0), 1, [&](int64_t t0, int64_t t1) {
     for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
       const int rows = static_cast<int>(std::min<int64_t>(ROWS, M - m0));
-      if (level == Isa::Avx512Vnni) tiles_dispatch<ROWS>(rows, a, m0, K, tiles, t0, t1, out, N);
-      else tiles_portable(a, m0, rows, K, tiles, t0, t1, out, N);
+      if (level == Isa::Avx512Vnni) tiles_dispatch<ROWS, Q8>(rows, a, m0, K, tiles, t0, t1, out, N);
+      else tiles_portable<Q8>(a, m0, rows, K, tiles, t0, t1, out, N);
     }
   });
 }
@@ -231,18 +292,28 @@ void over_tiles(const Codes& a, const at::Tensor& w, Isa level, at::Tensor& y) {
 
 namespace anatomy {
 
-at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits) {
-  TORCH_CHECK(x.dim() == 2 && x.is_floating_point() && x.size(0) >= 1, "anatomy::q4_tiles_linear: x must be a float "
-              "matrix [M, K]");
-  TORCH_CHECK(x.size(1) % PAIR == 0, "anatomy::q4_tiles_linear: K = ", x.size(1), " must be a multiple of ", PAIR);
+void check_tiles(const at::Tensor& x, const at::Tensor& w, int64_t bytes, const char* what) {
+  TORCH_CHECK(x.dim() == 2 && x.is_floating_point() && x.size(0) >= 1, what, ": x must be a float matrix [M, K]");
+  TORCH_CHECK(x.size(1) % PAIR == 0, what, ": K = ", x.size(1), " must be a multiple of ", PAIR);
   TORCH_CHECK(w.dim() == 3 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(1) == x.size(1) / G &&
-              w.size(2) == TILE_BYTES, "anatomy::q4_tiles_linear: tiles must be uint8 [N/16, K/32, 320] for K = ",
-              x.size(1));
+              w.size(2) == bytes, what, ": tiles must be uint8 [N/16, K/32, ", bytes, "] for K = ", x.size(1));
+}
+
+at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits) {
+  check_tiles(x, w, TILE_BYTES<false>, "anatomy::q4_tiles_linear");
   TORCH_CHECK(bits == 8 || bits == 16, "anatomy::q4_tiles_linear: bits = ", bits, ": the activations are int8 or int16");
   const Isa level = anatomy::isa(portable);
   at::Tensor y = at::empty({x.size(0), w.size(0) * TILE}, x.options().dtype(at::kFloat));
-  if (bits == 8) over_tiles(anatomy::quantize_rows(x, level), w, level, y);
-  else over_tiles(quantize_rows16(x), w, level, y);
+  if (bits == 8) over_tiles<false>(anatomy::quantize_rows(x, level), w, level, y);
+  else over_tiles<false>(quantize_rows16(x), w, level, y);
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
+at::Tensor q8_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
+  check_tiles(x, w, TILE_BYTES<true>, "anatomy::q8_tiles_linear");
+  const Isa level = anatomy::isa(portable);
+  at::Tensor y = at::empty({x.size(0), w.size(0) * TILE}, x.options().dtype(at::kFloat));
+  over_tiles<true>(quantize_rows16(x), w, level, y);
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
@@ -251,9 +322,13 @@ at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portab
 TORCH_LIBRARY_FRAGMENT(anatomy, m) {
   m.def("q4_tiles_linear(Tensor x, Tensor tiles, bool portable=False, int bits=8) -> Tensor");
   m.def("pack_q4_tiles(Tensor q4) -> Tensor");
+  m.def("q8_tiles_linear(Tensor x, Tensor tiles, bool portable=False) -> Tensor");
+  m.def("pack_q8_tiles(Tensor codes, Tensor scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
   m.impl("q4_tiles_linear", anatomy::q4_tiles_linear);
   m.impl("pack_q4_tiles", pack_q4_tiles);
+  m.impl("q8_tiles_linear", anatomy::q8_tiles_linear);
+  m.impl("pack_q8_tiles", pack_q8_tiles);
 }
