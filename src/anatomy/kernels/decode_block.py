@@ -129,20 +129,22 @@ def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan, nam
     for int8_kernel in INT8_KERNELS:
         form = KERNELS_BY_NAME[int8_kernel].form
         if form.accepts(fmt):
-            prepared = layer.layouts.get(form.name) or form.build(fmt)
             measured = by_kernel(plan.for_layer(name).measurements.get("decode", [])).get(int8_kernel)
             error = measured.error if measured is not None else None
-            int8 = error is not None and error <= plan.threshold
             if int8_kernel == "q4x" and Q4T.accepts(fmt) and error is not None and error * INT16_ERROR <= plan.threshold:
-                return tiled(layer, fmt, prepared[0]), False  # int16 activations
-            return prepared[0], int8
+                return tiled(layer, fmt), False  # int16 activations
+            prepared = layer.layouts.get(form.name) or form.build(fmt)
+            return prepared[0], error is not None and error <= plan.threshold
     return None
 
 
-def tiled(layer: PlannedLinear, fmt: WeightFormat, q4: Tensor) -> Tensor:
-    """The layer's q4 tiles (tiles.cpp): the plan's, else made from its q4 layout."""
-    held = layer.layouts.get(Q4T.name)
-    return held[0] if held is not None else torch.ops.anatomy.pack_q4_tiles(q4)
+def tiled(layer: PlannedLinear, fmt: WeightFormat) -> Tensor:
+    """The layer's q4 tiles (tiles.cpp): the plan's, else packed from the plan's q4 layout, else built."""
+    if (tiles := layer.layouts.get(Q4T.name)) is not None:
+        return tiles[0]
+    if (q4 := layer.layouts.get(KERNELS_BY_NAME["q4x"].form.name)) is not None:
+        return torch.ops.anatomy.pack_q4_tiles(q4[0])
+    return Q4T.build(fmt)[0]
 
 
 def native_block(name: str, block: Block, plan: KernelPlan, formats: dict[str, WeightFormat]) -> NativeBlock | None:

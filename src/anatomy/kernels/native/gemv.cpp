@@ -52,19 +52,7 @@ inline uint16_t float_to_half(float f) { return c10::Half(f).x; }
 
 // one row's K values into out (codes q [K], scale and sum [K/32]); AVX2 where it runs, the same numbers
 void quantize_row(const float* v, int64_t K, int8_t* q, float* scale, int32_t* sum) {
-  for (int64_t g = 0; g < K / G; ++g, v += G, q += G) {
-    float amax = 0.f;
-    for (int64_t j = 0; j < G; ++j) amax = std::max(amax, std::fabs(v[j]));
-    const float s = amax / 127.f;
-    const float inv = s > 0.f ? 1.f / s : 0.f;
-    int32_t total = 0;
-    for (int64_t j = 0; j < G; ++j) {
-      q[j] = static_cast<int8_t>(std::nearbyint(v[j] * inv));
-      total += q[j];
-    }
-    scale[g] = s;
-    sum[g] = total;
-  }
+  anatomy::quantize_groups(v, K, 127.f, q, scale, sum);
 }
 
 // what gemv_avx2.cpp's loops read of x where they run (AVX2, or AVX-512 without VNNI), else nothing

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstdint>
 
 namespace anatomy {
 
@@ -49,6 +51,27 @@ inline Isa isa() {
 
 // what a kernel runs: `portable` (the tests' check of the vector paths) forces the portable loops
 inline Isa isa(bool portable) { return portable ? Isa::Portable : isa(); }
+
+// One row v [K] rounded per group of 32 inputs to codes of magnitude at most `limit` (127: int8, 32767:
+// int16): q [K] = round to nearest even of v * (1 / s), s = max|v| / limit, and per group s and the sum
+// of q ([K/32] each). The portable loop; gemv_avx2.cpp's int8 one gives the same numbers.
+template <typename Code>
+inline void quantize_groups(const float* v, int64_t K, float limit, Code* q, float* scale, int32_t* sum) {
+  constexpr int64_t G = 32;
+  for (int64_t g = 0; g < K / G; ++g, v += G, q += G) {
+    float amax = 0.f;
+    for (int64_t j = 0; j < G; ++j) amax = std::max(amax, std::fabs(v[j]));
+    const float s = amax / limit;
+    const float inv = s > 0.f ? 1.f / s : 0.f;
+    int32_t total = 0;
+    for (int64_t j = 0; j < G; ++j) {
+      q[j] = static_cast<Code>(std::nearbyint(v[j] * inv));
+      total += q[j];
+    }
+    scale[g] = s;
+    sum[g] = total;
+  }
+}
 
 // x [M, K] rounded to int8 per group of 32 (gemv.cpp; the struct is gemv_avx2.h's): the activations of
 // every int8 product, the same numbers on every path

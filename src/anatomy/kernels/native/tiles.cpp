@@ -73,15 +73,9 @@ Quantized16 quantize_rows16(const at::Tensor& x) {
                   std::vector<int32_t>(M * K / 2)};
   at::Tensor xf = x.to(at::kFloat).contiguous();
   const float* v = xf.data_ptr<float>();
-  for (int64_t g = 0; g < M * groups; ++g, v += G) {
-    float amax = 0.f;
-    for (int64_t j = 0; j < G; ++j) amax = std::max(amax, std::fabs(v[j]));
-    const float s = amax / 32767.f, inv = s > 0.f ? 1.f / s : 0.f;
-    int32_t total = 0;
-    for (int64_t j = 0; j < G; ++j) total += out.q[g * G + j] = static_cast<int16_t>(std::nearbyint(v[j] * inv));
-    out.scale[g] = s;
-    out.sum[g] = total;
-  }
+  for (int64_t m = 0; m < M; ++m)
+    anatomy::quantize_groups(v + m * K, K, 32767.f, out.q.data() + m * K, out.scale.data() + m * groups,
+                             out.sum.data() + m * groups);
   const auto pair = [](int16_t lo, int16_t hi) {
     return static_cast<int32_t>(static_cast<uint16_t>(lo) | static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16);
   };
@@ -288,16 +282,16 @@ void over_tiles(const Codes& a, const at::Tensor& w, Isa level, at::Tensor& y) {
   });
 }
 
-}  // namespace
-
-namespace anatomy {
-
 void check_tiles(const at::Tensor& x, const at::Tensor& w, int64_t bytes, const char* what) {
   TORCH_CHECK(x.dim() == 2 && x.is_floating_point() && x.size(0) >= 1, what, ": x must be a float matrix [M, K]");
   TORCH_CHECK(x.size(1) % PAIR == 0, what, ": K = ", x.size(1), " must be a multiple of ", PAIR);
   TORCH_CHECK(w.dim() == 3 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(1) == x.size(1) / G &&
               w.size(2) == bytes, what, ": tiles must be uint8 [N/16, K/32, ", bytes, "] for K = ", x.size(1));
 }
+
+}  // namespace
+
+namespace anatomy {
 
 at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits) {
   check_tiles(x, w, TILE_BYTES<false>, "anatomy::q4_tiles_linear");
