@@ -1,7 +1,11 @@
-"""Native llama.cpp tools for the side-by-side benchmarks: llama-server, llama-bench, llama-batched-bench.
+"""Native llama.cpp tools for the side-by-side benchmarks: llama-server, llama-bench, llama-batched-bench,
+llama-perplexity, llama-quantize.
 
     llama_tool("llama-bench")   -> the path of the binary: $LLAMA_CPP_BIN/<tool>, else on PATH, else built
-                                   once by benchmarks/build_llama_cpp.sh (~10-15 min on 2 cores)
+                                   by benchmarks/build_llama_cpp.sh for this CPU (~10-15 min on 2 cores;
+                                   a build made for another CPU's flags is made again)
+    build_info(tool)            -> what that build is: its stamp (CPU, flags, cmake options) or, for a
+                                   tool found elsewhere, "not built by anatomy" and its version line
 
 They are built from the llama.cpp sources inside the llama-cpp-python 0.3.36 sdist (the same llama.cpp
 the Python binding runs), outside this repository.
@@ -9,6 +13,7 @@ the Python binding runs), outside this repository.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -26,17 +31,41 @@ def llama_tool(name: str) -> str:
         return os.environ["LLAMA_SERVER"]
     if found := shutil.which(name):
         return found
-    print(f"{name}: benchmarks/build_llama_cpp.sh (builds llama.cpp's tools the first time, ~10-15 min)", flush=True)
+    return str(built_tools() / name)
+
+
+@functools.cache
+def built_tools() -> Path:
+    """The folder of the tools build_llama_cpp.sh made for this CPU (building them when absent or stale)."""
+    print("llama.cpp's tools: benchmarks/build_llama_cpp.sh (builds them for this CPU when needed, ~10-15 min)",
+          flush=True)
     out = subprocess.run(["bash", str(HERE / "build_llama_cpp.sh")], capture_output=True, text=True,
                          env={**os.environ, "PYTHON": sys.executable})
     if out.returncode != 0:
         raise RuntimeError(f"building llama.cpp's tools failed:\n{out.stderr[-3000:]}")
-    return str(Path(out.stdout.strip().splitlines()[-1]) / name)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def build_info(tool: str) -> str:
+    """One line on the build of `tool` (a path from llama_tool): the stamp build_llama_cpp.sh wrote beside
+    it, else that it was not built here, with its own version line where it prints one."""
+    stamp = Path(tool).parent.parent / "build-info.txt"
+    if stamp.exists():
+        return "; ".join(line.strip() for line in stamp.read_text().splitlines() if line.strip())
+    out = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=30)
+    version = " ".join((out.stdout + out.stderr).split())[:200]
+    return f"not built by anatomy ({tool}): {version or 'no version line'}"
 
 
 def llama_bench(model: Path, *, threads: int, prompt: int = 0, new: int = 0, depth: int = 0) -> float:
     """tokens/s `llama-bench` measures for a prompt of `prompt` tokens (pp) or `new` generated ones (tg),
     after `depth` tokens already in the context (its -d), on `threads` threads: the mean of its runs."""
+    return float(llama_bench_record(model, threads=threads, prompt=prompt, new=new, depth=depth)["avg_ts"])
+
+
+def llama_bench_record(model: Path, *, threads: int, prompt: int = 0, new: int = 0, depth: int = 0) -> dict:
+    """llama-bench's own JSON record of one test: avg_ts, and what it ran (build_commit, build_number,
+    cpu_info, backends, n_threads, model_type, ...)."""
     import json
 
     args = [llama_tool("llama-bench"), "-m", str(model), "-t", str(threads), "-p", str(prompt), "-n", str(new),
@@ -46,8 +75,7 @@ def llama_bench(model: Path, *, threads: int, prompt: int = 0, new: int = 0, dep
     out = subprocess.run(args, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"llama-bench failed:\n{out.stderr[-2000:]}")
-    records = json.loads(out.stdout)
-    return float(records[0]["avg_ts"])
+    return json.loads(out.stdout)[0]
 
 
 def batched_bench(model: Path, *, threads: int, prompt: int, new: int, sequences: tuple[int, ...]) -> dict[int, float]:

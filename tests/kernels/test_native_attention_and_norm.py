@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import anatomy.kernels.attention as attention
 from anatomy.inference.engine import DecoderEngine
 from anatomy.kernels import native
+from anatomy.kernels.cache import CACHE_ENV
 from anatomy.kernels.norm import NativeRMSNorm, swap_norms
 from anatomy.layers.attention import Attention
 from anatomy.layers.norm import RMSNorm
@@ -96,9 +97,10 @@ def test_reading_a_float_cache_equals_sdpa(isa, dtype, d, rows, heads):
 
 @needs_library
 @pytest.mark.parametrize("faster", [True, False])
-def test_the_engine_reads_float_caches_natively_only_where_it_measured_faster(monkeypatch, faster):
+def test_the_engine_reads_float_caches_natively_only_where_it_measured_faster(monkeypatch, tmp_path, faster):
     """The reader is set where it measured faster (and never on the caller's model); its logits are SDPA's
     eager ones, teacher-forced through captured steps, 1e-4 (branches in float32, as the plan runs this model here)."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))  # no decision kept by an earlier test
     monkeypatch.setattr(attention, "_native_faster", lambda *shape: faster)
     torch.manual_seed(0)
     model = llama_tiny()

@@ -6,22 +6,23 @@
 A decode step's attention is a few query rows over the whole cache: torch's SDPA on a CPU spends most
 of it outside the arithmetic (~40 us a layer for SmolLM2 at 256 slots). anatomy::decode_attention
 (kernels/native/attention.cpp) reads the cache as stored, float32, bfloat16 or float16 alike. Which is faster
-depends on the machine, so both are timed once per process on the model's decode shape (one query
-position, BUCKET slots, the cache in the branches' dtype) and the native kernel is used only where it
-wins; without the native library, SDPA stays. Over a paged pool the choice is between reading the
+depends on the machine, so both are timed once per machine on the model's decode shape (one query
+position, BUCKET slots, the cache in the branches' dtype; kept by kernels/decisions.py) and the native
+kernel is used only where it wins; without the native library, SDPA stays. Over a paged pool the choice is between reading the
 blocks where they lie and gathering each row's blocks into a copy for SDPA: timed the same way.
 """
 
 from __future__ import annotations
 
-import functools
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from anatomy.config import ModelConfig
 from anatomy.kernels import native
+from anatomy.kernels.decisions import decided
 from anatomy.kv_format import Pages
 from anatomy.layers.attention import READABLE
 
@@ -30,26 +31,28 @@ BLOCK = 16  # the block size of the paged pool timed (the server's default)
 CALLS = 30
 
 
-def decode_reader(config: ModelConfig, dtype: torch.dtype):
-    """native.read_cache where it measures faster than SDPA on this model's decode shape, else None."""
-    return _reader_if_faster(config, dtype, paged=False)
+def decode_reader(config: ModelConfig, dtype: torch.dtype, *, cache: bool | str | Path = True):
+    """native.read_cache where it measured faster than SDPA on this model's decode shape, else None."""
+    return _reader_if_faster(config, dtype, paged=False, cache=cache)
 
 
-def paged_reader(config: ModelConfig, dtype: torch.dtype):
-    """native.read_cache where reading a paged pool in place measures faster than gathering each row's
+def paged_reader(config: ModelConfig, dtype: torch.dtype, *, cache: bool | str | Path = True):
+    """native.read_cache where reading a paged pool in place measured faster than gathering each row's
     blocks for SDPA on this model's decode shape, else None."""
-    return _reader_if_faster(config, dtype, paged=True)
+    return _reader_if_faster(config, dtype, paged=True, cache=cache)
 
 
-def _reader_if_faster(config: ModelConfig, dtype: torch.dtype, *, paged: bool):
+def _reader_if_faster(config: ModelConfig, dtype: torch.dtype, *, paged: bool, cache: bool | str | Path):
     if not native.loaded() or dtype not in READABLE:
         return None
-    if _native_faster(config.n_heads, config.n_kv_heads, config.head_dim, dtype, paged, native.isa()):
+    shape = (config.n_heads, config.n_kv_heads, config.head_dim)
+    depends_on = {"shape": shape, "dtype": str(dtype), "paged": paged, "library": native.isa()}
+    if decided("native_attention", depends_on, cache=cache,
+               measure=lambda: _native_faster(*shape, dtype, paged, native.isa())):
         return native.read_cache
     return None
 
 
-@functools.cache
 def _native_faster(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, paged: bool, isa: str) -> bool:
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, heads, 1, head_dim, generator=g).to(dtype)

@@ -1,7 +1,8 @@
 """A decode step's blocks as one native operator each (kernels/native/block.cpp).
 
     fuse_blocks(view, plan, formats)   each LLaMA-style block of the engine's view becomes a NativeBlock,
-                                       when the native library runs here and measures faster
+                                       when the native library runs here and measured faster (once per
+                                       machine, model and plan: kernels/decisions.py)
 
 A decode step of a small model is bound by the host: SmolLM2-135M's block runs ~35 torch operators
 around its four products (norms, RoPE, the cache write, GQA views, SwiGLU, residual adds, the casts to
@@ -29,7 +30,10 @@ RoPE, SwiGLU, no biases, no QK norm, no soft cap, no sliding window, no experts.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -37,8 +41,10 @@ from torch import Tensor, nn
 
 from anatomy.kernels import native
 from anatomy.kernels.candidates import KERNELS_BY_NAME, Q4T
+from anatomy.kernels.decisions import decided
 from anatomy.kernels.norm import NativeRMSNorm
 from anatomy.kernels.planned_linear import PlannedLinear
+from anatomy.kernels.planning import model_id
 from anatomy.kernels.record import KernelPlan, by_kernel
 from anatomy.layers.block import Block
 from anatomy.layers.context import Context
@@ -159,27 +165,44 @@ def native_block(name: str, block: Block, plan: KernelPlan, formats: dict[str, W
     return NativeBlock(block, weights, int8)
 
 
-def fuse_blocks(view: nn.Module, plan: KernelPlan | None, formats: dict[str, WeightFormat]) -> int:
+def fuse_blocks(view: nn.Module, plan: KernelPlan | None, formats: dict[str, WeightFormat], *,
+                cache: bool | str | Path = True) -> int:
     """Swap the view's blocks for NativeBlocks where the operator covers them and measures faster than
     the block on a one-row decode step here, each computing decode steps of up to the most rows of
-    ROWS at which it still measures faster (more rows run as the block); how many were swapped."""
+    ROWS at which it still measures faster (more rows run as the block); how many were swapped. The
+    measurement is made once per machine, model and plan and kept (kernels/decisions.py)."""
     if plan is None or not native.available():
         return 0
     blocks = view.stack.blocks
     swapped = {i: b for i, block in enumerate(blocks) if fusable(block)
                and (b := native_block(f"stack.blocks.{i}", block, plan, formats)) is not None}
     first = next(iter(swapped), None)
-    if first is None or not faster(blocks[first], swapped[first], view):
+    if first is None:
         return 0
-    max_rows = 1
-    for rows in ROWS[1:]:
-        if not faster(blocks[first], swapped[first], view, rows=rows):
-            break
-        max_rows = rows
+    depends_on = {"model": model_id(view), "plan": _digest(plan.to_json()), "fused": sorted(swapped),
+                  "library": native.isa()}
+    max_rows = decided("fused_rows", depends_on, measure=lambda: fused_rows(blocks[first], swapped[first], view),
+                       cache=cache)
+    if not max_rows:
+        return 0
     for i, b in swapped.items():
         b.max_rows = max_rows
         blocks[i] = b
     return len(swapped)
+
+
+def fused_rows(block: Block, fused: NativeBlock, view: nn.Module) -> int:
+    """The most rows of ROWS up to which the operator measures faster than the block (0: not even one)."""
+    max_rows = 0
+    for rows in ROWS:
+        if not faster(block, fused, view, rows=rows):
+            break
+        max_rows = rows
+    return max_rows
+
+
+def _digest(data) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @torch.inference_mode()

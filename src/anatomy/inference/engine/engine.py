@@ -74,7 +74,8 @@ class DecoderEngine:
         fusing = native_blocks and not compile  # each decode block as one native operator (kernels/decode_block.py)
         formats = {name: fmt for name, (fmt, _) in linear_layers(self.model).items()} if fusing else {}
         self.plan = plan_view(self.model, compile=compile, cache=plan_cache)
-        self.native_blocks = fuse_blocks(self.model, self.plan, formats) if fusing else 0
+        self._plan_cache = plan_cache  # where the kept decisions (kernels/decisions.py) are read and kept
+        self.native_blocks = fuse_blocks(self.model, self.plan, formats, cache=plan_cache) if fusing else 0
         self.branch_dtype = branch_dtype(self.plan, self.dtype)  # RoPE and attention compute in it
         kv = parse_kv_dtype(kv_dtype) or dtypes.name_of(self.branch_dtype)
         self.kv_dtype = kv  # what the caches hold (a name: f32, bf16, int8, ...)
@@ -82,7 +83,7 @@ class DecoderEngine:
         self._cache_dtype = self.branch_dtype if self._codes else dtypes.torch_dtype(kv)
         self._reader = native.read_cache if self._codes and native.loaded() else None
         if self._codes is None and self.device.type == "cpu" and not compile:  # SDPA or the native reader, measured
-            self._read_float_caches(decode_reader(self.config, self._cache_dtype))
+            self._read_float_caches(decode_reader(self.config, self._cache_dtype, cache=plan_cache))
         self.compiled = compile
         self.captured = capture and not compile and self.device.type == "cpu"
         self._compiled_step = torch.compile(self._eager_step, dynamic=False) if compile else None
@@ -214,7 +215,7 @@ class DecoderEngine:
         attention reads a float one's blocks in place where that measures faster than gathering them."""
         reader = self._reader
         if self._codes is None and self.device.type == "cpu" and not self.compiled:
-            reader = paged_reader(self.config, self._cache_dtype)
+            reader = paged_reader(self.config, self._cache_dtype, cache=self._plan_cache)
         return PagedKVCache(self.config, num_blocks=num_blocks, block_size=block_size, dtype=self._cache_dtype,
                             device=self.device, codes=self._codes, reader=reader)
 
