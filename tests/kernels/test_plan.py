@@ -199,6 +199,29 @@ def test_planned_linear_routes_by_rows():
     assert set(layer.layouts) == {"a", "b"}
 
 
+def test_a_prefill_only_layout_is_built_at_the_first_long_prompt():
+    """A layout only the prefill phase reads is not built with the layer: calls of up to the rows that
+    phase was timed on take the batch route; the first larger call builds it and every later call of more
+    than the batch phase's rows takes it, with the same products."""
+    calls = []
+    kernels = (_fake("fast-small", A, slow_above=32, calls=calls), _fake("fast-large", B, slow_upto=32, calls=calls))
+    lin = _linears(1)
+    plan = _plan(linears=lin, kernels=kernels, cache=False)
+    assert plan.for_layer("blocks.0.ffn.down").choices == {"decode": "fast-small", "batch": "fast-small",
+                                                          "prefill": "fast-large"}
+    layer = PlannedLinear.from_plan(plan, "blocks.0.ffn.down", lin["blocks.0.ffn.down"], kernels=kernels)
+    assert set(layer.layouts) == {"a"}
+    calls.clear()
+    x = torch.randn(65, 64)
+    want = x @ lin["blocks.0.ffn.down"].dequantize().T
+    torch.testing.assert_close(layer(x[:64]), want[:64])
+    assert calls == [("fast-small", 64)] and set(layer.layouts) == {"a"}
+    torch.testing.assert_close(layer(x), want)
+    assert set(layer.layouts) == {"a", "b"} and layer.opaque_bytes == 0
+    layer(x[:40]), layer(x[:8])
+    assert calls == [("fast-small", 64), ("fast-large", 65), ("fast-large", 40), ("fast-small", 8)]
+
+
 def test_planned_linear_with_real_kernels_and_dtype_contract(monkeypatch):
     monkeypatch.setattr(plan_timing, "clock", time.perf_counter)  # real kernels, real time
     lin = {"q": Int4Weight.from_float(torch.randn(64, 128)), "o": FloatWeight.from_float(torch.randn(64, 128))}

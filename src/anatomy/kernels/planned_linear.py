@@ -10,10 +10,11 @@ differs. A model whose activations already are the decode kernel's dtype (and `d
 makes no casts at all. The bias, when there is one, is added in `dtype`.
 
 forward does no host synchronisation and little Python: the number of rows picks one of at most
-a few routes (phase by phase, the last phase taking any larger count), each a function bound at
-construction to its prepared layout. The layouts (torch's packed int4, oneDNN's reordered bf16,
-...) are machine-specific and built from the format when the layer is made: they are not in the
-state dict; save the format, not this module. CPU only.
+a few routes (phase by phase, the last phase taking any larger count), each a function bound to its
+prepared layout. The layouts (torch's packed int4, oneDNN's reordered bf16, ...) are machine-specific
+and built from the format when the layer is made, but for a prefill-only layout, built on the first
+long prompt (a chat's short prompts never pay its time or memory): they are not in the state dict;
+save the format, not this module. CPU only.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from anatomy.errors import InputError
 from anatomy.weights.formats import WeightFormat
 from anatomy.kernels.candidates import KERNELS, Kernel, Prepared
 from anatomy.kernels.record import KernelPlan
+from anatomy.kernels.timing import Phase
 
 Route = tuple[int, torch.dtype | None, Callable[[Tensor], Tensor]]  # (max rows, activation dtype or None for
                                                                        # any, x [M, K] -> [M, N])
@@ -50,20 +52,43 @@ class PlannedLinear(nn.Module):
     @classmethod
     def from_plan(cls, plan: KernelPlan, name: str, fmt: WeightFormat, *, bias: Tensor | None = None,
                   dtype: torch.dtype = torch.float32, kernels: tuple[Kernel, ...] = KERNELS) -> PlannedLinear:
-        """The layer `name` of `plan`, its layouts built from `fmt` (which must have the planned signature)."""
+        """The layer `name` of `plan`, its layouts built from `fmt` (which must have the planned signature).
+        A layout only the last phase (a prefill's any number of rows) reads is built at its first call
+        of more rows than that phase was timed on; calls of fewer rows take the route before it meanwhile."""
         w = plan.for_layer(name)
         if fmt.signature != w.signature:
             raise InputError(f"layer {name!r}: the plan is for {w.signature}, the weight given is {fmt.signature}")
         by_name = {k.name: k for k in kernels}
         chosen = [(phase, by_name[w.choices[phase.name]]) for phase in plan.phases_of(w)]
         forms = {k.form.name: k.form for _, k in chosen}  # the plan's w.forms
-        layouts = {name: form.build(fmt) for name, form in forms.items()}  # each built once
-        routes = [(sys.maxsize if i == len(chosen) - 1 else phase.max_rows, k.act_dtype, k.bind(layouts[k.form.name]))
-                  for i, (phase, k) in enumerate(chosen)]
+        lazy = chosen[-1][1].form if len(chosen) > 1 and _only_last(chosen) else None
+        layouts = {name: form.build(fmt) for name, form in forms.items() if form is not lazy}  # each built once
+        routes = [(phase.max_rows, k.act_dtype, k.bind(layouts[k.form.name])) for phase, k in chosen[:-1]]
         text = ", ".join(f"{phase.name} {k.name}" for phase, k in chosen)
         N, K = fmt.shape
-        return cls(routes, in_features=K, out_features=N, bias=bias, dtype=dtype, layouts=layouts,
-                   opaque_bytes=_opaque_bytes(forms, layouts, fmt), description=f"{w.signature}: {text}")
+        layer = cls(routes, in_features=K, out_features=N, bias=bias, dtype=dtype, layouts=layouts,
+                    opaque_bytes=_opaque_bytes(forms, layouts, fmt), description=f"{w.signature}: {text}")
+        last_phase, last = chosen[-1]
+        if lazy is None:
+            layer._routes.append((sys.maxsize, last.act_dtype, last.bind(layouts[last.form.name])))
+        else:
+            before = chosen[-2][1].max_rows or sys.maxsize  # rows the route before it computes at most
+            layer._routes.append((sys.maxsize, None, layer._pending(last, fmt, forms,
+                                                                    wait_rows=min(last_phase.rows, before))))
+        return layer
+
+    def _pending(self, kernel: Kernel, fmt: WeightFormat, forms: dict, *, wait_rows: int) -> Callable[[Tensor], Tensor]:
+        """The last route before its layout is built: up to `wait_rows` rows through the route before it;
+        the first larger call builds the layout and puts the kernel's own route in its place."""
+        def call(x: Tensor) -> Tensor:
+            if x.shape[0] <= wait_rows:
+                return _through(self._routes[-2], x)
+            self.layouts[kernel.form.name] = kernel.form.build(fmt)
+            self.opaque_bytes = _opaque_bytes(forms, self.layouts, fmt)
+            self._routes[-1] = (sys.maxsize, kernel.act_dtype, kernel.bind(self.layouts[kernel.form.name]))
+            return _through(self._routes[-1], x)
+
+        return call
 
     @classmethod
     def with_kernel(cls, kernel: Kernel, fmt: WeightFormat, *, bias: Tensor | None = None,
@@ -86,10 +111,7 @@ class PlannedLinear(nn.Module):
         for max_rows, act, fn in self._routes:
             if rows <= max_rows:
                 break
-        x2 = x.reshape(rows, K)  # [M, K]
-        if act is not None and x2.dtype != act:
-            x2 = x2.to(act)
-        y = fn(x2)  # [M, N]
+        y = _through((max_rows, act, fn), x.reshape(rows, K))  # [M, K] -> [M, N]
         if y.dtype != self.dtype:
             y = y.to(self.dtype)
         if self.bias is not None:
@@ -98,6 +120,17 @@ class PlannedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.description}, layouts {'+'.join(self.layouts)}, out {self.dtype}"
+
+
+def _only_last(chosen: list[tuple[Phase, Kernel]]) -> bool:
+    """Is the last phase's layout one no earlier phase reads?"""
+    return all(k.form.name != chosen[-1][1].form.name for _, k in chosen[:-1])
+
+
+def _through(route: Route, x: Tensor) -> Tensor:
+    """x [M, K] through a route's kernel, cast to its activation dtype first where it takes one."""
+    _, act, fn = route
+    return fn(x if act is None or x.dtype == act else x.to(act))
 
 
 def _opaque_bytes(forms: dict, layouts: dict[str, Prepared], fmt: WeightFormat) -> int:
