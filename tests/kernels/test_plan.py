@@ -201,7 +201,7 @@ def test_planned_linear_routes_by_rows():
 
 def test_a_prefill_only_layout_is_built_at_the_first_long_prompt():
     """A layout only the prefill phase reads is not built with the layer: calls of up to the rows that
-    phase was timed on take the batch route; the first larger call builds it and every later call of more
+    phase was timed on take the decode route; the first larger call builds it and every later call of more
     than the batch phase's rows takes it, with the same products."""
     calls = []
     kernels = (_fake("fast-small", A, slow_above=32, calls=calls), _fake("fast-large", B, slow_upto=32, calls=calls))

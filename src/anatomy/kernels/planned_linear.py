@@ -54,7 +54,9 @@ class PlannedLinear(nn.Module):
                   dtype: torch.dtype = torch.float32, kernels: tuple[Kernel, ...] = KERNELS) -> PlannedLinear:
         """The layer `name` of `plan`, its layouts built from `fmt` (which must have the planned signature).
         A layout only the last phase (a prefill's any number of rows) reads is built at its first call
-        of more rows than that phase was timed on; calls of fewer rows take the route before it meanwhile."""
+        of more rows than that phase was timed on; calls of fewer rows take the first (decode) route
+        meanwhile, a piece of its rows at a time: its kernel is the held one the plan checked on a
+        decode step's inputs (a batch kernel's int8 activations can flip a prompt's near-tie)."""
         w = plan.for_layer(name)
         if fmt.signature != w.signature:
             raise InputError(f"layer {name!r}: the plan is for {w.signature}, the weight given is {fmt.signature}")
@@ -72,17 +74,18 @@ class PlannedLinear(nn.Module):
         if lazy is None:
             layer._routes.append((sys.maxsize, last.act_dtype, last.bind(layouts[last.form.name])))
         else:
-            before = chosen[-2][1].max_rows or sys.maxsize  # rows the route before it computes at most
-            layer._routes.append((sys.maxsize, None, layer._pending(last, fmt, forms,
-                                                                    wait_rows=min(last_phase.rows, before))))
+            piece = chosen[0][1].max_rows or last_phase.rows  # rows the first route takes a call
+            layer._routes.append((sys.maxsize, None, layer._pending(last, fmt, forms, wait_rows=last_phase.rows,
+                                                                    piece=piece)))
         return layer
 
-    def _pending(self, kernel: Kernel, fmt: WeightFormat, forms: dict, *, wait_rows: int) -> Callable[[Tensor], Tensor]:
-        """The last route before its layout is built: up to `wait_rows` rows through the route before it;
-        the first larger call builds the layout and puts the kernel's own route in its place."""
+    def _pending(self, kernel: Kernel, fmt: WeightFormat, forms: dict, *, wait_rows: int,
+                 piece: int) -> Callable[[Tensor], Tensor]:
+        """The last route before its layout is built: up to `wait_rows` rows through the first route
+        (`piece` rows a call); the first larger call builds the layout and takes the kernel's own route."""
         def call(x: Tensor) -> Tensor:
             if x.shape[0] <= wait_rows:
-                return _through(self._routes[-2], x)
+                return torch.cat([_through(self._routes[0], part) for part in x.split(piece)])
             self.layouts[kernel.form.name] = kernel.form.build(fmt)
             self.opaque_bytes = _opaque_bytes(forms, self.layouts, fmt)
             self._routes[-1] = (sys.maxsize, kernel.act_dtype, kernel.bind(self.layouts[kernel.form.name]))
