@@ -181,7 +181,7 @@ def _native_ok(fmt: WeightFormat) -> bool:
 
 def _per_32(t: Tensor, group: int) -> Tensor:
     """Group scales [N, K/g] as scales per 32 inputs [N, K/32] (the same value over a group's sub-blocks)."""
-    return t.float().repeat_interleave(group // 32, dim=1)
+    return t.float() if group == 32 else t.float().repeat_interleave(group // 32, dim=1)
 
 
 def _build_q4x(fmt: Int4Weight) -> Prepared:

@@ -230,18 +230,20 @@ at::Tensor pack_q4_tiles(const at::Tensor& q4) {
   at::Tensor out = at::zeros({N / TILE, groups, TILE_BYTES<false>}, q4.options());
   const uint8_t* from = src.data_ptr<uint8_t>();
   uint8_t* to = out.data_ptr<uint8_t>();
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* block = from + (n * pairs + g / 2) * Q4_BLOCK;
-      const int64_t half = g % 2, r = n % TILE;
-      uint8_t* tile = to + (n / TILE * groups + g) * TILE_BYTES<false>;
-      std::memcpy(tile + 2 * r, block + 4 * half, 2);       // d
-      std::memcpy(tile + 32 + 2 * r, block + 4 * half + 2, 2);  // m
-      for (int64_t i = 0; i < G; ++i) {
-        const uint8_t code = half ? block[8 + i] >> 4 : block[8 + i] & 0x0F;
-        tile[code_byte(r, i)] |= code_high(i) ? code << 4 : code;
+  at::parallel_for(0, N / TILE, 1, [&](int64_t begin, int64_t end) {  // a tile's rows are its own
+    for (int64_t n = begin * TILE; n < end * TILE; ++n)
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* block = from + (n * pairs + g / 2) * Q4_BLOCK;
+        const int64_t half = g % 2, r = n % TILE;
+        uint8_t* tile = to + (n / TILE * groups + g) * TILE_BYTES<false>;
+        std::memcpy(tile + 2 * r, block + 4 * half, 2);       // d
+        std::memcpy(tile + 32 + 2 * r, block + 4 * half + 2, 2);  // m
+        for (int64_t i = 0; i < G; ++i) {
+          const uint8_t code = half ? block[8 + i] >> 4 : block[8 + i] & 0x0F;
+          tile[code_byte(r, i)] |= code_high(i) ? code << 4 : code;
+        }
       }
-    }
+  });
   return out;
 }
 
