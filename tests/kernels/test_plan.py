@@ -9,6 +9,7 @@ timings of the real kernels are never asserted."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -220,6 +221,24 @@ def test_a_prefill_only_layout_is_built_at_the_first_long_prompt():
     assert set(layer.layouts) == {"a", "b"} and layer.opaque_bytes == 0
     layer(x[:40]), layer(x[:8])
     assert calls == [("fast-small", 64), ("fast-large", 65), ("fast-large", 40), ("fast-small", 8)]
+
+
+def test_a_pending_prefill_takes_the_most_accurate_kernel_on_the_held_layout():
+    """Before its layout is built, a short prefill runs on the held layout's kernel the plan measured most
+    accurate (here a slower exact one), not the faster rounding one decode steps take."""
+    calls = []
+    rough = _fake("rough", A, slow_above=32, calls=calls)
+    rough_bind = rough.bind
+    rough = dataclasses.replace(rough, bind=lambda p: (lambda x, fn=rough_bind(p): fn(x.bfloat16().float())))
+    kernels = (rough, _fake("exact", A, slow_upto=64, calls=calls), _fake("fast-large", B, slow_upto=32, calls=calls))
+    lin = _linears(1)
+    plan = _plan(linears=lin, kernels=kernels, cache=False)
+    assert plan.for_layer("blocks.0.ffn.down").choices == {"decode": "rough", "batch": "rough", "prefill": "fast-large"}
+    layer = PlannedLinear.from_plan(plan, "blocks.0.ffn.down", lin["blocks.0.ffn.down"], kernels=kernels)
+    calls.clear()
+    x = torch.randn(40, 64)  # more rows than the batch phase's 32, fewer than the prefill phase was timed on
+    torch.testing.assert_close(layer(x), x @ lin["blocks.0.ffn.down"].dequantize().T)
+    assert calls == [("exact", 40)] and set(layer.layouts) == {"a"}
 
 
 def test_planned_linear_with_real_kernels_and_dtype_contract(monkeypatch):

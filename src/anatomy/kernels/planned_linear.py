@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from anatomy.errors import InputError
 from anatomy.weights.formats import WeightFormat
 from anatomy.kernels.candidates import KERNELS, Kernel, Prepared
-from anatomy.kernels.record import KernelPlan
+from anatomy.kernels.record import KernelPlan, WeightPlan
 from anatomy.kernels.timing import Phase
 
 Route = tuple[int, torch.dtype | None, Callable[[Tensor], Tensor]]  # (max rows, activation dtype or None for
@@ -54,9 +54,9 @@ class PlannedLinear(nn.Module):
                   dtype: torch.dtype = torch.float32, kernels: tuple[Kernel, ...] = KERNELS) -> PlannedLinear:
         """The layer `name` of `plan`, its layouts built from `fmt` (which must have the planned signature).
         A layout only the last phase (a prefill's any number of rows) reads is built at its first call
-        of more rows than that phase was timed on; calls of fewer rows take the first (decode) route
-        meanwhile, a piece of its rows at a time: its kernel is the held one the plan checked on a
-        decode step's inputs (a batch kernel's int8 activations can flip a prompt's near-tie)."""
+        of more rows than that phase was timed on; calls of fewer rows are computed meanwhile on the
+        most accurate kernel the plan measured on the held layout (int8 activations can flip a prompt's
+        near-tie), a piece of its rows at a time."""
         w = plan.for_layer(name)
         if fmt.signature != w.signature:
             raise InputError(f"layer {name!r}: the plan is for {w.signature}, the weight given is {fmt.signature}")
@@ -74,18 +74,19 @@ class PlannedLinear(nn.Module):
         if lazy is None:
             layer._routes.append((sys.maxsize, last.act_dtype, last.bind(layouts[last.form.name])))
         else:
-            piece = chosen[0][1].max_rows or last_phase.rows  # rows the first route takes a call
+            meanwhile = _most_accurate(w, chosen[0], by_name)
+            route = (sys.maxsize, meanwhile.act_dtype, meanwhile.bind(layouts[meanwhile.form.name]))
             layer._routes.append((sys.maxsize, None, layer._pending(last, fmt, forms, wait_rows=last_phase.rows,
-                                                                    piece=piece)))
+                                                                    meanwhile=route, piece=meanwhile.max_rows)))
         return layer
 
-    def _pending(self, kernel: Kernel, fmt: WeightFormat, forms: dict, *, wait_rows: int,
-                 piece: int) -> Callable[[Tensor], Tensor]:
-        """The last route before its layout is built: up to `wait_rows` rows through the first route
-        (`piece` rows a call); the first larger call builds the layout and takes the kernel's own route."""
+    def _pending(self, kernel: Kernel, fmt: WeightFormat, forms: dict, *, wait_rows: int, meanwhile: Route,
+                 piece: int | None) -> Callable[[Tensor], Tensor]:
+        """The last route before its layout is built: up to `wait_rows` rows through `meanwhile` (`piece`
+        rows a call); the first larger call builds the layout and takes the kernel's own route."""
         def call(x: Tensor) -> Tensor:
             if x.shape[0] <= wait_rows:
-                return torch.cat([_through(self._routes[0], part) for part in x.split(piece)])
+                return torch.cat([_through(meanwhile, part) for part in x.split(piece or wait_rows)])
             self.layouts[kernel.form.name] = kernel.form.build(fmt)
             self.opaque_bytes = _opaque_bytes(forms, self.layouts, fmt)
             self._routes[-1] = (sys.maxsize, kernel.act_dtype, kernel.bind(self.layouts[kernel.form.name]))
@@ -123,6 +124,15 @@ class PlannedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.description}, layouts {'+'.join(self.layouts)}, out {self.dtype}"
+
+
+def _most_accurate(w: WeightPlan, first: tuple[Phase, Kernel], by_name: dict[str, Kernel]) -> Kernel:
+    """Of the kernels on the first phase's layout, the one whose error the plan measured smallest there:
+    a prompt's every row goes through it, and a near-tie of its logits is decided by that error."""
+    phase, kernel = first
+    held = [m for m in w.measurements.get(phase.name, []) if m.error is not None
+            and m.kernel in by_name and by_name[m.kernel].form.name == kernel.form.name]
+    return by_name[min(held, key=lambda m: m.error).kernel] if held else kernel
 
 
 def _only_last(chosen: list[tuple[Phase, Kernel]]) -> bool:
