@@ -47,8 +47,9 @@ fi
 src="$dir/llama_cpp_python-$version/vendor/llama.cpp"
 # Native, without ggml's AMX kernels: on this project's AMX machines (Sapphire Rapids VMs) they segfault in
 # ggml_backend_amx_mul_mat on the Q4_1 file (llama-bench, llama-server; `--repack 0` avoids them at less
-# than half the speed). Without AMX, llama.cpp runs its AVX-512 VNNI repacked kernels, as the prebuilt
-# llama-cpp-python does. The flags follow -march=native, so they win; elsewhere they change nothing.
+# than half the speed). Without AMX, llama.cpp repacks the types it has interleaved x86 layouts for (Q4_0,
+# IQ4_NL, Q4_K, Q8_0; not Q4_1) as the prebuilt llama-cpp-python does. The flags follow -march=native, so
+# they win; elsewhere they change nothing.
 cpu_cmake="$src/ggml/src/ggml-cpu/CMakeLists.txt"
 grep -q -- "-mno-amx-int8" "$cpu_cmake" || \
     sed -i 's/list(APPEND ARCH_FLAGS -march=native)/list(APPEND ARCH_FLAGS -march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16)/' "$cpu_cmake"

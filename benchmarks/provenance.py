@@ -32,7 +32,7 @@ def anatomy_lines(bandwidth_gbs: float | None = None) -> list[str]:
     library = f"loaded, {native.isa()}" if native.loaded() else "not loaded (torch's kernels only)"
     lines = [f"anatomy {anatomy_commit()}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
              f"native kernels: {library}",
-             f"machine: {machine['cpu']} ({machine['logical_cpus']} logical CPUs, flags digest {machine['flags']})"]
+             f"machine: {machine['cpu']} ({machine['logical_cpus']} logical CPUs)"]
     if bandwidth_gbs is not None:
         lines[-1] += f"; measured read bandwidth {bandwidth_gbs:.1f} GB/s (torch sum over 256 MiB)"
     return lines
