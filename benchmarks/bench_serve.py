@@ -16,13 +16,15 @@ Three scenarios, each server started once and warmed up, the servers measured in
     kv           long prompts (800 words), concurrency 16, a 128 MiB KV budget: anatomy --kv-dtype bf16
                  against --kv-dtype int8 (twice the tokens in the same memory)
 
-Every run: REQUESTS x concurrency streamed requests behind the concurrency cap, MAX_TOKENS new tokens
-each (EOS ignored), greedy (ROUNDS times over: the run with the median output tok/s is reported);
-threads: torch's intra-op count for anatomy, -t / --n_threads the same for the llama.cpp servers.
+Every run: REQUESTS x concurrency streamed requests (at least MIN_REQUESTS) behind the concurrency cap,
+MAX_TOKENS new tokens each (EOS ignored: a run whose server gave another count fails the benchmark),
+greedy, ROUNDS rounds (at least 3: the run with the median output tok/s is reported); threads: torch's
+intra-op count for anatomy, -t / --n_threads the same for the llama.cpp servers. The run starts with its
+provenance: anatomy's commit and kernels, the CPU, llama-server's build.
 
     python -m benchmarks serve
         ANATOMY_BENCH_SERVE_REQUESTS=3 (per unit of concurrency), ANATOMY_BENCH_SERVE_MAX_TOKENS=128,
-        ANATOMY_BENCH_SERVE_ROUNDS=1, ANATOMY_BENCH_SERVE_SCENARIOS=plain,speculative,draft,kv
+        ANATOMY_BENCH_SERVE_ROUNDS=3, ANATOMY_BENCH_SERVE_SCENARIOS=plain,speculative,draft,kv
         LLAMA_SERVER=/path/to/llama-server (else benchmarks/build_llama_cpp.sh builds it, once, ~10-15 min)
 
 Targets (issues 11, 22, 20): concurrency 1 >= 1.0x llama-server's, concurrency 16 >= 1.5x; speculation
@@ -46,12 +48,14 @@ import torch
 
 from anatomy.serving.bench import BenchResult, make_prompts, run_benchmark
 from benchmarks.llama_cpp import llama_tool
+from benchmarks.provenance import anatomy_lines, llama_lines, print_provenance
 
 MODEL = "smollm2-135m-instruct"
 REQUESTS = int(os.environ.get("ANATOMY_BENCH_SERVE_REQUESTS", "3"))
 MAX_TOKENS = int(os.environ.get("ANATOMY_BENCH_SERVE_MAX_TOKENS", "128"))
 PROMPT_WORDS, LONG_WORDS = 64, 800
-ROUNDS = int(os.environ.get("ANATOMY_BENCH_SERVE_ROUNDS", "1"))
+ROUNDS = max(3, int(os.environ.get("ANATOMY_BENCH_SERVE_ROUNDS", "3")))
+MIN_REQUESTS = 16  # per run: fewer make a median of noise
 SCENARIOS = os.environ.get("ANATOMY_BENCH_SERVE_SCENARIOS", "plain,speculative,draft,kv").split(",")
 SPECULATIVE = {"speculative.n_max": 5}
 PLAIN = {"speculative.n_max": 0}  # on a server that speculates by default: this request does not
@@ -172,15 +176,23 @@ def measure(rows: dict[str, tuple[Running, dict]], prompts_of, levels: list[int]
     runs: dict[str, dict[int, list[BenchResult]]] = {name: {c: [] for c in levels} for name in rows}
     for round_ in range(ROUNDS):
         for concurrency in levels:
-            prompts = prompts_of(REQUESTS * concurrency, seed=concurrency + 100 * round_)
+            prompts = prompts_of(max(MIN_REQUESTS, REQUESTS * concurrency), seed=concurrency + 100 * round_)
             for name, (server, extra) in rows.items():
                 r = server.run(prompts, MAX_TOKENS, concurrency, chat=chat, extra=extra)
+                _check_counts(name, r, len(prompts))
                 runs[name][concurrency].append(r)
                 print(f"  {name} c={concurrency}: {r.output_throughput:.1f} output tok/s, TTFT median "
                       f"{r.ttft_ms['median']:.0f} ms p99 {r.ttft_ms['p99']:.0f} ms, TPOT median "
                       f"{r.tpot_ms['median']:.1f} ms", flush=True)
     return {name: {c: sorted(rs, key=lambda r: r.output_throughput)[len(rs) // 2] for c, rs in by_c.items()}
             for name, by_c in runs.items()}
+
+
+def _check_counts(name: str, r: BenchResult, requests: int) -> None:
+    """Every request answered with MAX_TOKENS tokens: a throughput of other counts compares nothing."""
+    if r.failed or r.output_tokens != requests * MAX_TOKENS:
+        raise RuntimeError(f"{name}: {r.requests - r.failed} of {requests} requests answered with {r.output_tokens} "
+                           f"tokens in all, not {requests} x {MAX_TOKENS}; errors: {r.errors[:3]}")
 
 
 def table(runs: dict[str, dict[int, BenchResult]]) -> str:
@@ -290,7 +302,8 @@ def kv(threads: int) -> list[str]:
 def main() -> None:
     threads = torch.get_num_threads()
     print(f"{MODEL} ({gguf_path().name}), {MAX_TOKENS} new tokens each (EOS ignored), greedy; {REQUESTS} x "
-          f"concurrency requests per run, {ROUNDS} round(s); {threads} threads", flush=True)
+          f"concurrency requests per run (at least {MIN_REQUESTS}), {ROUNDS} rounds; {threads} threads", flush=True)
+    print_provenance(anatomy_lines() + llama_lines(llama_server_binary()))
     lines = []
     for name in SCENARIOS:
         print(f"\n### {name}\n", flush=True)
