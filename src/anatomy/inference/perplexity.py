@@ -98,7 +98,7 @@ def spans_of(config, ids: list[int], ctx: int | None) -> list[tuple[list[int], i
             raise InputError(f"the text has {len(ids)} token(s): perplexity needs at least 2")
         if len(ids) > config.max_seq_len:
             raise InputError(f"the text has {len(ids)} tokens, more than the model's context of {config.max_seq_len} "
-                             "(max_seq_len): score fewer (max tokens) or in chunks (ctx)")
+                             "(max_seq_len): score fewer of them, or chunks of at most that many (ctx)")
         return [(ids, 1)]
     if not 3 <= ctx <= config.max_seq_len:
         raise InputError(f"ctx={ctx}: a chunk needs at least 3 tokens (one scored) and at most the model's context "
