@@ -15,6 +15,7 @@ Q4_0, Q8_0 and Q4_K_M made from the F32 file (their KL: from the weights they we
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import struct
@@ -65,8 +66,13 @@ def kld_tokens(path: Path) -> tuple[int, list[int]]:
         return n_ctx, list(struct.unpack(f"<{count}i", f.read(4 * count)))
 
 
+@functools.cache
+def perplexity_tool() -> str:
+    return llama_tool("llama-perplexity")
+
+
 def llama_perplexity(*args: str) -> str:
-    out = subprocess.run([llama_tool("llama-perplexity"), "-t", str(torch.get_num_threads()), *args],
+    out = subprocess.run([perplexity_tool(), "-t", str(torch.get_num_threads()), *args],
                          capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:
         raise RuntimeError(f"llama-perplexity {' '.join(args)} failed:\n{out.stderr[-3000:]}")
@@ -75,7 +81,7 @@ def llama_perplexity(*args: str) -> str:
 
 def quantized(f32: Path, folder: Path) -> dict[str, Path]:
     """{type: file} of the QUANTS llama-quantize makes from the F32 file, where it is built (none otherwise)."""
-    tool = shutil.which("llama-quantize") or str(Path(llama_tool("llama-perplexity")).with_name("llama-quantize"))
+    tool = shutil.which("llama-quantize") or str(Path(perplexity_tool()).with_name("llama-quantize"))
     if not Path(tool).exists():
         print("llama-quantize is not built: the shipped file only", flush=True)
         return {}
