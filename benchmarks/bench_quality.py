@@ -37,7 +37,8 @@ CTX = 512  # llama-perplexity's default -c; english.txt's 2,068 tokens: 4 chunks
 QUANTS = ("Q4_0", "Q8_0", "Q4_K_M")  # made by llama-quantize from the F32 file, where it is built
 
 # llama-perplexity --kl-divergence's summary lines (tools/perplexity/perplexity.cpp's kl_divergence)
-SUMMARY = {"perplexity": r"Mean\s+PPL\(Q\)\s*:\s*([0-9.]+)", "reference_perplexity": r"Mean\s+PPL\(base\)\s*:\s*([0-9.]+)",
+SUMMARY = {"perplexity": r"Mean\s+PPL\(Q\)\s*:\s*([0-9.]+)",
+           "reference_perplexity": r"Mean\s+PPL\(base\)\s*:\s*([0-9.]+)",
            "kl_divergence": r"Mean\s+KLD:\s*(-?[0-9.]+)", "top1_agreement": r"Same top p:\s*([0-9.]+)\s*±"}
 
 
@@ -123,7 +124,7 @@ def main() -> None:
 
 
 def print_table(rows: dict[str, tuple[dict, dict]]) -> None:
-    print(f"\n| file | engine | PPL | PPL fp32 | PPL / fp32 | mean KL | same top-1 |\n|---|---|---|---|---|---|---|")
+    print("\n| file | engine | PPL | PPL fp32 | PPL / fp32 | mean KL | same top-1 |\n|---|---|---|---|---|---|---|")
     for name, figures in rows.items():
         for engine, f in zip(("anatomy (decode step)", "llama-perplexity"), figures):
             print(f"| {name} | {engine} | {f['perplexity']:.4f} | {f['reference_perplexity']:.4f} | "

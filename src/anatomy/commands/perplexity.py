@@ -92,7 +92,8 @@ def tokens_of(tokenizer, text: str, max_tokens: int | None) -> tuple[list[int], 
 
 
 def summary(r: dict) -> str:
-    scored = "the whole text" if r["ctx"] is None else f"{r['chunks']} chunks of {r['ctx']} tokens, each one's second half"
+    scored = "the whole text" if r["ctx"] is None else \
+        f"{r['chunks']} chunks of {r['ctx']} tokens, each one's second half"
     return "\n".join([
         f"{r['model']} (weights {r['weights']}) on {r['file']}: {r['tokens']:,} predictions scored ({scored})",
         f"perplexity       {r['perplexity']:.4f}  (fp32 on the same weights: {r['reference_perplexity']:.4f})",
