@@ -16,8 +16,9 @@ a file run in order in one interpreter and one folder (a notebook's cells).
 
 The folder holds what the docs name as placeholders: path/to/hf_dir (a tiny random LLaMA-style
 model with SmolLM2's tokenizer), model.gguf, path/to/model.gguf and other.gguf (the same model
-as GGUF), path/to/bert-dir (all-MiniLM-L6-v2) and data/shakespeare.txt (tests/data/english.txt
-standing in for the corpus `make data/shakespeare.txt` fetches); examples/ is the repository's.
+as GGUF), path/to/bert-dir (all-MiniLM-L6-v2), data/shakespeare.txt (tests/data/english.txt
+standing in for the corpus `make data/shakespeare.txt` fetches) and tests/data/english.txt itself;
+examples/ is the repository's.
 
 Small inputs: the options of SMALL are appended to each `anatomy` command of that name (argparse
 keeps the last value), e.g. --max-new-tokens 16 for generate and --steps 2 for train (and SCRIPTS' to the example scripts), so the
@@ -53,6 +54,7 @@ SMALL = {
     "generate": ["--max-new-tokens", "16"],
     "chat": ["--max-new-tokens", "16"],
     "profile": ["--prompt-len", "16", "--new-tokens", "4"],
+    "perplexity": ["--max-tokens", "600"],
     "train": ["--steps", "2", "--eval-steps", "1", "--warmup", "1"],
     "serve": ["--kv-memory", "64MiB"],
     "bench-serve": ["--requests", "4", "--max-tokens", "8"],
@@ -200,6 +202,8 @@ def placeholders(tmp_path_factory) -> Path:
     (root / "path" / "to" / "bert-dir").symlink_to(resolve("all-minilm-l6-v2"), target_is_directory=True)
     (root / "data").mkdir()
     shutil.copy(ROOT / "tests" / "data" / "english.txt", root / "data" / "shakespeare.txt")
+    (root / "tests" / "data").mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "data" / "english.txt", root / "tests" / "data" / "english.txt")
     return root
 
 

@@ -28,6 +28,7 @@ from anatomy.errors import AnatomyError, ParallelError
 COMMANDS = {
     "generate": "generate text from a prompt (streams to stdout)",
     "chat": "chat with a model interactively (history, /reset, /exit)",
+    "perplexity": "perplexity, KL divergence and top-1 agreement against fp32 over a text, through the decode step",
     "embed": "sentence embeddings (all-MiniLM-L6-v2 by default), with --similarity the cosine matrix",
     "inspect": "shapes, parameters, FLOPs, memory, roofline and training time of a model",
     "compare": "several models side by side (parameters, FLOPs, memory, roofline)",

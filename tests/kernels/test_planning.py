@@ -1,6 +1,6 @@
 """The engine's planned view: float weights run on exact f32 kernels (the logits of weights="f32"
 are the model's), compact weights on the measured kernels within the plan's error bound, the LM
-head held ten times tighter; and on SmolLM2 the fast path's mean token NLL is within 1% of fp32."""
+head held ten times tighter; and on SmolLM2 the f32 path's mean token NLL is fp32's."""
 
 from __future__ import annotations
 
@@ -81,13 +81,11 @@ def test_the_callers_compact_model_is_left_alone(int4_tiny):
 
 
 @pytest.mark.slow
-def test_fast_path_nll_within_one_percent_of_fp32(smollm2_gguf_path, smollm2, smollm2_tokenizer):
-    """2,068 tokens of English: the default load (the file's int4/int8 blocks) through the engine's
-    planned kernels against fp32 inference on the dequantized weights of the same file."""
+def test_f32_weights_through_the_planned_prefill_give_fp32s_nll(smollm2, smollm2_tokenizer):
+    """2,068 tokens of English in one forward through the engine's planned kernels with weights="f32":
+    the same NLL as the model's own fp32 forward (the default weights' quality is measured through
+    the decode step generation runs: tests/inference/test_perplexity.py)."""
     ids = smollm2_tokenizer.encode(ENGLISH.read_text())
     assert len(ids) >= 2000
-    reference = mean_nll(smollm2, ids)
-    fast = mean_nll(DecoderEngine(anatomy.load(smollm2_gguf_path)), ids)
-    assert abs(fast / reference - 1) < 0.01, (fast, reference)
-    exact = mean_nll(DecoderEngine(smollm2), ids)  # weights="f32": the same logits, f32 kernels
-    assert abs(exact - reference) < 1e-4
+    exact = mean_nll(DecoderEngine(smollm2), ids)
+    assert abs(exact - mean_nll(smollm2, ids)) < 1e-4
