@@ -23,6 +23,46 @@ def _plan_cache(tmp_path_factory):
     mp.undo()
 
 
+# The kernels forced_timings makes the plan choose, first eligible first: anatomy's own for the rows they
+# take (decode and batch; tiles where AVX-512 VNNI runs them), then a bf16 copy for prefill (the branches
+# compute in bf16, as where the prefill race picks a bf16 kernel), float32 for float32 weights
+FORCED_KERNELS = ("q4t", "q4t16", "q4x", "q4f", "q8t16", "q8x", "q8f", "bf16", "f32")
+
+
+@pytest.fixture
+def forced_timings(monkeypatch, tmp_path_factory):
+    """Every timing decision the engine makes answered as if anatomy's native kernel won, whatever this
+    machine's timings say: the kernel plan's per layer (ranked by FORCED_KERNELS; the accuracy checks
+    still run), the fused decode block against the torch block, the native decode attention against
+    SDPA; the plan kept in a fresh directory (no decision measured elsewhere is reused, none made here kept)."""
+    from anatomy.kernels import attention, decode_block, timing
+    from anatomy.kernels.cache import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("forced-plan")))
+    monkeypatch.setattr(timing, "_time", _forced_times)
+    monkeypatch.setattr(decode_block, "faster", lambda *args, **kwargs: True)
+    monkeypatch.setattr(attention, "_native_faster", lambda *args: True)
+
+
+@pytest.fixture
+def native_forced(forced_timings):
+    """The engine's native paths (the fused decode blocks, anatomy's kernels, its decode attention),
+    forced; skipped, with the reason, where the CPU runs no vector path of the native kernels."""
+    from anatomy.kernels import native
+
+    if not native.available():
+        why = "is not built" if not native.loaded() else f"runs only its portable loops here (ISA {native.isa()})"
+        pytest.skip(f"the native decode path needs the native library on AVX2 or better: it {why}")
+
+
+def _forced_times(entries, repeats: int) -> dict:
+    """kernels.timing._time's answer ({kernel: (seconds, spread)}) ranked by FORCED_KERNELS, nothing run."""
+    from anatomy.kernels.candidates import KERNELS
+
+    order = FORCED_KERNELS + tuple(k.name for k in KERNELS if k.name not in FORCED_KERNELS)
+    return {kernel.name: ((order.index(kernel.name) + 1) * 1e-6, 0.0) for kernel, _, _ in entries}
+
+
 @pytest.fixture(scope="session")
 def int4_tiny(tmp_path_factory):
     """A tiny random LLaMA-style decoder saved and loaded with weights="int4" (compact int4 matrices),

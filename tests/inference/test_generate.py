@@ -3,6 +3,7 @@ and the API's handling of prompts, stop strings, context limits and bad input.""
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import pytest
@@ -79,7 +80,13 @@ def test_prompt_kinds_and_metrics(smollm2, smollm2_tokenizer):
     by_ids = anatomy.generate(smollm2, ids, tokenizer=smollm2_tokenizer, max_new_tokens=8)
     assert by_messages.token_ids == by_ids.token_ids and "Paris" in by_messages.text
     assert by_ids.prompt_tokens == len(ids)
-    assert by_ids.ttft_s > 0 and by_ids.tpot_s > 0 and by_ids.tokens_per_s == pytest.approx(1 / by_ids.tpot_s)
+    start = time.perf_counter()
+    two = anatomy.generate(smollm2, [ids, ids], tokenizer=smollm2_tokenizer, max_new_tokens=8, ignore_eos=True)
+    wall = time.perf_counter() - start  # this test's own clock around the call
+    first = two[0]
+    assert [len(r.token_ids) for r in two] == [8, 8] and 0 < first.ttft_s and 0 < first.tpot_s
+    assert first.ttft_s + 7 * first.tpot_s <= wall  # the first token's wait and 7 decode steps, inside the call
+    assert first.tokens_per_s == pytest.approx(2 / first.tpot_s)  # both rows' tokens per decode step
 
 
 def test_ignore_eos_runs_to_max_new_tokens(smollm2, smollm2_tokenizer):

@@ -10,9 +10,6 @@ from anatomy.inference.sampling import SamplingParams
 from anatomy.kernels import native
 from anatomy.kernels.decode_block import ROWS, NativeBlock, fusable
 
-needs_vnni = pytest.mark.skipif(not native.available(), reason="the native library with AVX-512 VNNI")
-
-
 @pytest.fixture(scope="module")
 def q4_model(smollm2_gguf_path):
     return anatomy.load(smollm2_gguf_path)  # the file's Q4_1 blocks: the native layouts' formats
@@ -36,17 +33,15 @@ def test_paged_attention_reads_the_pool_as_the_gathered_rows(dtype):
         torch.ops.anatomy.decode_attention(q, k, v, None, None, mask, None, 0.125, tables=tables + N)
 
 
-@needs_vnni
-def test_native_blocks_decode_as_the_blocks_do(q4_model, smollm2_tokenizer):
+def test_native_blocks_decode_as_the_blocks_do(q4_model, smollm2_tokenizer, native_forced):
     """Greedy tokens of the README's prompt equal the torch blocks' for 32 tokens; over a paged cache the
     logits of every step agree within 10% of their largest (the operator computes in float32 with int8
     activations where the plan passed them, the blocks in bfloat16), and so does every token that is
     not a near-tie."""
     plain, fused = DecoderEngine(q4_model, native_blocks=False), DecoderEngine(q4_model)  # fused by default
-    if fused.native_blocks == 0:
-        pytest.skip("the operator measured slower than the blocks on this machine")
-    assert all(isinstance(b, NativeBlock) for b in fused.model.stack.blocks)
-    assert len({b.max_rows for b in fused.model.stack.blocks}) == 1 and fused.model.stack.blocks[0].max_rows in ROWS
+    blocks = fused.model.stack.blocks
+    assert fused.native_blocks == len(blocks) and all(isinstance(b, NativeBlock) for b in blocks)
+    assert {b.max_rows for b in blocks} == {ROWS[-1]}  # the operator won (forced) at every row count
     assert not any(isinstance(b, NativeBlock) for b in plain.model.stack.blocks) and fusable(plain.model.stack.blocks[0])
     prompt = smollm2_tokenizer.encode("What is the capital of France?")
     params = SamplingParams(max_new_tokens=32)
@@ -63,16 +58,14 @@ def test_native_blocks_decode_as_the_blocks_do(q4_model, smollm2_tokenizer):
         assert (logits[1] - logits[0]).abs().max() < 0.1 * logits[0].abs().max()
 
 
-@needs_vnni
-def test_a_float16_cache_is_written_and_read_by_the_operator(q4_model, smollm2_tokenizer, monkeypatch):
+def test_a_float16_cache_is_written_and_read_by_the_operator(q4_model, smollm2_tokenizer, monkeypatch, native_forced):
     """kv_dtype f16 (llama.cpp's default cache) decodes through the operator as float32 and bfloat16 do,
     and its logits stay within 10% of their largest of the same engine's over a float32 cache, the bound
     the operator is held to against the blocks (the cache's float16 rounding moves the int8 activations'
     rounding: ~6% here, as a bfloat16 cache does; the attention over float16 is checked to 1e-3 in
     test_native_attention_and_norm.py); the tokens fed are the float32 run's greedy ones, 24 steps."""
     engines = [DecoderEngine(q4_model, kv_dtype=kind) for kind in ("f32", "f16")]
-    if engines[1].native_blocks == 0:
-        pytest.skip("the operator measured slower than the blocks on this machine")
+    assert all(e.native_blocks == q4_model.config.n_layers for e in engines)
     computed = []
     own_step = NativeBlock._step
 
