@@ -73,6 +73,11 @@ AVX2 void widen_f16(const uint16_t* src, float* dst, int64_t n) {
   for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j))));
   for (; j < n; ++j) dst[j] = _cvtsh_ss(src[j]);
 }
+#else
+// F16C is x86's: one by one (not taken: only a vector path sets Cache::f16c)
+void widen_f16(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<float>(c10::Half(src[j], c10::Half::from_bits()));
+}
 #endif
 
 inline float bf16_to_float(uint16_t x) {
@@ -96,13 +101,11 @@ ANATOMY_INLINE void decode_rows(const Cache& c, const float* lut, int64_t b, int
       for (int64_t j = 0; j < d; ++j) row[j] = bf16_to_float(src[j]);
     } else if (c.kind == F16) {
       const uint16_t* src = static_cast<const uint16_t*>(c.data) + at;
-#if ANATOMY_X86
       if (c.f16c) {
         widen_f16(src, row, d);
-        continue;
+      } else {
+        for (int64_t j = 0; j < d; ++j) row[j] = static_cast<float>(c10::Half(src[j], c10::Half::from_bits()));
       }
-#endif
-      for (int64_t j = 0; j < d; ++j) row[j] = static_cast<float>(c10::Half(src[j], c10::Half::from_bits()));
     } else if (c.signed_codes) {
       const int8_t* src = static_cast<const int8_t*>(c.data) + at;
       const float s = c.scale[offset(c, b, h, t0 + i, c.ssb, c.ssh, c.sst)];
