@@ -28,7 +28,7 @@ from anatomy.kernels.cache import cache_dir
 from anatomy.kernels.native import build
 
 BUILD_ENV = "ANATOMY_NATIVE_BUILD"  # "0": never compile on first use
-SECONDS_PER_SOURCE = 12  # one source's compile on one core, for the estimate on the first line
+SECONDS_PER_SOURCE = 7  # one source's compile on one core, for the estimate on the first line
 
 
 def cache_directory() -> Path:
