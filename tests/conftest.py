@@ -13,6 +13,22 @@ def _seed() -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _native_notice_spent():
+    """The native kernels' once-per-process notice (no library, a CPU without their vector code) is
+    given before the tests, so that no test's stderr depends on which one builds the first engine
+    (tests/kernels/test_native_library.py checks the notice in processes of its own). Before the plan
+    cache moves: a library compiled on first use goes to the user's cache, as the test modules'
+    collection puts it, not into one of this session only."""
+    import warnings
+
+    from anatomy.kernels import native
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        native.available()
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _plan_cache(tmp_path_factory):
     """Kernel plans measured by the tests go to a directory of this session, not the user's cache."""
     from anatomy.kernels.cache import CACHE_ENV

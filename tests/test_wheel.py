@@ -1,7 +1,10 @@
 """`pip install .` (not editable) gives a working anatomy: the wheel is built offline from a copy of
-the source, holds every file under src/anatomy (page templates and assets included), and its
+the source, holds every file under src/anatomy (page templates and assets included) and the native
+library setup.py compiled into it (from the objects `make kernels` left, where they are there), and its
 console script, installed into a fresh virtual environment and run from outside the source tree,
-lists the presets and writes an inspect page with the templates' CSS inlined.
+lists the presets and writes an inspect page with the templates' CSS inlined; the installed package
+loads its native library without compiling anything, with this process's vector code. Built where
+no compiler is, the wheel builds all the same, without the library.
 
 The fresh environment reaches the installed dependencies (torch, ...) through a .pth file added
 after the wheel is installed, so that pip never sees (or touches) the anatomy installed here."""
@@ -22,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def _pip(*args: str, cwd: Path) -> None:
+def _pip(*args: str, cwd: Path, **env: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args], cwd=cwd, check=True,
-                   timeout=600, env=_clean_env())
+                   timeout=900, env={**_clean_env(), **env})
 
 
 def _clean_env() -> dict[str, str]:
@@ -32,15 +35,22 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
+def _build_wheel(tmp_path_factory, **env: str) -> Path:
     source = tmp_path_factory.mktemp("source")
     shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "_build"))
-    for name in ("pyproject.toml", "README.md"):
+    objects = Path("anatomy/kernels/native/_build/objects")
+    if (ROOT / "src" / objects).is_dir():  # compiled objects of unchanged sources are reused: the wheel only links
+        shutil.copytree(ROOT / "src" / objects, source / "src" / objects)
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, source / name)
     out = tmp_path_factory.mktemp("wheels")
-    _pip("wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(out), str(source), cwd=out)
+    _pip("wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(out), str(source), cwd=out, **env)
     return next(out.glob("anatomy-*.whl"))
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    return _build_wheel(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +107,38 @@ def test_every_module_imports_from_the_wheel(venv, tmp_path):
                          capture_output=True, text=True, timeout=300, env=_clean_env())
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) > 150
+
+
+def _libraries(wheel: Path) -> list[str]:
+    return [n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("anatomy/kernels/native/_build/")]
+
+
+def test_the_wheel_carries_the_native_library_of_this_source_and_torch(wheel):
+    from anatomy.kernels.native.build import library_name
+
+    assert _libraries(wheel) == [f"anatomy/kernels/native/_build/{library_name()}"]
+    assert "-none-any" not in wheel.name  # a platform wheel: it holds a compiled library
+
+
+def test_the_installed_package_runs_its_native_kernels(venv, tmp_path):
+    """Fast where installed: the wheel's library loads, nothing is compiled on first use (turned off
+    here, with an empty cache), and it runs the vector code this process runs."""
+    from anatomy.kernels import native
+
+    script = ("from anatomy.kernels import native\n"
+              "from anatomy.kernels.native import library\n"
+              "print(native.loaded(), native.isa(), library.find())\n")
+    env = {**_clean_env(), "ANATOMY_NATIVE_BUILD": "0", "ANATOMY_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop(native.ISA_ENV, None)
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    loaded, isa, path = out.stdout.split()
+    assert loaded == "True" and "native kernels unavailable" not in out.stderr
+    with native.limited("avx512-vnni") as cpus_own:  # no limit but the CPU's
+        assert isa == cpus_own and path.startswith(str(venv))
+
+
+def test_a_wheel_built_without_a_compiler_builds_without_the_library(tmp_path_factory):
+    wheel = _build_wheel(tmp_path_factory, CXX="/nonexistent/g++")
+    assert _libraries(wheel) == [] and "anatomy/kernels/native/gemv.cpp" in zipfile.ZipFile(wheel).namelist()

@@ -40,6 +40,8 @@ COMMANDS = {
     "presets": "list the named model configurations with their parameter counts",
     "serve": "serve a model over the OpenAI API (continuous batching, paged KV cache)",
     "bench-serve": "load-test an OpenAI-compatible server: throughput, TTFT, TPOT, latency percentiles",
+    "doctor": "what this installation runs (torch, native kernels, plans, models) and the command that fixes "
+              "what is missing",
 }
 
 

@@ -1,8 +1,10 @@
 """anatomy's own kernels (gemv.cpp, gemv_avx2.cpp, ...): few-row products on int4 and int8 groups through
 AVX-512 VNNI or AVX2, decode attention, RMSNorm and a whole decode block as one operator.
 
-    loaded()         True when `make` built the library for this source and torch version (build.py)
-                     and it loaded: torch.ops.anatomy.q4_linear, q8_linear, pack_q4, pack_q8, isa, ...
+    loaded()         the library of this source and torch version is found (library.py: built with the
+                     package, or compiled into the per-user cache on first use) and loaded:
+                     torch.ops.anatomy.q4_linear, q8_linear, pack_q4, pack_q8, isa, ...
+    why_not()        why it is not loaded, or why no vector path runs ("" when they run)
     isa()            the vector code they run: "avx512-vnni", "avx512", "avx2" or "portable"
     available()      loaded, and a vector path runs (AVX2 at least): the kernel plan then measures them
                      against torch's kernels like any other candidate
@@ -10,8 +12,9 @@ AVX-512 VNNI or AVX2, decode attention, RMSNorm and a whole decode block as one 
                      portable paths on an AVX-512 machine); $ANATOMY_NATIVE_ISA sets the same limit
                      for a whole process, e.g. to see what a machine without AVX-512 would choose
 
-They are an option, never a requirement: without the library (a wheel installed elsewhere, a failed
-build, an older CPU) the candidates are simply not offered.
+They are an option, never a requirement: without the library (no compiler, a failed build) or a vector
+path (a CPU without AVX2, any but x86-64) the candidates are not offered, and the first call that finds
+so says it once per process (a RuntimeWarning naming why and the speed at stake).
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import platform
+import threading
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -28,23 +34,56 @@ from anatomy.kv_format import Codes, Pages
 
 ISAS = ("portable", "avx2", "avx512", "avx512-vnni")  # native.h's Isa, by its value
 ISA_ENV = "ANATOMY_NATIVE_ISA"
+SPEED = "decoding runs on torch's kernels, ~0.6x the speed"  # what the notice says is at stake
+
+_state = {"why": "", "said": False, "limits": 0}  # for the process: why not; notice given; limited() depth
+_lock = threading.Lock()
+
+
+def loaded() -> bool:
+    """Is the library of this source and torch version found (or compiled on first use) and loaded
+    (torch.ops.anatomy.*)?"""
+    with _lock:  # one first-use build, whichever thread asks first
+        return _load()
 
 
 @functools.cache
-def loaded() -> bool:
-    """Is the library built for this source and torch version, and loaded (torch.ops.anatomy.*)?"""
-    from anatomy.kernels.native.build import library_path
+def _load() -> bool:
+    from anatomy.kernels.native import library
 
-    path = library_path()
-    if not path.exists():
-        return False
-    try:
-        torch.ops.load_library(str(path))
-    except (OSError, RuntimeError):
+    path, why = library.obtain()
+    if path is not None:
+        try:
+            torch.ops.load_library(str(path))
+        except (OSError, RuntimeError) as exc:
+            path, why = None, f"torch could not load {path}: {str(exc).splitlines()[0]}"
+    if path is None:
+        _unavailable(why)
         return False
     if os.environ.get(ISA_ENV):
         _set_limit(os.environ[ISA_ENV], f"${ISA_ENV}")
     return True
+
+
+def why_not() -> str:
+    """Why the kernels are not loaded, or why this CPU runs no vector path of theirs; "" when they run
+    (a limit set by $ANATOMY_NATIVE_ISA or limited() is not a reason)."""
+    if not loaded():
+        return _state["why"]
+    if isa() != "portable" or os.environ.get(ISA_ENV) or _state["limits"]:
+        return ""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"their vector code is x86-64's; this {platform.machine()} CPU runs their portable loops only"
+    return "this CPU has no AVX2 (with FMA and F16C); their portable loops only check the vector paths"
+
+
+def _unavailable(why: str) -> None:
+    """Say once per process that the kernels cannot run here, why, and what it costs."""
+    _state["why"] = why
+    if why and not _state["said"]:
+        _state["said"] = True
+        warnings.warn(f"native kernels unavailable ({why}); {SPEED}; `anatomy doctor` says more", RuntimeWarning,
+                      stacklevel=4)
 
 
 def read_cache(q: torch.Tensor, k, v, *, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
@@ -82,9 +121,11 @@ def limited(name: str) -> Iterator[str]:
         yield "portable"
         return
     before = _set_limit(name, "native.limited")
+    _state["limits"] += 1
     try:
         yield isa()
     finally:
+        _state["limits"] -= 1
         torch.ops.anatomy.set_isa_limit(before)
 
 
@@ -96,5 +137,9 @@ def _set_limit(name: str, where: str) -> int:
 
 
 def available() -> bool:
-    """Loaded, and this CPU runs a vector path (the portable loops are for checking them only)."""
-    return isa() != "portable"
+    """Loaded, and this CPU runs a vector path (the portable loops are for checking them only); where it
+    does not, says so once (why_not)."""
+    running = isa() != "portable"
+    if not running:
+        _unavailable(why_not())
+    return running

@@ -27,11 +27,8 @@
 // t % bs; T = nb * bs. No gathered copy of the rows' keys and values is made.
 
 #include <torch/library.h>
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
-
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -69,12 +66,19 @@ inline int64_t offset(const Cache& c, int64_t b, int64_t h, int64_t t, int64_t s
   return c.table[b * c.nb + t / c.bs] * sb + h * sh + (t % c.bs) * st;
 }
 
+#if ANATOMY_X86
 // n float16 values widened to float32 by F16C, 8 at a time
 AVX2 void widen_f16(const uint16_t* src, float* dst, int64_t n) {
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j))));
   for (; j < n; ++j) dst[j] = _cvtsh_ss(src[j]);
 }
+#else
+// F16C is x86's: one by one (not taken: only a vector path sets Cache::f16c)
+void widen_f16(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<float>(c10::Half(src[j], c10::Half::from_bits()));
+}
+#endif
 
 inline float bf16_to_float(uint16_t x) {
   uint32_t bits = static_cast<uint32_t>(x) << 16;
@@ -84,7 +88,7 @@ inline float bf16_to_float(uint16_t x) {
 }
 
 // rows [t0, t0 + n) of one (b, h) of the cache as floats: out[i * d + j]
-inline __attribute__((always_inline)) void decode_rows(const Cache& c, const float* lut, int64_t b, int64_t h,
+ANATOMY_INLINE void decode_rows(const Cache& c, const float* lut, int64_t b, int64_t h,
                                                        int64_t t0, int64_t n, int64_t d, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     const int64_t at = offset(c, b, h, t0 + i, c.sb, c.sh, c.st);
@@ -117,7 +121,7 @@ inline __attribute__((always_inline)) void decode_rows(const Cache& c, const flo
 
 // pointers to rows [t0, t0 + n) of one (b, h) as floats: the cache's own rows (float32), else decoded
 // into buf (inlined into each vector path, whose instructions the widening loops then take)
-inline __attribute__((always_inline)) void rows_of(const Cache& c, const float* lut, int64_t b, int64_t h, int64_t t0,
+ANATOMY_INLINE void rows_of(const Cache& c, const float* lut, int64_t b, int64_t h, int64_t t0,
                                                    int64_t n, int64_t d, float* buf, const float** rows) {
   if (c.kind == F32) {
     for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<const float*>(c.data) + offset(c, b, h, t0 + i, c.sb, c.sh, c.st);
@@ -132,7 +136,7 @@ struct Partial {  // one slice's online-softmax state per query row: max, sum of
 };
 
 // one (b, h) and slots [t0, t1): the partial softmax of every query row
-inline __attribute__((always_inline)) void attend_slice(const float* q, int64_t R, int64_t d, const Cache& k,
+ANATOMY_INLINE void attend_slice(const float* q, int64_t R, int64_t d, const Cache& k,
                                                         const Cache& v, const float* lut, const float* mask,
                                                         int64_t mr, int64_t mt, int64_t b, int64_t h, int64_t t0,
                                                         int64_t t1, float scale, Partial& p) {
@@ -172,6 +176,8 @@ inline __attribute__((always_inline)) void attend_slice(const float* q, int64_t 
     }
   }
 }
+
+#if ANATOMY_X86
 
 // -- AVX-512: the same arithmetic, vectorized as the AVX2 path below is: float32 keys and values read
 // where they lie (bfloat16 widened by a shift, 8-bit codes decoded), the scores of 16 keys summed
@@ -409,6 +415,8 @@ AVX2 void attend_slice_avx2(const float* q, int64_t R, int64_t d, const Cache& k
   }
 }
 
+#endif  // ANATOMY_X86
+
 // the slices of one (b, h) merged: out [R, d]
 void merge(const std::vector<Partial>& parts, int64_t R, int64_t d, float* out) {
   for (int64_t r = 0; r < R; ++r) {
@@ -475,6 +483,7 @@ void run_portable(const Job& j, int64_t task, Partial& p) {
   attend_slice(t.q, j.R, j.d, j.k, j.v, j.lut, t.mask, j.mr, j.mt, t.b, t.h, t.t0, t.t1, j.scale, p);
 }
 
+#if ANATOMY_X86
 AVX512 void run_avx512(const Job& j, int64_t task, Partial& p) {
   const Task t = task_of(j, task);
   if (j.d % 16 == 0)
@@ -489,6 +498,16 @@ AVX2 void run_avx2(const Job& j, int64_t task, Partial& p) {
     attend_slice_avx2(t.q, j.R, j.d, j.k, j.v, j.lut, t.mask, j.mr, t.b, t.h, t.t0, t.t1, j.scale, p);
   else
     attend_slice(t.q, j.R, j.d, j.k, j.v, j.lut, t.mask, j.mr, j.mt, t.b, t.h, t.t0, t.t1, j.scale, p);
+}
+#endif
+
+// one task by the vector code `level` (the portable loops where no vector path is compiled)
+void run(const Job& j, int64_t task, anatomy::Isa level, Partial& p) {
+#if ANATOMY_X86
+  if (level >= anatomy::Isa::Avx512) return run_avx512(j, task, p);
+  if (level == anatomy::Isa::Avx2) return run_avx2(j, task, p);
+#endif
+  run_portable(j, task, p);
 }
 
 // k or v as the attention reads it: [B, H, T, d], or a paged pool [N, bs, H, d] read through tables
@@ -566,13 +585,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const anatomy::Isa level = anatomy::isa(portable);
   job.k.f16c = job.v.f16c = level >= anatomy::Isa::Avx2;
   at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      if (level >= anatomy::Isa::Avx512) run_avx512(job, t, parts[t]);
-      else if (level == anatomy::Isa::Avx2) run_avx2(job, t, parts[t]);
-      else run_portable(job, t, parts[t]);
-    }
+    for (int64_t t = t0; t < t1; ++t) run(job, t, level, parts[t]);
   });
-  at::Tensor out = at::empty({B, H, R, d}, qf.options());
+  at::Tensor out = qf.new_empty({B, H, R, d});
   float* dst = out.data_ptr<float>();
   for (int64_t bh = 0; bh < B * H; ++bh) {
     std::vector<Partial> mine(parts.begin() + bh * job.slices, parts.begin() + (bh + 1) * job.slices);

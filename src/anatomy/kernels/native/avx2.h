@@ -1,7 +1,11 @@
 // Small AVX2 helpers the kernels share: horizontal sums and maxima of 8 lanes, and exp. Each is compiled
-// for AVX2 with FMA and F16C (the function attribute AVX2), called only from code of that target.
+// for AVX2 with FMA and F16C (the function attribute AVX2), called only from code of that target;
+// x86-64 only.
 #pragma once
 
+#include "native.h"
+
+#if ANATOMY_X86
 #include <immintrin.h>
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -35,3 +39,5 @@ AVX2 inline __m256 exp8(__m256 x) {
 }
 
 }  // namespace anatomy::avx2
+
+#endif  // ANATOMY_X86

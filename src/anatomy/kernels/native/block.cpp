@@ -18,7 +18,6 @@
 // Norms, RoPE, SwiGLU and the residual adds are loops over the rows in float32.
 
 #include <torch/library.h>
-#include <ATen/ATen.h>
 
 #include <cmath>
 #include <cstdint>
@@ -60,6 +59,7 @@ void swiglu(const float* gate, const float* up, float* y, int64_t n) {
   for (int64_t j = 0; j < n; ++j) y[j] = gate[j] / (1.f + std::exp(-gate[j])) * up[j];
 }
 
+#if ANATOMY_X86
 AVX2 void swiglu_avx2(const float* gate, const float* up, float* y, int64_t n) {
   const __m256 one = _mm256_set1_ps(1.f);
   int64_t j = 0;
@@ -70,6 +70,7 @@ AVX2 void swiglu_avx2(const float* gate, const float* up, float* y, int64_t n) {
   }
   swiglu(gate + j, up + j, y + j, n - j);
 }
+#endif
 
 template <typename T>
 void store(const float* src, T* dst, int64_t d) {
@@ -145,11 +146,15 @@ at::Tensor decode_block(const at::Tensor& x, const at::Tensor& attn_norm, const 
 
   at::Tensor gu = product(anatomy::rms_norm(h, ffn_norm, eps), w_gate_up, int8_activations & 4);  // [B, 2F]
   const int64_t F = gu.size(1) / 2;
-  at::Tensor act = at::empty({B, F}, gu.options());
+  at::Tensor act = gu.new_empty({B, F});
   const float* g = gu.data_ptr<float>();
   float* y = act.data_ptr<float>();
-  const bool vector = anatomy::isa() >= anatomy::Isa::Avx2;
-  for (int64_t b = 0; b < B; ++b) (vector ? swiglu_avx2 : swiglu)(g + b * 2 * F, g + b * 2 * F + F, y + b * F, F);
+#if ANATOMY_X86
+  const auto gated = anatomy::isa() >= anatomy::Isa::Avx2 ? swiglu_avx2 : swiglu;
+#else
+  const auto gated = swiglu;
+#endif
+  for (int64_t b = 0; b < B; ++b) gated(g + b * 2 * F, g + b * 2 * F + F, y + b * F, F);
   at::Tensor out = product(act, w_down, int8_activations & 8);  // [B, D]
   TORCH_CHECK(out.size(1) == D, "anatomy::decode_block: Wdown gives ", out.size(1), " outputs, not D = ", D);
   return out.add_(h);

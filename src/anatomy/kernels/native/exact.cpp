@@ -9,16 +9,20 @@
 //   q8f_linear(x [M, K] float, weight) -> [M, N]
 
 #include <torch/library.h>
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 
-#include <immintrin.h>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "gemv_avx2.h"
 #include "native.h"
+
+#if ANATOMY_X86
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -70,6 +74,8 @@ void q8f_portable(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_
 }
 
 // -- AVX-512 ------------------------------------------------------------------------------------------
+
+#if ANATOMY_X86
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
 
@@ -139,6 +145,8 @@ AVX512 void q8f_rows(const float* x, int64_t K, const uint8_t* w, int64_t n0, in
   }
 }
 
+#endif  // ANATOMY_X86
+
 template <int M, typename F>
 void dispatch(int rows, F&& f) {
   if constexpr (M > 1) {
@@ -157,16 +165,18 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
               what, ": weight must be uint8 [N, K/64 * ", block, "]");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   at::Tensor xf = x.to(at::kFloat).contiguous();
-  at::Tensor y = at::empty({M, N}, xf.options());
+  at::Tensor y = xf.new_empty({M, N});
   const float* xs = xf.data_ptr<float>();
   const uint8_t* weights = w.data_ptr<uint8_t>();
   float* out = y.data_ptr<float>();
   const anatomy::Isa level = anatomy::isa(portable);
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+#if ANATOMY_X86
     if (level == anatomy::Isa::Avx2) {
       (Q4 ? anatomy::avx2::q4f_rows : anatomy::avx2::q8f_rows)(xs, M, K, weights, n0, n1, out, N);
       return;
     }
+#endif
     const bool fast = level >= anatomy::Isa::Avx512;
     for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
       const int rows = static_cast<int>(std::min<int64_t>(ROWS, M - m0));
@@ -176,10 +186,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
         Q4 ? q4f_portable(xm, rows, K, weights, n0, n1, ym, N) : q8f_portable(xm, rows, K, weights, n0, n1, ym, N);
         continue;
       }
+#if ANATOMY_X86
       dispatch<ROWS>(rows, [&](auto R) {
         Q4 ? q4f_rows<decltype(R)::value>(xm, K, weights, n0, n1, ym, N)
            : q8f_rows<decltype(R)::value>(xm, K, weights, n0, n1, ym, N);
       });
+#endif
     }
   });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());

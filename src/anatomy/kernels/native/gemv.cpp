@@ -19,11 +19,10 @@
 // compare each against float64 and the vector paths against the portable one).
 
 #include <torch/library.h>
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 
-#include <immintrin.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -31,6 +30,10 @@
 
 #include "gemv_avx2.h"
 #include "native.h"
+
+#if ANATOMY_X86
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -57,8 +60,12 @@ void quantize_row(const float* v, int64_t K, int8_t* q, float* scale, int32_t* s
 
 // what gemv_avx2.cpp's loops read of x where they run (AVX2, or AVX-512 without VNNI), else nothing
 anatomy::avx2::Activations avx2_activations(Isa level, const Quantized& a, int64_t M, int64_t K) {
+#if ANATOMY_X86
   return level == Isa::Avx2 || level == Isa::Avx512 ? anatomy::avx2::activations(a, M, K)
                                                     : anatomy::avx2::Activations{};
+#else
+  return anatomy::avx2::Activations{};
+#endif
 }
 
 // -- the q4 product ---------------------------------------------------------------------------------
@@ -137,6 +144,8 @@ Units units_of(const Quantized& a, int64_t M, int64_t K) {
   }
   return out;
 }
+
+#if ANATOMY_X86
 
 #define AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
 
@@ -240,6 +249,8 @@ void q4_dispatch(const Units& x, int64_t rows, int64_t K, const uint8_t* w, int6
   q4_rows_avx512<M>(x, K, w, n0, n1, y, N);
 }
 
+#endif  // ANATOMY_X86
+
 // -- the q8 product ---------------------------------------------------------------------------------
 
 void q8_rows_portable(const Quantized& a, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
@@ -266,6 +277,8 @@ void q8_rows_portable(const Quantized& a, int64_t M, int64_t K, const uint8_t* w
     }
   }
 }
+
+#if ANATOMY_X86
 
 template <int M>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
@@ -306,6 +319,8 @@ void q8_dispatch(const Lanes& l, int64_t rows, int64_t K, const uint8_t* w, int6
   q8_rows_avx512<M>(l, K, w, n0, n1, y, N, shifted);
 }
 
+#endif  // ANATOMY_X86
+
 // -- the operators ----------------------------------------------------------------------------------
 
 void check(const at::Tensor& x, const at::Tensor& w, int64_t block, const char* what) {
@@ -320,7 +335,7 @@ void check(const at::Tensor& x, const at::Tensor& w, int64_t block, const char* 
 template <typename Rows>
 at::Tensor product(const at::Tensor& x, const at::Tensor& w, Rows rows) {
   const int64_t M = x.size(0), N = w.size(0);
-  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
+  at::Tensor y = x.new_empty({M, N}, at::kFloat);
   float* out = y.data_ptr<float>();
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) { rows(n0, n1, out); });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
@@ -330,9 +345,12 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& w, Rows rows) {
 // decode and small batches, a plan serves longer passes with a GEMM)
 template <typename Op>
 at::Tensor in_chunks(const at::Tensor& x, const at::Tensor& w, bool portable, Op op) {
-  std::vector<at::Tensor> parts;
-  for (const at::Tensor& rows : x.split(MAX_ROWS)) parts.push_back(op(rows, w, portable));
-  return at::cat(parts);
+  at::Tensor y = x.new_empty({x.size(0), w.size(0)});  // the products' dtype: x's
+  for (int64_t m0 = 0; m0 < x.size(0); m0 += MAX_ROWS) {
+    const int64_t rows = std::min<int64_t>(MAX_ROWS, x.size(0) - m0);
+    y.narrow(0, m0, rows).copy_(op(x.narrow(0, m0, rows), w, portable));
+  }
+  return y;
 }
 
 }  // namespace
@@ -344,7 +362,11 @@ Quantized quantize_rows(const at::Tensor& x, Isa level) {
   Quantized out{std::vector<int8_t>(M * K), std::vector<float>(M * groups), std::vector<int32_t>(M * groups)};
   at::Tensor xf = x.to(at::kFloat).contiguous();
   const float* src = xf.data_ptr<float>();
+#if ANATOMY_X86
   const auto row = level >= Isa::Avx2 ? anatomy::avx2::quantize_row : quantize_row;
+#else
+  const auto row = quantize_row;
+#endif
   for (int64_t m = 0; m < M; ++m)
     row(src + m * K, K, out.q.data() + m * K, out.scale.data() + m * groups, out.sum.data() + m * groups);
   return out;
@@ -360,8 +382,10 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   const Units u = level == Isa::Avx512Vnni ? units_of(a, M, K) : Units{};
   const anatomy::avx2::Activations x8 = avx2_activations(level, a, M, K);
   return product(x, w, [&](int64_t n0, int64_t n1, float* y) {
+#if ANATOMY_X86
     if (level == Isa::Avx512Vnni) return q4_dispatch<MAX_ROWS>(u, M, K, weights, n0, n1, y, N);
     if (!x8.lanes.empty()) return anatomy::avx2::q4_rows(x8, M, K, weights, n0, n1, y, N);
+#endif
     q4_rows_portable(a, M, K, weights, n0, n1, y, N);
   });
 }
@@ -379,8 +403,10 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   const Lanes l = vnni ? lanes_of(a, M, K) : Lanes{};
   const anatomy::avx2::Activations x8 = avx2_activations(level, a, M, K);
   return product(x, w, [&](int64_t n0, int64_t n1, float* y) {
+#if ANATOMY_X86
     if (vnni) return q8_dispatch<MAX_ROWS>(l, M, K, weights, n0, n1, y, N, shifted.data());
     if (!x8.lanes.empty()) return anatomy::avx2::q8_rows(x8, M, K, weights, n0, n1, y, N);
+#endif
     q8_rows_portable(a, M, K, weights, n0, n1, y, N);
   });
 }
@@ -397,7 +423,7 @@ at::Tensor pack_q4(const at::Tensor& codes, const at::Tensor& scale, const at::T
   const int64_t N = codes.size(0), K = codes.size(1) * 2, pairs = K / PAIR;
   TORCH_CHECK(K % PAIR == 0 && scale.size(1) == K / G && offset.size(1) == K / G, "anatomy::pack_q4: shapes");
   at::Tensor c = codes.contiguous(), s = scale.to(at::kFloat).contiguous(), o = offset.to(at::kFloat).contiguous();
-  at::Tensor out = at::empty({N, pairs * Q4_BLOCK}, codes.options().dtype(at::kByte));
+  at::Tensor out = codes.new_empty({N, pairs * Q4_BLOCK}, at::kByte);
   const uint8_t* src = c.data_ptr<uint8_t>();
   const float* sc = s.data_ptr<float>();
   const float* of = o.data_ptr<float>();
@@ -425,7 +451,7 @@ at::Tensor pack_q8(const at::Tensor& codes, const at::Tensor& scale) {
   const int64_t N = codes.size(0), K = codes.size(1), pairs = K / PAIR;
   TORCH_CHECK(K % PAIR == 0 && scale.size(1) == K / G, "anatomy::pack_q8: shapes");
   at::Tensor c = codes.contiguous(), s = scale.to(at::kFloat).contiguous();
-  at::Tensor out = at::empty({N, pairs * Q8_BLOCK}, codes.options().dtype(at::kByte));
+  at::Tensor out = codes.new_empty({N, pairs * Q8_BLOCK}, at::kByte);
   const int8_t* src = c.data_ptr<int8_t>();
   const float* sc = s.data_ptr<float>();
   uint8_t* dst = out.data_ptr<uint8_t>();

@@ -21,13 +21,16 @@
 
 #include "gemv_avx2.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cstdint>
 
-#include "avx2.h"
 #include "native.h"
+
+#if ANATOMY_X86  // the whole file: other CPUs run gemv.cpp's and exact.cpp's portable loops
+
+#include <immintrin.h>
+
+#include "avx2.h"
 
 namespace {
 
@@ -335,3 +338,5 @@ void q8f_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0
 }
 
 }  // namespace anatomy::avx2
+
+#endif  // ANATOMY_X86

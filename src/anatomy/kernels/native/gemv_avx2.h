@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "native.h"
+
 namespace anatomy {
 
 // activations x [M, K] rounded to int8 per group of 32 (gemv.cpp's quantize_rows)
@@ -17,9 +19,11 @@ struct Quantized {
 
 namespace avx2 {
 
+#if ANATOMY_X86  // (x86-64 only, as every function below: elsewhere a call left unguarded fails to compile)
 // one row x [K] to int8 per group of 32: codes q [K], scale s = max|x| / 127 and sum of q [K/32] per group
 // (the same numbers as gemv.cpp's portable loop: round to nearest even of x * (1 / s))
 void quantize_row(const float* x, int64_t K, int8_t* q, float* scale, int32_t* sum);
+#endif
 
 // What the int8 loops read of x, made once per call: its codes with each block's two groups interleaved
 // by 4-byte pieces as the loops take a block's codes ([A0 B0 A1 B1 | A4 B4 A5 B5] [A2 B2 A3 B3 | ...]),
@@ -29,6 +33,9 @@ struct Activations {
   std::vector<int8_t> codes;  // [M, K]
   std::vector<float> lanes;   // [M, K/64, 16]
 };
+
+#if ANATOMY_X86
+
 Activations activations(const Quantized& a, int64_t M, int64_t K);
 
 // int4 (q4 layout) and int8 (q8 layout) weights x int8 activations, M <= 16
@@ -40,6 +47,8 @@ void q8_rows(const Activations& x, int64_t M, int64_t K, const uint8_t* w, int64
 // the same layouts x float32 activations x [M, K] as they are, M <= 8
 void q4f_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N);
 void q8f_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N);
+
+#endif  // ANATOMY_X86
 
 }  // namespace avx2
 }  // namespace anatomy

@@ -4,12 +4,27 @@
 // operator of the same name under torch.ops.anatomy.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+
+// x86-64's vector code (immintrin.h, function targets, the CPU's feature bits) is compiled only there;
+// any other CPU builds the portable loops alone
+#if defined(__x86_64__) || defined(_M_X64)
+#define ANATOMY_X86 1
+#else
+#define ANATOMY_X86 0
+#endif
+
+// a helper inlined into each caller, so that it takes the caller's vector target
+#if defined(__GNUC__)
+#define ANATOMY_INLINE inline __attribute__((always_inline))
+#else
+#define ANATOMY_INLINE inline
+#endif
 
 namespace anatomy {
 
@@ -23,8 +38,9 @@ constexpr int64_t Q8_BLOCK = 72;  // bytes per block: 2 float16 scales (in 8 byt
 constexpr int64_t AHEAD = 8192;
 
 // The vector code a CPU runs: AVX-512 (F, BW, VL, DQ) with VNNI where it has them, AVX2 with FMA and
-// F16C on the x86-64 machines of the last decade, the portable loops (SSE2) anywhere else. Each path is
-// compiled for its own target (function attributes), so one library runs on any x86-64 machine.
+// F16C on the x86-64 machines of the last decade, the portable loops anywhere else (any other CPU: those
+// alone). Each path is compiled for its own target (function attributes), so one library runs on any
+// x86-64 machine.
 enum class Isa { Portable = 0, Avx2 = 1, Avx512 = 2, Avx512Vnni = 3 };
 
 // The most a kernel may use, below what the CPU has (set_isa_limit: the tests run the AVX2 and portable
@@ -35,6 +51,7 @@ inline std::atomic<int>& isa_limit() {
 }
 
 inline Isa cpu_isa() {
+#if ANATOMY_X86
   static const Isa found = [] {
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -43,6 +60,9 @@ inline Isa cpu_isa() {
     return avx2 ? Isa::Avx2 : Isa::Portable;
   }();
   return found;
+#else
+  return Isa::Portable;
+#endif
 }
 
 inline Isa isa() {

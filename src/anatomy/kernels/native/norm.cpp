@@ -6,7 +6,6 @@
 // 61 of them. This one is a loop per row: ~1 us.
 
 #include <torch/library.h>
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -47,7 +46,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == D, "anatomy::rms_norm: weight must be [", D, "]");
   at::Tensor xc = x.contiguous();
   at::Tensor w = weight.to(at::kFloat).contiguous();
-  at::Tensor y = at::empty_like(xc);
+  at::Tensor y = xc.new_empty(xc.sizes());
   const int64_t R = D ? xc.numel() / D : 0;
   const float* ws = w.data_ptr<float>();
   const float e = static_cast<float>(eps);

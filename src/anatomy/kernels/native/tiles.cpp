@@ -28,11 +28,10 @@
 // plan offers tiles only where VNNI runs: kernels/candidates.py q4t, q4t16, q8t16).
 
 #include <torch/library.h>
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 
-#include <immintrin.h>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -40,6 +39,10 @@
 
 #include "gemv_avx2.h"
 #include "native.h"
+
+#if ANATOMY_X86
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -120,6 +123,8 @@ void tiles_portable(const Codes& a, int64_t m0, int64_t M, int64_t K, const uint
         y[m * N + t * TILE + r] = total;
       }
 }
+
+#if ANATOMY_X86
 
 #define AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
 
@@ -220,6 +225,8 @@ void tiles_dispatch(int rows, const Codes& a, int64_t m0, int64_t K, const uint8
   tiles_avx512<M, Q8>(a, m0, K, w, t0, t1, y, N);
 }
 
+#endif  // ANATOMY_X86
+
 // the q4 layout [N, K/64 * 40] -> tiles [N/16, K/32, 320]
 at::Tensor pack_q4_tiles(const at::Tensor& q4) {
   TORCH_CHECK(q4.dim() == 2 && q4.scalar_type() == at::kByte && q4.size(1) % Q4_BLOCK == 0,
@@ -227,7 +234,7 @@ at::Tensor pack_q4_tiles(const at::Tensor& q4) {
   TORCH_CHECK(q4.size(0) % TILE == 0, "anatomy::pack_q4_tiles: N = ", q4.size(0), " is not a multiple of ", TILE);
   const int64_t N = q4.size(0), pairs = q4.size(1) / Q4_BLOCK, groups = 2 * pairs;
   at::Tensor src = q4.contiguous();
-  at::Tensor out = at::zeros({N / TILE, groups, TILE_BYTES<false>}, q4.options());
+  at::Tensor out = q4.new_zeros({N / TILE, groups, TILE_BYTES<false>});
   const uint8_t* from = src.data_ptr<uint8_t>();
   uint8_t* to = out.data_ptr<uint8_t>();
   at::parallel_for(0, N / TILE, 1, [&](int64_t begin, int64_t end) {  // a tile's rows are its own
@@ -255,7 +262,7 @@ at::Tensor pack_q8_tiles(const at::Tensor& codes, const at::Tensor& scale) {
   TORCH_CHECK(codes.size(0) % TILE == 0, "anatomy::pack_q8_tiles: N = ", codes.size(0), " is not a multiple of ", TILE);
   const int64_t N = codes.size(0), K = codes.size(1), groups = K / G;
   at::Tensor c = codes.contiguous(), s = scale.to(at::kHalf).contiguous();
-  at::Tensor out = at::empty({N / TILE, groups, TILE_BYTES<true>}, codes.options().dtype(at::kByte));
+  at::Tensor out = codes.new_empty({N / TILE, groups, TILE_BYTES<true>}, at::kByte);
   const int8_t* from = c.data_ptr<int8_t>();
   const at::Half* scales = s.data_ptr<at::Half>();
   uint8_t* to = out.data_ptr<uint8_t>();
@@ -278,8 +285,13 @@ void over_tiles(const Codes& a, const at::Tensor& w, Isa level, at::Tensor& y) {
   at::parallel_for(0, w.size(0), 1, [&](int64_t t0, int64_t t1) {
     for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
       const int rows = static_cast<int>(std::min<int64_t>(ROWS, M - m0));
-      if (level == Isa::Avx512Vnni) tiles_dispatch<ROWS, Q8>(rows, a, m0, K, tiles, t0, t1, out, N);
-      else tiles_portable<Q8>(a, m0, rows, K, tiles, t0, t1, out, N);
+#if ANATOMY_X86
+      if (level == Isa::Avx512Vnni) {
+        tiles_dispatch<ROWS, Q8>(rows, a, m0, K, tiles, t0, t1, out, N);
+        continue;
+      }
+#endif
+      tiles_portable<Q8>(a, m0, rows, K, tiles, t0, t1, out, N);
     }
   });
 }
@@ -299,7 +311,7 @@ at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portab
   check_tiles(x, w, TILE_BYTES<false>, "anatomy::q4_tiles_linear");
   TORCH_CHECK(bits == 8 || bits == 16, "anatomy::q4_tiles_linear: bits = ", bits, ": the activations are int8 or int16");
   const Isa level = anatomy::isa(portable);
-  at::Tensor y = at::empty({x.size(0), w.size(0) * TILE}, x.options().dtype(at::kFloat));
+  at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
   if (bits == 8) over_tiles<false>(anatomy::quantize_rows(x, level), w, level, y);
   else over_tiles<false>(quantize_rows16(x), w, level, y);
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
@@ -308,7 +320,7 @@ at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portab
 at::Tensor q8_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   check_tiles(x, w, TILE_BYTES<true>, "anatomy::q8_tiles_linear");
   const Isa level = anatomy::isa(portable);
-  at::Tensor y = at::empty({x.size(0), w.size(0) * TILE}, x.options().dtype(at::kFloat));
+  at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
   over_tiles<true>(quantize_rows16(x), w, level, y);
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
