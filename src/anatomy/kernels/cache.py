@@ -24,17 +24,9 @@ from typing import Any
 import torch
 
 from anatomy.atomic import atomic_file
+from anatomy.kernels.cache_dir import CACHE_ENV, cache_dir  # noqa: F401 (CACHE_ENV: the name tests set)
 
-CACHE_ENV = "ANATOMY_CACHE_DIR"
 PLAN_VERSION = 3  # 2: accuracy checked on real activations (kernels/calibration.py); 3: FBGEMM's padded bytes
-
-
-def cache_dir() -> Path:
-    """The anatomy cache directory (not created here)."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "anatomy"
 
 
 def machine_key() -> dict[str, Any]:

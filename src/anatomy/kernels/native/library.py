@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from anatomy.kernels.cache import cache_dir
+from anatomy.kernels.cache_dir import cache_dir
 from anatomy.kernels.native import build
 
 BUILD_ENV = "ANATOMY_NATIVE_BUILD"  # "0": never compile on first use
