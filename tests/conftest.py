@@ -169,3 +169,21 @@ def greedy():
         return out
 
     return run
+
+
+@pytest.fixture
+def fused_steps(monkeypatch) -> list[bool]:
+    """A list that gets, for every NativeBlock call, whether the native operator computed it (True) or
+    the block it stands for did (the operator declined: more rows, a span, ...)."""
+    from anatomy.kernels.decode_block import NativeBlock
+
+    computed: list[bool] = []
+    own_step = NativeBlock._step
+
+    def step(self, x, ctx, cache):
+        inputs = own_step(self, x, ctx, cache)
+        computed.append(inputs is not None)
+        return inputs
+
+    monkeypatch.setattr(NativeBlock, "_step", step)
+    return computed

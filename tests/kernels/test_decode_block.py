@@ -58,7 +58,7 @@ def test_native_blocks_decode_as_the_blocks_do(q4_model, smollm2_tokenizer, nati
         assert (logits[1] - logits[0]).abs().max() < 0.1 * logits[0].abs().max()
 
 
-def test_a_float16_cache_is_written_and_read_by_the_operator(q4_model, smollm2_tokenizer, monkeypatch, native_forced):
+def test_a_float16_cache_is_written_and_read_by_the_operator(q4_model, smollm2_tokenizer, fused_steps, native_forced):
     """kv_dtype f16 (llama.cpp's default cache) decodes through the operator as float32 and bfloat16 do,
     and its logits stay within 10% of their largest of the same engine's over a float32 cache, the bound
     the operator is held to against the blocks (the cache's float16 rounding moves the int8 activations'
@@ -66,15 +66,7 @@ def test_a_float16_cache_is_written_and_read_by_the_operator(q4_model, smollm2_t
     test_native_attention_and_norm.py); the tokens fed are the float32 run's greedy ones, 24 steps."""
     engines = [DecoderEngine(q4_model, kv_dtype=kind) for kind in ("f32", "f16")]
     assert all(e.native_blocks == q4_model.config.n_layers for e in engines)
-    computed = []
-    own_step = NativeBlock._step
-
-    def step(self, x, ctx, cache):
-        inputs = own_step(self, x, ctx, cache)
-        computed.append(inputs is not None)
-        return inputs
-
-    monkeypatch.setattr(NativeBlock, "_step", step)
+    computed = fused_steps
     prompt = smollm2_tokenizer.encode("What is the capital of France?")
     runs = [e.start([prompt], SamplingParams(max_new_tokens=24)) for e in engines]
     logits = [run.prefill() for run in runs]

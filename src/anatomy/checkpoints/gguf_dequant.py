@@ -110,7 +110,7 @@ def _q5_1(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
     return q
 
 
-def _k4_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def k4_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K's 12 bytes [N, 12] -> 6-bit scales and mins [N, 8] of the 8 groups."""
     lo, mid, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]
     scales = np.concatenate([lo & 63, (hi & 0x0F) | ((lo >> 6) << 4)], axis=1)
@@ -120,7 +120,7 @@ def _k4_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _q4_k(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
     n = blocks.shape[0]
-    scales, mins = _k4_scales(blocks[:, 4:16])  # [N, 8]
+    scales, mins = k4_scales(blocks[:, 4:16])  # [N, 8]
     qs = blocks[:, 16:].reshape(n, 4, 32)  # 4 chunks of 32 bytes
     q = out.reshape(n, 4, 2, 32)
     np.bitwise_and(qs, 0x0F, out=q[:, :, 0], casting="unsafe")  # group 2c

@@ -10,6 +10,7 @@ Which of these a name is, is decided once, in checkpoints/source.py (find_model)
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,19 @@ def load_config(name_or_path: str | Path) -> ModelConfig:
     from anatomy.checkpoints.safetensors import read_hf_config
 
     return read_hf_config(path if path.suffix == ".json" else _hf_directory(path))
+
+
+def resolve_config(name: str) -> ModelConfig:
+    """load_config; a bare name it does not know that resembles a preset gets the preset suggestion."""
+    from anatomy.presets import PRESETS, get_preset
+
+    try:
+        return load_config(name)
+    except CheckpointError:
+        bare = not Path(name).exists() and "/" not in name and not Path(name).suffix
+        if bare and difflib.get_close_matches(name, PRESETS, n=1, cutoff=0.6):
+            get_preset(name)  # raises, naming the close presets
+        raise
 
 
 def _hf_directory(path: Path) -> Path:

@@ -4,16 +4,15 @@ and training time of a preset, an HF config.json (or its directory), a .gguf fil
 from __future__ import annotations
 
 import argparse
-import difflib
 import math
 import sys
-from pathlib import Path
 
 from anatomy import dtypes
+from anatomy.checkpoints.loader import resolve_config
 from anatomy.commands.common import (
     MODEL_FORMS, add_model_option, add_old_name, add_report_options, model_of, print_report)
 from anatomy.config import ModelConfig
-from anatomy.errors import CheckpointError, InputError
+from anatomy.errors import InputError
 from anatomy.figures import image_format
 
 
@@ -133,20 +132,6 @@ def speculative_options(args: argparse.Namespace, config: ModelConfig):
         draft, name = config, "the model itself"
     return SpeculativeOptions(k=k, acceptance=a, draft=draft, draft_name=name + (f" in {dtype}" if dtype else ""),
                               draft_dtype=dtype)
-
-
-def resolve_config(name: str) -> ModelConfig:
-    """load_config; a bare name it does not know that resembles a preset gets the preset suggestion."""
-    from anatomy.checkpoints.loader import load_config
-    from anatomy.presets import PRESETS, get_preset
-
-    try:
-        return load_config(name)
-    except CheckpointError:
-        bare = not Path(name).exists() and "/" not in name and not Path(name).suffix
-        if bare and difflib.get_close_matches(name, PRESETS, n=1, cutoff=0.6):
-            get_preset(name)  # raises, naming the close presets
-        raise
 
 
 def options_from_args(args: argparse.Namespace, config: ModelConfig):

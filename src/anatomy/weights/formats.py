@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from anatomy.checkpoints.gguf_dequant import _k4_scales
+from anatomy.checkpoints.gguf_dequant import k4_scales
 from anatomy.checkpoints.gguf_types import TensorType
 from anatomy.errors import InputError
 
@@ -374,7 +374,7 @@ def _q4_1(blocks: np.ndarray, label: str) -> Int4Weight:
 def _q4_k(blocks: np.ndarray, label: str) -> Int4Weight:
     """Q4_K super-blocks of 256 = 8 groups of 32: scale_g = d * sc_g, offset_g = -dmin * min_g."""
     N, nb, _ = blocks.shape
-    sc, mn = (torch.from_numpy(a) for a in _k4_scales(blocks[..., 4:16].reshape(N * nb, 12)))  # [N*nb, 8]
+    sc, mn = (torch.from_numpy(a) for a in k4_scales(blocks[..., 4:16].reshape(N * nb, 12)))  # [N*nb, 8]
     d, dmin = _f16(blocks, 0).float().reshape(-1, 1), _f16(blocks, 2).float().reshape(-1, 1)
     scale, offset = (d * sc).reshape(N, nb * 8), (-(dmin * mn)).reshape(N, nb * 8)
     return Int4Weight(_k4_codes(blocks[..., 16:]), compact_float(scale), compact_float(offset), label=label)

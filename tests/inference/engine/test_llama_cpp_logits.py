@@ -52,18 +52,10 @@ def llama_cpp_logits(smollm2_gguf_path, tokens) -> torch.Tensor:
     return logits
 
 
-def decode_logits(engine: DecoderEngine, tokens: list[int], monkeypatch) -> torch.Tensor:
+def decode_logits(engine: DecoderEngine, tokens: list[int], computed: list[bool]) -> torch.Tensor:
     """The engine's logits [S, V], one token per step over a paged cache; every block of every step run
-    eagerly goes through the fused operator (the later steps replay a captured graph of it)."""
-    computed: list[bool] = []
-    own_step = NativeBlock._step
-
-    def step(self, x, ctx, cache):
-        inputs = own_step(self, x, ctx, cache)
-        computed.append(inputs is not None)
-        return inputs
-
-    monkeypatch.setattr(NativeBlock, "_step", step)
+    eagerly goes through the fused operator (`computed`: the fused_steps fixture; the later steps replay
+    a captured graph of it)."""
     cache = engine.paged_cache(num_blocks=8, block_size=16)
     rows = []
     for i, token in enumerate(tokens):
@@ -88,7 +80,7 @@ def anatomy_share(engine: DecoderEngine) -> float:
 
 @pytest.mark.parametrize("kv_dtype", [None, "f32"])  # the plan's (bf16 branches here) and an exact cache
 def test_decode_steps_agree_with_llama_cpp_and_fp32(smollm2_gguf_path, tokens, fp32_logits, llama_cpp_logits,
-                                                    kv_dtype, native_forced, monkeypatch):
+                                                    kv_dtype, native_forced, fused_steps):
     """llama.cpp rounds every product's input to 8 bits per group of 32 (Q8_1 against Q4_1 weights, Q8_0
     against the Q8_0 head) and computes the rest in float32 (its KV cache asked for in float32): its
     distance from fp32, E, is what 8-bit activations do. anatomy rounds them to int16 per group on q4 tiles
@@ -106,7 +98,7 @@ def test_decode_steps_agree_with_llama_cpp_and_fp32(smollm2_gguf_path, tokens, f
     (stack.blocks.10.ffn.down, row 7) puts the float32-cache run 0.054 E from fp32 and 1.024 E from
     llama.cpp: it fails the distance and KL bounds."""
     engine = DecoderEngine(anatomy.load(smollm2_gguf_path), kv_dtype=kv_dtype)
-    ours, theirs, fp32 = decode_logits(engine, tokens, monkeypatch), llama_cpp_logits, fp32_logits
+    ours, theirs, fp32 = decode_logits(engine, tokens, fused_steps), llama_cpp_logits, fp32_logits
     alpha = anatomy_share(engine)
     E = float((theirs - fp32).norm())
     assert E <= LLAMA_CPP_DISTANCE * float(fp32.norm()), f"llama.cpp is {E / float(fp32.norm()):.3f} of fp32 away"

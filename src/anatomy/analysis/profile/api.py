@@ -133,7 +133,7 @@ def _config_of(model):
             raise InputError(f"{type(model).__name__} has no anatomy ModelConfig in .config: profile takes a model "
                              "anatomy built or loaded, or a name, path or preset")
         return model.config
-    from anatomy.commands.inspect import resolve_config
+    from anatomy.checkpoints.loader import resolve_config
 
     return resolve_config(str(model))
 
