@@ -46,7 +46,7 @@ def _reader_if_faster(config: ModelConfig, dtype: torch.dtype, *, paged: bool, c
     if not native.loaded() or dtype not in READABLE:
         return None
     shape = (config.n_heads, config.n_kv_heads, config.head_dim)
-    depends_on = {"shape": shape, "dtype": str(dtype), "paged": paged, "library": native.isa()}
+    depends_on = {"shape": shape, "dtype": str(dtype), "paged": paged}
     if decided("native_attention", depends_on, cache=cache,
                measure=lambda: _native_faster(*shape, dtype, paged, native.isa())):
         return native.read_cache

@@ -2,8 +2,9 @@
 
 A timing race on every start makes two runs of one command take different paths and costs seconds
 each time; a decision is measured the first time and stored beside the kernel plans (kernels/cache.py:
-the same directory, keyed by the machine and by what the choice depends on), so every later run of
-that machine and model takes the same path.
+the same directory, keyed by machine_key, which names the CPU, torch and the native library's build and
+vector code, and by what the choice depends on), so every later run of that machine and model takes
+the same path.
 
     rows = decided("fused_rows", {"model": ..., "plan": ...}, measure=lambda: ..., cache=True)
 """

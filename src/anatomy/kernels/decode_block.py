@@ -180,7 +180,7 @@ def fuse_blocks(view: nn.Module, plan: KernelPlan | None, formats: dict[str, Wei
     if first is None:
         return 0
     choices = {w.key: [w.choices, w.forms] for w in plan.weights.values()}  # what the blocks would run
-    depends_on = {"model": model_id(view), "plan": _digest(choices), "fused": sorted(swapped), "library": native.isa()}
+    depends_on = {"model": model_id(view), "plan": _digest(choices), "fused": sorted(swapped)}
     max_rows = decided("fused_rows", depends_on, measure=lambda: fused_rows(blocks[first], swapped[first], view),
                        cache=cache)
     if not max_rows:
