@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import socket
 import sys
 import threading
@@ -28,11 +27,10 @@ from anatomy.commands.speculative_options import add_speculative_options, check_
 from anatomy.commands.parallel_options import (
     add_parallel_options, check_parallel, is_follower, launched, layout_of, rank_engine, start_ranks)
 from anatomy.errors import InputError
+from anatomy.sizes import parse_bytes
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
-UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
-         "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -256,22 +254,11 @@ def _embedder(name: str):
     return run
 
 
-def parse_memory(text: str) -> int | float:
-    """Bytes from '2GiB', '512MB', '1e9', '1048576'; a fraction of the machine's memory from '0.1'."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in UNITS:
-        raise InputError(f"--kv-memory {text!r} is not a size (2GiB, 512MB, 1e9) or a fraction of memory (0.1)")
-    value = float(match.group(1))
-    if unit == "" and 0 < value < 1:
-        return int(value * _physical_memory())
-    if value < 1:
+def parse_memory(text: str) -> int:
+    """Bytes of --kv-memory: '2GiB', '512MB', '1e9'; a fraction of the machine's memory from '0.1'."""
+    if text.strip() in ("0", "0.0"):
         raise InputError(f"--kv-memory {text!r} must be a positive size or a fraction in (0, 1)")
-    return int(value * UNITS[unit])
-
-
-def _physical_memory() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return parse_bytes(text, option="--kv-memory")
 
 
 def _check_args(args: argparse.Namespace) -> None:

@@ -171,7 +171,7 @@ def _numel(fmt: WeightFormat) -> int:
     return fmt.shape[0] * fmt.shape[1]
 
 
-NATIVE_ROWS = 16  # the most rows anatomy's own kernels take (one decode or batch step's)
+NATIVE_ROWS = 16  # rows anatomy's own few-row kernels take a pass (more: in passes of this many)
 NATIVE_BLOCK = 64  # they read the inputs 64 at a time
 
 
@@ -338,13 +338,13 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("int4pack", INT4PACK, torch.bfloat16, _bind_int4pack),
     Kernel("int8g/int4x2", INT4X2, torch.bfloat16, _bind_int4x2),
     Kernel("int8pack", INT8PACK, torch.bfloat16, _bind_int8pack),
-    Kernel("q4x", Q4X, None, _bind_q4x, NATIVE_ROWS, compiles=False),  # an operator without a compiled form
-    Kernel("q8x", Q8X, None, _bind_q8x, NATIVE_ROWS, compiles=False),
-    Kernel("q4f", Q4X, None, _bind_q4f, NATIVE_ROWS, compiles=False),
-    Kernel("q8f", Q8X, None, _bind_q8f, NATIVE_ROWS, compiles=False),
-    Kernel("q4t", Q4T, None, _bind_q4t, NATIVE_ROWS, compiles=False),
-    Kernel("q4t16", Q4T, None, _bind_q4t16, NATIVE_ROWS, compiles=False),
-    Kernel("q8t16", Q8T, None, _bind_q8t16, NATIVE_ROWS, compiles=False),
+    Kernel("q4x", Q4X, None, _bind_q4x, compiles=False),  # an operator without a compiled form
+    Kernel("q8x", Q8X, None, _bind_q8x, compiles=False),
+    Kernel("q4f", Q4X, None, _bind_q4f, compiles=False),
+    Kernel("q8f", Q8X, None, _bind_q8f, compiles=False),
+    Kernel("q4t", Q4T, None, _bind_q4t, compiles=False),
+    Kernel("q4t16", Q4T, None, _bind_q4t16, compiles=False),
+    Kernel("q8t16", Q8T, None, _bind_q8t16, compiles=False),
 )
 KERNELS_BY_NAME = {k.name: k for k in KERNELS}
 COMPILABLE_KERNELS = tuple(k for k in KERNELS if k.compiles)  # for a plan whose layers will be compiled

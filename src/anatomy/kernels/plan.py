@@ -9,11 +9,11 @@ Weights of the same signature (format, shape, group) are measured once, on the f
 For each phase (decode: 1 row, batch: 8, prefill: 128 by default; `phases_of` limits a layer to
 some of them, e.g. an LM head that only ever sees the last position) every candidate kernel of the
 format is checked against the float64 product (relative error at most `threshold`, else it is
-never chosen) and timed (plan_timing). Per signature the fastest decode kernel's layout is held;
-a later phase whose fastest kernel needs another layout (e.g. a bf16 copy for prefill GEMMs next
-to int4 for decode) gets it only when that is at least MIN_GAIN faster than the best kernel on the
-held layout and the extra bytes fit the memory budget (the largest relative gains per byte are
-served first); otherwise it uses the held layout. Every decision is recorded with the timings and
+never chosen) and timed (plan_timing). Per signature one compact layout (about the format's bytes) is held: the one serving all its phases
+best together (the least summed slowdown against each phase's fastest kernel). A later phase whose fastest kernel
+needs another layout (e.g. a bf16 copy for prefill GEMMs next to int4 for decode) gets it only when
+that is at least MIN_GAIN faster and the extra bytes fit the memory budget: none by default
+(LAYOUT_BUDGET_ENV or `memory_budget` give one; the largest gains per byte are served first). Every decision is recorded with the timings and
 errors behind it, and the plan is cached on disk (plan_cache) so that a model loads without
 measuring again on the same machine.
 """
@@ -34,6 +34,7 @@ from torch import Tensor
 
 from anatomy.errors import InputError
 from anatomy.kernels import cache as plan_cache
+from anatomy.sizes import parse_bytes
 from anatomy.weights.formats import WeightFormat
 from anatomy.kernels.candidates import KERNELS, Kernel
 from anatomy.kernels.record import KernelPlan, WeightPlan, by_kernel
@@ -47,6 +48,8 @@ PREFILL = Phase("prefill", rows=128, max_rows=None)
 DEFAULT_PHASES = (DECODE, BATCH, PREFILL)
 ERROR_THRESHOLD = 1e-2  # relative (Frobenius) error of a kernel's output against the float64 product
 MIN_GAIN = 0.10  # a second layout must make a phase at least this much faster
+COMPACT = 1.25  # a layout of at most this many times the format's bytes is held without a budget
+LAYOUT_BUDGET_ENV = "ANATOMY_LAYOUT_BUDGET"  # bytes allowed for second layouts ("2GiB", "0.25" of RAM); 0 by default
 REPEATS = 5
 
 
@@ -76,14 +79,14 @@ def make_plan(linears: Mapping[str, WeightFormat], *, model_id: str, weights: st
     model_id: identifies the model's weights (e.g. name + file digest); weights: the weights choice
     ("gguf", "f16", ...). phases_of: {layer name: names of the phases it sees} for layers that do
     not see all (the last of its phases serves any larger number of rows). memory_budget: bytes
-    allowed for second layouts over the whole model (default a quarter of physical memory).
+    allowed for second layouts over the whole model (default: layout_budget(), 0 unless set).
     samples: activations [S, K] per layer name for the accuracy check (standard normal ones
     otherwise). cache: True (the default directory), a directory, or False. thresholds: {layer name:
     its own accuracy threshold} for layers held to another standard (an LM head's products are the
     logits themselves).
     """
     _check_phases(phases)
-    budget = default_budget() if memory_budget is None else int(memory_budget)
+    budget = layout_budget() if memory_budget is None else int(memory_budget)
     groups = _group(linears, phases, phases_of or {}, thresholds or {}, threshold)
     key = _key(groups, model_id=model_id, weights=weights, phases=phases, kernels=kernels, threshold=threshold,
                budget=budget)
@@ -113,12 +116,12 @@ def _check_phases(phases: tuple[Phase, ...]) -> None:
                          "max_rows increasing and only the last one unbounded (None)")
 
 
-def default_budget() -> int:
-    """A quarter of the machine's physical memory (1 GiB where it cannot be read)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
-    except (AttributeError, ValueError, OSError):
-        return 2 ** 30
+def layout_budget(value: str | None = None) -> int:
+    """Bytes allowed for second layouts: `value` (or $ANATOMY_LAYOUT_BUDGET) as bytes ("2GiB", "512MB",
+    "1e9") or a fraction of physical memory ("0.25"); 0 when unset, so a model holds one layout per
+    weight, about the file's bytes, as llama.cpp does."""
+    text = os.environ.get(LAYOUT_BUDGET_ENV, "0") if value is None else value
+    return parse_bytes(text, option=LAYOUT_BUDGET_ENV if value is None else "layout budget")
 
 
 def _group(linears: Mapping[str, WeightFormat], phases: tuple[Phase, ...], phases_of: Mapping[str, Sequence[str]],
@@ -197,8 +200,8 @@ def measure_plan(groups: dict[str, _Group], *, phases: tuple[Phase, ...], kernel
             name, fmt = g.members[0]
             bar.update(info=g.signature)
             sample = (samples or {}).get(name)
-            ms = measure_weight(fmt, phases=g.phases, kernels=kernels, threshold=g.threshold, repeats=repeats,
-                                sample=sample)
+            ms = measure_weight(fmt, phases=g.phases, kernels=kernels if budget else compact_kernels(fmt, kernels),
+                                threshold=g.threshold, repeats=repeats, sample=sample)
             plans[key] = _fastest_layouts(key, g, ms, kernels)
             bar.advance()
     extra = _allot_second_layouts(plans, budget, {k.name: k.form.name for k in kernels})
@@ -208,18 +211,26 @@ def measure_plan(groups: dict[str, _Group], *, phases: tuple[Phase, ...], kernel
                       noise=statistics.median(spreads) if spreads else 0.0)
 
 
+def compact_kernels(fmt: WeightFormat, kernels: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
+    """The kernels on compact layouts of `fmt` (at most COMPACT times its bytes): with no budget for a
+    second layout no other is held, so no other is built or timed. All of them where none is compact."""
+    ok = tuple(k for k in kernels if k.supports(fmt) and k.form.nbytes(fmt) <= COMPACT * fmt.nbytes)
+    return ok or kernels
+
+
 def _fastest_layouts(key: str, g: _Group, ms: dict[str, list[Measurement]], kernels: tuple[Kernel, ...]) -> WeightPlan:
     """Every phase on the first phase's layout (second layouts are allotted later)."""
     fmt = g.members[0][1]
     forms = {k.name: k.form.name for k in kernels}
     names = [p.name for p in g.phases]
-    first = _fastest(ms[names[0]], forms, None)
+    form_bytes = {k.form.name: k.form.nbytes(fmt) for k in kernels if k.supports(fmt)}
+    first = _first_layout(ms, names, forms, form_bytes, fmt.nbytes)
     if first is None:
         raise InputError(f"{g.signature} ({g.members[0][0]}): no kernel computed it accurately at phase {names[0]!r}: "
                          + "; ".join(f"{m.kernel}: {m.note}" for m in ms[names[0]]))
     w = WeightPlan(key=key, signature=g.signature, phases=names, layers=[n for n, _ in g.members], nbytes=fmt.nbytes,
                    choices={}, forms=[forms[first.kernel]], measurements=ms,
-                   form_bytes={k.form.name: k.form.nbytes(fmt) for k in kernels if k.supports(fmt)})
+                   form_bytes=form_bytes)
     for phase in names:
         on_held = _fastest(ms[phase], forms, set(w.forms))
         best = _fastest(ms[phase], forms, None)
@@ -230,6 +241,26 @@ def _fastest_layouts(key: str, g: _Group, ms: dict[str, list[Measurement]], kern
             w.forms.append(forms[best.kernel])
             w.reasons[phase] = "needs a second layout: no kernel on the first layout serves these rows"
     return w
+
+
+def _first_layout(ms: dict[str, list[Measurement]], names: list[str], forms: dict[str, str],
+                  form_bytes: dict[str, int], nbytes: int) -> Measurement | None:
+    """The first phase's fastest kernel on the held layout: of the compact layouts (at most COMPACT times
+    the format's bytes; a wider copy is only ever a second layout, paid from the budget), the one that
+    serves every phase best together: the least summed slowdown against each phase's fastest kernel on
+    any compact layout (ties: the faster first phase). Where none serves every phase, the first phase's
+    fastest kernel on any layout."""
+    compact = {f for f, b in form_bytes.items() if b <= COMPACT * nbytes}
+    best = {p: _fastest(ms[p], forms, compact) for p in names}
+    if any(b is None for b in best.values()):
+        return _fastest(ms[names[0]], forms, None)
+    costs = {}
+    for layout in compact:
+        on = [_fastest(ms[p], forms, {layout}) for p in names]
+        if all(o is not None for o in on):
+            slowdown = sum(o.seconds / max(best[p].seconds, 1e-12) for o, p in zip(on, names))
+            costs[layout] = (slowdown, on[0].seconds, on[0])
+    return min(costs.values(), key=lambda c: c[:2])[2]
 
 
 def _fastest(ms: list[Measurement], forms: dict[str, str], allowed: set[str] | None) -> Measurement | None:
@@ -267,9 +298,9 @@ def _allot_second_layouts(plans: dict[str, WeightPlan], budget: int, forms: dict
 
 
 def _gain(w: WeightPlan, form: str, forms: dict[str, str]) -> tuple[float, dict[str, str]]:
-    """(summed relative time saved over the later phases, {phase: kernel} it would switch) by adding `form`."""
+    """(summed relative time saved over the phases, {phase: kernel} it would switch) by adding `form`."""
     gain, moves = 0.0, {}
-    for phase in w.phases[1:]:
+    for phase in w.phases:
         current = w.seconds(phase)
         best = _fastest(w.measurements[phase], forms, {form})
         if best is not None and current > 0 and best.seconds < (1 - MIN_GAIN) * current:
