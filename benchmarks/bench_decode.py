@@ -9,8 +9,9 @@ own native tools built from the llama-cpp-python sdist's sources (benchmarks/bui
 1,8), on the shipped file in each round right after anatomy's rows (the hosts drift by +-15% over
 minutes: each ratio is of medians taken side by side); its Python binding's per-token loop and HF
 transformers (fp32) are rows of their own. llama.cpp has no repacked x86 layout for Q4_1, so the same
-weights are also quantized by its own llama-quantize to Q4_0, Q8_0 and Q4_K_M (which it repacks) and
-both are timed on each: a reader sees the anchor's best format beside the shipped file. The run ends
+weights are also quantized by its own llama-quantize to the types people download (benchmarks/downloaded.py:
+Q4_0, Q4_K_M, Q5_K_M, Q6_K, Q8_0, and a 1B-class model in Q4_K_M and Q8_0), both timed on each with
+their peak RSS: a reader sees the anchor's best format beside the shipped file. The run ends
 with its provenance: anatomy's commit and kernels, the CPU and its bandwidth, llama.cpp's build.
 
 Targets (issue 23): decode >= 1.25x llama-bench tg128; prefill 512 >= 2.5x pp512; 8 sequences >= 5x
@@ -40,6 +41,7 @@ from anatomy.checkpoints.registry import resolve
 from anatomy.inference.engine import DecoderEngine, held_bytes
 from anatomy.inference.perplexity import perplexity
 from anatomy.inference.sampling import SamplingParams
+from benchmarks import downloaded
 from benchmarks.llama_cpp import batched_bench, llama_bench, llama_bench_record, llama_tool
 from benchmarks.provenance import anatomy_lines, llama_lines, print_provenance
 from benchmarks.timing import median_seconds
@@ -49,7 +51,6 @@ PROMPT, NEW, PREFILL, BATCH, DEPTH = 128, 128, 512, 8, 2048
 REPEATS = int(os.environ.get("ANATOMY_BENCH_REPEATS", "3"))
 ENGLISH = Path(__file__).parents[1] / "tests" / "data" / "english.txt"
 README_PROMPTS = ["What is the capital of France?", "Name three rivers."]
-DOWNLOADED = ("Q4_0", "Q8_0", "Q4_K_M")  # files people download, which llama.cpp repacks on x86
 
 
 def prompt_ids(n: int, seed: int = 0) -> list[int]:
@@ -173,44 +174,6 @@ def hf_run(f32: torch.nn.Module, folder: Path, short: list[int], long_: list[int
     return {"ttft": ttft, "decode": decode, "prefill": PREFILL / run(long_, 1)[0]}
 
 
-# -- the files people download ---------------------------------------------------------------------
-
-def quantized(f32_gguf: Path, kind: str) -> Path:
-    """The same weights quantized to `kind` by llama.cpp's own llama-quantize."""
-    out = f32_gguf.with_name(f"{kind}.gguf")
-    done = subprocess.run([llama_tool("llama-quantize"), str(f32_gguf), str(out), kind], capture_output=True,
-                          text=True, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"llama-quantize {kind} failed:\n{done.stderr[-2000:]}")
-    return out
-
-
-def file_rows(f32_gguf: Path, short: list[int], long_: list[int]) -> dict[str, dict[str, float]]:
-    """Per downloaded type: anatomy's public API (decode, prefill) beside llama-bench's tg and pp on it."""
-    threads = torch.get_num_threads()
-    rows = {}
-    for kind in progress.track(DOWNLOADED, "the files people download"):
-        path = quantized(f32_gguf, kind)
-        public = Public(anatomy.load(path))
-        public.decode([short], NEW), public.decode([long_], 1)  # the plan and the captured steps first
-        rows[kind] = {"decode": public.decode([short], NEW)[1], "prefill": PREFILL / public.decode([long_], 1)[0],
-                      "tg": llama_bench(path, threads=threads, new=NEW),
-                      "pp": llama_bench(path, threads=threads, prompt=PREFILL)}
-    return rows
-
-
-def _print_files(rows: dict[str, dict[str, float]], shipped: dict[str, float], native: dict[str, float]) -> None:
-    print(f"\n| file (the same weights; llama-quantize from F32) | anatomy decode | llama-bench tg{NEW} | ratio | "
-          f"anatomy prefill {PREFILL} | llama-bench pp{PREFILL} | ratio |\n|---|---|---|---|---|---|---|")
-    for kind, r in {"Q4_1 (the shipped file)": shipped | {"tg": native["decode"], "pp": native["prefill"]},
-                    **rows}.items():
-        print(f"| {kind} | {r['decode']:.1f} | {r['tg']:.1f} | {r['decode'] / r['tg']:.2f}x | {r['prefill']:.0f} | "
-              f"{r['pp']:.0f} | {r['prefill'] / r['pp']:.2f}x |")
-    best = max(rows.items(), key=lambda kv: kv[1]["tg"])
-    print(f"\n(llama.cpp's fastest decode here: {best[0]}, {best[1]['tg']:.1f} tok/s; anatomy on the shipped file "
-          f"runs {shipped['decode'] / best[1]['tg']:.2f}x that)")
-
-
 # -- quality and memory ---------------------------------------------------------------------------
 
 def quality(f32: torch.nn.Module, default: torch.nn.Module) -> tuple[float, list[bool]]:
@@ -270,7 +233,7 @@ def main() -> None:
         references = {"llama.cpp native, F32": native_llama(f32_gguf),
                       "llama.cpp through llama-cpp-python (per-token loop)": binding_run(gguf, short, long_),
                       "HF transformers fp32": hf_run(f32, Path(tmp) / "hf", short, long_)}
-        files = file_rows(f32_gguf, short, long_)
+        files = downloaded.measure(Path(tmp))
         record = llama_bench_record(gguf, threads=torch.get_num_threads(), new=16)
     table = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()} | references
     nll, same = quality(f32, default)
@@ -278,7 +241,7 @@ def main() -> None:
     engine = anatomy.engine_for(default)
     kept = held_bytes(default, engine.model) + engine.start([short], SamplingParams(max_new_tokens=64)).cache.nbytes
     _print(table, statistics.median(bandwidth), engine)
-    _print_files(files, table["anatomy.generate(model) (default: the file's int4/int8)"], table[NATIVE])
+    downloaded.print_table(files, statistics.median(bandwidth))
     _targets(table, nll, same, rss, base_rss, kept)
     print_provenance(anatomy_lines(statistics.median(bandwidth)) + llama_lines(llama_tool("llama-bench"), record))
 

@@ -34,7 +34,7 @@ from anatomy.analysis.speculative import SpeculativeOptions, speculative_report
 from anatomy.checkpoints.registry import resolve
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.generate import encode_prompt
-from benchmarks.bench_decode import llama_model, step_times
+from benchmarks.bench_decode import step_times
 from benchmarks.speculative_prompts import CHAT, GROUNDED
 
 MODEL = "smollm2-135m-instruct"
@@ -95,7 +95,7 @@ def _llama(gguf: Path, tokenizer, results: dict[tuple[str, str], list]) -> dict[
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "f32.gguf"
         anatomy.save(anatomy.load(gguf, weights="f32"), path, dtype="f32", tokenizer=tokenizer)
-        plain = llama_model(path)
+        plain = _llama_lookup(path, None)
         lookup = _llama_lookup(path, LlamaPromptLookupDecoding(num_pred_tokens=K))
         for name in WANTED:
             ids = encode_prompt(PROMPTS[name][1], tokenizer)
@@ -106,6 +106,7 @@ def _llama(gguf: Path, tokenizer, results: dict[tuple[str, str], list]) -> dict[
 
 
 def _llama_lookup(path: Path, draft):
+    """llama.cpp's binding on `path`, with a draft model (prompt lookup) or none (plain decoding)."""
     import torch
     from llama_cpp import Llama
 

@@ -46,10 +46,12 @@ HEAD_PHASES = ("decode", "batch")  # the LM head computes the last position of e
 HEAD_THRESHOLD = 1e-3
 
 
-def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True) -> KernelPlan | None:
+def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True,
+              layout_budget: int | None = None) -> KernelPlan | None:
     """Measure (or load) the kernel plan of the view's linear layers and swap them for PlannedLinear
-    layers giving the branch dtype (the LM head: the model's). Returns the plan; None on a GPU,
-    where every layer is a dense product in the model's dtype (dense_kernels)."""
+    layers giving the branch dtype (the LM head: the model's). `layout_budget`: bytes for second
+    layouts (None: plan.layout_budget()). Returns the plan; None on a GPU, where every layer is a
+    dense product in the model's dtype (dense_kernels)."""
     layers = linear_layers(view)
     if next(view.parameters()).device.type != "cpu":
         dense_kernels(view, layers)
@@ -58,7 +60,7 @@ def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True) -> 
     plan = make_plan(formats, model_id=model_id(view), weights=_weights_label(formats),
                      phases_of={name: HEAD_PHASES for name in layers if name in HEAD_LAYERS},
                      thresholds={name: HEAD_THRESHOLD for name in layers if name in HEAD_LAYERS},
-                     kernels=COMPILABLE_KERNELS if compile else KERNELS, cache=cache,
+                     kernels=COMPILABLE_KERNELS if compile else KERNELS, cache=cache, memory_budget=layout_budget,
                      samples=lambda: calibration_inputs(view, list(layers)))
     model_dtype = view.stack.embed.dtype
     branch = branch_dtype(plan, model_dtype)

@@ -41,6 +41,7 @@ from anatomy.inference.engine.run import PaddedBatch, Run
 from anatomy.inference.engine.view import engine_view
 from anatomy.inference.sampling import SamplingParams
 from anatomy.kernels import native
+from anatomy.kernels import plan as kernel_plan
 from anatomy.kernels.attention import decode_reader, paged_reader
 from anatomy.layers.attention import Attention
 from anatomy.kernels.decode_block import fuse_blocks
@@ -61,11 +62,14 @@ class DecoderEngine:
     codes with a scale per token and head, "int8", "fp8_e4m3", "fp8_e5m2" (anatomy/kv_format.py).
     `native_blocks` (default) runs each LLaMA-style block of a decode step with int4/int8 weights as
     one native operator where it measures faster than the block (kernels/decode_block.py); False keeps
-    the torch blocks.
+    the torch blocks. `layout_budget` is the bytes (or "2GiB", "0.25" of RAM) the kernel plan may spend
+    on second layouts of the weights, e.g. a dense copy for faster prefill (default: $ANATOMY_LAYOUT_BUDGET,
+    else none: one compact layout per weight).
     """
 
     def __init__(self, model: nn.Module, *, compile: bool = False, capture: bool = True, plan_cache: bool = True,
-                 attention: str | None = None, kv_dtype: str | None = None, native_blocks: bool = True) -> None:
+                 attention: str | None = None, kv_dtype: str | None = None, native_blocks: bool = True,
+                 layout_budget: int | str | None = None) -> None:
         if not getattr(getattr(model, "config", None), "is_decoder", False):
             raise InputError(f"DecoderEngine needs a decoder-only anatomy model, got {type(model).__name__}")
         self.model = engine_view(model, attention=attention, native_norms=not compile)
@@ -73,7 +77,9 @@ class DecoderEngine:
             _warn_if_threads_sleep()
         fusing = native_blocks and not compile  # each decode block as one native operator (kernels/decode_block.py)
         formats = {name: fmt for name, (fmt, _) in linear_layers(self.model).items()} if fusing else {}
-        self.plan = plan_view(self.model, compile=compile, cache=plan_cache)
+        budget = layout_budget if layout_budget is None or isinstance(layout_budget, int) else \
+            kernel_plan.layout_budget(layout_budget)
+        self.plan = plan_view(self.model, compile=compile, cache=plan_cache, layout_budget=budget)
         self._plan_cache = plan_cache  # where the kept decisions (kernels/decisions.py) are read and kept
         self.native_blocks = fuse_blocks(self.model, self.plan, formats, cache=plan_cache) if fusing else 0
         self.branch_dtype = branch_dtype(self.plan, self.dtype)  # RoPE and attention compute in it

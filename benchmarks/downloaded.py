@@ -1,0 +1,152 @@
+"""The files people download: one model's weights quantized by llama.cpp's own llama-quantize to each
+common type, anatomy beside native llama.cpp on each file, in one run.
+
+Per file: anatomy through its public API (`anatomy.generate` on `anatomy.load(file)`: decode tokens/s
+after a 128-token prompt, prefill 512, 8 sequences) against `llama-bench` tg128 / pp512 and
+`llama-batched-bench` (8 sequences), and each side's peak RSS: `anatomy generate` answering a question
+in a fresh process (its kernel plan already measured) against `llama-bench -n 64` on the same file,
+both under one meter (ru_maxrss). Sizes: SmolLM2-135M (the shipped model's own weights) and a
+1B-class decoder of Llama-3.2-1B's shape with random weights (llama.cpp's Llama 3 vocabulary).
+"""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import anatomy
+from anatomy import progress
+from anatomy.checkpoints.registry import resolve
+from benchmarks.llama_cpp import batched_bench, built_tools, llama_bench, llama_tool
+
+PROMPT, NEW, PREFILL, BATCH = 128, 128, 512, 8
+TYPES = {"SmolLM2-135M": ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"), "1B (Llama-3.2-1B's shape)": ("Q4_K_M", "Q8_0")}
+TARGETS = {"SmolLM2-135M": {"decode": 1.25, "prefill": 1.5, "batch": 2.0},
+           "1B (Llama-3.2-1B's shape)": {"decode": 1.1, "prefill": 1.25, "batch": 1.5}}
+RSS_FACTOR, RSS_EXTRA = 1.15, 300 * 2 ** 20  # anatomy's peak RSS <= 1.15x llama.cpp's + 300 MiB
+QUESTION = "What is the capital of France?"
+METER = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+
+
+def prompt_ids(n: int, seed: int = 0, vocab: int = 40000) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(200, vocab, (n,), generator=g).tolist()
+
+
+def quantized(source: Path, kind: str) -> Path:
+    """`source` (an F32/F16 GGUF) quantized to `kind` by llama.cpp's llama-quantize, beside it."""
+    out = source.with_name(f"{source.stem}-{kind}.gguf")
+    done = subprocess.run([llama_tool("llama-quantize"), str(source), str(out), kind], capture_output=True,
+                          text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama-quantize {kind} failed:\n{done.stderr[-2000:]}")
+    return out
+
+
+def small_source(folder: Path) -> Path:
+    """The shipped SmolLM2-135M's weights as an F32 GGUF (dequantized from the file anatomy ships)."""
+    gguf = resolve("smollm2-135m-instruct")
+    out = folder / "smollm2-135m-f32.gguf"
+    anatomy.save(anatomy.load(gguf, weights="f32"), out, dtype="f32", tokenizer=anatomy.load_tokenizer(gguf))
+    return out
+
+
+def large_source(folder: Path) -> Path:
+    """A decoder of Llama-3.2-1B's shape with random weights (the model's own initialisation) as an F16
+    GGUF, with the Llama 3 vocabulary llama.cpp ships in its sources (models/ggml-vocab-llama-bpe.gguf)."""
+    found = sorted(built_tools().parents[1].glob("llama_cpp_python-*/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf"))
+    if not found:
+        raise RuntimeError(f"no ggml-vocab-llama-bpe.gguf in the llama.cpp sources beside {built_tools()}")
+    torch.manual_seed(0)
+    model = anatomy.build_model(anatomy.get_preset("llama-3.2-1b"), dtype=torch.float16)
+    vocab = found[-1]
+    out = folder / "llama-1b-f16.gguf"
+    anatomy.save(model, out, dtype="f16", tokenizer=anatomy.load_tokenizer(vocab))
+    del model
+    gc.collect()
+    return out
+
+
+def peak_rss(argv: list[str]) -> int:
+    """Peak RSS (bytes) of `argv` run as the only child of a fresh Python."""
+    out = subprocess.run([sys.executable, "-c", METER, *argv], check=True, capture_output=True, text=True)
+    return int(out.stdout) * 1024
+
+
+def anatomy_rss(path: Path) -> int:
+    """Peak RSS of `anatomy generate` answering QUESTION on `path` (run once first: the plan is measured)."""
+    argv = [sys.executable, "-m", "anatomy", "generate", QUESTION, "--model", str(path), "--max-new-tokens", "64",
+            "--quiet"]
+    peak_rss(argv)
+    return peak_rss(argv)
+
+
+def llama_rss(path: Path, threads: int) -> int:
+    return peak_rss([llama_tool("llama-bench"), "-m", str(path), "-t", str(threads), "-p", "0", "-n", "64", "-r", "1"])
+
+
+def file_row(path: Path, vocab: int) -> dict[str, float]:
+    """anatomy's public API and llama.cpp's tools on one file: tokens/s and peak RSS of each."""
+    threads = torch.get_num_threads()
+    short, long_ = prompt_ids(PROMPT, vocab=vocab), prompt_ids(PREFILL, seed=1, vocab=vocab)
+    batch = [prompt_ids(PROMPT, seed=10 + i, vocab=vocab) for i in range(BATCH)]
+    model = anatomy.load(path)
+
+    def run(prompts, new):
+        return anatomy.generate(model, prompts, max_new_tokens=new, ignore_eos=True)[0]
+
+    run([short], NEW), run([long_], 1), run(batch, 8)  # the plan and the captured steps first
+    row = {"decode": run([short], NEW).tokens_per_s, "prefill": PREFILL / run([long_], 1).ttft_s,
+           "batch": run(batch, NEW).tokens_per_s, "read": anatomy.engine_for(model).decode_weight_bytes}
+    del model
+    gc.collect()
+    row |= {"tg": llama_bench(path, threads=threads, new=NEW), "pp": llama_bench(path, threads=threads, prompt=PREFILL),
+            "batched": batched_bench(path, threads=threads, prompt=PROMPT, new=NEW, sequences=(BATCH,))[BATCH],
+            "rss": anatomy_rss(path), "llama_rss": llama_rss(path, threads), "file": path.stat().st_size}
+    return row
+
+
+def measure(folder: Path, sizes: tuple[str, ...] = tuple(TYPES)) -> dict[str, dict[str, dict[str, float]]]:
+    """{size: {type: row}} for each size's TYPES, the files made in `folder`."""
+    out = {}
+    for size in sizes:
+        source = small_source(folder) if size.startswith("SmolLM2") else large_source(folder)
+        vocab = 40000 if size.startswith("SmolLM2") else 120000
+        out[size] = {}
+        for kind in progress.track(TYPES[size], f"files people download: {size}"):
+            path = quantized(source, kind)
+            out[size][kind] = file_row(path, vocab)
+            path.unlink()
+        source.unlink()
+    return out
+
+
+def print_table(rows: dict[str, dict[str, dict[str, float]]], bandwidth_gbs: float) -> None:
+    threads = torch.get_num_threads()
+    print(f"\n| model | file (llama-quantize) | MiB | anatomy decode | tg{NEW} | ratio | weights read, of {bandwidth_gbs:.0f} "
+          f"GB/s | anatomy prefill {PREFILL} | pp{PREFILL} | ratio | anatomy {BATCH} seqs | batched-bench {BATCH} | ratio | "
+          f"peak RSS anatomy / llama-bench | RSS target |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for size, kinds in rows.items():
+        goal = TARGETS[size]
+        for kind, r in kinds.items():
+            limit = RSS_FACTOR * r["llama_rss"] + RSS_EXTRA
+            print(f"| {size} | {kind} | {r['file'] / 2 ** 20:.0f} | {r['decode']:.1f} | {r['tg']:.1f} | "
+                  f"{_ratio(r['decode'], r['tg'], goal['decode'])} | {r['read'] * r['decode'] / 1e9:.1f} GB/s "
+                  f"({r['read'] * r['decode'] / 1e9 / bandwidth_gbs:.0%}) | {r['prefill']:.0f} | {r['pp']:.0f} | "
+                  f"{_ratio(r['prefill'], r['pp'], goal['prefill'])} | {r['batch']:.0f} | {r['batched']:.0f} | "
+                  f"{_ratio(r['batch'], r['batched'], goal['batch'])} | {r['rss'] / 2 ** 20:.0f} / "
+                  f"{r['llama_rss'] / 2 ** 20:.0f} MiB | {'met' if r['rss'] <= limit else 'missed'} "
+                  f"(<= {limit / 2 ** 20:.0f}) |")
+    print(f"\n(one round per file, {threads} threads; ratio: anatomy / llama.cpp, with the issue's target in brackets; "
+          f"decode after a {PROMPT}-token prompt, greedy, EOS ignored; RSS target: <= {RSS_FACTOR}x llama.cpp's + "
+          f"{RSS_EXTRA // 2 ** 20} MiB)")
+
+
+def _ratio(ours: float, theirs: float, goal: float) -> str:
+    value = ours / theirs
+    return f"{value:.2f}x ({'met' if value >= goal else 'missed'} {goal}x)"
