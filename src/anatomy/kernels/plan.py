@@ -200,8 +200,9 @@ def measure_plan(groups: dict[str, _Group], *, phases: tuple[Phase, ...], kernel
             name, fmt = g.members[0]
             bar.update(info=g.signature)
             sample = (samples or {}).get(name)
-            ms = measure_weight(fmt, phases=g.phases, kernels=kernels if budget else compact_kernels(fmt, kernels),
-                                threshold=g.threshold, repeats=repeats, sample=sample)
+            ms = _measure(fmt, g, kernels if budget else compact_kernels(fmt, kernels), repeats, sample)
+            if not all(any(m.eligible for m in phase) for phase in ms.values()):  # no compact kernel is accurate
+                ms = _measure(fmt, g, kernels, repeats, sample)
             plans[key] = _fastest_layouts(key, g, ms, kernels)
             bar.advance()
     extra = _allot_second_layouts(plans, budget, {k.name: k.form.name for k in kernels})
@@ -211,9 +212,15 @@ def measure_plan(groups: dict[str, _Group], *, phases: tuple[Phase, ...], kernel
                       noise=statistics.median(spreads) if spreads else 0.0)
 
 
+def _measure(fmt: WeightFormat, g: _Group, kernels: tuple[Kernel, ...], repeats: int,
+             sample: Tensor | None) -> dict[str, list[Measurement]]:
+    return measure_weight(fmt, phases=g.phases, kernels=kernels, threshold=g.threshold, repeats=repeats, sample=sample)
+
+
 def compact_kernels(fmt: WeightFormat, kernels: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
     """The kernels on compact layouts of `fmt` (at most COMPACT times its bytes): with no budget for a
-    second layout no other is held, so no other is built or timed. All of them where none is compact."""
+    second layout no other is held, so no other is built or timed (unless none of them is accurate).
+    All of them where none is compact."""
     ok = tuple(k for k in kernels if k.supports(fmt) and k.form.nbytes(fmt) <= COMPACT * fmt.nbytes)
     return ok or kernels
 
