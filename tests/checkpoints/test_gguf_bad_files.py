@@ -4,11 +4,13 @@ and random byte mutations of a small valid file never raise anything but Checkpo
 from __future__ import annotations
 
 import itertools
+import re
 import struct
 
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType, quants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -183,10 +185,92 @@ def test_metadata_that_makes_no_model(tmp_path, tiny_gguf, case):
     assert str(path) in str(e.value) and expected in str(e.value), str(e.value)
 
 
-def test_unsupported_tensor_type_names_it_and_lists_the_supported(tmp_path, tiny_gguf):
-    path = _rewrite(tiny_gguf, tmp_path / "m.gguf", tensor_types={"blk.0.ffn_up.weight": "IQ4_NL"})
-    with pytest.raises(CheckpointError, match=r"blk.0.ffn_up.weight type='IQ4_NL'.*supported: F32, F16, BF16"):
+@pytest.fixture(scope="module")
+def wide_gguf(tmp_path_factory):
+    """A one-layer llama with rows of 256 (the K-quant super-block), written by anatomy (f32, ~1.3 MB)."""
+    torch.manual_seed(0)
+    config = get_preset("llama-7b", vocab_size=12, d_model=256, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=256,
+                        max_seq_len=64, bos_token_id=1, eos_token_id=2)
+    tokens = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": [f"t{i}" for i in range(12)]}
+    return save_gguf(build_model(config), tmp_path_factory.mktemp("gguf") / "wide.gguf", tokenizer_metadata=tokens)
+
+
+# every block type anatomy runs beside Q4_0/Q4_1/Q8_0, one per matrix (random blocks, finite scales)
+BLOCK_TYPES = {"token_embd.weight": "Q5_K", "blk.0.attn_q.weight": "Q2_K", "blk.0.attn_k.weight": "Q3_K",
+               "blk.0.attn_v.weight": "Q4_K", "blk.0.attn_output.weight": "Q6_K", "blk.0.ffn_gate.weight": "IQ4_NL",
+               "blk.0.ffn_up.weight": "IQ4_XS", "blk.0.ffn_down.weight": "MXFP4", "output.weight": "Q5_1"}
+
+
+F16_FIELDS = {"Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0],
+              "IQ4_XS": [0], "MXFP4": [], "Q5_1": [0, 2]}  # byte offsets of the float16 scales in a block
+
+
+@pytest.fixture(scope="module")
+def blocks_gguf(wide_gguf, tmp_path_factory):
+    f, rng = read_gguf(wide_gguf), np.random.default_rng(0)
+    entries = []
+    for t in f.tensors.values():
+        ttype = TENSOR_TYPES_BY_NAME[BLOCK_TYPES.get(t.name, t.type.name)]
+        raw = _random_blocks(ttype, t.n_elements, rng) if t.name in BLOCK_TYPES else f.raw(t.name)
+        entries.append(TensorEntry(name=t.name, type=ttype, shape=t.shape, data=lambda raw=raw: raw))
+    metadata = [(k, f.value_types[k], v) for k, v in f.metadata.items()]
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "blocks.gguf", metadata=metadata, tensors=entries)
+
+
+def _random_blocks(ttype, n_elements: int, rng: np.random.Generator) -> np.ndarray:
+    blocks = rng.integers(0, 256, size=(n_elements // ttype.block_size, ttype.type_size), dtype=np.uint8)
+    for offset in F16_FIELDS[ttype.name]:
+        blocks[:, offset:offset + 2] = rng.uniform(-1e-3, 1e-3, (len(blocks), 1)).astype(np.float16).view(np.uint8)
+    if ttype.name == "MXFP4":
+        blocks[:, 0] = rng.integers(118, 123, size=len(blocks))  # 2^-10 .. 2^-6
+    return blocks.reshape(-1)
+
+
+@pytest.mark.parametrize("ttype", ["IQ2_XXS", "TQ1_0", "IQ1_S", "Q8_K", "F64"])
+def test_unsupported_tensor_type_names_it_and_lists_the_supported(tmp_path, wide_gguf, ttype):
+    path = _rewrite(wide_gguf, tmp_path / "m.gguf", tensor_types={"blk.0.ffn_up.weight": ttype})
+    with pytest.raises(CheckpointError, match=rf"blk.0.ffn_up.weight type='{ttype}'.*supported: F32, F16, BF16") as e:
         load_gguf(path)
+    runs = str(e.value).split("supported: ")[1].split(", ")
+    assert str(path) in str(e.value) and {"Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS", "MXFP4"} <= set(runs)
+
+
+def test_every_block_type_loads_as_gguf_py_dequantizes_it(blocks_gguf):
+    """Seven block types, each where the loader puts it (v and up: the last rows of qkv and gate|up)."""
+    f = read_gguf(blocks_gguf)
+    state = load_gguf(blocks_gguf).state_dict()
+    for gguf_name, ours in [("token_embd.weight", "stack.embed.tokens"), ("output.weight", "lm_head"),
+                            ("blk.0.attn_v.weight", "stack.blocks.0.attn.qkv"),
+                            ("blk.0.attn_output.weight", "stack.blocks.0.attn.out"),
+                            ("blk.0.ffn_up.weight", "stack.blocks.0.ffn.gate_up"),
+                            ("blk.0.ffn_down.weight", "stack.blocks.0.ffn.down")]:
+        t = f.tensors[gguf_name]
+        reference = quants.dequantize(f.raw(gguf_name).reshape(t.shape[0], -1), GGMLQuantizationType[t.type.name])
+        got = state[f"{ours}.weight"][-t.shape[0]:]
+        assert np.array_equal(got.numpy().view(np.uint32), reference.view(np.uint32)), gguf_name
+
+
+@pytest.mark.parametrize("ttype", sorted(set(BLOCK_TYPES.values())))
+def test_block_data_shorter_than_its_type_needs_is_refused_before_reading(tmp_path, ttype):
+    t = TENSOR_TYPES_BY_NAME[ttype]
+    need = 2 * t.type_size  # two rows of one block
+    blob = gguf(infos=[info("a", [t.block_size, 2], ttype=t.id)], data=b"\0" * (need - 1))
+    start = len(blob) - need + 1
+    expected = f"a offset=0: data [{start}, {start + need}) of shape [2, {t.block_size}] {ttype} ends past the end"
+    with pytest.raises(CheckpointError, match=re.escape(expected)):
+        _read(tmp_path, blob)
+    with pytest.raises(CheckpointError, match=rf"a ne\[0\]={t.block_size // 2}.*{ttype} block size {t.block_size}"):
+        _read(tmp_path, gguf(infos=[info("a", [t.block_size // 2], ttype=t.id)]))
+
+
+def test_block_typed_file_truncated_through_its_data(tmp_path, blocks_gguf):
+    blob = blocks_gguf.read_bytes()
+    for cut in range(read_gguf(blocks_gguf).data_offset, len(blob), 4099):
+        path = tmp_path / f"cut{cut}.gguf"
+        path.write_bytes(blob[:cut])
+        with pytest.raises(CheckpointError, match="ends past the end of the file"):
+            load_gguf(path)
+        path.unlink()
 
 
 def test_unexpected_tensor_is_named(tmp_path, tiny_gguf):
@@ -215,9 +299,11 @@ def test_long_but_sane_context_is_lazy(tmp_path, tiny_gguf):
 # -- random mutations ---------------------------------------------------------------------------
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_mutated_files_load_cleanly_or_raise_checkpoint_error(tmp_path, tiny_gguf, data):
-    blob = bytearray(tiny_gguf.read_bytes())
-    header = read_gguf(tiny_gguf).data_offset
+@pytest.mark.parametrize("source", ["tiny_gguf", "blocks_gguf"])  # f32, and the block types
+def test_mutated_files_load_cleanly_or_raise_checkpoint_error(tmp_path, request, source, data):
+    original = request.getfixturevalue(source)
+    blob = bytearray(original.read_bytes())
+    header = read_gguf(original).data_offset
     # most mutations hit the header, where the structure is; some the data; some truncate or extend
     positions = st.one_of(st.integers(0, header - 1), st.integers(0, len(blob) - 1))
     for pos, value in data.draw(st.lists(st.tuples(positions, st.integers(0, 255)), min_size=1, max_size=6)):

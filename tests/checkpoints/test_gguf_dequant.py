@@ -13,7 +13,10 @@ from anatomy.checkpoints.gguf_dequant import dequantize, supported_types
 from anatomy.checkpoints.gguf_types import TENSOR_TYPES, TENSOR_TYPES_BY_NAME
 
 # byte offsets of the float16 scales inside one block: random bytes there could be inf/nan
-F16_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q6_K": [208]}
+# (MXFP4's scale is an e8m0 byte: every value of it is a finite power of two)
+F16_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q2_K": [80, 82],
+              "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0],
+              "MXFP4": []}
 
 
 def _random_blocks(name: str, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
@@ -38,9 +41,22 @@ def test_quantized_types_match_gguf_py(name, out_dtype):
     assert ours.shape == reference.shape
     if out_dtype in (None, torch.float32):
         assert ours.dtype == torch.float32
-        np.testing.assert_array_equal(ours.numpy(), reference)  # same arithmetic: exact
+        np.testing.assert_array_equal(ours.numpy().view(np.uint32), reference.view(np.uint32))  # bit for bit
     else:
         torch.testing.assert_close(ours, torch.from_numpy(reference).to(out_dtype), rtol=0, atol=0)
+
+
+def test_mxfp4_every_exponent_byte():
+    """e8m0 from 0 (2^-128, a float32 subnormal) to 255 (2^127, times 12: inf), each with every fp4 level."""
+    raw = np.zeros((256, 17), dtype=np.uint8)
+    raw[:, 0] = np.arange(256)
+    raw[:, 1:] = np.arange(16, dtype=np.uint8) * 0x11  # byte j: level j in both nibbles
+    with np.errstate(over="ignore"):
+        reference = quants.dequantize(raw, GGMLQuantizationType.MXFP4)  # [256, 32]
+    ours = dequantize(raw.reshape(-1), TENSOR_TYPES_BY_NAME["MXFP4"], reference.shape)
+    np.testing.assert_array_equal(ours.numpy().view(np.uint32), reference.view(np.uint32))
+    assert ours[0, 1].item() == 2.0 ** -128 and ours[255, 1].item() == 2.0 ** 127 and ours[128, 31].item() == -12
+    assert ours[255, 7].item() == float("inf")
 
 
 @pytest.mark.parametrize("name, np_dtype", [("F32", np.float32), ("F16", np.float16)])
@@ -67,4 +83,5 @@ def test_type_table_matches_gguf_py():
 
 
 def test_supported_types():
-    assert set(supported_types()) == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K"}
+    assert set(supported_types()) == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K",
+                                      "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"}

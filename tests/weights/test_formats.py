@@ -158,3 +158,42 @@ def test_matrix_formats_of_the_shipped_file_equal_the_loaded_model(smollm2_gguf_
         assert torch.equal(formats[name].dequantize(), state[name]), name
     assert formats[named(formats, "blocks.0.attn.qkv.weight")].signature == "int4[960,576]g32"
     assert formats[named(formats, "embed.tokens.weight")].signature == "int8g[49152,576]g32"
+
+
+# -- the non-linear 4-bit types: a table level times a per-32 scale, held as int8 codes ---------
+LEVEL_TYPES = {"IQ4_NL": [0], "IQ4_XS": [0], "MXFP4": []}  # type: byte offsets of its float16 d
+
+
+def _random_blocks(type_name: str, n_blocks: int, seed: int) -> np.ndarray:
+    """Random bytes, the float16 d (if any) finite and of either sign."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(n_blocks, TENSOR_TYPES_BY_NAME[type_name].type_size), dtype=np.uint8)
+    for offset in LEVEL_TYPES[type_name]:
+        d = rng.uniform(-0.05, 0.05, size=n_blocks).astype(np.float16)
+        blocks[:, offset:offset + 2] = d.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(-1)
+
+
+@pytest.mark.parametrize("type_name", sorted(LEVEL_TYPES))
+def test_level_types_carry_over_bit_for_bit(type_name):
+    shape = (12, 512)
+    raw = _random_blocks(type_name, TENSOR_TYPES_BY_NAME[type_name].nbytes(12 * 512) // TENSOR_TYPES_BY_NAME[
+        type_name].type_size, seed=len(type_name))
+    if type_name == "MXFP4":
+        raw.reshape(-1, 17)[:, 0] = np.random.default_rng(3).integers(110, 140, size=12 * 16)  # 2^-18 .. 2^11
+    fmt = format_from_gguf(raw, TENSOR_TYPES_BY_NAME[type_name], shape, label="w")
+    assert isinstance(fmt, Int8GroupWeight) and fmt.signature == "int8g[12,512]g32"
+    reference = gguf.quants.dequantize(raw.reshape(shape[0], -1), gguf.GGMLQuantizationType[type_name])
+    assert np.array_equal(fmt.dequantize().numpy().view(np.uint32), reference.view(np.uint32))  # bit for bit
+    # the codes are the table's int8 levels; the scales float16 where that is exact
+    assert fmt.scale.dtype == (torch.float32 if type_name == "IQ4_XS" else torch.float16)
+    assert set(fmt.codes.unique().tolist()) <= set(gguf.quants.IQ4_NL.kvalues + gguf.quants.MXFP4.kvalues)
+
+
+def test_mxfp4_scales_outside_float16_stay_float32_and_exact():
+    raw = _random_blocks("MXFP4", 8, seed=5)
+    raw.reshape(8, 17)[:, 0] = [0, 1, 2, 60, 127, 128, 200, 250]  # 2^-128 (a float32 subnormal) .. 2^122
+    fmt = format_from_gguf(raw, TENSOR_TYPES_BY_NAME["MXFP4"], (2, 128), label="w")
+    reference = gguf.quants.dequantize(raw.reshape(2, -1), gguf.GGMLQuantizationType.MXFP4)
+    assert fmt.scale.dtype == torch.float32 and fmt.scale[0, 0].item() == 2.0 ** -128
+    assert np.array_equal(fmt.dequantize().numpy().view(np.uint32), reference.view(np.uint32))

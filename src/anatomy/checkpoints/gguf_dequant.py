@@ -11,8 +11,17 @@ Block layouts (little-endian; d, m, dmin are float16 scales):
     Q4_K  256 values: d, dmin, 12 bytes of packed 6-bit (scale, min) for 8 groups of 32, 128 bytes
           of nibbles (each 32 bytes: low nibbles are one group, high nibbles the next);
           x = d * scale_g * q - dmin * min_g
+    Q5_K  as Q4_K, with 32 bytes of high bits (bit g of byte j: value j of group g) before the nibbles
     Q6_K  256 values: 128 bytes low nibbles, 64 bytes of 2-bit highs, int8 scale per 16 values, d;
           x = d * scale * (q - 32)
+    Q2_K  256 values: 16 bytes (scale | min << 4) per 16 values, 64 bytes of 2-bit q, d, dmin;
+          x = d * scale * q - dmin * min  (byte j of each 32 holds value j of 4 groups of 32, 2 bits each)
+    Q3_K  256 values: 32 bytes high-bit mask, 64 bytes of 2-bit q (as Q2_K), 12 bytes of 6-bit scales
+          for 16 groups of 16, d; x = d * (scale - 32) * (q - 4 * (1 - high bit))
+    IQ4_NL  32 values: d, 16 bytes of nibbles (as Q4_0)      x = d * IQ4[q]  (IQ4: ggml's 16 int8 levels)
+    IQ4_XS  256 values: d, 2 bytes of the high 2 bits and 4 bytes of the low 4 bits of a 6-bit ls per
+            32 values, 128 bytes of nibbles (as Q4_0, per 32); x = d * (ls - 32) * IQ4[q]
+    MXFP4 32 values: e8m0 byte e, 16 bytes of nibbles (as Q4_0)  x = 2^(e - 128) * FP4[q]  (e2m1 doubled)
 """
 
 from __future__ import annotations
@@ -119,16 +128,35 @@ def k4_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _q4_k(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
+    q = _k_nibbles(blocks[:, 16:], out)
+    return _k_scale(q, blocks)
+
+
+def _q5_k(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
     n = blocks.shape[0]
-    scales, mins = k4_scales(blocks[:, 4:16])  # [N, 8]
-    qs = blocks[:, 16:].reshape(n, 4, 32)  # 4 chunks of 32 bytes
+    q = _k_nibbles(blocks[:, 48:], out)
+    high = np.unpackbits(blocks[:, 16:48], axis=1, bitorder="little").reshape(n, 32, 8)  # [N, j, group]
+    q += 16 * high.transpose(0, 2, 1).astype(np.float32)
+    return _k_scale(q, blocks)
+
+
+def _k_nibbles(qs: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Q4_K/Q5_K nibbles [N, 128] -> out as [N, 8 groups, 32]: each 32 bytes hold group 2c in their
+    low nibbles and group 2c + 1 in their high ones."""
+    n = qs.shape[0]
+    qs = qs.reshape(n, 4, 32)  # 4 chunks of 32 bytes
     q = out.reshape(n, 4, 2, 32)
     np.bitwise_and(qs, 0x0F, out=q[:, :, 0], casting="unsafe")  # group 2c
     np.right_shift(qs, 4, out=q[:, :, 1], casting="unsafe")  # group 2c + 1
-    q = q.reshape(n, 8, 32)  # [N, groups, 32]
+    return q.reshape(n, 8, 32)  # [N, groups, 32]
+
+
+def _k_scale(q: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """q [N, 8, 32] -> d * scale_g * q - dmin * min_g, in place, from the d, dmin and 12 scale bytes."""
+    scales, mins = k4_scales(blocks[:, 4:16])  # [N, 8]
     q *= (_f16(blocks, 0) * scales)[:, :, None]
     q -= (_f16(blocks, 2) * mins)[:, :, None]
-    return out
+    return q.reshape(q.shape[0], -1)
 
 
 def _q6_k(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -145,5 +173,83 @@ def _q6_k(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-_DEQUANT = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1,
-            "Q4_K": _q4_k, "Q6_K": _q6_k}
+def _crumbs(qs: np.ndarray) -> np.ndarray:
+    """K-quant 2-bit fields [N, 64] -> [N, 16, 16] uint8: byte j of each 32 holds value j of 4 groups of 32."""
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8)[None, None, :, None]
+    return ((qs.reshape(-1, 2, 1, 32) >> shifts) & 3).reshape(-1, 16, 16)  # [N, 2, 4, 32]
+
+
+def _q2_k(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
+    n = blocks.shape[0]
+    q = out.reshape(n, 16, 16)
+    q[...] = _crumbs(blocks[:, 16:80])
+    scales = blocks[:, 0:16]
+    q *= (_f16(blocks, 80) * (scales & 0x0F))[:, :, None]
+    q -= (_f16(blocks, 82) * (scales >> 4))[:, :, None]
+    return out
+
+
+def _q3_k_scales(s: np.ndarray) -> np.ndarray:
+    """Q3_K's 12 bytes [N, 12] -> the 16 signed 6-bit scales (stored + 32) as float32."""
+    low = np.concatenate([s[:, 0:8] & 0x0F, s[:, 0:8] >> 4], axis=1)  # [N, 16]
+    high = (s[:, None, 8:12] >> np.array([0, 2, 4, 6], dtype=np.uint8)[None, :, None]) & 3  # [N, 4, 4]
+    return (low | (high.reshape(-1, 16) << 4)).astype(np.float32) - 32
+
+
+def _q3_k(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
+    n = blocks.shape[0]
+    q = out.reshape(n, 16, 16)
+    q[...] = _crumbs(blocks[:, 32:96])
+    high = np.unpackbits(blocks[:, 0:32], axis=1, bitorder="little").reshape(n, 32, 8)  # [N, j, group of 32]
+    q -= 4 * (1 - high.transpose(0, 2, 1).reshape(n, 16, 16).astype(np.float32))  # offset 4 when the bit is 0
+    q *= (_f16(blocks, 108) * _q3_k_scales(blocks[:, 96:108]))[:, :, None]
+    return out
+
+
+IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+FP4_LEVELS = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)  # e2m1, doubled
+
+
+def nibble_codes(qs: np.ndarray) -> np.ndarray:
+    """[..., 16] bytes -> [..., 32] uint8 in Q4_0's order: low nibbles are values 0..15, high 16..31."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def iq4_xs_scales(blocks: np.ndarray) -> np.ndarray:
+    """IQ4_XS blocks [..., 136] -> the 8 signed scales ls - 32 [..., 8] (int8) of their groups of 32."""
+    high = blocks[..., 2:4].copy().view(np.uint16)  # [..., 1]
+    high = (high >> np.arange(0, 16, 2, dtype=np.uint16)) & 3  # [..., 8]
+    low = blocks[..., 4:8, None] >> np.array([0, 4], dtype=np.uint8)  # [..., 4, 2]
+    low = low.reshape(*blocks.shape[:-1], 8) & 0x0F
+    return (low | (high.astype(np.uint8) << 4)).astype(np.int8) - 32
+
+
+def mxfp4_scales(e: np.ndarray) -> np.ndarray:
+    """MXFP4's e8m0 bytes -> float32 2^(e - 128): half the block's scale, as its levels are doubled."""
+    return np.ldexp(np.float32(1), e.astype(np.int32) - 128).astype(np.float32)
+
+
+def _iq4_nl(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
+    np.take(IQ4_LEVELS.astype(np.float32), nibble_codes(blocks[:, 2:]), out=out)
+    out *= _f16(blocks, 0)
+    return out
+
+
+def _iq4_xs(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
+    n = blocks.shape[0]
+    q = out.reshape(n, 8, 32)
+    np.take(IQ4_LEVELS.astype(np.float32), nibble_codes(blocks[:, 8:].reshape(n, 8, 16)), out=q)
+    q *= (_f16(blocks, 0) * iq4_xs_scales(blocks))[:, :, None]
+    return out
+
+
+def _mxfp4(blocks: np.ndarray, out: np.ndarray) -> np.ndarray:
+    np.take(FP4_LEVELS.astype(np.float32), nibble_codes(blocks[:, 1:]), out=out)
+    with np.errstate(over="ignore"):  # 2^127 * 12 is inf in float32, as in ggml
+        out *= mxfp4_scales(blocks[:, 0:1])
+    return out
+
+
+_DEQUANT = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q2_K": _q2_k,
+            "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k, "IQ4_NL": _iq4_nl,
+            "IQ4_XS": _iq4_xs, "MXFP4": _mxfp4}

@@ -22,8 +22,9 @@ offsets are kept in float16 when every one of them is exactly a float16 (Q4_0, Q
 llama.cpp's reference dequantization (checkpoints.gguf_dequant) does, so a GGUF file carried into
 these formats dequantizes to the same float32 values, bit for bit.
 
-    format_from_gguf(raw, ttype, shape)  Q4_0 / Q4_1 / Q4_K -> Int4Weight, Q8_0 -> Int8GroupWeight,
-                                         F32 / F16 / BF16 -> FloatWeight (a view, no copy); else InputError
+    format_from_gguf(raw, ttype, shape)  Q4_0 / Q4_1 / Q4_K -> Int4Weight, Q8_0 / IQ4_NL / IQ4_XS / MXFP4
+                                         -> Int8GroupWeight (the IQ4/FP4 levels as int8 codes), F32 / F16 /
+                                         BF16 -> FloatWeight (a view, no copy); else InputError
     Int4Weight.from_float(w)             quantizing (round to nearest, 16 levels from min to max per group)
 """
 
@@ -35,7 +36,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from anatomy.checkpoints.gguf_dequant import k4_scales
+from anatomy.checkpoints.gguf_dequant import (
+    FP4_LEVELS,
+    IQ4_LEVELS,
+    iq4_xs_scales,
+    k4_scales,
+    mxfp4_scales,
+    nibble_codes,
+)
 from anatomy.checkpoints.gguf_types import TensorType
 from anatomy.errors import InputError
 
@@ -328,8 +336,8 @@ def has_lossless_format(ttype: TensorType) -> bool:
 def format_from_gguf(raw: np.ndarray, ttype: TensorType, shape: tuple[int, int], *,
                      label: str = "weight") -> WeightFormat:
     """The weight [N, K] stored in `raw` (uint8 bytes of GGUF type `ttype`), in the format that
-    holds it losslessly: F32/F16/BF16 -> FloatWeight (a view of `raw`), Q8_0 -> Int8GroupWeight,
-    Q4_0/Q4_1/Q4_K -> Int4Weight. Other types raise InputError (dequantize them instead)."""
+    holds it losslessly: F32/F16/BF16 -> FloatWeight (a view of `raw`), Q8_0/IQ4_NL/IQ4_XS/MXFP4 ->
+    Int8GroupWeight, Q4_0/Q4_1/Q4_K -> Int4Weight. Other types raise InputError (dequantize them instead)."""
     if len(shape) != 2:
         raise InputError(f"{label}: a linear weight is a matrix [N, K], got shape {list(shape)}")
     N, K = shape
@@ -392,4 +400,30 @@ def _k4_codes(qs: np.ndarray) -> Tensor:
     return torch.from_numpy(np.stack([even, odd], axis=3).reshape(qs.shape[0], -1))  # [N, nb, 4, 2, 16]
 
 
-_BLOCKS = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}
+def _iq4_nl(blocks: np.ndarray, label: str) -> Int8GroupWeight:
+    """IQ4_NL: W = d * IQ4[q], d float16 per 32: the int8 level is the code, d the scale."""
+    return Int8GroupWeight(_level_codes(IQ4_LEVELS, blocks[..., 2:]), _f16(blocks, 0), label=label)
+
+
+def _iq4_xs(blocks: np.ndarray, label: str) -> Int8GroupWeight:
+    """IQ4_XS super-blocks of 256 = 8 groups of 32: W = (d * (ls - 32)) * IQ4[q]; d * (ls - 32) needs up
+    to 16 bits (float32 when a float16 cannot hold every one)."""
+    N, nb, _ = blocks.shape
+    scale = _f16(blocks, 0).float()[..., None] * torch.from_numpy(iq4_xs_scales(blocks)).float()  # [N, nb, 8]
+    codes = _level_codes(IQ4_LEVELS, blocks[..., 8:].reshape(N, nb, 8, 16))
+    return Int8GroupWeight(codes, compact_float(scale.reshape(N, nb * 8)), label=label)
+
+
+def _mxfp4(blocks: np.ndarray, label: str) -> Int8GroupWeight:
+    """MXFP4: W = 2^(e - 128) * FP4[q] (the e2m1 levels doubled); the power of two is exact in float32."""
+    scale = torch.from_numpy(mxfp4_scales(blocks[..., 0]))  # [N, nb]
+    return Int8GroupWeight(_level_codes(FP4_LEVELS, blocks[..., 1:]), compact_float(scale), label=label)
+
+
+def _level_codes(levels: np.ndarray, qs: np.ndarray) -> Tensor:
+    """Nibbles [N, ..., 16] in Q4_0's order, looked up in an int8 table -> codes int8 [N, K] in value order."""
+    return torch.from_numpy(levels[nibble_codes(qs)].reshape(qs.shape[0], -1))
+
+
+_BLOCKS = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k, "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs,
+           "MXFP4": _mxfp4}
