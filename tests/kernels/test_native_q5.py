@@ -1,8 +1,8 @@
-"""anatomy's 5-bit product (kernels/native/q5.cpp) against the float64 product of the weights it holds:
-int5 groups (GGUF Q5_0 / Q5_1 / Q5_K style, w = q * d + m, q in 0..31), any number of rows, K an even
-and an odd number of 64-input blocks, float32 and bfloat16 activations; every vector path this CPU has
-(AVX-512 VNNI, AVX-512, AVX2: each run under native.limited) equals the portable one; the kernel is
-offered only where a vector path runs."""
+"""anatomy's 5-bit products (kernels/native/q5.cpp: q5_linear with int8 activations, q5f_linear with
+float ones) against the float64 product of the weights they hold: int5 groups (GGUF Q5_0 / Q5_1 / Q5_K
+style, w = q * d + m, q in 0..31), any number of rows, K an even and an odd number of 64-input blocks,
+float32 and bfloat16 activations; every vector path this CPU has (AVX-512 VNNI, AVX-512, AVX2: each run
+under native.limited) equals the portable one; the kernels are offered only where a vector path runs."""
 
 from __future__ import annotations
 
@@ -73,9 +73,20 @@ def test_the_vector_paths_equal_the_portable_one(isa):
     packed = pack(int5(67, 576))  # 67 outputs: the one-row loop's 4-row unroll and the 16-row tiles leave tails
     for rows in (1, 3, 16, 40):
         x = torch.randn(rows, 576)
-        with native.limited(isa):
-            fast = torch.ops.anatomy.q5_linear(x, packed, False)
-        torch.testing.assert_close(fast, torch.ops.anatomy.q5_linear(x, packed, True), rtol=1e-5, atol=1e-5)
+        for op in (torch.ops.anatomy.q5_linear, torch.ops.anatomy.q5f_linear):
+            with native.limited(isa):
+                fast = op(x, packed, False)
+            torch.testing.assert_close(fast, op(x, packed, True), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 9, 40])
+def test_the_float_path_is_the_float_product(rows, path):
+    """q5f decodes the weights in float32 and takes the activations as they are: the float32 product of
+    the weights the format holds, to float32 rounding."""
+    fmt = int5(96, 576)
+    x = torch.randn(rows, 576)
+    y = torch.ops.anatomy.q5f_linear(x, pack(fmt), path)
+    assert y.shape == (rows, 96) and relative_error(y, reference_product(fmt, x)) < 1e-6
 
 
 def test_bfloat16_in_bfloat16_out():
@@ -92,17 +103,19 @@ def test_bad_shapes_are_refused_by_the_operator():
         torch.ops.anatomy.q5_linear(torch.randn(1, 96), packed)
     with pytest.raises(RuntimeError, match="bytes a row"):
         torch.ops.anatomy.q5_linear(torch.randn(1, 192), packed)
+    with pytest.raises(RuntimeError, match="q5f_linear: weight has 96 bytes a row"):
+        torch.ops.anatomy.q5f_linear(torch.randn(1, 192), packed)
 
 
 @pytest.mark.skipif(not native.available(), reason="this CPU runs no vector path of the native kernels")
 def test_offered_for_the_formats_and_shapes_it_takes():
     fmt = int5(64, 128)
     names = {k.name for k in candidates(fmt)}
-    assert "q5x" in names and {"f32", "bf16"} <= names  # a dense float layout for the long passes
+    assert {"q5x", "q5f", "f32", "bf16"} <= names  # and a dense float layout for the long passes
     assert Q5X.nbytes(fmt) == Q5X.build(fmt)[0].nbytes
     assert KERNELS_BY_NAME["q5x"] not in candidates(int5(64, 96))  # K not a multiple of 64
     with native.limited("portable"):  # a CPU without AVX2: the portable loop is for checking, not offered
-        assert "q5x" not in {k.name for k in candidates(fmt)}
+        assert not {"q5x", "q5f"} & {k.name for k in candidates(fmt)}
 
 
 def test_dense_layouts_hold_the_int5_weight():

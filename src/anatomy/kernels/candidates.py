@@ -21,6 +21,7 @@ activations of one dtype; `kernel.bind(prepared)` gives the function `x [M, K] -
                                               and its codes' fifth bits (kernels/native/q5.cpp)
     q4f / q8f       q4x / q8x    any          the same layouts, weights decoded to float32 in registers and
                                               multiplied with the activations as they are: the float product
+    q5f             q5x          any          the same for int5 groups
     q4t / q4t16     q4t          any          int4 groups on 16 output rows interleaved (tiles.cpp), x
                                               quantized to int8 / int16 per 32, AVX-512 VNNI only
     q8t16           q8t          any          int8 groups (Q8_0) the same way, x quantized to int16 per 32
@@ -316,6 +317,11 @@ def _bind_q4f(p: Prepared) -> Callable[[Tensor], Tensor]:
     return lambda x: torch.ops.anatomy.q4f_linear(x, w)
 
 
+def _bind_q5f(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (w,) = p
+    return lambda x: torch.ops.anatomy.q5f_linear(x, w)
+
+
 def _bind_q8f(p: Prepared) -> Callable[[Tensor], Tensor]:
     (w,) = p
     return lambda x: torch.ops.anatomy.q8f_linear(x, w)
@@ -357,6 +363,7 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("q5x", Q5X, None, _bind_q5x, NATIVE_ROWS, compiles=False),
     Kernel("q4f", Q4X, None, _bind_q4f, NATIVE_ROWS, compiles=False),
     Kernel("q8f", Q8X, None, _bind_q8f, NATIVE_ROWS, compiles=False),
+    Kernel("q5f", Q5X, None, _bind_q5f, NATIVE_ROWS, compiles=False),
     Kernel("q4t", Q4T, None, _bind_q4t, NATIVE_ROWS, compiles=False),
     Kernel("q4t16", Q4T, None, _bind_q4t16, NATIVE_ROWS, compiles=False),
     Kernel("q8t16", Q8T, None, _bind_q8t16, NATIVE_ROWS, compiles=False),

@@ -250,20 +250,25 @@ AVX2 inline void group_times(const __m256 (&wv)[4], const float* x, int64_t K, _
   }
 }
 
-template <int R>
+// (Q5: the q5 layout's blocks, each code's fifth bit added)
+template <int R, bool Q5 = false>
 AVX2 void q4f_rows(const float* x, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N) {
-  const int64_t pairs = K / PAIR;
+  const int64_t pairs = K / PAIR, bytes = Q5 ? anatomy::Q5_BLOCK : Q4_BLOCK;
   const __m256i low = _mm256_set1_epi8(0x0F);
   for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = w + n * pairs * Q4_BLOCK;
+    const uint8_t* row = w + n * pairs * bytes;
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t p = 0; p < pairs; ++p) {
-      const uint8_t* block = row + p * Q4_BLOCK;
+      const uint8_t* block = row + p * bytes;
       _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD, _MM_HINT_T0);
       const __m128 dm = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block)));
-      const __m256i packed = load(block + 8);
-      const __m256i codes[2] = {_mm256_and_si256(packed, low), _mm256_and_si256(_mm256_srli_epi16(packed, 4), low)};
+      const __m256i packed = load(block + (Q5 ? 16 : 8));
+      __m256i codes[2] = {_mm256_and_si256(packed, low), _mm256_and_si256(_mm256_srli_epi16(packed, 4), low)};
+      if constexpr (Q5) {
+        codes[0] = _mm256_or_si256(codes[0], fifth_bits(block + 8));
+        codes[1] = _mm256_or_si256(codes[1], fifth_bits(block + 12));
+      }
       for (int g = 0; g < 2; ++g) {  // group A: the low nibbles, inputs 0..31; B: the high ones, 32..63
         const __m256 d = _mm256_broadcastss_ps(_mm_shuffle_ps(dm, dm, 2 * g));
         const __m256 m = _mm256_broadcastss_ps(_mm_shuffle_ps(dm, dm, 2 * g + 1));
@@ -365,6 +370,12 @@ void q5_rows(const Activations& x, int64_t M, int64_t K, const uint8_t* w, int64
 void q4f_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N) {
   float_product(M, K, n0, n1, y, N, [&](auto R, int64_t m0, int64_t t0, int64_t t1, float* ym) {
     ::q4f_rows<decltype(R)::value>(x + m0 * K, K, w, t0, t1, ym, N);
+  });
+}
+
+void q5f_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N) {
+  float_product(M, K, n0, n1, y, N, [&](auto R, int64_t m0, int64_t t0, int64_t t1, float* ym) {
+    ::q4f_rows<decltype(R)::value, true>(x + m0 * K, K, w, t0, t1, ym, N);
   });
 }
 

@@ -67,6 +67,7 @@ void q5_rows(const Activations& x, int64_t M, int64_t K, const uint8_t* w, int64
 // the same layouts x float32 activations x [M, K] as they are, M <= 8
 void q4f_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N);
 void q8f_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N);
+void q5f_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N);
 
 #endif  // ANATOMY_X86
 

@@ -103,6 +103,7 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits);
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q5_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
+at::Tensor q5f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q4f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q8f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);

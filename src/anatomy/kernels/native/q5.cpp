@@ -1,18 +1,22 @@
-// anatomy's few-row product on 5-bit weights (an int5 format: GGUF Q5_0 / Q5_1 / Q5_K carried as
-// w = q * d + m, q in 0..31), with x quantized to int8 per group of 32 as q4_linear's (gemv.cpp).
+// anatomy's few-row products on 5-bit weights (an int5 format: GGUF Q5_0 / Q5_1 / Q5_K carried as
+// w = q * d + m, q in 0..31), with x quantized to int8 per group of 32 as q4_linear's (gemv.cpp), or
+// with x as it is as q4f_linear's (exact.cpp).
 //
 //   q5 layout (pack_q5), per row, per 64 inputs (two groups A, B): [dA, mA, dB, mB] float16 (8 bytes),
 //   the codes' fifth bits (8 bytes, bit i that of input i: A's 32 then B's), then 32 bytes whose byte j
 //   holds qA[j] & 15 in its low nibble and qB[j] & 15 in its high one: 48 bytes per 64 weights
 //       sum_j w_j x_j = d * sx * sum_j q_j qx_j + m * sx * sum_j qx_j
 //   q5_linear(x [M, K] float, weight [N, K/64 * 48]) -> [M, N]     (M any; in the input's dtype)
+//   q5f_linear(x, weight) -> [M, N]    the same with x as it is: each weight decoded to float32 in
+//                                      registers (q * d + m) and summed in float32, as exact.cpp's q4f
 //
 // The q4 layout plus the fifth bits, and the same arithmetic: on AVX-512 VNNI the 64 codes of a block
 // are its nibbles with 16 added where a 64-bit mask (the fifth bits as they are stored) says so
 // (vpaddb under a mask), then gemv.cpp's units of 128 weights (a lane of vpdpbusd, 4 * 31 * 127, still
 // packs to int16); AVX2 runs gemv_avx2.cpp's int8 loops on a q5 block; any other CPU the portable loop.
-// Rows of x are taken 16 at a time for each tile of output rows, so that a tile's weights stay in
-// the cache across them.
+// The float loop: AVX-512 (the same masked add, 32 codes at a time) or gemv_avx2.cpp's q4f loop on q5
+// blocks. Rows of x are taken 16 (float: 8) at a time for each tile of output rows, so that a tile's
+// weights stay in the cache across them.
 
 #include <torch/library.h>
 #include <ATen/Parallel.h>
@@ -42,6 +46,7 @@ using anatomy::Units;
 constexpr int64_t G = 32;        // inputs per group
 constexpr int MAX_ROWS = 16;     // rows of x per pass over a tile of output rows
 constexpr int64_t TILE = 16;     // output rows per tile
+constexpr int FLOAT_ROWS = 8;    // rows of x per pass of the float loop (two accumulators a row)
 
 inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
@@ -198,18 +203,130 @@ void q5_avx512(const Units& x, int64_t M, int64_t K, const uint8_t* w, int64_t n
 
 #endif  // ANATOMY_X86
 
+// -- float activations -------------------------------------------------------------------------------
+
+void q5f_portable(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+                  int64_t N) {
+  const int64_t pairs = K / PAIR;
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m) {
+      float total = 0.f;
+      for (int64_t p = 0; p < pairs; ++p) {
+        const uint8_t* block = w + (n * pairs + p) * Q5_BLOCK;
+        uint16_t h[4];
+        uint64_t fifth;
+        std::memcpy(h, block, 8);
+        std::memcpy(&fifth, block + 8, 8);
+        for (int64_t j = 0; j < PAIR; ++j) {
+          const int half = j / G;
+          const uint8_t byte = block[16 + j % G];
+          const float q = static_cast<float>(((half ? byte >> 4 : byte) & 0x0F) | ((fifth >> j) & 1) << 4);
+          total += (q * half_to_float(h[2 * half]) + half_to_float(h[2 * half + 1])) * x[m * K + p * PAIR + j];
+        }
+      }
+      y[m * N + n] = total;
+    }
+}
+
+#if ANATOMY_X86
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
+
+AVX512 inline __m512 widen(__m128i bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)); }
+
+// R rows of x (row stride K) times output rows [n0, n1), each block's 64 weights decoded as 4 x 16 floats
+template <int R>
+AVX512 void q5f_rows(const float* x, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N) {
+  const int64_t pairs = K / PAIR;
+  const __m256i low = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * pairs * Q5_BLOCK;
+    __m512 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < pairs; ++p) {
+      const uint8_t* block = row + p * Q5_BLOCK;
+      _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD, _MM_HINT_T0);
+      const __m128 dm = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block)));
+      const __m512 dA = _mm512_set1_ps(_mm_cvtss_f32(dm)), mA = _mm512_set1_ps(_mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1)));
+      const __m512 dB = _mm512_set1_ps(_mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 2)));
+      const __m512 mB = _mm512_set1_ps(_mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 3)));
+      uint32_t fifth[2];
+      std::memcpy(fifth, block + 8, 8);
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16));
+      __m256i a = _mm256_and_si256(packed, low), b = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+      a = _mm256_mask_add_epi8(a, fifth[0], a, sixteen);
+      b = _mm256_mask_add_epi8(b, fifth[1], b, sixteen);
+      const __m512 w0 = _mm512_fmadd_ps(widen(_mm256_castsi256_si128(a)), dA, mA);       // inputs 0..15
+      const __m512 w1 = _mm512_fmadd_ps(widen(_mm256_extracti128_si256(a, 1)), dA, mA);  // 16..31
+      const __m512 w2 = _mm512_fmadd_ps(widen(_mm256_castsi256_si128(b)), dB, mB);       // 32..47
+      const __m512 w3 = _mm512_fmadd_ps(widen(_mm256_extracti128_si256(b, 1)), dB, mB);  // 48..63
+      for (int r = 0; r < R; ++r) {
+        const float* xr = x + r * K + p * PAIR;
+        acc[r][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r][1]);
+        acc[r][0] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(xr + 32), acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(xr + 48), acc[r][1]);
+      }
+    }
+    for (int r = 0; r < R; ++r) y[r * N + n] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+  }
+}
+
+template <int R>
+void q5f_dispatch(const float* x, int64_t rows, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+                  int64_t N) {
+  if constexpr (R > 1) {
+    if (rows < R) return q5f_dispatch<R - 1>(x, rows, K, w, n0, n1, y, N);
+  }
+  q5f_rows<R>(x, K, w, n0, n1, y, N);
+}
+
+// every row of x: FLOAT_ROWS at a time (2 accumulators each) over a tile of output rows
+void q5f_avx512(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N) {
+  for (int64_t t0 = n0; t0 < n1; t0 += TILE) {
+    const int64_t t1 = std::min(n1, t0 + TILE);
+    for (int64_t m0 = 0; m0 < M; m0 += FLOAT_ROWS)
+      q5f_dispatch<FLOAT_ROWS>(x + m0 * K, std::min<int64_t>(FLOAT_ROWS, M - m0), K, w, t0, t1, y + m0 * N, N);
+  }
+}
+
+#endif  // ANATOMY_X86
+
+void check(const at::Tensor& x, const at::Tensor& w, const char* what) {
+  TORCH_CHECK(x.dim() == 2 && x.is_floating_point() && x.size(0) >= 1, what, ": x must be a float matrix [M, K] "
+              "with rows");
+  TORCH_CHECK(x.size(1) % PAIR == 0, what, ": K = ", x.size(1), " must be a multiple of ", PAIR);
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(), what, ": weight must be uint8 "
+              "[N, bytes]");
+  TORCH_CHECK(w.size(1) == x.size(1) / PAIR * Q5_BLOCK, what, ": weight has ", w.size(1), " bytes a row, K = ",
+              x.size(1), " needs ", x.size(1) / PAIR * Q5_BLOCK);
+}
+
 }  // namespace
 
 namespace anatomy {
 
+at::Tensor q5f_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
+  check(x, w, "anatomy::q5f_linear");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor y = xf.new_empty({M, N});
+  const float* xs = xf.data_ptr<float>();
+  const uint8_t* weights = w.data_ptr<uint8_t>();
+  float* out = y.data_ptr<float>();
+  const Isa level = anatomy::isa(portable);
+  at::parallel_for(0, N, TILE, [&](int64_t n0, int64_t n1) {
+#if ANATOMY_X86
+    if (level == Isa::Avx2) return avx2::q5f_rows(xs, M, K, weights, n0, n1, out, N);
+    if (level >= Isa::Avx512) return q5f_avx512(xs, M, K, weights, n0, n1, out, N);
+#endif
+    q5f_portable(xs, M, K, weights, n0, n1, out, N);
+  });
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
 at::Tensor q5_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
-  TORCH_CHECK(x.dim() == 2 && x.is_floating_point() && x.size(0) >= 1, "anatomy::q5_linear: x must be a float "
-              "matrix [M, K] with rows");
-  TORCH_CHECK(x.size(1) % PAIR == 0, "anatomy::q5_linear: K = ", x.size(1), " must be a multiple of ", PAIR);
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
-              "anatomy::q5_linear: weight must be uint8 [N, bytes]");
-  TORCH_CHECK(w.size(1) == x.size(1) / PAIR * Q5_BLOCK, "anatomy::q5_linear: weight has ", w.size(1),
-              " bytes a row, K = ", x.size(1), " needs ", x.size(1) / PAIR * Q5_BLOCK);
+  check(x, w, "anatomy::q5_linear");
   const Isa level = anatomy::isa(portable);
   const Quantized a = quantize_rows(x, level);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
@@ -273,10 +390,12 @@ at::Tensor pack_q5(const at::Tensor& codes, const at::Tensor& high, const at::Te
 
 TORCH_LIBRARY_FRAGMENT(anatomy, m) {
   m.def("q5_linear(Tensor x, Tensor weight, bool portable=False) -> Tensor");
+  m.def("q5f_linear(Tensor x, Tensor weight, bool portable=False) -> Tensor");
   m.def("pack_q5(Tensor codes, Tensor high, Tensor scale, Tensor offset) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
   m.impl("q5_linear", anatomy::q5_linear);
+  m.impl("q5f_linear", anatomy::q5f_linear);
   m.impl("pack_q5", pack_q5);
 }
