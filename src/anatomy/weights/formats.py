@@ -267,7 +267,6 @@ class Int4Weight(WeightFormat):
         return w.reshape(n, K)
 
 
-
 class Int5Weight(WeightFormat):
     """int5 asymmetric per group: W[n, k] = q[n, k] * scale[n, k // group] + offset[n, k // group], q in 0..31.
 
@@ -338,6 +337,7 @@ class Int5Weight(WeightFormat):
         w = q * scale.float()[..., None] + offset.float()[..., None]  # two roundings, as ggml's
         return w.reshape(n, K)
 
+
 def pack_nibbles(q: Tensor) -> Tensor:
     """q [N, K] of 0..15 -> [N, K/2] uint8 in ggml's order (per 32 values: byte j = q[j] | q[j + 16] << 4)."""
     N, K = q.shape
@@ -364,6 +364,7 @@ def pack_bits(b: Tensor) -> Tensor:
 def unpack_bits(packed: Tensor) -> Tensor:
     """[N, K/8] uint8 -> b [N, K] uint8 of 0/1 (the inverse of pack_bits)."""
     return ((packed[..., None] & _BIT) != 0).to(torch.uint8).reshape(packed.shape[0], -1)
+
 
 def compact_float(t: Tensor) -> Tensor:
     """t in float16 when that is exact for every element, else in float32."""
