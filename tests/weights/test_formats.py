@@ -14,11 +14,14 @@ from anatomy.errors import InputError
 from anatomy.weights.formats import (
     FloatWeight,
     Int4Weight,
+    Int5Weight,
     Int8GroupWeight,
     Int8Weight,
     WeightFormat,
     format_from_gguf,
+    pack_bits,
     pack_nibbles,
+    unpack_bits,
     unpack_nibbles,
 )
 
@@ -49,14 +52,41 @@ def _assert_same_as_ggml(raw: np.ndarray, type_name: str, shape: tuple[int, int]
     return fmt
 
 
-@pytest.mark.parametrize("type_name, cls", [("Q4_0", Int4Weight), ("Q4_1", Int4Weight), ("Q8_0", Int8GroupWeight)])
+@pytest.mark.parametrize("type_name, cls", [("Q4_0", Int4Weight), ("Q4_1", Int4Weight), ("Q8_0", Int8GroupWeight),
+                                            ("Q5_0", Int5Weight), ("Q5_1", Int5Weight)])
 def test_gguf_blocks_carry_over_exactly(type_name, cls):
     x = np.random.default_rng(1).standard_normal((48, 96)).astype(np.float32) * 0.05
     x[3, :32] += 0.4  # a block far from zero: Q4_1's min is not -max
     fmt = _assert_same_as_ggml(_gguf_blocks(x, type_name), type_name, (48, 96))
     assert isinstance(fmt, cls) and fmt.group == 32
-    # float16 scales: the file's size exactly (Q4_0 keeps an offset -8d beside d: Q4_1's size)
-    assert fmt.nbytes == TENSOR_TYPES_BY_NAME["Q4_1" if type_name == "Q4_0" else type_name].nbytes(48 * 96)
+    # float16 scales: the file's size exactly (Q4_0 / Q5_0 keep an offset -8d / -16d beside d: Q4_1's / Q5_1's size)
+    assert fmt.nbytes == TENSOR_TYPES_BY_NAME[type_name.replace("_0", "_1") if "Q8" not in type_name
+                                              else type_name].nbytes(48 * 96)
+
+
+def test_q5_codes_use_all_32_levels():
+    """The fifth bits are read: gguf-py's Q5_1 of a ramp gives every code 0..31 in each block."""
+    x = np.tile(np.linspace(-1, 1, 32, dtype=np.float32), (4, 2))  # [4, 64]
+    fmt = format_from_gguf(_gguf_blocks(x, "Q5_1"), TENSOR_TYPES_BY_NAME["Q5_1"], (4, 64))
+    assert torch.equal(fmt.codes_unpacked()[:, :32], torch.arange(32, dtype=torch.uint8).expand(4, 32))
+
+
+def _random_q5_k(rows: int, superblocks: int, seed: int = 0) -> np.ndarray:
+    """Q5_K blocks of random bytes (scales, fifth bits, nibbles) with finite, moderate float16 d and dmin."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * superblocks, 176), dtype=np.uint8)
+    blocks[:, 0:4] = (rng.standard_normal((rows * superblocks, 2)) * 0.01).astype(np.float16).view(np.uint8)
+    return blocks.reshape(-1)
+
+
+def test_q5_k_blocks_carry_over_exactly():
+    """Bit for bit gguf-py's Q5_K dequantization (the float32 arithmetic of llama.cpp's reference)."""
+    raw = _random_q5_k(16, 2)
+    fmt = format_from_gguf(raw, TENSOR_TYPES_BY_NAME["Q5_K"], (16, 512), label="w")
+    expected = torch.from_numpy(gguf.quants.dequantize(raw.reshape(16, -1), gguf.GGMLQuantizationType.Q5_K))
+    assert isinstance(fmt, Int5Weight) and fmt.signature == "int5[16,512]g32"
+    assert torch.equal(fmt.dequantize(), expected.float())
+    assert fmt.nbytes == 16 * 512 * 5 // 8 + 2 * 16 * 16 * 4  # codes, fifth bits, float32 scales and offsets
 
 
 def test_q4_k_blocks_carry_over_exactly():
@@ -84,6 +114,12 @@ def test_float_types_are_views(type_name, dtype):
     assert torch.equal(fmt.weight, w) and fmt.weight.data_ptr() == raw.ctypes.data
 
 
+@pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1", "Q5_K"])
+def test_q5_blocks_of_bad_size_raise_input_error(type_name):
+    with pytest.raises(InputError, match=rf"blk.2 \[4, 256\]: 100 bytes of {type_name}"):
+        format_from_gguf(np.zeros(100, dtype=np.uint8), TENSOR_TYPES_BY_NAME[type_name], (4, 256), label="blk.2")
+
+
 def test_bad_gguf_input_raises_input_error():
     raw = np.zeros(TENSOR_TYPES_BY_NAME["Q6_K"].nbytes(256), dtype=np.uint8)
     with pytest.raises(InputError, match="Q6_K .*no lossless"):
@@ -92,13 +128,14 @@ def test_bad_gguf_input_raises_input_error():
         format_from_gguf(np.zeros(10, dtype=np.uint8), TENSOR_TYPES_BY_NAME["Q4_1"], (4, 64), label="blk.1")
 
 
-@pytest.mark.parametrize("cls, step", [(Int4Weight, 1 / 15), (Int8GroupWeight, 1 / 127), (Int8Weight, 1 / 127)])
+@pytest.mark.parametrize("cls, step", [(Int4Weight, 1 / 15), (Int5Weight, 1 / 31), (Int8GroupWeight, 1 / 127),
+                                       (Int8Weight, 1 / 127)])
 def test_from_float_within_half_a_step(cls, step):
     w = torch.randn(32, 128)
     fmt = cls.from_float(w)
     err = (fmt.dequantize() - w).abs()
     groups = w.reshape(32, -1, 32) if cls is not Int8Weight else w.reshape(32, 1, 128)
-    span = groups.amax(2) - groups.amin(2) if cls is Int4Weight else groups.abs().amax(2)  # per group [N, G]
+    span = groups.amax(2) - groups.amin(2) if cls in (Int4Weight, Int5Weight) else groups.abs().amax(2)  # [N, G]
     bound = span * step / 2 * 1.01 + 1e-3 * span  # + float16 rounding of scale and offset
     assert (err.reshape(groups.shape) <= bound[..., None]).all()
 
@@ -109,7 +146,7 @@ def test_int4_from_float_stores_float16_scales_and_reports_bytes():
     assert fmt.nbytes == 64 * 256 // 2 + 2 * (64 * 256 // 32) * 2
 
 
-@pytest.mark.parametrize("cls", [Int4Weight, Int8GroupWeight])
+@pytest.mark.parametrize("cls", [Int4Weight, Int5Weight, Int8GroupWeight])
 def test_k_not_a_multiple_of_the_group_raises(cls):
     with pytest.raises(InputError, match=r"blocks.0.attn.qkv \[8, 48\].*K=48 must be a multiple of the group size 32"):
         cls.from_float(torch.randn(8, 48), label="blocks.0.attn.qkv")
@@ -133,6 +170,51 @@ def test_row_operations_and_embedding_rows():
     wide = Int4Weight(a.codes, a.scale.float() / 3, a.offset.float())  # float32 scales (Q4_K-like)
     mixed = WeightFormat.cat_rows([a, wide])
     assert mixed.scale.dtype == torch.float32 and torch.equal(mixed.dequantize()[16:], wide.dequantize())
+
+
+def test_int5_row_and_column_operations():
+    """Fusing, reordering, embedding rows and a shard's columns move the fifth bits with their codes."""
+    a, b = Int5Weight.from_float(torch.randn(16, 128)), Int5Weight.from_float(torch.randn(8, 128), group=64)
+    with pytest.raises(InputError, match="cannot fuse"):
+        WeightFormat.cat_rows([a, b])  # groups differ
+    b = Int5Weight.from_float(torch.randn(8, 128))
+    fused = WeightFormat.cat_rows([a, b], label="gate_up")
+    assert isinstance(fused, Int5Weight) and fused.signature == "int5[24,128]g32"
+    assert torch.equal(fused.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+    index = torch.tensor([[23, 0], [7, 16]])
+    assert torch.equal(fused.rows(index), fused.dequantize()[index])  # [2, 2, 128]
+    assert torch.equal(fused.take_rows(torch.tensor([20, 2])).dequantize(), fused.dequantize()[[20, 2]])
+    shard = fused.take_columns(32, 96, label="shard")
+    assert shard.shape == (24, 64) and shard.high.shape == (24, 8)
+    assert torch.equal(shard.dequantize(), fused.dequantize()[:, 32:96])
+    with pytest.raises(InputError, match=r"columns \[16, 96\)"):
+        fused.take_columns(16, 96)
+
+
+def test_int5_from_int4_and_as_int8g_are_exact():
+    four = Int4Weight.from_float(torch.randn(8, 64))
+    assert torch.equal(Int5Weight.from_int4(four).dequantize(), four.dequantize())
+    q = torch.randint(0, 32, (8, 64))
+    d = (torch.rand(8, 2) * 0.01).half()
+    symmetric = Int5Weight.from_codes(q, d, -16 * d.float())  # Q5_0's w = d * (q - 16)
+    int8g = symmetric.as_int8g()
+    assert isinstance(int8g, Int8GroupWeight) and torch.equal(int8g.dequantize(), symmetric.dequantize())
+    assert torch.equal(int8g.codes, (q - 16).to(torch.int8))
+    assert Int5Weight.from_codes(q, d, d).as_int8g() is None
+
+
+def test_int5_refuses_fifth_bits_of_the_wrong_shape():
+    with pytest.raises(InputError, match=r"fifth bits must be uint8 \[N, K/8\] = \[4, 8\].*\[4, 4\]"):
+        Int5Weight(torch.zeros(4, 32, dtype=torch.uint8), torch.zeros(4, 4, dtype=torch.uint8),
+                   torch.ones(4, 2), torch.zeros(4, 2), label="w")
+
+
+def test_bit_packing_round_trips():
+    b = torch.randint(0, 2, (3, 64), dtype=torch.uint8)
+    packed = pack_bits(b)
+    assert packed.shape == (3, 8) and torch.equal(packed[:, 0] & 1, b[:, 0])
+    assert torch.equal(packed[:, 1] >> 7, b[:, 15])  # bit 7 of byte 1: value 15
+    assert torch.equal(unpack_bits(packed), b)
 
 
 def test_nibble_packing_round_trips():

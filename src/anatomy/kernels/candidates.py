@@ -17,8 +17,11 @@ activations of one dtype; `kernel.bind(prepared)` gives the function `x [M, K] -
     q4x             q4x          any          anatomy's own (kernels/native): int4 groups x activations
                                               quantized to int8 per 32, VNNI dot products, up to 16 rows
     q8x             q8x          any          the same for int8 groups (GGUF Q8_0)
+    q5x             q5x          any          the same for int5 groups (GGUF Q5_0, Q5_1, Q5_K): q4x's layout
+                                              and its codes' fifth bits (kernels/native/q5.cpp)
     q4f / q8f       q4x / q8x    any          the same layouts, weights decoded to float32 in registers and
                                               multiplied with the activations as they are: the float product
+    q5f             q5x          any          the same for int5 groups
     q4t / q4t16     q4t          any          int4 groups on 16 output rows interleaved (tiles.cpp), x
                                               quantized to int8 / int16 per 32, AVX-512 VNNI only
     q8t16           q8t          any          int8 groups (Q8_0) the same way, x quantized to int16 per 32
@@ -40,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from anatomy.kernels import native
-from anatomy.weights.formats import FloatWeight, Int4Weight, Int8GroupWeight, Int8Weight, WeightFormat
+from anatomy.weights.formats import FloatWeight, Int4Weight, Int5Weight, Int8GroupWeight, Int8Weight, WeightFormat
 
 Prepared = tuple[Any, ...]  # what a form builds: tensors (and FBGEMM's packed-parameter object)
 CHUNKED_MAX_ROWS = 16  # the chunk-parallel bmm is for decode products; above this a GEMM is threaded anyway
@@ -189,6 +192,11 @@ def _build_q4x(fmt: Int4Weight) -> Prepared:
     return (torch.ops.anatomy.pack_q4(fmt.codes, scale, offset),)
 
 
+def _build_q5x(fmt: Int5Weight) -> Prepared:
+    scale, offset = _per_32(fmt.scale, fmt.group), _per_32(fmt.offset, fmt.group)
+    return (torch.ops.anatomy.pack_q5(fmt.codes, fmt.high, scale, offset),)
+
+
 def _build_q8x(fmt: Int8GroupWeight) -> Prepared:
     return (torch.ops.anatomy.pack_q8(fmt.codes, _per_32(fmt.scale, fmt.group)),)
 
@@ -219,6 +227,8 @@ ONEDNN_BF16 = Form("onednn-bf16", _build_onednn, _onednn_ok, lambda f: _numel(f)
                    keeps=lambda f: _holds(torch.bfloat16, f))
 Q4X = Form("q4x", _build_q4x, lambda f: isinstance(f, Int4Weight) and f.group % 32 == 0 and _native_ok(f),
            lambda f: _numel(f) // NATIVE_BLOCK * 40)
+Q5X = Form("q5x", _build_q5x, lambda f: isinstance(f, Int5Weight) and f.group % 32 == 0 and _native_ok(f),
+           lambda f: _numel(f) // NATIVE_BLOCK * 48)
 Q8X = Form("q8x", _build_q8x, lambda f: isinstance(f, Int8GroupWeight) and f.group % 32 == 0 and _native_ok(f),
            lambda f: _numel(f) // NATIVE_BLOCK * 72)
 Q4T = Form("q4t", _build_q4t, lambda f: isinstance(f, Int4Weight) and f.group % 32 == 0 and _tiles_ok(f),
@@ -292,6 +302,11 @@ def _bind_q4x(p: Prepared) -> Callable[[Tensor], Tensor]:
     return lambda x: torch.ops.anatomy.q4_linear(x, w)
 
 
+def _bind_q5x(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (w,) = p
+    return lambda x: torch.ops.anatomy.q5_linear(x, w)
+
+
 def _bind_q8x(p: Prepared) -> Callable[[Tensor], Tensor]:
     (w,) = p
     return lambda x: torch.ops.anatomy.q8_linear(x, w)
@@ -300,6 +315,11 @@ def _bind_q8x(p: Prepared) -> Callable[[Tensor], Tensor]:
 def _bind_q4f(p: Prepared) -> Callable[[Tensor], Tensor]:
     (w,) = p
     return lambda x: torch.ops.anatomy.q4f_linear(x, w)
+
+
+def _bind_q5f(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (w,) = p
+    return lambda x: torch.ops.anatomy.q5f_linear(x, w)
 
 
 def _bind_q8f(p: Prepared) -> Callable[[Tensor], Tensor]:
@@ -340,8 +360,10 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("int8pack", INT8PACK, torch.bfloat16, _bind_int8pack),
     Kernel("q4x", Q4X, None, _bind_q4x, compiles=False),  # an operator without a compiled form
     Kernel("q8x", Q8X, None, _bind_q8x, compiles=False),
+    Kernel("q5x", Q5X, None, _bind_q5x, compiles=False),
     Kernel("q4f", Q4X, None, _bind_q4f, compiles=False),
     Kernel("q8f", Q8X, None, _bind_q8f, compiles=False),
+    Kernel("q5f", Q5X, None, _bind_q5f, compiles=False),
     Kernel("q4t", Q4T, None, _bind_q4t, compiles=False),
     Kernel("q4t16", Q4T, None, _bind_q4t16, compiles=False),
     Kernel("q8t16", Q8T, None, _bind_q8t16, compiles=False),

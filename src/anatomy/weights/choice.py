@@ -1,8 +1,8 @@
 """The `weights=` choice of anatomy.load: the format each of a model's matrices is kept in.
 
     "auto"  GGUF: the file's own blocks where a format holds them exactly (Q4_0/Q4_1/Q4_K -> int4,
-            Q8_0/IQ4_NL/IQ4_XS/MXFP4 -> int8g, F16/BF16/F32 as they are), other block types as f16;
-            HF: the file's dtype
+            Q5_0/Q5_1/Q5_K -> int5, Q8_0/IQ4_NL/IQ4_XS/MXFP4 -> int8g, F16/BF16/F32 as they are), other
+            block types as f16; HF: the file's dtype
     "f32", "f16", "bf16"   every matrix as that float type
     "int8"  int8 per output channel (a Q8_0 matrix stays int8g, which holds it exactly)
     "int4"  int4, group 32 (Q4_0/Q4_1/Q4_K kept as they are); the token table and LM head in int8,

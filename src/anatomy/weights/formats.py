@@ -13,18 +13,22 @@ whatever layout a matrix-product routine wants; the format itself stays portable
     int8g    codes int8 [N, K], scale [N, K/g]                   codes * scale[n, k // g] (GGUF Q8_0, g = 32)
     int4     codes 0..15 [N, K] two per byte, scale and offset   codes * scale[n, k // g] + offset[n, k // g]
              [N, K/g]                                            (GGUF Q4_0, Q4_1, Q4_K, g = 32)
+    int5     int4's codes (the low 4 bits) and the fifth bits    the same, codes 0..31 (GGUF Q5_0, Q5_1, Q5_K)
+             [N, K/8], scale and offset [N, K/g]
 
-int4 keeps ggml's Q4_0/Q4_1 nibble order: per block of 32 values, byte j holds value j in its low
+int4 and int5 keep ggml's Q4_0/Q4_1 nibble order: per block of 32 values, byte j holds value j in its low
 nibble and value j + 16 in its high one, so a Q4_0/Q4_1 tensor's codes are copied, not unpacked
-and repacked (the layout a kernel wants is built later, once, by the kernel's form). Scales and
+and repacked (the layout a kernel wants is built later, once, by the kernel's form); int5's fifth bits
+are Q5_0/Q5_1's: per block of 32 values 4 bytes, bit j (little-endian) that of value j. Scales and
 offsets are kept in float16 when every one of them is exactly a float16 (Q4_0, Q4_1), otherwise float32
 (Q4_K's d * scale needs up to 17 bits): dequantize() computes in float32, the arithmetic
 llama.cpp's reference dequantization (checkpoints.gguf_dequant) does, so a GGUF file carried into
 these formats dequantizes to the same float32 values, bit for bit.
 
-    format_from_gguf(raw, ttype, shape)  Q4_0 / Q4_1 / Q4_K -> Int4Weight, Q8_0 / IQ4_NL / IQ4_XS / MXFP4
-                                         -> Int8GroupWeight (the IQ4/FP4 levels as int8 codes), F32 / F16 /
-                                         BF16 -> FloatWeight (a view, no copy); else InputError
+    format_from_gguf(raw, ttype, shape)  Q4_0 / Q4_1 / Q4_K -> Int4Weight, Q5_0 / Q5_1 / Q5_K -> Int5Weight,
+                                         Q8_0 / IQ4_NL / IQ4_XS / MXFP4 -> Int8GroupWeight (the IQ4/FP4 levels
+                                         as int8 codes), F32 / F16 / BF16 -> FloatWeight (a view, no copy);
+                                         else InputError
     Int4Weight.from_float(w)             quantizing (round to nearest, 16 levels from min to max per group)
 """
 
@@ -271,6 +275,77 @@ class Int4Weight(WeightFormat):
         return w.reshape(n, K)
 
 
+class Int5Weight(WeightFormat):
+    """int5 asymmetric per group: W[n, k] = q[n, k] * scale[n, k // group] + offset[n, k // group], q in 0..31.
+
+    `codes` [N, K/2] uint8: q's low 4 bits in ggml's nibble order (Int4Weight's); `high` [N, K/8] uint8:
+    q's fifth bits, per block of 32 values 4 bytes whose bit j (little-endian) is value j's (GGUF Q5_0's
+    qh). The group is a multiple of 32.
+    """
+
+    name = "int5"
+
+    def __init__(self, codes: Tensor, high: Tensor, scale: Tensor, offset: Tensor, *, label: str = "weight") -> None:
+        groups = (codes.shape[0], _groups(codes.shape[1] * 2, scale))
+        _check_parts(label, codes, torch.uint8, 2, (scale, groups), (offset, groups))
+        if high.dtype != torch.uint8 or tuple(high.shape) != (codes.shape[0], codes.shape[1] // 4):
+            want = [codes.shape[0], codes.shape[1] // 4]
+            raise InputError(f"{label}: the fifth bits must be uint8 [N, K/8] = {want} for codes "
+                             f"{list(codes.shape)}, got {high.dtype} {list(high.shape)}")
+        super().__init__((codes.shape[0], codes.shape[1] * 2), label=label)
+        self.group = self.shape[1] // scale.shape[1]
+        self.register_buffer("codes", codes)  # [N, K/2] uint8
+        self.register_buffer("high", high)  # [N, K/8] uint8
+        self.register_buffer("scale", scale)  # [N, K/g]
+        self.register_buffer("offset", offset)  # [N, K/g]
+
+    @classmethod
+    def from_codes(cls, q: Tensor, scale: Tensor, offset: Tensor, *, label: str = "weight") -> Int5Weight:
+        """From unpacked codes q [N, K] (0..31); scale and offset [N, K/g] are stored in their narrowest exact dtype."""
+        q = q.to(torch.uint8)
+        return cls(pack_nibbles(q & 0x0F), pack_bits(q >> 4), compact_float(scale), compact_float(offset), label=label)
+
+    @classmethod
+    def from_float(cls, w: Tensor, *, group: int = GROUP, label: str = "weight") -> Int5Weight:
+        """Round to nearest on 32 levels from min to max of each group (float16 scale and offset)."""
+        _check_grouped(w, group, label, "int5", multiple=CODE_BLOCK)
+        N, K = w.shape
+        g = w.detach().float().reshape(N, K // group, group)  # [N, K/g, g]
+        lo, hi = g.amin(dim=2), g.amax(dim=2)  # [N, K/g]
+        scale = ((hi - lo) / 31).half()
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        offset = lo.half()
+        q = torch.round((g - offset.float()[..., None]) / scale.float()[..., None]).clamp_(0, 31)
+        return cls.from_codes(q.reshape(N, K), scale, offset, label=label)
+
+    @classmethod
+    def from_int4(cls, fmt: Int4Weight) -> Int5Weight:
+        """The same weight, exactly (every fifth bit 0): to fuse an int4 part with int5 ones."""
+        high = torch.zeros(fmt.shape[0], fmt.shape[1] // 8, dtype=torch.uint8)
+        return cls(fmt.codes, high, fmt.scale, fmt.offset, label=fmt.label)
+
+    def as_int8g(self) -> Int8GroupWeight | None:
+        """The same weight as int8 groups (codes q - 16) when every offset is -16 * scale (GGUF Q5_0),
+        exactly; else None."""
+        scale = self.scale.float()
+        if not torch.equal(self.offset.float(), -16 * scale):
+            return None
+        codes = (self.codes_unpacked().to(torch.int16) - 16).to(torch.int8)  # [N, K]
+        per_32 = self.scale.repeat_interleave(self.group // CODE_BLOCK, dim=1)  # [N, K/32]
+        return Int8GroupWeight(codes, per_32, label=self.label)
+
+    def codes_unpacked(self) -> Tensor:
+        """q [N, K] uint8, 0..31."""
+        return unpack_nibbles(self.codes) | (unpack_bits(self.high) << 4)
+
+    def _values(self, codes: Tensor, high: Tensor, scale: Tensor, offset: Tensor) -> Tensor:
+        n, K = codes.shape[0], self.shape[1]
+        q = unpack_nibbles(codes) | (unpack_bits(high) << 4)  # [n, K]
+        q = q.reshape(n, K // self.group, self.group).float()  # [n, K/g, g]
+        w = q * scale.float()[..., None] + offset.float()[..., None]  # two roundings, as ggml's
+        return w.reshape(n, K)
+
+
 def pack_nibbles(q: Tensor) -> Tensor:
     """q [N, K] of 0..15 -> [N, K/2] uint8 in ggml's order (per 32 values: byte j = q[j] | q[j + 16] << 4)."""
     N, K = q.shape
@@ -283,6 +358,20 @@ def unpack_nibbles(codes: Tensor) -> Tensor:
     N = codes.shape[0]
     c = codes.reshape(N, -1, 1, CODE_BLOCK // 2)  # [N, blocks, 1, 16]
     return torch.cat([c & 0x0F, c >> 4], dim=2).reshape(N, -1)
+
+
+_BIT = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+
+
+def pack_bits(b: Tensor) -> Tensor:
+    """b [N, K] of 0/1 -> [N, K/8] uint8: bit i of byte j is b[8j + i] (little-endian, GGUF's qh)."""
+    N, K = b.shape
+    return (b.to(torch.uint8).reshape(N, K // 8, 8) * _BIT).sum(dim=2, dtype=torch.uint8)
+
+
+def unpack_bits(packed: Tensor) -> Tensor:
+    """[N, K/8] uint8 -> b [N, K] uint8 of 0/1 (the inverse of pack_bits)."""
+    return ((packed[..., None] & _BIT) != 0).to(torch.uint8).reshape(packed.shape[0], -1)
 
 
 def compact_float(t: Tensor) -> Tensor:
@@ -337,7 +426,8 @@ def format_from_gguf(raw: np.ndarray, ttype: TensorType, shape: tuple[int, int],
                      label: str = "weight") -> WeightFormat:
     """The weight [N, K] stored in `raw` (uint8 bytes of GGUF type `ttype`), in the format that
     holds it losslessly: F32/F16/BF16 -> FloatWeight (a view of `raw`), Q8_0/IQ4_NL/IQ4_XS/MXFP4 ->
-    Int8GroupWeight, Q4_0/Q4_1/Q4_K -> Int4Weight. Other types raise InputError (dequantize them instead)."""
+    Int8GroupWeight, Q4_0/Q4_1/Q4_K -> Int4Weight, Q5_0/Q5_1/Q5_K -> Int5Weight. Other types raise
+    InputError (dequantize them instead)."""
     if len(shape) != 2:
         raise InputError(f"{label}: a linear weight is a matrix [N, K], got shape {list(shape)}")
     N, K = shape
@@ -425,5 +515,32 @@ def _level_codes(levels: np.ndarray, qs: np.ndarray) -> Tensor:
     return torch.from_numpy(levels[nibble_codes(qs)].reshape(qs.shape[0], -1))
 
 
-_BLOCKS = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k, "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs,
-           "MXFP4": _mxfp4}
+def _q5_0(blocks: np.ndarray, label: str) -> Int5Weight:
+    """Q5_0 blocks: d, 4 bytes of fifth bits, 16 bytes of nibbles; x = d * (q - 16) = q * d - 16 d (exact)."""
+    d = _f16(blocks, 0)
+    return Int5Weight(_q32_codes(blocks[..., 6:]), _q32_codes(blocks[..., 2:6]), d, compact_float(-16 * d.float()),
+                      label=label)
+
+
+def _q5_1(blocks: np.ndarray, label: str) -> Int5Weight:
+    """Q5_1 blocks: d, m, 4 bytes of fifth bits, 16 bytes of nibbles; x = q * d + m."""
+    return Int5Weight(_q32_codes(blocks[..., 8:]), _q32_codes(blocks[..., 4:8]), _f16(blocks, 0), _f16(blocks, 2),
+                      label=label)
+
+
+def _q5_k(blocks: np.ndarray, label: str) -> Int5Weight:
+    """Q5_K super-blocks of 256: Q4_K's d, dmin, 6-bit scales and mins and nibbles (at byte 48), and 32
+    bytes of fifth bits at byte 16 (bit g of byte j: value j of group g)."""
+    N, nb, _ = blocks.shape
+    sc, mn = (torch.from_numpy(a) for a in k4_scales(blocks[..., 4:16].reshape(N * nb, 12)))  # [N*nb, 8]
+    d, dmin = _f16(blocks, 0).float().reshape(-1, 1), _f16(blocks, 2).float().reshape(-1, 1)
+    scale, offset = (d * sc).reshape(N, nb * 8), (-(dmin * mn)).reshape(N, nb * 8)
+    qh = blocks[..., 16:48]  # [N, nb, 32]
+    bits = (qh[:, :, None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # [N, nb, group, 32]
+    high = np.packbits(bits, axis=-1, bitorder="little").reshape(N, nb * 32)  # per group 4 bytes, Q5_0's order
+    return Int5Weight(_k4_codes(blocks[..., 48:]), torch.from_numpy(high), compact_float(scale), compact_float(offset),
+                      label=label)
+
+
+_BLOCKS = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q5_K": _q5_k,
+           "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs, "MXFP4": _mxfp4}

@@ -7,7 +7,8 @@
 The same mapping as checkpoints.gguf's loader (tensor_parts: which GGUF tensors fill which rows),
 except that the blocks are kept, not dequantized: rows are whole blocks, so fusing and the
 rotary row reordering move raw bytes. `lossless_format` is the format of one of the model's
-matrices when every part of it has one (formats.format_from_gguf), else None.
+matrices when every part of it has one and they have one in common (formats.format_from_gguf,
+one_format), else None.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from anatomy.checkpoints.gguf_names import Part, part_bytes, tensor_parts
 from anatomy.checkpoints.gguf_reader import GGUFFile
 from anatomy.errors import CheckpointError
 from anatomy.models import build_model
-from anatomy.weights.formats import WeightFormat, format_from_gguf, has_lossless_format
+from anatomy.weights.formats import Int4Weight, Int5Weight, WeightFormat, format_from_gguf, has_lossless_format
 
 
 def matrix_formats(f: GGUFFile) -> dict[str, WeightFormat]:
@@ -46,8 +47,25 @@ def lossless_format(f: GGUFFile, parts: list[Part], K: int, *, label: str) -> We
     type has no lossless format (the matrix is then dequantized)."""
     if not all(has_lossless_format(f.tensors[p.name].type) for p in parts):
         return None
-    fmts = [_part_format(f, p, K) for p in parts]
+    fmts = one_format([_part_format(f, p, K) for p in parts])
+    if fmts is None:
+        return None
     return fmts[0] if len(fmts) == 1 else WeightFormat.cat_rows(fmts, label=label)
+
+
+def one_format(fmts: list[WeightFormat]) -> list[WeightFormat] | None:
+    """The parts of a fused matrix in one format that holds each exactly (llama.cpp's mixes give q, k
+    Q5_0 and v Q8_0, or Q4_K beside Q5_0): int4 widened to int5, int5 with offsets -16 * scale (Q5_0)
+    as int8g; None when the parts have no such format (the matrix is then dequantized)."""
+    names = {fmt.name for fmt in fmts}
+    if len(names) == 1:
+        return fmts
+    if names == {"int4", "int5"}:
+        return [Int5Weight.from_int4(fmt) if isinstance(fmt, Int4Weight) else fmt for fmt in fmts]
+    if names == {"int5", "int8g"}:
+        out = [fmt.as_int8g() if isinstance(fmt, Int5Weight) else fmt for fmt in fmts]
+        return None if any(fmt is None for fmt in out) else out
+    return None
 
 
 def named(formats: dict[str, WeightFormat], suffix: str) -> str:

@@ -1,4 +1,4 @@
-"""anatomy's own kernels (gemv.cpp, gemv_avx2.cpp, ...): few-row products on int4 and int8 groups through
+"""anatomy's own kernels (gemv.cpp, gemv_avx2.cpp, ...): few-row products on int4, int5 and int8 groups through
 AVX-512 VNNI or AVX2, decode attention, RMSNorm and a whole decode block as one operator.
 
     loaded()         the library of this source and torch version is found (library.py: built with the

@@ -43,6 +43,7 @@ using anatomy::Q4_BLOCK;
 using anatomy::Q8_BLOCK;
 using anatomy::Quantized;
 using anatomy::Isa;
+using anatomy::Units;
 
 constexpr int64_t G = 32;        // inputs per group
 constexpr int MAX_ROWS = 16;
@@ -109,39 +110,6 @@ Lanes lanes_of(const Quantized& a, int64_t M, int64_t K) {
     for (int64_t g = 0; g < groups; ++g)
       for (int64_t lane = 0; lane < 8; ++lane)
         out.scale[(m * pairs + g / 2) * 16 + (g % 2) * 8 + lane] = a.scale[m * groups + g];
-  return out;
-}
-
-// The AVX-512 q4 loops take two blocks (128 weights) a step, a "unit": the two 16-lane dots (8 lanes a
-// group) are narrowed to one (packed to int16, then neighbouring lanes summed by vpmaddwd: 4 lanes a
-// group, each a sum of 8 products), so the scaling (convert, multiply, FMA) runs once per 128 weights
-// instead of once per 64, and the minimum terms are summed on the side, one 8-lane FMA a unit. Per row of
-// x and unit, what the loops read: its 128 codes (a phantom second block, where K / 64 is odd, has zero
-// codes), the scales [lane 4i + j: group A for i < 2, else B; block P for j < 2, else Q] and the minimum
-// terms [0, cPA, 0, cPB, 0, cQA, 0, cQB] (c = s * sum(q)) beside the blocks' [d, m] pairs.
-struct Units {
-  int64_t units;
-  std::vector<int8_t> q;       // [M, units, 128]
-  std::vector<float> scale;    // [M, units, 16]
-  std::vector<float> minimum;  // [M, units, 8]
-};
-
-Units units_of(const Quantized& a, int64_t M, int64_t K) {
-  const int64_t pairs = K / PAIR, groups = K / G, units = (pairs + 1) / 2;
-  Units out{units, std::vector<int8_t>(M * units * 128, 0), std::vector<float>(M * units * 16, 0.f),
-            std::vector<float>(M * units * 8, 0.f)};
-  for (int64_t m = 0; m < M; ++m) {
-    std::memcpy(out.q.data() + m * units * 128, a.q.data() + m * K, K);
-    for (int64_t p = 0; p < pairs; ++p) {
-      const int64_t at = m * units + p / 2, block = p % 2;
-      for (int64_t half = 0; half < 2; ++half) {
-        const int64_t g = m * groups + 2 * p + half;
-        float* s = out.scale.data() + at * 16 + half * 8 + block * 2;
-        s[0] = s[1] = s[4] = s[5] = a.scale[g];
-        out.minimum[at * 8 + block * 4 + half * 2 + 1] = a.scale[g] * a.sum[g];
-      }
-    }
-  }
   return out;
 }
 
@@ -369,6 +337,25 @@ Quantized quantize_rows(const at::Tensor& x, Isa level) {
 #endif
   for (int64_t m = 0; m < M; ++m)
     row(src + m * K, K, out.q.data() + m * K, out.scale.data() + m * groups, out.sum.data() + m * groups);
+  return out;
+}
+
+Units units_of(const Quantized& a, int64_t M, int64_t K) {
+  const int64_t pairs = K / PAIR, groups = K / G, units = (pairs + 1) / 2;
+  Units out{units, std::vector<int8_t>(M * units * 128, 0), std::vector<float>(M * units * 16, 0.f),
+            std::vector<float>(M * units * 8, 0.f)};
+  for (int64_t m = 0; m < M; ++m) {
+    std::memcpy(out.q.data() + m * units * 128, a.q.data() + m * K, K);
+    for (int64_t p = 0; p < pairs; ++p) {
+      const int64_t at = m * units + p / 2, block = p % 2;
+      for (int64_t half = 0; half < 2; ++half) {
+        const int64_t g = m * groups + 2 * p + half;
+        float* s = out.scale.data() + at * 16 + half * 8 + block * 2;
+        s[0] = s[1] = s[4] = s[5] = a.scale[g];
+        out.minimum[at * 8 + block * 4 + half * 2 + 1] = a.scale[g] * a.sum[g];
+      }
+    }
+  }
   return out;
 }
 

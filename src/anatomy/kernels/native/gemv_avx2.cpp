@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "native.h"
 
@@ -100,6 +101,37 @@ AVX2 inline Q4 Q4::of(const uint8_t* block) {
 AVX2 inline __m256 Q4::times(const int8_t* x, const float* lanes, __m256 acc) const {
   acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(lanes)), dots(lo, hi, load(x), load(x + G)), acc);
   return _mm256_fmadd_ps(m, _mm256_loadu_ps(lanes + 8), acc);
+}
+
+// 32 bits -> 32 bytes, byte j 16 where bit j is set, else 0 (a code's fifth bit)
+AVX2 inline __m256i fifth_bits(const uint8_t* p) {
+  int32_t bits;
+  std::memcpy(&bits, p, 4);
+  const __m256i spread = _mm256_shuffle_epi8(  // byte j holds byte j / 8 of the bits
+      _mm256_set1_epi32(bits), _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                                        _mm256_set1_epi8(-1));  // all other bits of byte j are 1 already
+  return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+
+// A q5 block (q5.cpp): q4's, each code's fifth bit added before the interleave; the products the same
+// (a code times an activation, 31 * 127 per pair, stays within int16)
+struct Q5 : Q4 {
+  static constexpr int64_t BYTES = anatomy::Q5_BLOCK;
+  AVX2 static Q5 of(const uint8_t* block);
+};
+
+AVX2 inline Q5 Q5::of(const uint8_t* block) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i packed = load(block + 16);
+  const __m256 dm = header4(block);
+  const __m256i a = _mm256_or_si256(_mm256_and_si256(packed, low), fifth_bits(block + 8));
+  const __m256i b = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), low), fifth_bits(block + 12));
+  Q5 q;
+  interleave(a, b, q.lo, q.hi);
+  q.d = _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(0, 2, 0, 2, 0, 2, 0, 2));
+  q.m = _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(1, 3, 1, 3, 1, 3, 1, 3));
+  return q;
 }
 
 // A q8 block: its codes' magnitudes and the codes themselves (for their signs), interleaved; [dA dB dA dB ...]
@@ -218,20 +250,25 @@ AVX2 inline void group_times(const __m256 (&wv)[4], const float* x, int64_t K, _
   }
 }
 
-template <int R>
+// (Q5: the q5 layout's blocks, each code's fifth bit added)
+template <int R, bool Q5 = false>
 AVX2 void q4f_rows(const float* x, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N) {
-  const int64_t pairs = K / PAIR;
+  const int64_t pairs = K / PAIR, bytes = Q5 ? anatomy::Q5_BLOCK : Q4_BLOCK;
   const __m256i low = _mm256_set1_epi8(0x0F);
   for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = w + n * pairs * Q4_BLOCK;
+    const uint8_t* row = w + n * pairs * bytes;
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t p = 0; p < pairs; ++p) {
-      const uint8_t* block = row + p * Q4_BLOCK;
+      const uint8_t* block = row + p * bytes;
       _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD, _MM_HINT_T0);
       const __m128 dm = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block)));
-      const __m256i packed = load(block + 8);
-      const __m256i codes[2] = {_mm256_and_si256(packed, low), _mm256_and_si256(_mm256_srli_epi16(packed, 4), low)};
+      const __m256i packed = load(block + (Q5 ? 16 : 8));
+      __m256i codes[2] = {_mm256_and_si256(packed, low), _mm256_and_si256(_mm256_srli_epi16(packed, 4), low)};
+      if constexpr (Q5) {
+        codes[0] = _mm256_or_si256(codes[0], fifth_bits(block + 8));
+        codes[1] = _mm256_or_si256(codes[1], fifth_bits(block + 12));
+      }
       for (int g = 0; g < 2; ++g) {  // group A: the low nibbles, inputs 0..31; B: the high ones, 32..63
         const __m256 d = _mm256_broadcastss_ps(_mm_shuffle_ps(dm, dm, 2 * g));
         const __m256 m = _mm256_broadcastss_ps(_mm_shuffle_ps(dm, dm, 2 * g + 1));
@@ -325,9 +362,20 @@ void q8_rows(const Activations& x, int64_t M, int64_t K, const uint8_t* w, int64
   int8_product<Q8>(x, M, K, w, n0, n1, y, N);
 }
 
+void q5_rows(const Activations& x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+             int64_t N) {
+  int8_product<Q5>(x, M, K, w, n0, n1, y, N);
+}
+
 void q4f_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N) {
   float_product(M, K, n0, n1, y, N, [&](auto R, int64_t m0, int64_t t0, int64_t t1, float* ym) {
     ::q4f_rows<decltype(R)::value>(x + m0 * K, K, w, t0, t1, ym, N);
+  });
+}
+
+void q5f_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N) {
+  float_product(M, K, n0, n1, y, N, [&](auto R, int64_t m0, int64_t t0, int64_t t1, float* ym) {
+    ::q4f_rows<decltype(R)::value, true>(x + m0 * K, K, w, t0, t1, ym, N);
   });
 }
 

@@ -17,6 +17,23 @@ struct Quantized {
   std::vector<int32_t> sum;  // [M, K/32] sum of q over the group
 };
 
+// What the AVX-512 VNNI int4/int5 loops (gemv.cpp's q4, q5.cpp's) read of x, made once per call. They
+// take two blocks (128 weights) a step, a "unit": the two 16-lane dots (8 lanes a group) are narrowed to
+// one (packed to int16, then neighbouring lanes summed by vpmaddwd: 4 lanes a group, each a sum of 8
+// products), so the scaling (convert, multiply, FMA) runs once per 128 weights instead of once per 64,
+// and the minimum terms are summed on the side, one 8-lane FMA a unit. Per row of x and unit: its 128
+// codes (a phantom second block, where K / 64 is odd, has zero codes), the scales [lane 4i + j: group A
+// for i < 2, else B; block P for j < 2, else Q] and the minimum terms [0, cPA, 0, cPB, 0, cQA, 0, cQB]
+// (c = s * sum(q)) beside the blocks' [d, m] pairs.
+struct Units {
+  int64_t units;
+  std::vector<int8_t> q;       // [M, units, 128]
+  std::vector<float> scale;    // [M, units, 16]
+  std::vector<float> minimum;  // [M, units, 8]
+};
+
+Units units_of(const Quantized& a, int64_t M, int64_t K);
+
 namespace avx2 {
 
 #if ANATOMY_X86  // (x86-64 only, as every function below: elsewhere a call left unguarded fails to compile)
@@ -43,10 +60,14 @@ void q4_rows(const Activations& x, int64_t M, int64_t K, const uint8_t* w, int64
              int64_t N);
 void q8_rows(const Activations& x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
              int64_t N);
+// int5 weights (q5.cpp's q5 layout) x int8 activations, any M
+void q5_rows(const Activations& x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+             int64_t N);
 
 // the same layouts x float32 activations x [M, K] as they are, M <= 8
 void q4f_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N);
 void q8f_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N);
+void q5f_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N);
 
 #endif  // ANATOMY_X86
 

@@ -1,5 +1,5 @@
 // The operators of anatomy's native kernels that other operators call directly (one library, one
-// namespace): the few-row products (gemv.cpp: int8 activations by VNNI; exact.cpp: float activations),
+// namespace): the few-row products (gemv.cpp, q5.cpp: int8 activations by VNNI; exact.cpp: float activations),
 // RMSNorm (norm.cpp) and the attention over a cache as stored (attention.cpp). Each is also a torch
 // operator of the same name under torch.ops.anatomy.
 #pragma once
@@ -33,6 +33,7 @@ namespace anatomy {
 constexpr int64_t PAIR = 64;      // inputs per stored block (two groups)
 constexpr int64_t Q4_BLOCK = 40;  // bytes per block: 4 float16 (scale, minimum per group), 32 bytes of 4-bit codes
 constexpr int64_t Q8_BLOCK = 72;  // bytes per block: 2 float16 scales (in 8 bytes), 64 int8 codes
+constexpr int64_t Q5_BLOCK = 48;  // q4's header, 8 bytes of fifth bits (bit i: input i), its 32 bytes of codes
 // The weights stream from memory once per step, a few hundred KB per matrix: the hardware prefetcher
 // alone leaves each new matrix latency-bound, so the one-row loops ask for the bytes this far ahead
 constexpr int64_t AHEAD = 8192;
@@ -101,6 +102,8 @@ Quantized quantize_rows(const at::Tensor& x, Isa level);
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits);
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
+at::Tensor q5_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
+at::Tensor q5f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q4f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q8f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
