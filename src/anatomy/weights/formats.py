@@ -13,6 +13,7 @@ whatever layout a matrix-product routine wants; the format itself stays portable
     int8g    codes int8 [N, K], scale [N, K/g]                   codes * scale[n, k // g] (GGUF Q8_0, g = 32)
     int4     codes 0..15 [N, K] two per byte, scale and offset   codes * scale[n, k // g] + offset[n, k // g]
              [N, K/g]                                            (GGUF Q4_0, Q4_1, Q4_K, g = 32)
+    int6     GGUF Q6_K's blocks as stored (weights/int6.py)        d[n, k // 256] * scale[n, k // 16] * (q - 32)
 
 int4 keeps ggml's Q4_0/Q4_1 nibble order: per block of 32 values, byte j holds value j in its low
 nibble and value j + 16 in its high one, so a Q4_0/Q4_1 tensor's codes are copied, not unpacked
@@ -23,7 +24,8 @@ llama.cpp's reference dequantization (checkpoints.gguf_dequant) does, so a GGUF 
 these formats dequantizes to the same float32 values, bit for bit.
 
     format_from_gguf(raw, ttype, shape)  Q4_0 / Q4_1 / Q4_K -> Int4Weight, Q8_0 -> Int8GroupWeight,
-                                         F32 / F16 / BF16 -> FloatWeight (a view, no copy); else InputError
+                                         Q6_K -> Int6Weight, F32 / F16 / BF16 -> FloatWeight (a view,
+                                         no copy); else InputError
     Int4Weight.from_float(w)             quantizing (round to nearest, 16 levels from min to max per group)
 """
 
@@ -329,7 +331,7 @@ def format_from_gguf(raw: np.ndarray, ttype: TensorType, shape: tuple[int, int],
                      label: str = "weight") -> WeightFormat:
     """The weight [N, K] stored in `raw` (uint8 bytes of GGUF type `ttype`), in the format that
     holds it losslessly: F32/F16/BF16 -> FloatWeight (a view of `raw`), Q8_0 -> Int8GroupWeight,
-    Q4_0/Q4_1/Q4_K -> Int4Weight. Other types raise InputError (dequantize them instead)."""
+    Q4_0/Q4_1/Q4_K -> Int4Weight, Q6_K -> Int6Weight. Other types raise InputError (dequantize them instead)."""
     if len(shape) != 2:
         raise InputError(f"{label}: a linear weight is a matrix [N, K], got shape {list(shape)}")
     N, K = shape
@@ -392,4 +394,10 @@ def _k4_codes(qs: np.ndarray) -> Tensor:
     return torch.from_numpy(np.stack([even, odd], axis=3).reshape(qs.shape[0], -1))  # [N, nb, 4, 2, 16]
 
 
-_BLOCKS = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}
+def _q6_k(blocks: np.ndarray, label: str) -> WeightFormat:
+    from anatomy.weights.int6 import from_q6_k  # int6 builds on this module's WeightFormat
+
+    return from_q6_k(blocks, label)
+
+
+_BLOCKS = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k, "Q6_K": _q6_k}
