@@ -17,6 +17,7 @@ activations of one dtype; `kernel.bind(prepared)` gives the function `x [M, K] -
     q4x             q4x          any          anatomy's own (kernels/native): int4 groups x activations
                                               quantized to int8 per 32, VNNI dot products, up to 16 rows
     q8x             q8x          any          the same for int8 groups (GGUF Q8_0)
+    q6x             q6x          any          the same for int6 (GGUF Q6_K's 256-input super-blocks, q6k.cpp)
     q4f / q8f       q4x / q8x    any          the same layouts, weights decoded to float32 in registers and
                                               multiplied with the activations as they are: the float product
     q4t / q4t16     q4t          any          int4 groups on 16 output rows interleaved (tiles.cpp), x
@@ -41,6 +42,7 @@ from torch import Tensor
 
 from anatomy.kernels import native
 from anatomy.weights.formats import FloatWeight, Int4Weight, Int8GroupWeight, Int8Weight, WeightFormat
+from anatomy.weights.int6 import SUPER, Int6Weight
 
 Prepared = tuple[Any, ...]  # what a form builds: tensors (and FBGEMM's packed-parameter object)
 CHUNKED_MAX_ROWS = 16  # the chunk-parallel bmm is for decode products; above this a GEMM is threaded anyway
@@ -193,6 +195,10 @@ def _build_q8x(fmt: Int8GroupWeight) -> Prepared:
     return (torch.ops.anatomy.pack_q8(fmt.codes, _per_32(fmt.scale, fmt.group)),)
 
 
+def _build_q6x(fmt: Int6Weight) -> Prepared:
+    return (torch.ops.anatomy.pack_q6(fmt.low, fmt.high, fmt.scale, fmt.d),)  # [N, K/256 * 210]
+
+
 def _tiles_ok(fmt: WeightFormat) -> bool:
     """Tiles of 16 output rows: where AVX-512 VNNI runs them, for N a multiple of 16."""
     return _native_ok(fmt) and native.isa() == "avx512-vnni" and fmt.shape[0] % 16 == 0
@@ -221,6 +227,8 @@ Q4X = Form("q4x", _build_q4x, lambda f: isinstance(f, Int4Weight) and f.group % 
            lambda f: _numel(f) // NATIVE_BLOCK * 40)
 Q8X = Form("q8x", _build_q8x, lambda f: isinstance(f, Int8GroupWeight) and f.group % 32 == 0 and _native_ok(f),
            lambda f: _numel(f) // NATIVE_BLOCK * 72)
+Q6X = Form("q6x", _build_q6x, lambda f: isinstance(f, Int6Weight) and f.shape[1] % SUPER == 0 and _native_ok(f),
+           lambda f: _numel(f) // SUPER * 210)
 Q4T = Form("q4t", _build_q4t, lambda f: isinstance(f, Int4Weight) and f.group % 32 == 0 and _tiles_ok(f),
            lambda f: _numel(f) // NATIVE_BLOCK * 40)
 Q8T = Form("q8t", _build_q8t, lambda f: isinstance(f, Int8GroupWeight) and f.group % 32 == 0 and _tiles_ok(f),
@@ -297,6 +305,11 @@ def _bind_q8x(p: Prepared) -> Callable[[Tensor], Tensor]:
     return lambda x: torch.ops.anatomy.q8_linear(x, w)
 
 
+def _bind_q6x(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (w,) = p
+    return lambda x: torch.ops.anatomy.q6_linear(x, w)
+
+
 def _bind_q4f(p: Prepared) -> Callable[[Tensor], Tensor]:
     (w,) = p
     return lambda x: torch.ops.anatomy.q4f_linear(x, w)
@@ -340,6 +353,7 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("int8pack", INT8PACK, torch.bfloat16, _bind_int8pack),
     Kernel("q4x", Q4X, None, _bind_q4x, NATIVE_ROWS, compiles=False),  # an operator without a compiled form
     Kernel("q8x", Q8X, None, _bind_q8x, NATIVE_ROWS, compiles=False),
+    Kernel("q6x", Q6X, None, _bind_q6x, NATIVE_ROWS, compiles=False),
     Kernel("q4f", Q4X, None, _bind_q4f, NATIVE_ROWS, compiles=False),
     Kernel("q8f", Q8X, None, _bind_q8f, NATIVE_ROWS, compiles=False),
     Kernel("q4t", Q4T, None, _bind_q4t, NATIVE_ROWS, compiles=False),
