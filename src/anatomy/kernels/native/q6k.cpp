@@ -281,6 +281,26 @@ AVX2 void rows256(const Activations& x, int64_t m0, int64_t K, const uint8_t* w,
   }
 }
 
+AVX2 void row256(const Activations& x, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y) {
+  const int64_t supers = K / SUPER;
+  int64_t n = n0;
+  for (; n + UNROLL <= n1; n += UNROLL) {
+    __m256 acc[UNROLL];
+    for (int u = 0; u < UNROLL; ++u) acc[u] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < supers; ++b)
+      for (int u = 0; u < UNROLL; ++u) {
+        const uint8_t* block = w + ((n + u) * supers + b) * BLOCK;
+        for (int64_t line = 0; line < BLOCK; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD + line, _MM_HINT_T0);
+        for (int half = 0; half < 2; ++half)
+          acc[u] = half256_dot(half256(block, half), half, x.q.data() + b * SUPER, x.x32.data() + b * 64,
+                               x.lanes.data() + b * 16, acc[u]);
+      }
+    for (int u = 0; u < UNROLL; ++u) y[n + u] = anatomy::avx2::hsum8(acc[u]);
+  }
+  if (n < n1) rows256<1>(x, 0, K, w, n, n1, y, 1);
+}
+
 template <int R, typename F>
 void up_to(int rows, F&& f) {
   if constexpr (R > 1) {
@@ -295,7 +315,7 @@ void up_to(int rows, F&& f) {
 void q6_rows(const Activations& x, const Quantized& a, Isa level, int64_t M, int64_t K, const uint8_t* w, int64_t n0,
              int64_t n1, float* y, int64_t N) {
 #if ANATOMY_X86
-  if (level >= Isa::Avx512 && M == 1) return row512(x, K, w, n0, n1, y);
+  if (M == 1 && level >= Isa::Avx2) return level >= Isa::Avx512 ? row512(x, K, w, n0, n1, y) : row256(x, K, w, n0, n1, y);
   if (level >= Isa::Avx2) {
     for (int64_t t0 = n0; t0 < n1; t0 += TILE)
       for (int64_t m0 = 0; m0 < M; m0 += ROWS)
