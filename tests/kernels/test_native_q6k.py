@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from anatomy import build_model, get_preset
 from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME
+from anatomy.inference.engine import Chunk, DecoderEngine
 from anatomy.kernels import native
 from anatomy.kernels.candidates import KERNELS_BY_NAME, Q6X, Q8X, candidates, reference_product, relative_error
 from anatomy.kernels.planned_linear import PlannedLinear
+from anatomy.weights.choice import install, matrices
 from anatomy.weights.formats import Int8GroupWeight, format_from_gguf
 from anatomy.weights.int6 import Int6Weight
 
@@ -27,11 +30,11 @@ def path(request):
         yield running == "portable"
 
 
-def int6(N: int, K: int, seed: int = 0) -> Int6Weight:
-    """Random Q6_K blocks (codes and sub-scales uniform, float16 d ~ 1e-3) carried into int6."""
+def int6(N: int, K: int, seed: int = 0, d: float = 1e-3) -> Int6Weight:
+    """Random Q6_K blocks (codes and sub-scales uniform, float16 d ~ `d`) carried into int6."""
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(N * K // 256, 210), dtype=np.uint8)
-    blocks[:, 208:210] = (rng.standard_normal((N * K // 256, 1)) * 1e-3).astype(np.float16).view(np.uint8)
+    blocks[:, 208:210] = (rng.standard_normal((N * K // 256, 1)) * d).astype(np.float16).view(np.uint8)
     return format_from_gguf(blocks.reshape(-1), TENSOR_TYPES_BY_NAME["Q6_K"], (N, K), label="w")
 
 
@@ -116,3 +119,25 @@ def test_offered_for_int6_where_a_vector_path_runs():
     layer = PlannedLinear.with_kernel(KERNELS_BY_NAME["q6x"], fmt)
     x = torch.randn(3, 512)
     assert relative_error(layer(x), reference_product(fmt, x)) < ERROR
+
+
+def test_an_engine_decodes_int6_layers_on_q6x(forced_timings):
+    """A tiny decoder whose every matrix is int6: the plan (timings forced, accuracy checked) runs its
+    decode steps on q6x, and each step's logits are the model's own forward's (its exact product) to
+    int8 activations' rounding."""
+    if not native.available():
+        pytest.skip(f"q6x needs the native library on AVX2 or better (here: {native.why_not()})")
+    torch.manual_seed(0)
+    model = build_model(get_preset("llama-7b", vocab_size=96, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512,
+                                   n_layers=2, max_seq_len=32)).eval()
+    formats = {name: int6(*m.weight.shape, seed=i, d=3e-5) for i, (name, m) in enumerate(matrices(model).items())}
+    install(model, formats, dtype=torch.float32)
+    tokens = [5, 17, 33, 2, 9, 41, 8, 60]
+    with torch.no_grad():
+        reference = model(torch.tensor([tokens]))[0]  # [S, V]
+    engine = DecoderEngine(model)
+    assert "decode q6x" in engine.model.stack.blocks[0].ffn.down.description
+    cache = engine.paged_cache(num_blocks=2, block_size=16)
+    logits = torch.stack([engine.step(cache, [Chunk([t], i, [0, 1])])[0] for i, t in enumerate(tokens)])
+    # each of the 9 products on a token's path rounds its input to int8 (~0.5% rms): sqrt(9) of them, 2x slack
+    assert relative_error(logits, reference.double()) < 2 * 3 * 5e-3

@@ -67,9 +67,9 @@ inline int32_t code_at(const uint8_t* block, int64_t k) {
 
 // -- x's side, once per call ----------------------------------------------------------------------
 
-// x's int8 codes in the layout's order, and per row and super-block: 32 * the codes' pair sums of chunks
-// 0-1 and of 2-3 (int16 [2, 32]: what vpmaddubsw's pairs take off), and the groups' scales, each on the two
-// lanes of its group ([sx0 sx0 sx1 sx1 ... sx7 sx7])
+// x's int8 codes in the layout's order, and per row and super-block: 32 * the sum of the 4 codes each int16
+// lane of vpmaddubsw covers in chunks 0 and 1, then 2 and 3 (int16 [2, 32]: the -32 of the weights' codes),
+// and the groups' scales, each on the two int32 lanes of its group ([sx0 sx0 sx1 sx1 ... sx7 sx7])
 struct Activations {
   std::vector<int8_t> q;       // [M, K]
   std::vector<int16_t> x32;    // [M, K/256, 64]
@@ -78,7 +78,8 @@ struct Activations {
 
 Activations activations(const Quantized& a, int64_t M, int64_t K) {
   const int64_t supers = K / SUPER;
-  Activations out{std::vector<int8_t>(M * K), std::vector<int16_t>(M * supers * 64), std::vector<float>(M * supers * 16)};
+  Activations out{std::vector<int8_t>(M * K), std::vector<int16_t>(M * supers * 64),
+                  std::vector<float>(M * supers * 16)};
   for (int64_t m = 0; m < M; ++m)
     for (int64_t b = 0; b < supers; ++b) {
       const int8_t* from = a.q.data() + m * K + b * SUPER;
@@ -134,6 +135,13 @@ inline __attribute__((target("f16c"))) float d_of(const uint8_t* block) {
 
 // -- AVX-512: a super-block in 4 vectors of 64 codes --------------------------------------------------
 
+// a chunk's codes: the low 4 bits from the nibbles `low4` holds in its low bits, the top 2 from `top2`'s
+// bits 4-5 (each plane shifted into place; the bits around them are masked off)
+AVX512 inline __m512i codes512(__m512i low4, __m512i top2) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  return _mm512_or_si512(_mm512_and_si512(low4, nibble), _mm512_and_si512(top2, bits45));
+}
+
 struct Super512 {
   __m512i u[4];    // the chunks' codes, 0..63
   __m512i sc[2];   // int16 lane j: sc[2 (j / 4)] (chunks 0-1), sc[2 (j / 4) + 1] (chunks 2-3)
@@ -141,14 +149,13 @@ struct Super512 {
 };
 
 AVX512 inline Super512 super512(const uint8_t* block) {
-  const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
   const __m512i l0 = _mm512_loadu_si512(block + L0), l1 = _mm512_loadu_si512(block + L1);
   const __m512i h = _mm512_loadu_si512(block + H);
   Super512 s;
-  s.u[0] = _mm512_or_si512(_mm512_and_si512(l0, low), _mm512_and_si512(_mm512_slli_epi16(h, 4), top));
-  s.u[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low), _mm512_and_si512(_mm512_slli_epi16(h, 2), top));
-  s.u[2] = _mm512_or_si512(_mm512_and_si512(l1, low), _mm512_and_si512(h, top));
-  s.u[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low), _mm512_and_si512(_mm512_srli_epi16(h, 2), top));
+  s.u[0] = codes512(l0, _mm512_slli_epi16(h, 4));
+  s.u[1] = codes512(_mm512_srli_epi16(l0, 4), _mm512_slli_epi16(h, 2));
+  s.u[2] = codes512(l1, h);
+  s.u[3] = codes512(_mm512_srli_epi16(l1, 4), _mm512_srli_epi16(h, 2));
   const __m512i sc = _mm512_castsi256_si512(
       _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + SCALES))));
   const __m512i even = _mm512_set_epi16(14, 14, 14, 14, 12, 12, 12, 12, 10, 10, 10, 10, 8, 8, 8, 8, 6, 6, 6, 6, 4, 4,
@@ -219,6 +226,11 @@ AVX512 void row512(const Activations& x, int64_t K, const uint8_t* w, int64_t n0
 
 AVX2 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
+AVX2 inline __m256i codes256(__m256i low4, __m256i top2) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
+  return _mm256_or_si256(_mm256_and_si256(low4, nibble), _mm256_and_si256(top2, bits45));
+}
+
 struct Half256 {
   __m256i u[4];
   __m256i sc[2];
@@ -226,14 +238,13 @@ struct Half256 {
 };
 
 AVX2 inline Half256 half256(const uint8_t* block, int half) {
-  const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
   const __m256i l0 = load256(block + L0 + 32 * half), l1 = load256(block + L1 + 32 * half);
   const __m256i h = load256(block + H + 32 * half);
   Half256 s;
-  s.u[0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(h, 4), top));
-  s.u[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(_mm256_slli_epi16(h, 2), top));
-  s.u[2] = _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(h, top));
-  s.u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low), _mm256_and_si256(_mm256_srli_epi16(h, 2), top));
+  s.u[0] = codes256(l0, _mm256_slli_epi16(h, 4));
+  s.u[1] = codes256(_mm256_srli_epi16(l0, 4), _mm256_slli_epi16(h, 2));
+  s.u[2] = codes256(l1, h);
+  s.u[3] = codes256(_mm256_srli_epi16(l1, 4), _mm256_srli_epi16(h, 2));
   const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + SCALES));
   const char o = static_cast<char>(8 * half);
   const __m128i even = _mm_setr_epi8(o, o, o, o, o + 2, o + 2, o + 2, o + 2, o + 4, o + 4, o + 4, o + 4, o + 6, o + 6,
@@ -315,7 +326,8 @@ void up_to(int rows, F&& f) {
 void q6_rows(const Activations& x, const Quantized& a, Isa level, int64_t M, int64_t K, const uint8_t* w, int64_t n0,
              int64_t n1, float* y, int64_t N) {
 #if ANATOMY_X86
-  if (M == 1 && level >= Isa::Avx2) return level >= Isa::Avx512 ? row512(x, K, w, n0, n1, y) : row256(x, K, w, n0, n1, y);
+  if (M == 1 && level >= Isa::Avx512) return row512(x, K, w, n0, n1, y);
+  if (M == 1 && level >= Isa::Avx2) return row256(x, K, w, n0, n1, y);
   if (level >= Isa::Avx2) {
     for (int64_t t0 = n0; t0 < n1; t0 += TILE)
       for (int64_t m0 = 0; m0 < M; m0 += ROWS)
@@ -331,7 +343,8 @@ void q6_rows(const Activations& x, const Quantized& a, Isa level, int64_t M, int
 }
 
 void check(const at::Tensor& x, const at::Tensor& w) {
-  TORCH_CHECK(x.dim() == 2 && x.is_floating_point() && x.size(0) >= 1, "anatomy::q6_linear: x must be a float matrix [M, K]");
+  TORCH_CHECK(x.dim() == 2 && x.is_floating_point() && x.size(0) >= 1,
+              "anatomy::q6_linear: x must be a float matrix [M, K]");
   TORCH_CHECK(x.size(1) % SUPER == 0, "anatomy::q6_linear: K = ", x.size(1), " must be a multiple of ", SUPER);
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "anatomy::q6_linear: weight must be uint8 [N, bytes]");
