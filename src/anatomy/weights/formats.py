@@ -13,7 +13,7 @@ whatever layout a matrix-product routine wants; the format itself stays portable
     int8g    codes int8 [N, K], scale [N, K/g]                   codes * scale[n, k // g] (GGUF Q8_0, g = 32)
     int4     codes 0..15 [N, K] two per byte, scale and offset   codes * scale[n, k // g] + offset[n, k // g]
              [N, K/g]                                            (GGUF Q4_0, Q4_1, Q4_K, g = 32)
-    int6     GGUF Q6_K's blocks as stored (weights/int6.py)        d[n, k // 256] * scale[n, k // 16] * (q - 32)
+    int6     GGUF Q6_K's blocks as stored (weights/int6.py)      d[n, k // 256] * scale[n, k // 16] * (q - 32)
 
 int4 keeps ggml's Q4_0/Q4_1 nibble order: per block of 32 values, byte j holds value j in its low
 nibble and value j + 16 in its high one, so a Q4_0/Q4_1 tensor's codes are copied, not unpacked
