@@ -19,6 +19,7 @@ activations of one dtype; `kernel.bind(prepared)` gives the function `x [M, K] -
     q8x             q8x          any          the same for int8 groups (GGUF Q8_0)
     q5x             q5x          any          the same for int5 groups (GGUF Q5_0, Q5_1, Q5_K): q4x's layout
                                               and its codes' fifth bits (kernels/native/q5.cpp)
+    q6x             q6x          any          the same for int6 (GGUF Q6_K's 256-input super-blocks, q6k.cpp)
     q4f / q8f       q4x / q8x    any          the same layouts, weights decoded to float32 in registers and
                                               multiplied with the activations as they are: the float product
     q5f             q5x          any          the same for int5 groups
@@ -44,6 +45,7 @@ from torch import Tensor
 
 from anatomy.kernels import native
 from anatomy.weights.formats import FloatWeight, Int4Weight, Int5Weight, Int8GroupWeight, Int8Weight, WeightFormat
+from anatomy.weights.int6 import SUPER, Int6Weight
 
 Prepared = tuple[Any, ...]  # what a form builds: tensors (and FBGEMM's packed-parameter object)
 CHUNKED_MAX_ROWS = 16  # the chunk-parallel bmm is for decode products; above this a GEMM is threaded anyway
@@ -174,7 +176,6 @@ def _numel(fmt: WeightFormat) -> int:
     return fmt.shape[0] * fmt.shape[1]
 
 
-NATIVE_ROWS = 16  # rows anatomy's own few-row kernels take a pass (more: in passes of this many)
 NATIVE_BLOCK = 64  # they read the inputs 64 at a time
 
 
@@ -199,6 +200,10 @@ def _build_q5x(fmt: Int5Weight) -> Prepared:
 
 def _build_q8x(fmt: Int8GroupWeight) -> Prepared:
     return (torch.ops.anatomy.pack_q8(fmt.codes, _per_32(fmt.scale, fmt.group)),)
+
+
+def _build_q6x(fmt: Int6Weight) -> Prepared:
+    return (torch.ops.anatomy.pack_q6(fmt.low, fmt.high, fmt.scale, fmt.d),)  # [N, K/256 * 210]
 
 
 def _tiles_ok(fmt: WeightFormat) -> bool:
@@ -231,6 +236,8 @@ Q5X = Form("q5x", _build_q5x, lambda f: isinstance(f, Int5Weight) and f.group % 
            lambda f: _numel(f) // NATIVE_BLOCK * 48)
 Q8X = Form("q8x", _build_q8x, lambda f: isinstance(f, Int8GroupWeight) and f.group % 32 == 0 and _native_ok(f),
            lambda f: _numel(f) // NATIVE_BLOCK * 72)
+Q6X = Form("q6x", _build_q6x, lambda f: isinstance(f, Int6Weight) and f.shape[1] % SUPER == 0 and _native_ok(f),
+           lambda f: _numel(f) // SUPER * 210)
 Q4T = Form("q4t", _build_q4t, lambda f: isinstance(f, Int4Weight) and f.group % 32 == 0 and _tiles_ok(f),
            lambda f: _numel(f) // NATIVE_BLOCK * 40)
 Q8T = Form("q8t", _build_q8t, lambda f: isinstance(f, Int8GroupWeight) and f.group % 32 == 0 and _tiles_ok(f),
@@ -312,6 +319,11 @@ def _bind_q8x(p: Prepared) -> Callable[[Tensor], Tensor]:
     return lambda x: torch.ops.anatomy.q8_linear(x, w)
 
 
+def _bind_q6x(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (w,) = p
+    return lambda x: torch.ops.anatomy.q6_linear(x, w)
+
+
 def _bind_q4f(p: Prepared) -> Callable[[Tensor], Tensor]:
     (w,) = p
     return lambda x: torch.ops.anatomy.q4f_linear(x, w)
@@ -361,6 +373,7 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("q4x", Q4X, None, _bind_q4x, compiles=False),  # an operator without a compiled form
     Kernel("q8x", Q8X, None, _bind_q8x, compiles=False),
     Kernel("q5x", Q5X, None, _bind_q5x, compiles=False),
+    Kernel("q6x", Q6X, None, _bind_q6x, compiles=False),
     Kernel("q4f", Q4X, None, _bind_q4f, compiles=False),
     Kernel("q8f", Q8X, None, _bind_q8f, compiles=False),
     Kernel("q5f", Q5X, None, _bind_q5f, compiles=False),

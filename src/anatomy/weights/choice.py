@@ -1,12 +1,13 @@
 """The `weights=` choice of anatomy.load: the format each of a model's matrices is kept in.
 
     "auto"  GGUF: the file's own blocks where a format holds them exactly (Q4_0/Q4_1/Q4_K -> int4,
-            Q5_0/Q5_1/Q5_K -> int5, Q8_0/IQ4_NL/IQ4_XS/MXFP4 -> int8g, F16/BF16/F32 as they are), other
-            block types as f16; HF: the file's dtype
+            Q5_0/Q5_1/Q5_K -> int5, Q8_0/IQ4_NL/IQ4_XS/MXFP4 -> int8g, Q6_K -> int6, F16/BF16/F32 as
+            they are), other block types as f16; HF: the file's dtype
     "f32", "f16", "bf16"   every matrix as that float type
-    "int8"  int8 per output channel (a Q8_0 matrix stays int8g, which holds it exactly)
-    "int4"  int4, group 32 (Q4_0/Q4_1/Q4_K kept as they are); the token table and LM head in int8,
-            as llama.cpp's Q4 files keep them at 8 bits
+    "int8"  int8 per output channel (a Q8_0 matrix stays int8g and a Q6_K one int6: each holds the
+            file's values exactly in no more than 8 bits a weight)
+    "int4"  int4, group 32 (Q4_0/Q4_1/Q4_K kept as they are); the token table and LM head as "int8"
+            has them, as llama.cpp's Q4 files keep them at 8 bits (Q4_K_M: at 6)
 
 The matrices are the weights of every nn.Linear and the token embedding; norms, biases, position
 tables and stacked experts stay dense. A matrix whose format would be a dense tensor of the
@@ -22,6 +23,7 @@ from torch import Tensor, nn
 
 from anatomy import dtypes
 from anatomy.weights.formats import FloatWeight, Int4Weight, Int8GroupWeight, Int8Weight, WeightFormat
+from anatomy.weights.int6 import Int6Weight
 from anatomy.weights.modules import CompactEmbedding, CompactLinear
 
 CHOICES = ("auto", *dtypes.FLOATS, "int8", "int4")
@@ -73,7 +75,8 @@ def _choose(choice: str, *, name: str, model: nn.Module, dtype: torch.dtype,
         target = dtypes.torch_dtype(choice)
         return None if target == dtype else FloatWeight.from_float(dense(), dtype=target, label=name)
     if choice == "int8" or _is_table_or_head(name, model):
-        return lossless if isinstance(lossless, (Int8GroupWeight, Int8Weight)) else Int8Weight.from_float(dense(), label=name)
+        kept = isinstance(lossless, (Int8GroupWeight, Int8Weight, Int6Weight))  # exact, at most 8 bits a weight
+        return lossless if kept else Int8Weight.from_float(dense(), label=name)
     return lossless if isinstance(lossless, Int4Weight) else Int4Weight.from_float(dense(), label=name)
 
 

@@ -15,6 +15,7 @@ whatever layout a matrix-product routine wants; the format itself stays portable
              [N, K/g]                                            (GGUF Q4_0, Q4_1, Q4_K, g = 32)
     int5     int4's codes (the low 4 bits) and the fifth bits    the same, codes 0..31 (GGUF Q5_0, Q5_1, Q5_K)
              [N, K/8], scale and offset [N, K/g]
+    int6     GGUF Q6_K's blocks as stored (weights/int6.py)      d[n, k // 256] * scale[n, k // 16] * (q - 32)
 
 int4 and int5 keep ggml's Q4_0/Q4_1 nibble order: per block of 32 values, byte j holds value j in its low
 nibble and value j + 16 in its high one, so a Q4_0/Q4_1 tensor's codes are copied, not unpacked
@@ -26,9 +27,9 @@ llama.cpp's reference dequantization (checkpoints.gguf_dequant) does, so a GGUF 
 these formats dequantizes to the same float32 values, bit for bit.
 
     format_from_gguf(raw, ttype, shape)  Q4_0 / Q4_1 / Q4_K -> Int4Weight, Q5_0 / Q5_1 / Q5_K -> Int5Weight,
-                                         Q8_0 / IQ4_NL / IQ4_XS / MXFP4 -> Int8GroupWeight (the IQ4/FP4 levels
-                                         as int8 codes), F32 / F16 / BF16 -> FloatWeight (a view, no copy);
-                                         else InputError
+                                         Q6_K -> Int6Weight, Q8_0 / IQ4_NL / IQ4_XS / MXFP4 -> Int8GroupWeight
+                                         (the IQ4/FP4 levels as int8 codes), F32 / F16 / BF16 -> FloatWeight
+                                         (a view, no copy); else InputError
     Int4Weight.from_float(w)             quantizing (round to nearest, 16 levels from min to max per group)
 """
 
@@ -426,8 +427,8 @@ def format_from_gguf(raw: np.ndarray, ttype: TensorType, shape: tuple[int, int],
                      label: str = "weight") -> WeightFormat:
     """The weight [N, K] stored in `raw` (uint8 bytes of GGUF type `ttype`), in the format that
     holds it losslessly: F32/F16/BF16 -> FloatWeight (a view of `raw`), Q8_0/IQ4_NL/IQ4_XS/MXFP4 ->
-    Int8GroupWeight, Q4_0/Q4_1/Q4_K -> Int4Weight, Q5_0/Q5_1/Q5_K -> Int5Weight. Other types raise
-    InputError (dequantize them instead)."""
+    Int8GroupWeight, Q4_0/Q4_1/Q4_K -> Int4Weight, Q5_0/Q5_1/Q5_K -> Int5Weight, Q6_K -> Int6Weight. Other
+    types raise InputError (dequantize them instead)."""
     if len(shape) != 2:
         raise InputError(f"{label}: a linear weight is a matrix [N, K], got shape {list(shape)}")
     N, K = shape
@@ -490,6 +491,12 @@ def _k4_codes(qs: np.ndarray) -> Tensor:
     return torch.from_numpy(np.stack([even, odd], axis=3).reshape(qs.shape[0], -1))  # [N, nb, 4, 2, 16]
 
 
+def _q6_k(blocks: np.ndarray, label: str) -> WeightFormat:
+    from anatomy.weights.int6 import from_q6_k  # int6 builds on this module's WeightFormat
+
+    return from_q6_k(blocks, label)
+
+
 def _iq4_nl(blocks: np.ndarray, label: str) -> Int8GroupWeight:
     """IQ4_NL: W = d * IQ4[q], d float16 per 32: the int8 level is the code, d the scale."""
     return Int8GroupWeight(_level_codes(IQ4_LEVELS, blocks[..., 2:]), _f16(blocks, 0), label=label)
@@ -543,4 +550,4 @@ def _q5_k(blocks: np.ndarray, label: str) -> Int5Weight:
 
 
 _BLOCKS = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q5_K": _q5_k,
-           "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs, "MXFP4": _mxfp4}
+           "Q6_K": _q6_k, "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs, "MXFP4": _mxfp4}

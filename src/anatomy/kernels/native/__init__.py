@@ -1,5 +1,6 @@
-"""anatomy's own kernels (gemv.cpp, gemv_avx2.cpp, ...): few-row products on int4, int5 and int8 groups through
-AVX-512 VNNI or AVX2, decode attention, RMSNorm and a whole decode block as one operator.
+"""anatomy's own kernels (gemv.cpp, gemv_avx2.cpp, ...): few-row products on int4, int5 and int8 groups and on
+GGUF Q6_K (q6k.cpp) through AVX-512 (VNNI) or AVX2, decode attention, RMSNorm and a whole decode block as
+one operator.
 
     loaded()         the library of this source and torch version is found (library.py: built with the
                      package, or compiled into the per-user cache on first use) and loaded:

@@ -1,0 +1,425 @@
+// The few-row product on GGUF Q6_K weights (weights/int6.py: w = d * sc * (q - 32), q in 0..63, one float16
+// d per 256 inputs, one int8 sc per 16) with x quantized to int8 per group of 32 (anatomy::quantize_rows),
+// the products summed as integers, as llama.cpp's Q6_K x Q8_K dot product does:
+//
+//   y[m, n] = sum over super-blocks b of d * sum over groups g of sx[m, g] * sum over the group's two
+//             sub-blocks h of sc[h] * sum_j (q_j - 32) qx_j      (the inner sums integers, exact)
+//
+//   q6 layout (pack_q6, from the format's buffers), per row, per super-block of 256 inputs, 210 bytes (the
+//   file's size): d float16, 16 int8 sub-scales, then the codes in the order the vector loops take them:
+//   4 "chunks" of 64 bytes, byte t of chunk c the input 32 (t / 8) + 4 (2c + t / 4 % 2) + t % 4. Lane i
+//   (4 bytes) of every chunk so holds group i / 2, chunks 0-1 its first sub-block and 2-3 its second,
+//   so that the 4 chunks' products add up lane by lane, as integers, into each group's sum: one convert
+//   and scale per 256 inputs and row of x. Stored as L0 (64 bytes: chunk 0's low 4 bits in the low
+//   nibbles, chunk 1's in the high ones), L1 (chunks 2, 3) and H (chunk c's top 2 bits in bits 2c, 2c+1).
+//
+// A chunk's products: vpmaddubsw (unsigned codes 0..63 x int8 activations, pairs summed to int16: at most
+// 2 * 63 * 127), the two chunks of a sub-block added (32004 < 32767), 32 * the activations' pair sums taken
+// off (x's side, made once per call), the int16 sums times the sub-scales and paired by vpmaddwd into
+// int32 (|.| <= 2 * 16256 * 128). AVX-512 (BW) where the CPU has it, else AVX2 (the same layout read 32
+// bytes at a time), else the portable loop, which the tests hold the vector paths to.
+
+#include <torch/library.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gemv_avx2.h"
+#include "native.h"
+
+#if ANATOMY_X86
+#include <immintrin.h>
+
+#include "avx2.h"
+#endif
+
+namespace {
+
+using anatomy::AHEAD;
+using anatomy::Isa;
+using anatomy::Quantized;
+
+constexpr int64_t SUPER = 256;     // inputs per super-block
+constexpr int64_t G = 32;          // inputs per group of x
+constexpr int64_t BLOCK = 210;     // bytes per super-block of the layout
+constexpr int64_t SCALES = 2;      // offset of the 16 sub-scales (after d)
+constexpr int64_t L0 = 18, L1 = 82, H = 146;  // offsets of the code planes
+constexpr int64_t TILE = 16;       // output rows whose weights stay in cache across the chunks of rows of x
+constexpr int ROWS = 8;            // rows of x per pass over a tile
+constexpr int UNROLL = 4;          // output rows at a time in the one-row loops
+
+inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
+
+// where input k (0..255) of a super-block sits: chunk c, byte t
+inline int64_t chunk_of(int64_t k) { return k % 32 / 8; }
+inline int64_t byte_of(int64_t k) { return 4 * (2 * (k / 32) + k % 32 / 4 % 2) + k % 4; }
+
+// code q (0..63) of input k of a layout block
+inline int32_t code_at(const uint8_t* block, int64_t k) {
+  const int64_t c = chunk_of(k), t = byte_of(k);
+  const uint8_t low = block[(c < 2 ? L0 : L1) + t];
+  return ((c % 2 ? low >> 4 : low) & 0x0F) | ((block[H + t] >> (2 * c)) & 3) << 4;
+}
+
+// -- x's side, once per call ----------------------------------------------------------------------
+
+// x's int8 codes in the layout's order, and per row and super-block: 32 * the sum of the 4 codes each int16
+// lane of vpmaddubsw covers in chunks 0 and 1, then 2 and 3 (int16 [2, 32]: the -32 of the weights' codes),
+// and the groups' scales, each on the two int32 lanes of its group ([sx0 sx0 sx1 sx1 ... sx7 sx7])
+struct Activations {
+  std::vector<int8_t> q;       // [M, K]
+  std::vector<int16_t> x32;    // [M, K/256, 64]
+  std::vector<float> lanes;    // [M, K/256, 16]
+};
+
+Activations activations(const Quantized& a, int64_t M, int64_t K) {
+  const int64_t supers = K / SUPER;
+  Activations out{std::vector<int8_t>(M * K), std::vector<int16_t>(M * supers * 64),
+                  std::vector<float>(M * supers * 16)};
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < supers; ++b) {
+      const int8_t* from = a.q.data() + m * K + b * SUPER;
+      int8_t* to = out.q.data() + m * K + b * SUPER;
+      for (int64_t k = 0; k < SUPER; ++k) to[64 * chunk_of(k) + byte_of(k)] = from[k];
+      int16_t* x32 = out.x32.data() + (m * supers + b) * 64;
+      for (int64_t part = 0; part < 2; ++part)
+        for (int64_t j = 0; j < 32; ++j) {
+          const int8_t* c0 = to + 128 * part + 2 * j;
+          x32[32 * part + j] = static_cast<int16_t>(32 * (c0[0] + c0[1] + c0[64] + c0[65]));
+        }
+      for (int64_t i = 0; i < 16; ++i) out.lanes[(m * supers + b) * 16 + i] = a.scale[m * (K / G) + b * 8 + i / 2];
+    }
+  return out;
+}
+
+// -- the portable loop ------------------------------------------------------------------------------
+
+void q6_rows_portable(const Quantized& a, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+                      int64_t N) {
+  const int64_t supers = K / SUPER;
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m) {
+      float total = 0.f;
+      for (int64_t b = 0; b < supers; ++b) {
+        const uint8_t* block = w + (n * supers + b) * BLOCK;
+        uint16_t d;
+        std::memcpy(&d, block, 2);
+        const int8_t* sc = reinterpret_cast<const int8_t*>(block + SCALES);
+        const int8_t* qx = a.q.data() + m * K + b * SUPER;
+        float part = 0.f;
+        for (int64_t g = 0; g < 8; ++g) {
+          int32_t dot = 0;
+          for (int64_t k = 32 * g; k < 32 * g + 32; ++k) dot += sc[k / 16] * (code_at(block, k) - 32) * qx[k];
+          part += a.scale[m * (K / G) + b * 8 + g] * static_cast<float>(dot);
+        }
+        total += half_to_float(d) * part;
+      }
+      y[m * N + n] = total;
+    }
+}
+
+#if ANATOMY_X86
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
+
+// d, the block's float16 first 2 bytes, as a float (F16C: both paths' targets have it)
+inline __attribute__((target("f16c"))) float d_of(const uint8_t* block) {
+  uint16_t d;
+  std::memcpy(&d, block, 2);
+  return _cvtsh_ss(d);
+}
+
+// -- AVX-512: a super-block in 4 vectors of 64 codes --------------------------------------------------
+
+// a chunk's codes: the low 4 bits from the nibbles `low4` holds in its low bits, the top 2 from `top2`'s
+// bits 4-5 (each plane shifted into place; the bits around them are masked off)
+AVX512 inline __m512i codes512(__m512i low4, __m512i top2) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  return _mm512_or_si512(_mm512_and_si512(low4, nibble), _mm512_and_si512(top2, bits45));
+}
+
+struct Super512 {
+  __m512i u[4];    // the chunks' codes, 0..63
+  __m512i sc[2];   // int16 lane j: sc[2 (j / 4)] (chunks 0-1), sc[2 (j / 4) + 1] (chunks 2-3)
+  __m512 d;
+};
+
+AVX512 inline Super512 super512(const uint8_t* block) {
+  const __m512i l0 = _mm512_loadu_si512(block + L0), l1 = _mm512_loadu_si512(block + L1);
+  const __m512i h = _mm512_loadu_si512(block + H);
+  Super512 s;
+  s.u[0] = codes512(l0, _mm512_slli_epi16(h, 4));
+  s.u[1] = codes512(_mm512_srli_epi16(l0, 4), _mm512_slli_epi16(h, 2));
+  s.u[2] = codes512(l1, h);
+  s.u[3] = codes512(_mm512_srli_epi16(l1, 4), _mm512_srli_epi16(h, 2));
+  const __m512i sc = _mm512_castsi256_si512(
+      _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + SCALES))));
+  const __m512i even = _mm512_set_epi16(14, 14, 14, 14, 12, 12, 12, 12, 10, 10, 10, 10, 8, 8, 8, 8, 6, 6, 6, 6, 4, 4,
+                                        4, 4, 2, 2, 2, 2, 0, 0, 0, 0);
+  s.sc[0] = _mm512_permutexvar_epi16(even, sc);
+  s.sc[1] = _mm512_permutexvar_epi16(_mm512_add_epi16(even, _mm512_set1_epi16(1)), sc);
+  s.d = _mm512_set1_ps(d_of(block));
+  return s;
+}
+
+// acc += the super-block's products with one row's codes x [256], pair sums x32 [64], lanes [16]
+AVX512 inline __m512 super512_dot(const Super512& s, const int8_t* x, const int16_t* x32, const float* lanes,
+                                  __m512 acc) {
+  __m512i part[2];
+  for (int p = 0; p < 2; ++p) {
+    const __m512i a = _mm512_maddubs_epi16(s.u[2 * p], _mm512_loadu_si512(x + 128 * p));
+    const __m512i b = _mm512_maddubs_epi16(s.u[2 * p + 1], _mm512_loadu_si512(x + 128 * p + 64));
+    const __m512i sums = _mm512_sub_epi16(_mm512_add_epi16(a, b), _mm512_loadu_si512(x32 + 32 * p));
+    part[p] = _mm512_madd_epi16(sums, s.sc[p]);
+  }
+  const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(part[0], part[1]));  // lanes 2g, 2g + 1: group g
+  return _mm512_fmadd_ps(_mm512_mul_ps(dot, _mm512_loadu_ps(lanes)), s.d, acc);
+}
+
+// R rows of x (from m0) times output rows [n0, n1)
+template <int R>
+AVX512 void rows512(const Activations& x, int64_t m0, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+                    int64_t N) {
+  const int64_t supers = K / SUPER;
+  for (int64_t n = n0; n < n1; ++n) {
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < supers; ++b) {
+      const uint8_t* block = w + (n * supers + b) * BLOCK;
+      for (int64_t line = 0; line < BLOCK; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD + line, _MM_HINT_T0);
+      const Super512 s = super512(block);
+      for (int r = 0; r < R; ++r) {
+        const int64_t at = (m0 + r) * supers + b;
+        acc[r] = super512_dot(s, x.q.data() + at * SUPER, x.x32.data() + at * 64, x.lanes.data() + at * 16, acc[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) y[(m0 + r) * N + n] = _mm512_reduce_add_ps(acc[r]);
+  }
+}
+
+// one row of x: UNROLL output rows at a time (independent chains), their bytes asked for AHEAD early
+AVX512 void row512(const Activations& x, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y) {
+  const int64_t supers = K / SUPER;
+  int64_t n = n0;
+  for (; n + UNROLL <= n1; n += UNROLL) {
+    __m512 acc[UNROLL];
+    for (int u = 0; u < UNROLL; ++u) acc[u] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < supers; ++b)
+      for (int u = 0; u < UNROLL; ++u) {
+        const uint8_t* block = w + ((n + u) * supers + b) * BLOCK;
+        for (int64_t line = 0; line < BLOCK; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD + line, _MM_HINT_T0);
+        acc[u] = super512_dot(super512(block), x.q.data() + b * SUPER, x.x32.data() + b * 64, x.lanes.data() + b * 16,
+                              acc[u]);
+      }
+    for (int u = 0; u < UNROLL; ++u) y[n + u] = _mm512_reduce_add_ps(acc[u]);
+  }
+  if (n < n1) rows512<1>(x, 0, K, w, n, n1, y, 1);
+}
+
+// -- AVX2: each chunk in two halves of 32 bytes (groups 0-3, then 4-7) --------------------------------
+
+AVX2 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+AVX2 inline __m256i codes256(__m256i low4, __m256i top2) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
+  return _mm256_or_si256(_mm256_and_si256(low4, nibble), _mm256_and_si256(top2, bits45));
+}
+
+struct Half256 {
+  __m256i u[4];
+  __m256i sc[2];
+  __m256 d;
+};
+
+AVX2 inline Half256 half256(const uint8_t* block, int half) {
+  const __m256i l0 = load256(block + L0 + 32 * half), l1 = load256(block + L1 + 32 * half);
+  const __m256i h = load256(block + H + 32 * half);
+  Half256 s;
+  s.u[0] = codes256(l0, _mm256_slli_epi16(h, 4));
+  s.u[1] = codes256(_mm256_srli_epi16(l0, 4), _mm256_slli_epi16(h, 2));
+  s.u[2] = codes256(l1, h);
+  s.u[3] = codes256(_mm256_srli_epi16(l1, 4), _mm256_srli_epi16(h, 2));
+  const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + SCALES));
+  const char o = static_cast<char>(8 * half);
+  const __m128i even = _mm_setr_epi8(o, o, o, o, o + 2, o + 2, o + 2, o + 2, o + 4, o + 4, o + 4, o + 4, o + 6, o + 6,
+                                     o + 6, o + 6);
+  s.sc[0] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, even));
+  s.sc[1] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, _mm_add_epi8(even, _mm_set1_epi8(1))));
+  s.d = _mm256_set1_ps(d_of(block));
+  return s;
+}
+
+AVX2 inline __m256 half256_dot(const Half256& s, int half, const int8_t* x, const int16_t* x32, const float* lanes,
+                               __m256 acc) {
+  __m256i part[2];
+  for (int p = 0; p < 2; ++p) {
+    const __m256i a = _mm256_maddubs_epi16(s.u[2 * p], load256(x + 128 * p + 32 * half));
+    const __m256i b = _mm256_maddubs_epi16(s.u[2 * p + 1], load256(x + 128 * p + 64 + 32 * half));
+    const __m256i pairs = load256(x32 + 32 * p + 16 * half);
+    part[p] = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_add_epi16(a, b), pairs), s.sc[p]);
+  }
+  const __m256 dot = _mm256_cvtepi32_ps(_mm256_add_epi32(part[0], part[1]));
+  return _mm256_fmadd_ps(_mm256_mul_ps(dot, _mm256_loadu_ps(lanes + 8 * half)), s.d, acc);
+}
+
+template <int R>
+AVX2 void rows256(const Activations& x, int64_t m0, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+                  int64_t N) {
+  const int64_t supers = K / SUPER;
+  for (int64_t n = n0; n < n1; ++n) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < supers; ++b) {
+      const uint8_t* block = w + (n * supers + b) * BLOCK;
+      for (int64_t line = 0; line < BLOCK; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD + line, _MM_HINT_T0);
+      for (int half = 0; half < 2; ++half) {
+        const Half256 s = half256(block, half);
+        for (int r = 0; r < R; ++r) {
+          const int64_t at = (m0 + r) * supers + b;
+          acc[r] = half256_dot(s, half, x.q.data() + at * SUPER, x.x32.data() + at * 64, x.lanes.data() + at * 16,
+                               acc[r]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) y[(m0 + r) * N + n] = anatomy::avx2::hsum8(acc[r]);
+  }
+}
+
+AVX2 void row256(const Activations& x, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y) {
+  const int64_t supers = K / SUPER;
+  int64_t n = n0;
+  for (; n + UNROLL <= n1; n += UNROLL) {
+    __m256 acc[UNROLL];
+    for (int u = 0; u < UNROLL; ++u) acc[u] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < supers; ++b)
+      for (int u = 0; u < UNROLL; ++u) {
+        const uint8_t* block = w + ((n + u) * supers + b) * BLOCK;
+        for (int64_t line = 0; line < BLOCK; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD + line, _MM_HINT_T0);
+        for (int half = 0; half < 2; ++half)
+          acc[u] = half256_dot(half256(block, half), half, x.q.data() + b * SUPER, x.x32.data() + b * 64,
+                               x.lanes.data() + b * 16, acc[u]);
+      }
+    for (int u = 0; u < UNROLL; ++u) y[n + u] = anatomy::avx2::hsum8(acc[u]);
+  }
+  if (n < n1) rows256<1>(x, 0, K, w, n, n1, y, 1);
+}
+
+template <int R, typename F>
+void up_to(int rows, F&& f) {
+  if constexpr (R > 1) {
+    if (rows < R) return up_to<R - 1>(rows, f);
+  }
+  f(std::integral_constant<int, R>{});
+}
+
+#endif  // ANATOMY_X86
+
+// y [M, N] for output rows [n0, n1): tiles of TILE output rows, rows of x ROWS at a time
+void q6_rows(const Activations& x, const Quantized& a, Isa level, int64_t M, int64_t K, const uint8_t* w, int64_t n0,
+             int64_t n1, float* y, int64_t N) {
+#if ANATOMY_X86
+  if (M == 1 && level >= Isa::Avx512) return row512(x, K, w, n0, n1, y);
+  if (M == 1 && level >= Isa::Avx2) return row256(x, K, w, n0, n1, y);
+  if (level >= Isa::Avx2) {
+    for (int64_t t0 = n0; t0 < n1; t0 += TILE)
+      for (int64_t m0 = 0; m0 < M; m0 += ROWS)
+        up_to<ROWS>(static_cast<int>(std::min<int64_t>(ROWS, M - m0)), [&](auto R) {
+          const int64_t t1 = std::min(n1, t0 + TILE);
+          if (level >= Isa::Avx512) rows512<decltype(R)::value>(x, m0, K, w, t0, t1, y, N);
+          else rows256<decltype(R)::value>(x, m0, K, w, t0, t1, y, N);
+        });
+    return;
+  }
+#endif
+  q6_rows_portable(a, M, K, w, n0, n1, y, N);
+}
+
+void check(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(x.dim() == 2 && x.is_floating_point() && x.size(0) >= 1,
+              "anatomy::q6_linear: x must be a float matrix [M, K]");
+  TORCH_CHECK(x.size(1) % SUPER == 0, "anatomy::q6_linear: K = ", x.size(1), " must be a multiple of ", SUPER);
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
+              "anatomy::q6_linear: weight must be uint8 [N, bytes]");
+  TORCH_CHECK(w.size(1) == x.size(1) / SUPER * BLOCK, "anatomy::q6_linear: weight has ", w.size(1),
+              " bytes a row, K = ", x.size(1), " needs ", x.size(1) / SUPER * BLOCK);
+}
+
+// the code of each of a ggml super-block's 256 inputs (ql [128], qh [64]: weights/int6.py's order)
+void ggml_codes(const uint8_t* ql, const uint8_t* qh, uint8_t* q) {
+  for (int64_t half = 0; half < 2; ++half, ql += 64, qh += 32, q += 128)
+    for (int64_t l = 0; l < 32; ++l) {
+      q[l] = (ql[l] & 0x0F) | (qh[l] & 3) << 4;
+      q[l + 32] = (ql[l + 32] & 0x0F) | (qh[l] >> 2 & 3) << 4;
+      q[l + 64] = (ql[l] >> 4) | (qh[l] >> 4 & 3) << 4;
+      q[l + 96] = (ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4;
+    }
+}
+
+// int6's buffers (low [N, K/2], high [N, K/4], scale int8 [N, K/16], d float16 [N, K/256]) -> the q6 layout
+at::Tensor pack_q6(const at::Tensor& low, const at::Tensor& high, const at::Tensor& scale, const at::Tensor& d) {
+  const int64_t N = low.size(0), K = low.size(1) * 2, supers = K / SUPER;
+  TORCH_CHECK(low.dim() == 2 && low.scalar_type() == at::kByte && K % SUPER == 0 && high.scalar_type() == at::kByte &&
+              high.sizes() == at::IntArrayRef({N, K / 4}) && scale.scalar_type() == at::kChar &&
+              scale.sizes() == at::IntArrayRef({N, K / 16}) && d.scalar_type() == at::kHalf &&
+              d.sizes() == at::IntArrayRef({N, supers}),
+              "anatomy::pack_q6: low uint8 [N, K/2], high uint8 [N, K/4], scale int8 [N, K/16], d float16 [N, K/256]");
+  at::Tensor ql = low.contiguous(), qh = high.contiguous(), sc = scale.contiguous(), dd = d.contiguous();
+  at::Tensor out = low.new_zeros({N, supers * BLOCK});
+  const uint8_t* lo = ql.data_ptr<uint8_t>();
+  const uint8_t* hi = qh.data_ptr<uint8_t>();
+  const int8_t* s = sc.data_ptr<int8_t>();
+  const at::Half* ds = dd.data_ptr<at::Half>();
+  uint8_t* to = out.data_ptr<uint8_t>();
+  at::parallel_for(0, N * supers, 64, [&](int64_t begin, int64_t end) {
+    uint8_t q[SUPER];
+    for (int64_t i = begin; i < end; ++i) {  // i = n * supers + b: the same index in every buffer
+      uint8_t* block = to + i * BLOCK;
+      ggml_codes(lo + i * 128, hi + i * 64, q);
+      std::memcpy(block, ds + i, 2);
+      std::memcpy(block + SCALES, s + i * 16, 16);
+      for (int64_t k = 0; k < SUPER; ++k) {
+        const int64_t c = chunk_of(k), t = byte_of(k);
+        block[(c < 2 ? L0 : L1) + t] |= (q[k] & 0x0F) << (4 * (c % 2));
+        block[H + t] |= (q[k] >> 4) << (2 * c);
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+namespace anatomy {
+
+at::Tensor q6_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
+  check(x, w);
+  const Isa level = anatomy::isa(portable);
+  const Quantized a = quantize_rows(x, level);
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  const Activations xs = level >= Isa::Avx2 ? activations(a, M, K) : Activations{};
+  const uint8_t* weights = w.data_ptr<uint8_t>();
+  at::Tensor y = x.new_empty({M, N}, at::kFloat);
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, N, TILE, [&](int64_t n0, int64_t n1) { q6_rows(xs, a, level, M, K, weights, n0, n1, out, N); });
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
+}  // namespace anatomy
+
+TORCH_LIBRARY_FRAGMENT(anatomy, m) {
+  m.def("q6_linear(Tensor x, Tensor weight, bool portable=False) -> Tensor");
+  m.def("pack_q6(Tensor low, Tensor high, Tensor scale, Tensor d) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
+  m.impl("q6_linear", anatomy::q6_linear);
+  m.impl("pack_q6", pack_q6);
+}

@@ -1,0 +1,143 @@
+"""anatomy's Q6_K product (kernels/native/q6k.cpp) against the float64 product of the int6 weight it
+holds (GGUF Q6_K blocks), x rounded to int8 per 32 as for q8x: about q8x's error on the same inputs;
+every vector path this CPU has (AVX-512, AVX2: each run under native.limited) equals the portable one;
+the layout holds the codes in the order q6k.cpp documents; the kernel is offered where a vector path runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from anatomy import build_model, get_preset
+from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME
+from anatomy.inference.engine import Chunk, DecoderEngine
+from anatomy.kernels import native
+from anatomy.kernels.candidates import KERNELS_BY_NAME, Q6X, Q8X, candidates, reference_product, relative_error
+from anatomy.kernels.planned_linear import PlannedLinear
+from anatomy.weights.choice import install, matrices
+from anatomy.weights.formats import Int8GroupWeight, format_from_gguf
+from anatomy.weights.int6 import Int6Weight
+
+ERROR = 1e-2  # the plan's bound; int8 activations err ~5e-3 on gaussian inputs
+PATHS = list(native.ISAS[:native.ISAS.index(native.isa()) + 1])  # the portable loop and this CPU's vector paths
+
+
+@pytest.fixture(params=PATHS)
+def path(request):
+    with native.limited(request.param) as running:
+        assert running == request.param
+        yield running == "portable"
+
+
+def int6(N: int, K: int, seed: int = 0, d: float = 1e-3) -> Int6Weight:
+    """Random Q6_K blocks (codes and sub-scales uniform, float16 d ~ `d`) carried into int6."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(N * K // 256, 210), dtype=np.uint8)
+    blocks[:, 208:210] = (rng.standard_normal((N * K // 256, 1)) * d).astype(np.float16).view(np.uint8)
+    return format_from_gguf(blocks.reshape(-1), TENSOR_TYPES_BY_NAME["Q6_K"], (N, K), label="w")
+
+
+def pack(fmt: Int6Weight) -> torch.Tensor:
+    return torch.ops.anatomy.pack_q6(fmt.low, fmt.high, fmt.scale, fmt.d)
+
+
+def test_the_layout_holds_what_q6k_cpp_says():
+    """Per super-block: d, the 16 sub-scales, then byte t of chunk c (planes L0, L1, H) is input
+    32 (t / 8) + 4 (2c + t / 4 % 2) + t % 4."""
+    fmt = int6(3, 512)
+    blocks = pack(fmt).view(3, 2, 210)
+    assert torch.equal(blocks[..., :2].contiguous().view(torch.float16).view(3, 2), fmt.d)
+    assert torch.equal(blocks[..., 2:18].contiguous().view(torch.int8).reshape(3, 32), fmt.scale)
+    l0, l1, h = blocks[..., 18:82], blocks[..., 82:146], blocks[..., 146:210]
+    low = torch.stack([l0 & 15, l0 >> 4, l1 & 15, l1 >> 4], dim=2)  # [3, 2, chunk, 64]
+    top = torch.stack([(h >> (2 * c)) & 3 for c in range(4)], dim=2)
+    q = low | (top << 4)
+    c, t = torch.arange(4).view(4, 1), torch.arange(64).view(1, 64)
+    k = 32 * (t // 8) + 4 * (2 * c + t // 4 % 2) + t % 4  # [chunk, 64]
+    natural = torch.empty(3, 2, 256, dtype=torch.uint8)
+    natural[:, :, k.reshape(-1)] = q.reshape(3, 2, 256)
+    assert torch.equal(natural.reshape(3, 512), fmt.codes())
+
+
+@pytest.mark.parametrize("K", [256, 768, 1536])
+@pytest.mark.parametrize("rows", [1, 3, 16, 40])
+def test_q6_equals_the_float64_product(rows, K, path):
+    fmt = int6(48, K, seed=K + rows)
+    x = torch.randn(rows, K)
+    y = torch.ops.anatomy.q6_linear(x, pack(fmt), path)
+    assert y.shape == (rows, 48) and y.dtype == torch.float32
+    error = relative_error(y, reference_product(fmt, x))
+    assert error < ERROR
+    # the same activations' rounding through q8x on the same values in int8 groups: the error is x's
+    int8g = Int8GroupWeight.from_float(fmt.dequantize())
+    packed8 = torch.ops.anatomy.pack_q8(int8g.codes, int8g.scale.float())
+    q8_error = relative_error(torch.ops.anatomy.q8_linear(x, packed8, path), reference_product(int8g, x))
+    assert error < 1.2 * q8_error
+
+
+@pytest.mark.skipif(len(PATHS) < 2, reason="this CPU runs no vector path: only the portable one runs")
+@pytest.mark.parametrize("isa", PATHS[1:])
+def test_the_vector_paths_equal_the_portable_one(isa):
+    """The integer sums are exact in every path, the float arithmetic in another order: to float32's
+    rounding of the outputs (1e-6 of the largest)."""
+    fmt = int6(67, 768)  # 67 outputs: the one-row loop's 4-row unroll and the 16-row tiles leave tails
+    packed = pack(fmt)
+    for rows in (1, 7, 13, 20):  # chunks of 8 rows with remainders, and more than 16
+        x = torch.randn(rows, 768) * 3 + 0.5  # a mean: the codes' pair sums taken off are large
+        with native.limited(isa):
+            fast = torch.ops.anatomy.q6_linear(x, packed, False)
+        portable = torch.ops.anatomy.q6_linear(x, packed, True)
+        torch.testing.assert_close(fast, portable, rtol=1e-5, atol=1e-6 * float(portable.abs().max()))
+
+
+def test_bfloat16_in_bfloat16_out(path):
+    fmt = int6(32, 512)
+    x = torch.randn(2, 512)
+    y = torch.ops.anatomy.q6_linear(x.bfloat16(), pack(fmt), path)
+    assert y.dtype == torch.bfloat16 and relative_error(y, reference_product(fmt, x)) < ERROR
+
+
+def test_bad_shapes_are_refused_by_the_operators():
+    fmt = int6(16, 512)
+    with pytest.raises(RuntimeError, match="multiple of 256"):
+        torch.ops.anatomy.q6_linear(torch.randn(1, 320), pack(fmt))
+    with pytest.raises(RuntimeError, match="bytes a row"):
+        torch.ops.anatomy.q6_linear(torch.randn(1, 256), pack(fmt))
+    with pytest.raises(RuntimeError, match="pack_q6: low uint8"):
+        torch.ops.anatomy.pack_q6(fmt.low, fmt.high, fmt.scale.float(), fmt.d)
+
+
+@pytest.mark.skipif(not native.available(), reason="this CPU runs no vector path of the native kernels")
+def test_offered_for_int6_where_a_vector_path_runs():
+    fmt = int6(64, 512)
+    assert KERNELS_BY_NAME["q6x"] in candidates(fmt) and not Q8X.accepts(fmt)
+    assert not Q6X.accepts(Int8GroupWeight.from_float(fmt.dequantize()))
+    assert {"f32", "bf16"} <= {k.name for k in candidates(fmt)}  # the dense fallbacks dequantize it
+    with native.limited("portable"):  # a CPU without AVX2: the portable loop is for checking, not offered
+        assert KERNELS_BY_NAME["q6x"] not in candidates(fmt)
+    layer = PlannedLinear.with_kernel(KERNELS_BY_NAME["q6x"], fmt)
+    x = torch.randn(3, 512)
+    assert relative_error(layer(x), reference_product(fmt, x)) < ERROR
+
+
+def test_an_engine_decodes_int6_layers_on_q6x(forced_timings):
+    """A tiny decoder whose every matrix is int6: the plan (timings forced, accuracy checked) runs its
+    decode steps on q6x, and each step's logits are the model's own forward's (its exact product) to
+    int8 activations' rounding."""
+    if not native.available():
+        pytest.skip(f"q6x needs the native library on AVX2 or better (here: {native.why_not()})")
+    torch.manual_seed(0)
+    model = build_model(get_preset("llama-7b", vocab_size=96, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512,
+                                   n_layers=2, max_seq_len=32)).eval()
+    formats = {name: int6(*m.weight.shape, seed=i, d=3e-5) for i, (name, m) in enumerate(matrices(model).items())}
+    install(model, formats, dtype=torch.float32)
+    tokens = [5, 17, 33, 2, 9, 41, 8, 60]
+    with torch.no_grad():
+        reference = model(torch.tensor([tokens]))[0]  # [S, V]
+    engine = DecoderEngine(model)
+    assert "decode q6x" in engine.model.stack.blocks[0].ffn.down.description
+    cache = engine.paged_cache(num_blocks=2, block_size=16)
+    logits = torch.stack([engine.step(cache, [Chunk([t], i, [0, 1])])[0] for i, t in enumerate(tokens)])
+    # each of the 9 products on a token's path rounds its input to int8 (~0.5% rms): sqrt(9) of them, 2x slack
+    assert relative_error(logits, reference.double()) < 2 * 3 * 5e-3
