@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -44,6 +44,8 @@ from anatomy.weights.modules import float_state_dict
 SAVE_DTYPES = {"f32": ("F32", 0), "f16": ("F16", 1)}  # tensor type, general.file_type (ALL_F32, MOSTLY_F16)
 TOKENIZER_PREFIX = "tokenizer."
 
+T = TypeVar("T")
+
 
 def read_gguf_config(path: str | Path) -> ModelConfig:
     """The ModelConfig described by the metadata of the GGUF file at `path`."""
@@ -65,11 +67,19 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, weights: 
     _check_parts(f, parts_of, shapes)
     compact = compact_formats(
         model, parse_weights(weights), dtype=dtype,
-        lossless=lambda name: lossless_format(f, parts_of[name], shapes[name][1], label=name)
-        if plain_matrix(parts_of[name]) else None,
-        dense=lambda name: _assemble(f, parts_of[name], shapes[name], torch.float32))
+        lossless=lambda name: _released(f, parts_of[name], lossless_format(f, parts_of[name], shapes[name][1], label=name)
+                                        if plain_matrix(parts_of[name]) else None),
+        dense=lambda name: _released(f, parts_of[name], _assemble(f, parts_of[name], shapes[name], torch.float32)))
     tensors = {name: _assemble(f, parts, shapes[name], dtype) for name, parts in parts_of.items() if name not in compact}
     return assign_tensors(model, _own_small_views(f, tensors), source=f.path, dtype=dtype, compact=compact)
+
+
+def _released(f: GGUFFile, parts: list[Part], value: T) -> T:
+    """`value`, made from the bytes of `parts`, after their file pages are dropped from memory: a
+    matrix copied into its format would otherwise be held twice until the mapping is closed."""
+    for p in parts:
+        f.release(p.name)
+    return value
 
 
 def _own_small_views(f: GGUFFile, tensors: dict[str, Tensor]) -> dict[str, Tensor]:

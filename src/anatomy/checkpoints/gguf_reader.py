@@ -16,6 +16,7 @@ the file, the field and the value, never IndexError, MemoryError or a silent wro
 from __future__ import annotations
 
 import itertools
+import contextlib
 import mmap
 import os
 import struct
@@ -88,6 +89,14 @@ class GGUFFile:
         """The bytes of tensor `name` as a uint8 numpy view of the memory-mapped file (no copy)."""
         t = self.tensors[name]
         return np.frombuffer(self._buffer, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+
+    def release(self, name: str) -> None:
+        """Drop the pages of tensor `name` from the process's memory (touched again, they are read back
+        from the file): once its values are copied into a format, its bytes need not stay resident."""
+        t = self.tensors[name]
+        start = t.offset - t.offset % mmap.PAGESIZE
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # no madvise here: pages stay
+            self._buffer.madvise(mmap.MADV_DONTNEED, start, t.offset + t.nbytes - start)
 
     def holds(self, t: Any) -> bool:
         """Is the torch tensor t a view of this file's mapping (a float tensor read without a copy)?"""
