@@ -56,7 +56,8 @@ def _form(name: str) -> Form:
 
 
 def _fake(name: str, form: Form, *, slow_above: int | None = None, slow_upto: int | None = None,
-          wrong: bool = False, fails: bool = False, calls: list | None = None) -> Kernel:
+          wrong: bool = False, fails: bool = False, calls: list | None = None, cost: float | None = None,
+          off: float = 0.0) -> Kernel:
     """A kernel computing F.linear in f32 that takes SLOW (virtual) seconds when the rows are above/up to a
     limit, FAST otherwise."""
 
@@ -70,8 +71,8 @@ def _fake(name: str, form: Form, *, slow_above: int | None = None, slow_upto: in
             if fails:
                 raise RuntimeError("this kernel does not work here")
             slow = (slow_above is not None and rows > slow_above) or (slow_upto is not None and rows <= slow_upto)
-            CLOCK.now += SLOW if slow else FAST
-            return torch.zeros(rows, w.shape[0]) if wrong else F.linear(x, w)
+            CLOCK.now += cost if cost is not None else SLOW if slow else FAST
+            return torch.zeros(rows, w.shape[0]) if wrong else F.linear(x, w) * (1 + off)
 
         return run
 
@@ -128,6 +129,16 @@ def test_layout_budget_from_the_environment(monkeypatch):
     monkeypatch.setenv("ANATOMY_LAYOUT_BUDGET", "lots")
     with pytest.raises(InputError, match="ANATOMY_LAYOUT_BUDGET 'lots' is not a size"):
         _plan(cache=False, memory_budget=None)
+
+
+def test_a_tie_goes_to_the_more_accurate_kernel():
+    rough = _fake("rough", A, cost=FAST, off=3e-3)  # accurate enough (3e-3 < 1e-2), the fastest
+    close = _fake("close", A, cost=FAST * 1.04)  # 4% slower: tied, and exact
+    far = _fake("far", A, cost=FAST * 1.2, off=0.0)  # 20% slower: not tied
+    plan = _plan(cache=False, kernels=(rough, far))
+    assert plan.for_layer("blocks.0.ffn.down").choices["decode"] == "rough"
+    plan = _plan(cache=False, kernels=(rough, close, far))
+    assert set(plan.for_layer("blocks.0.ffn.down").choices.values()) == {"close"}
 
 
 def test_no_accurate_kernel_raises():

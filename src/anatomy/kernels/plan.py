@@ -10,7 +10,8 @@ For each phase (decode: 1 row, batch: 8, prefill: 128 by default; `phases_of` li
 some of them, e.g. an LM head that only ever sees the last position) every candidate kernel of the
 format is checked against the float64 product (relative error at most `threshold`, else it is
 never chosen) and timed (plan_timing). Per signature one compact layout (about the format's bytes) is held: the one serving all its phases
-best together (the least summed slowdown against each phase's fastest kernel). A later phase whose fastest kernel
+best together (the least summed slowdown against each phase's fastest kernel); kernels within TIE
+of the fastest count as tied, and the most accurate of them is chosen. A later phase whose fastest kernel
 needs another layout (e.g. a bf16 copy for prefill GEMMs next to int4 for decode) gets it only when
 that is at least MIN_GAIN faster and the extra bytes fit the memory budget: none by default
 (LAYOUT_BUDGET_ENV or `memory_budget` give one; the largest gains per byte are served first). Every decision is recorded with the timings and
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import statistics
 import time
@@ -48,6 +50,7 @@ PREFILL = Phase("prefill", rows=128, max_rows=None)
 DEFAULT_PHASES = (DECODE, BATCH, PREFILL)
 ERROR_THRESHOLD = 1e-2  # relative (Frobenius) error of a kernel's output against the float64 product
 MIN_GAIN = 0.10  # a second layout must make a phase at least this much faster
+TIE = 0.05  # kernels within this much of the fastest are tied: the most accurate of them is chosen
 COMPACT = 1.25  # a layout of at most this many times the format's bytes is held without a budget
 LAYOUT_BUDGET_ENV = "ANATOMY_LAYOUT_BUDGET"  # bytes allowed for second layouts ("2GiB", "0.25" of RAM); 0 by default
 REPEATS = 5
@@ -271,9 +274,14 @@ def _first_layout(ms: dict[str, list[Measurement]], names: list[str], forms: dic
 
 
 def _fastest(ms: list[Measurement], forms: dict[str, str], allowed: set[str] | None) -> Measurement | None:
-    """The fastest eligible measurement whose kernel's layout (forms: kernel -> layout) is allowed."""
+    """The fastest eligible measurement whose kernel's layout (forms: kernel -> layout) is allowed; of
+    those within TIE of it, the most accurate (a tie is noise; the error is not)."""
     ok = [m for m in ms if m.eligible and m.kernel in forms and (allowed is None or forms[m.kernel] in allowed)]
-    return min(ok, key=lambda m: m.seconds, default=None)
+    if not ok:
+        return None
+    best = min(m.seconds for m in ok)
+    tied = [m for m in ok if m.seconds <= (1 + TIE) * best]
+    return min(tied, key=lambda m: (math.inf if m.error is None else m.error, m.seconds))
 
 
 def _allot_second_layouts(plans: dict[str, WeightPlan], budget: int, forms: dict[str, str]) -> int:
