@@ -1,7 +1,8 @@
-"""anatomy's Q6_K product (kernels/native/q6k.cpp) against the float64 product of the int6 weight it
-holds (GGUF Q6_K blocks), x rounded to int8 per 32 as for q8x: about q8x's error on the same inputs;
-every vector path this CPU has (AVX-512, AVX2: each run under native.limited) equals the portable one;
-the layout holds the codes in the order q6k.cpp documents; the kernel is offered where a vector path runs."""
+"""anatomy's Q6_K products (kernels/native/q6k.cpp) against the float64 product of the int6 weight they
+hold (GGUF Q6_K blocks): q6_linear with x rounded to int8 per 32 as for q8x (about q8x's error on the same
+inputs), q6f_linear with x as it is (float32's rounding); every vector path this CPU has (AVX-512, AVX2:
+each run under native.limited) equals the portable one; the layout holds the codes in the order q6k.cpp
+documents; the kernels are offered where a vector path runs."""
 
 from __future__ import annotations
 
@@ -76,6 +77,17 @@ def test_q6_equals_the_float64_product(rows, K, path):
     assert error < 1.2 * q8_error
 
 
+@pytest.mark.parametrize("K", [256, 768, 1536])
+@pytest.mark.parametrize("rows", [1, 3, 16, 40])
+def test_q6f_is_the_float_product(rows, K, path):
+    """q6f decodes each weight to float32 and takes x as it is: the product to float32's rounding."""
+    fmt = int6(48, K, seed=K + rows)
+    x = torch.randn(rows, K)
+    y = torch.ops.anatomy.q6f_linear(x, pack(fmt), path)
+    assert y.shape == (rows, 48) and y.dtype == torch.float32
+    assert relative_error(y, reference_product(fmt, x)) < 1e-5
+
+
 @pytest.mark.skipif(len(PATHS) < 2, reason="this CPU runs no vector path: only the portable one runs")
 @pytest.mark.parametrize("isa", PATHS[1:])
 def test_the_vector_paths_equal_the_portable_one(isa):
@@ -91,10 +103,25 @@ def test_the_vector_paths_equal_the_portable_one(isa):
         torch.testing.assert_close(fast, portable, rtol=1e-5, atol=1e-6 * float(portable.abs().max()))
 
 
-def test_bfloat16_in_bfloat16_out(path):
+@pytest.mark.skipif(len(PATHS) < 2, reason="this CPU runs no vector path: only the portable one runs")
+@pytest.mark.parametrize("isa", PATHS[1:])
+def test_the_float_vector_paths_equal_the_portable_one(isa):
+    """q6f's float32 sums in another order (the portable loop's one by one): 2e-6 of the largest output."""
+    fmt = int6(67, 768)
+    packed = pack(fmt)
+    for rows in (1, 7, 13, 20):
+        x = torch.randn(rows, 768) * 3 + 0.5
+        with native.limited(isa):
+            fast = torch.ops.anatomy.q6f_linear(x, packed, False)
+        portable = torch.ops.anatomy.q6f_linear(x, packed, True)
+        torch.testing.assert_close(fast, portable, rtol=1e-5, atol=2e-6 * float(portable.abs().max()))
+
+
+@pytest.mark.parametrize("op", ["q6_linear", "q6f_linear"])
+def test_bfloat16_in_bfloat16_out(op, path):
     fmt = int6(32, 512)
     x = torch.randn(2, 512)
-    y = torch.ops.anatomy.q6_linear(x.bfloat16(), pack(fmt), path)
+    y = getattr(torch.ops.anatomy, op)(x.bfloat16(), pack(fmt), path)
     assert y.dtype == torch.bfloat16 and relative_error(y, reference_product(fmt, x)) < ERROR
 
 
@@ -104,6 +131,8 @@ def test_bad_shapes_are_refused_by_the_operators():
         torch.ops.anatomy.q6_linear(torch.randn(1, 320), pack(fmt))
     with pytest.raises(RuntimeError, match="bytes a row"):
         torch.ops.anatomy.q6_linear(torch.randn(1, 256), pack(fmt))
+    with pytest.raises(RuntimeError, match="q6f_linear: weight has 210 bytes a row, K = 512 needs 420"):
+        torch.ops.anatomy.q6f_linear(torch.randn(1, 512), pack(int6(16, 256)))
     with pytest.raises(RuntimeError, match="pack_q6: low uint8"):
         torch.ops.anatomy.pack_q6(fmt.low, fmt.high, fmt.scale.float(), fmt.d)
 
@@ -111,14 +140,15 @@ def test_bad_shapes_are_refused_by_the_operators():
 @pytest.mark.skipif(not native.available(), reason="this CPU runs no vector path of the native kernels")
 def test_offered_for_int6_where_a_vector_path_runs():
     fmt = int6(64, 512)
-    assert KERNELS_BY_NAME["q6x"] in candidates(fmt) and not Q8X.accepts(fmt)
+    assert {KERNELS_BY_NAME["q6x"], KERNELS_BY_NAME["q6f"]} <= set(candidates(fmt)) and not Q8X.accepts(fmt)
     assert not Q6X.accepts(Int8GroupWeight.from_float(fmt.dequantize()))
     assert {"f32", "bf16"} <= {k.name for k in candidates(fmt)}  # the dense fallbacks dequantize it
     with native.limited("portable"):  # a CPU without AVX2: the portable loop is for checking, not offered
-        assert KERNELS_BY_NAME["q6x"] not in candidates(fmt)
-    layer = PlannedLinear.with_kernel(KERNELS_BY_NAME["q6x"], fmt)
+        assert not {"q6x", "q6f"} & {k.name for k in candidates(fmt)}
     x = torch.randn(3, 512)
-    assert relative_error(layer(x), reference_product(fmt, x)) < ERROR
+    for name, bound in (("q6x", ERROR), ("q6f", 1e-5)):
+        layer = PlannedLinear.with_kernel(KERNELS_BY_NAME[name], fmt)
+        assert relative_error(layer(x), reference_product(fmt, x)) < bound
 
 
 def test_an_engine_decodes_int6_layers_on_q6x(forced_timings):

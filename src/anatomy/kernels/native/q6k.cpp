@@ -18,6 +18,13 @@
 // off (x's side, made once per call), the int16 sums times the sub-scales and paired by vpmaddwd into
 // int32 (|.| <= 2 * 16256 * 128). AVX-512 (BW) where the CPU has it, else AVX2 (the same layout read 32
 // bytes at a time), else the portable loop, which the tests hold the vector paths to.
+//
+// q6f_linear: the same layout times x as it is (as exact.cpp's q4f): each weight decoded to float32 in
+// registers, (q - 32) * (d * sc) (d * sc exact in float32), and summed in float32, so the product is the
+// float product of the weights the file holds, without q6_linear's rounding of x to int8. x is put once per
+// call in the layout's order (each super-block's inputs as the chunks hold them), so that a super-block's
+// codes, decoded once per output row, are widened 16 (AVX2: 8) at a time as they lie, and each 16 meets its
+// two sub-scales (AVX2's 8: one) by lane.
 
 #include <torch/library.h>
 #include <ATen/Parallel.h>
@@ -342,14 +349,224 @@ void q6_rows(const Activations& x, const Quantized& a, Isa level, int64_t M, int
   q6_rows_portable(a, M, K, w, n0, n1, y, N);
 }
 
-void check(const at::Tensor& x, const at::Tensor& w) {
-  TORCH_CHECK(x.dim() == 2 && x.is_floating_point() && x.size(0) >= 1,
-              "anatomy::q6_linear: x must be a float matrix [M, K]");
-  TORCH_CHECK(x.size(1) % SUPER == 0, "anatomy::q6_linear: K = ", x.size(1), " must be a multiple of ", SUPER);
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
-              "anatomy::q6_linear: weight must be uint8 [N, bytes]");
-  TORCH_CHECK(w.size(1) == x.size(1) / SUPER * BLOCK, "anatomy::q6_linear: weight has ", w.size(1),
-              " bytes a row, K = ", x.size(1), " needs ", x.size(1) / SUPER * BLOCK);
+// -- float activations (q6f) --------------------------------------------------------------------------
+
+// x [M, K] in the layout's order: input k of each super-block at 64 * chunk + byte
+std::vector<float> layout_order(const float* x, int64_t M, int64_t K) {
+  std::vector<float> out(M * K);
+  for (int64_t s = 0; s < M * K / SUPER; ++s)
+    for (int64_t k = 0; k < SUPER; ++k) out[s * SUPER + 64 * chunk_of(k) + byte_of(k)] = x[s * SUPER + k];
+  return out;
+}
+
+// x in its own order, each weight from code_at: the arithmetic, for checking
+void q6f_portable(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
+                  int64_t N) {
+  const int64_t supers = K / SUPER;
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m) {
+      float total = 0.f;
+      for (int64_t b = 0; b < supers; ++b) {
+        const uint8_t* block = w + (n * supers + b) * BLOCK;
+        uint16_t d;
+        std::memcpy(&d, block, 2);
+        const int8_t* sc = reinterpret_cast<const int8_t*>(block + SCALES);
+        const float* xb = x + m * K + b * SUPER;
+        float part = 0.f;
+        for (int64_t k = 0; k < SUPER; ++k)
+          part += static_cast<float>(code_at(block, k) - 32) * (half_to_float(d) * sc[k / 16]) * xb[k];
+        total += part;
+      }
+      y[m * N + n] = total;
+    }
+}
+
+#if ANATOMY_X86
+
+// AVX-512: a super-block as 16 pieces of 16 weights, piece i bytes 16 (i % 4) .. of chunk i / 4 (groups
+// 2 (i % 4) and 2 (i % 4) + 1: sub-blocks 4 (i % 4) + i / 8 in lanes 0-7, that + 2 in lanes 8-15)
+struct Floats512 {
+  alignas(64) int8_t q[SUPER];  // the codes less 32, in the layout's order
+  __m512 scale[8];              // d * sc spread over piece i's lanes: scale[2 (i % 4) + i / 8]
+};
+
+AVX512 inline void floats512(const uint8_t* block, Floats512& f) {
+  const __m512i l0 = _mm512_loadu_si512(block + L0), l1 = _mm512_loadu_si512(block + L1);
+  const __m512i h = _mm512_loadu_si512(block + H), off = _mm512_set1_epi8(32);
+  _mm512_store_si512(f.q, _mm512_sub_epi8(codes512(l0, _mm512_slli_epi16(h, 4)), off));
+  _mm512_store_si512(f.q + 64, _mm512_sub_epi8(codes512(_mm512_srli_epi16(l0, 4), _mm512_slli_epi16(h, 2)), off));
+  _mm512_store_si512(f.q + 128, _mm512_sub_epi8(codes512(l1, h), off));
+  _mm512_store_si512(f.q + 192, _mm512_sub_epi8(codes512(_mm512_srli_epi16(l1, 4), _mm512_srli_epi16(h, 2)), off));
+  const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + SCALES)));
+  const __m512 ds = _mm512_mul_ps(_mm512_cvtepi32_ps(sc), _mm512_set1_ps(d_of(block)));  // [16]
+  for (int j = 0; j < 4; ++j)
+    for (int c2 = 0; c2 < 2; ++c2) {
+      const __m512i first = _mm512_set1_epi32(4 * j + c2), second = _mm512_set1_epi32(4 * j + c2 + 2);
+      const __m512i pick = _mm512_mask_blend_epi32(0xFF00, first, second);  // lanes 8-15: second
+      f.scale[2 * j + c2] = _mm512_permutexvar_ps(pick, ds);
+    }
+}
+
+AVX512 inline __m512 weights512(const Floats512& f, int i) {
+  const __m128i codes = _mm_load_si128(reinterpret_cast<const __m128i*>(f.q + 16 * i));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)), f.scale[2 * (i % 4) + i / 8]);
+}
+
+AVX512 inline void prefetch_block(const uint8_t* block) {
+  for (int64_t line = 0; line < BLOCK; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD + line, _MM_HINT_T0);
+}
+
+// R rows of x (layout order, row stride K) times output rows [n0, n1): y[r * N + n]
+template <int R>
+AVX512 void float_rows512(const float* x, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N) {
+  const int64_t supers = K / SUPER;
+  Floats512 f;
+  for (int64_t n = n0; n < n1; ++n) {
+    __m512 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < supers; ++b) {
+      const uint8_t* block = w + (n * supers + b) * BLOCK;
+      prefetch_block(block);
+      floats512(block, f);
+      for (int i = 0; i < 16; ++i) {
+        const __m512 wi = weights512(f, i);
+        for (int r = 0; r < R; ++r)
+          acc[r][i % 2] = _mm512_fmadd_ps(wi, _mm512_loadu_ps(x + r * K + b * SUPER + 16 * i), acc[r][i % 2]);
+      }
+    }
+    for (int r = 0; r < R; ++r) y[r * N + n] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+  }
+}
+
+// one row of x: UNROLL output rows at a time (2 * UNROLL independent chains over the same x)
+AVX512 void float_row512(const float* x, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y) {
+  const int64_t supers = K / SUPER;
+  Floats512 f;
+  int64_t n = n0;
+  for (; n + UNROLL <= n1; n += UNROLL) {
+    __m512 acc[UNROLL][2];
+    for (int u = 0; u < UNROLL; ++u) acc[u][0] = acc[u][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < supers; ++b)
+      for (int u = 0; u < UNROLL; ++u) {
+        const uint8_t* block = w + ((n + u) * supers + b) * BLOCK;
+        prefetch_block(block);
+        floats512(block, f);
+        for (int i = 0; i < 16; ++i)
+          acc[u][i % 2] = _mm512_fmadd_ps(weights512(f, i), _mm512_loadu_ps(x + b * SUPER + 16 * i), acc[u][i % 2]);
+      }
+    for (int u = 0; u < UNROLL; ++u) y[n + u] = _mm512_reduce_add_ps(_mm512_add_ps(acc[u][0], acc[u][1]));
+  }
+  if (n < n1) float_rows512<1>(x, K, w, n, n1, y, 1);
+}
+
+// AVX2: 32 pieces of 8 weights, piece i bytes 8 (i % 8) .. of chunk i / 8: group i % 8, sub-block
+// 2 (i % 8) + i / 16, one scale
+struct Floats256 {
+  alignas(32) int8_t q[SUPER];
+  float scale[16];  // d * sc
+};
+
+AVX2 inline void floats256(const uint8_t* block, Floats256& f) {
+  const __m256i off = _mm256_set1_epi8(32);
+  for (int half = 0; half < 2; ++half) {
+    const __m256i l0 = load256(block + L0 + 32 * half), l1 = load256(block + L1 + 32 * half);
+    const __m256i h = load256(block + H + 32 * half);
+    const __m256i u[4] = {codes256(l0, _mm256_slli_epi16(h, 4)),
+                          codes256(_mm256_srli_epi16(l0, 4), _mm256_slli_epi16(h, 2)), codes256(l1, h),
+                          codes256(_mm256_srli_epi16(l1, 4), _mm256_srli_epi16(h, 2))};
+    for (int c = 0; c < 4; ++c)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(f.q + 64 * c + 32 * half), _mm256_sub_epi8(u[c], off));
+  }
+  const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + SCALES));
+  const __m256 d = _mm256_set1_ps(d_of(block));
+  _mm256_storeu_ps(f.scale, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)), d));
+  _mm256_storeu_ps(f.scale + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))), d));
+}
+
+AVX2 inline __m256 weights256(const Floats256& f, int i) {
+  const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(f.q + 8 * i));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), _mm256_set1_ps(f.scale[2 * (i % 8) + i / 16]));
+}
+
+// as float_rows512; one accumulator a row from 4 rows up (16 registers)
+template <int R>
+AVX2 void float_rows256(const float* x, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y, int64_t N) {
+  constexpr int A = R >= 4 ? 1 : 2;
+  const int64_t supers = K / SUPER;
+  Floats256 f;
+  for (int64_t n = n0; n < n1; ++n) {
+    __m256 acc[R][A];
+    for (int r = 0; r < R; ++r)
+      for (int a = 0; a < A; ++a) acc[r][a] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < supers; ++b) {
+      const uint8_t* block = w + (n * supers + b) * BLOCK;
+      prefetch_block(block);
+      floats256(block, f);
+      for (int i = 0; i < 32; ++i) {
+        const __m256 wi = weights256(f, i);
+        for (int r = 0; r < R; ++r)
+          acc[r][i % A] = _mm256_fmadd_ps(wi, _mm256_loadu_ps(x + r * K + b * SUPER + 8 * i), acc[r][i % A]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      __m256 sum = acc[r][0];
+      for (int a = 1; a < A; ++a) sum = _mm256_add_ps(sum, acc[r][a]);
+      y[r * N + n] = anatomy::avx2::hsum8(sum);
+    }
+  }
+}
+
+AVX2 void float_row256(const float* x, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y) {
+  const int64_t supers = K / SUPER;
+  Floats256 f;
+  int64_t n = n0;
+  for (; n + UNROLL <= n1; n += UNROLL) {
+    __m256 acc[UNROLL][2];
+    for (int u = 0; u < UNROLL; ++u) acc[u][0] = acc[u][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < supers; ++b)
+      for (int u = 0; u < UNROLL; ++u) {
+        const uint8_t* block = w + ((n + u) * supers + b) * BLOCK;
+        prefetch_block(block);
+        floats256(block, f);
+        for (int i = 0; i < 32; ++i)
+          acc[u][i % 2] = _mm256_fmadd_ps(weights256(f, i), _mm256_loadu_ps(x + b * SUPER + 8 * i), acc[u][i % 2]);
+      }
+    for (int u = 0; u < UNROLL; ++u) y[n + u] = anatomy::avx2::hsum8(_mm256_add_ps(acc[u][0], acc[u][1]));
+  }
+  if (n < n1) float_rows256<1>(x, K, w, n, n1, y, 1);
+}
+
+#endif  // ANATOMY_X86
+
+// y [M, N] for output rows [n0, n1): `ordered` is x in the layout's order (the vector paths), `x` as it is
+void q6f_rows(const float* x, const float* ordered, Isa level, int64_t M, int64_t K, const uint8_t* w, int64_t n0,
+              int64_t n1, float* y, int64_t N) {
+#if ANATOMY_X86
+  if (M == 1 && level >= Isa::Avx512) return float_row512(ordered, K, w, n0, n1, y);
+  if (M == 1 && level >= Isa::Avx2) return float_row256(ordered, K, w, n0, n1, y);
+  if (level >= Isa::Avx2) {
+    for (int64_t t0 = n0; t0 < n1; t0 += TILE)
+      for (int64_t m0 = 0; m0 < M; m0 += ROWS)
+        up_to<ROWS>(static_cast<int>(std::min<int64_t>(ROWS, M - m0)), [&](auto R) {
+          const int64_t t1 = std::min(n1, t0 + TILE);
+          const float* xm = ordered + m0 * K;
+          if (level >= Isa::Avx512) float_rows512<decltype(R)::value>(xm, K, w, t0, t1, y + m0 * N, N);
+          else float_rows256<decltype(R)::value>(xm, K, w, t0, t1, y + m0 * N, N);
+        });
+    return;
+  }
+#endif
+  q6f_portable(x, M, K, w, n0, n1, y, N);
+}
+
+void check(const at::Tensor& x, const at::Tensor& w, const char* what) {
+  TORCH_CHECK(x.dim() == 2 && x.is_floating_point() && x.size(0) >= 1, what, ": x must be a float matrix [M, K]");
+  TORCH_CHECK(x.size(1) % SUPER == 0, what, ": K = ", x.size(1), " must be a multiple of ", SUPER);
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(), what,
+              ": weight must be uint8 [N, bytes]");
+  TORCH_CHECK(w.size(1) == x.size(1) / SUPER * BLOCK, what, ": weight has ", w.size(1), " bytes a row, K = ",
+              x.size(1), " needs ", x.size(1) / SUPER * BLOCK);
 }
 
 // the code of each of a ggml super-block's 256 inputs (ql [128], qh [64]: weights/int6.py's order)
@@ -400,7 +617,7 @@ at::Tensor pack_q6(const at::Tensor& low, const at::Tensor& high, const at::Tens
 namespace anatomy {
 
 at::Tensor q6_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
-  check(x, w);
+  check(x, w, "anatomy::q6_linear");
   const Isa level = anatomy::isa(portable);
   const Quantized a = quantize_rows(x, level);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
@@ -412,14 +629,32 @@ at::Tensor q6_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
+at::Tensor q6f_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
+  check(x, w, "anatomy::q6f_linear");
+  const Isa level = anatomy::isa(portable);
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  const float* xs = xf.data_ptr<float>();
+  const std::vector<float> ordered = level >= Isa::Avx2 ? layout_order(xs, M, K) : std::vector<float>{};
+  const uint8_t* weights = w.data_ptr<uint8_t>();
+  at::Tensor y = xf.new_empty({M, N});
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, N, TILE, [&](int64_t n0, int64_t n1) {
+    q6f_rows(xs, ordered.data(), level, M, K, weights, n0, n1, out, N);
+  });
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
 }  // namespace anatomy
 
 TORCH_LIBRARY_FRAGMENT(anatomy, m) {
   m.def("q6_linear(Tensor x, Tensor weight, bool portable=False) -> Tensor");
+  m.def("q6f_linear(Tensor x, Tensor weight, bool portable=False) -> Tensor");
   m.def("pack_q6(Tensor low, Tensor high, Tensor scale, Tensor d) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
   m.impl("q6_linear", anatomy::q6_linear);
+  m.impl("q6f_linear", anatomy::q6f_linear);
   m.impl("pack_q6", pack_q6);
 }
