@@ -83,7 +83,7 @@ def test_int8_codes_split_into_two_int4_halves_exactly():
 
 def test_int4pack_on_real_q4_1_weights(smollm2_gguf_path):
     from anatomy.checkpoints.gguf_reader import read_gguf
-    from anatomy.weights.formats import format_from_gguf
+    from anatomy.weights.gguf_blocks import format_from_gguf
 
     f = read_gguf(smollm2_gguf_path)
     t = f.tensors["blk.3.ffn_gate.weight"]

@@ -13,7 +13,8 @@ import torch
 from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME
 from anatomy.kernels import native
 from anatomy.kernels.candidates import DENSE, KERNELS_BY_NAME, Q5X, candidates, reference_product, relative_error
-from anatomy.weights.formats import Int5Weight, format_from_gguf
+from anatomy.weights.formats import Int5Weight
+from anatomy.weights.gguf_blocks import format_from_gguf
 
 # activations are rounded to int8 per group of 32 (as q4_linear's): about 0.5% relative error on
 # gaussian inputs; the kernel plan's bound is 1e-2

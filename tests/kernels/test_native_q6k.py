@@ -17,7 +17,8 @@ from anatomy.kernels import native
 from anatomy.kernels.candidates import KERNELS_BY_NAME, Q6X, Q8X, candidates, reference_product, relative_error
 from anatomy.kernels.planned_linear import PlannedLinear
 from anatomy.weights.choice import install, matrices
-from anatomy.weights.formats import Int8GroupWeight, format_from_gguf
+from anatomy.weights.formats import Int8GroupWeight
+from anatomy.weights.gguf_blocks import format_from_gguf
 from anatomy.weights.int6 import Int6Weight
 
 ERROR = 1e-2  # the plan's bound; int8 activations err ~5e-3 on gaussian inputs

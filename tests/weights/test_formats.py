@@ -18,12 +18,12 @@ from anatomy.weights.formats import (
     Int8GroupWeight,
     Int8Weight,
     WeightFormat,
-    format_from_gguf,
     pack_bits,
     pack_nibbles,
     unpack_bits,
     unpack_nibbles,
 )
+from anatomy.weights.gguf_blocks import format_from_gguf
 
 gguf = pytest.importorskip("gguf")
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME
-from anatomy.weights.formats import Int4Weight, Int5Weight, Int8GroupWeight, WeightFormat, format_from_gguf
+from anatomy.weights.formats import Int4Weight, Int5Weight, Int8GroupWeight, WeightFormat
+from anatomy.weights.gguf_blocks import format_from_gguf
 from anatomy.weights.gguf import one_format
 
 gguf = pytest.importorskip("gguf")

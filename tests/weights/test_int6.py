@@ -11,7 +11,8 @@ import torch
 from anatomy.checkpoints.gguf_dequant import dequantize
 from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME
 from anatomy.errors import InputError
-from anatomy.weights.formats import WeightFormat, format_from_gguf
+from anatomy.weights.formats import WeightFormat
+from anatomy.weights.gguf_blocks import format_from_gguf
 from anatomy.weights.int6 import Int6Weight
 
 gguf = pytest.importorskip("gguf")

@@ -242,7 +242,8 @@ def _fastest_layouts(key: str, g: _Group, ms: dict[str, list[Measurement]], kern
                    choices={}, forms=[forms[first.kernel]], measurements=ms,
                    form_bytes=form_bytes)
     for phase in names:
-        on_held = _fastest(ms[phase], forms, set(w.forms))
+        pick = _most_accurate if phase == names[-1] and len(names) > 1 else _fastest
+        on_held = pick(ms[phase], forms, set(w.forms))
         best = _fastest(ms[phase], forms, None)
         if best is None:
             raise InputError(f"{g.signature}: no kernel computed it accurately at phase {phase!r}")
@@ -266,11 +267,19 @@ def _first_layout(ms: dict[str, list[Measurement]], names: list[str], forms: dic
         return _fastest(ms[names[0]], forms, None)
     costs = {}
     for layout in compact:
-        on = [_fastest(ms[p], forms, {layout}) for p in names]
+        on = [(_most_accurate if p == names[-1] and len(names) > 1 else _fastest)(ms[p], forms, {layout}) for p in names]
         if all(o is not None for o in on):
             slowdown = sum(o.seconds / max(best[p].seconds, 1e-12) for o, p in zip(on, names))
             costs[layout] = (slowdown, on[0].seconds, on[0])
     return min(costs.values(), key=lambda c: c[:2])[2]
+
+
+def _most_accurate(ms: list[Measurement], forms: dict[str, str], allowed: set[str] | None) -> Measurement | None:
+    """The eligible measurement of the smallest error (ties: the faster) on an allowed layout: a prompt's
+    rows (the last, unbounded phase) go through it on the held layout, since int8 activations there
+    flip near-ties of the first answer token that int16 or float ones keep."""
+    ok = [m for m in ms if m.eligible and m.kernel in forms and (allowed is None or forms[m.kernel] in allowed)]
+    return min(ok, key=lambda m: (math.inf if m.error is None else m.error, m.seconds), default=None)
 
 
 def _fastest(ms: list[Measurement], forms: dict[str, str], allowed: set[str] | None) -> Measurement | None:

@@ -3,6 +3,7 @@
     formats.py   WeightFormat: f32/f16/bf16, int8 (per channel), int8g (GGUF Q8_0), int4 (Q4_0/Q4_1/Q4_K),
                  int5 (Q5_0/Q5_1/Q5_K)
     int6.py      int6: GGUF Q6_K's blocks as stored (6-bit codes, int8 sub-scales, float16 d)
+    gguf_blocks.py  each GGUF block type in the format that holds it exactly
     gguf.py      a GGUF file's matrices as formats, under the model's parameter names (no requantizing)
     modules.py   CompactLinear / CompactEmbedding: a linear layer or token table holding a format
     choice.py    the `weights=` choice of anatomy.load: which format each matrix gets

@@ -7,7 +7,7 @@
 The same mapping as checkpoints.gguf's loader (tensor_parts: which GGUF tensors fill which rows),
 except that the blocks are kept, not dequantized: rows are whole blocks, so fusing and the
 rotary row reordering move raw bytes. `lossless_format` is the format of one of the model's
-matrices when every part of it has one and they have one in common (formats.format_from_gguf,
+matrices when every part of it has one and they have one in common (gguf_blocks.format_from_gguf,
 one_format), else None.
 """
 
@@ -19,7 +19,8 @@ from anatomy.checkpoints.gguf_names import Part, part_bytes, tensor_parts
 from anatomy.checkpoints.gguf_reader import GGUFFile
 from anatomy.errors import CheckpointError
 from anatomy.models import build_model
-from anatomy.weights.formats import Int4Weight, Int5Weight, WeightFormat, format_from_gguf, has_lossless_format
+from anatomy.weights.formats import Int4Weight, Int5Weight, WeightFormat
+from anatomy.weights.gguf_blocks import format_from_gguf, has_lossless_format
 
 
 def matrix_formats(f: GGUFFile) -> dict[str, WeightFormat]:
