@@ -90,5 +90,7 @@ def test_the_console_script_on_the_default_model(smollm2, smollm2_tokenizer):
     fp32 = perplexity(DecoderEngine(smollm2), smollm2, ids)
     assert report["tokens"] == 63 and report["weights"] == "auto"
     assert report["reference_perplexity"] == pytest.approx(fp32.reference_perplexity, rel=1e-6)
-    assert report["perplexity"] == pytest.approx(fp32.perplexity, rel=0.01)
+    # the plan may measure the int8-activation tiles fastest for decode (llama.cpp's own Q8 activations):
+    # they move this 64-token perplexity by up to ~1.2%, the int16 ones by ~0.1%
+    assert report["perplexity"] == pytest.approx(fp32.perplexity, rel=0.02)
     assert report["kl_divergence"] < 1e-2 and report["top1_agreement"] > 0.9
