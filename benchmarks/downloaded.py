@@ -1,8 +1,9 @@
 """The files people download: one model's weights quantized by llama.cpp's own llama-quantize to each
 common type, anatomy beside native llama.cpp on each file, in one run.
 
-Per file: anatomy through its public API (`anatomy.generate` on `anatomy.load(file)`: decode tokens/s
-after a 128-token prompt, prefill 512, 8 sequences) against `llama-bench` tg128 / pp512 and
+Per file: anatomy through its public API (`anatomy.generate` on the engine `anatomy generate` runs,
+`anatomy.engine_for(anatomy.load(file), take_weights=True)`: decode tokens/s after a 128-token prompt,
+prefill 512, 8 sequences) against `llama-bench` tg128 / pp512 and
 `llama-batched-bench` (8 sequences), and each side's peak RSS: `anatomy generate` answering a question
 in a fresh process (its kernel plan already measured) against `llama-bench -n 64` on the same file,
 both under one meter (ru_maxrss). Sizes: SmolLM2-135M (the shipped model's own weights) and a
@@ -95,15 +96,15 @@ def file_row(path: Path, vocab: int) -> dict[str, float]:
     threads = torch.get_num_threads()
     short, long_ = prompt_ids(PROMPT, vocab=vocab), prompt_ids(PREFILL, seed=1, vocab=vocab)
     batch = [prompt_ids(PROMPT, seed=10 + i, vocab=vocab) for i in range(BATCH)]
-    model = anatomy.load(path)
+    engine = anatomy.engine_for(anatomy.load(path), take_weights=True)  # the weights held once, as the CLI does
 
     def run(prompts, new):
-        return anatomy.generate(model, prompts, max_new_tokens=new, ignore_eos=True)[0]
+        return anatomy.generate(engine, prompts, max_new_tokens=new, ignore_eos=True)[0]
 
     run([short], NEW), run([long_], 1), run(batch, 8)  # the plan and the captured steps first
     row = {"decode": run([short], NEW).tokens_per_s, "prefill": PREFILL / run([long_], 1).ttft_s,
-           "batch": run(batch, NEW).tokens_per_s, "read": anatomy.engine_for(model).decode_weight_bytes}
-    del model
+           "batch": run(batch, NEW).tokens_per_s, "read": engine.decode_weight_bytes}
+    del engine
     gc.collect()
     row |= {"tg": llama_bench(path, threads=threads, new=NEW), "pp": llama_bench(path, threads=threads, prompt=PREFILL),
             "batched": batched_bench(path, threads=threads, prompt=PROMPT, new=NEW, sequences=(BATCH,))[BATCH],

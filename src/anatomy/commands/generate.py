@@ -16,7 +16,7 @@ from anatomy.commands.common import (
 from anatomy.commands.parallel_options import (
     add_parallel_options, check_parallel, launched, layout_of, rank_engine, start_ranks)
 from anatomy.commands.speculative_options import (
-    add_speculative_options, check_speculative_options, speculative_options)
+    add_speculative_options, check_speculative_options, speculative_options, takes_weights)
 from anatomy.errors import InputError
 from anatomy.kv_format import parse_kv_dtype
 
@@ -188,6 +188,7 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
         named = load_named(args.model, args.dtype, args.weights)
         config = named.model.config
         if config.is_decoder or config.is_seq2seq:
-            options = {"compile": args.compile, "kv_dtype": args.kv_dtype} if config.is_decoder else {}
+            options = {"compile": args.compile, "kv_dtype": args.kv_dtype,
+                       "take_weights": takes_weights(args)} if config.is_decoder else {}
             return named.engine(**options), named.tokenizer
         return named.model, named.tokenizer  # generation refuses it, naming its architecture

@@ -23,7 +23,8 @@ import time
 
 from anatomy.commands.common import DefaultsHelpFormatter, add_kv_dtype_option, add_model_option, add_quiet_option
 from anatomy.commands.generate import WEIGHTS_HELP
-from anatomy.commands.speculative_options import add_speculative_options, check_speculative_options, speculative_options
+from anatomy.commands.speculative_options import (
+    add_speculative_options, check_speculative_options, speculative_options, takes_weights)
 from anatomy.commands.parallel_options import (
     add_parallel_options, check_parallel, is_follower, launched, layout_of, rank_engine, start_ranks)
 from anatomy.errors import InputError
@@ -181,7 +182,7 @@ def _engine(args: argparse.Namespace, server, failures: list[BaseException], ran
     if not named.model.config.is_decoder:
         raise InputError(f"{args.model}: serving needs a decoder model, got architecture="
                          f"{named.model.config.architecture!r}")
-    return named.engine(kv_dtype=args.kv_dtype), named.tokenizer
+    return named.engine(kv_dtype=args.kv_dtype, take_weights=takes_weights(args)), named.tokenizer
 
 
 def _report(args: argparse.Namespace, loop, block_bytes: int, seconds: float) -> None:

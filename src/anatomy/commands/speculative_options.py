@@ -65,6 +65,12 @@ def check_speculative_options(args: argparse.Namespace) -> None:
         args.draft_weights = dtypes.parse(args.draft_weights, option="--draft-weights", choices=CHOICES[1:]).name
 
 
+def takes_weights(args: argparse.Namespace) -> bool:
+    """May the engine take the loaded model's weights (hold them once)? Not when a draft model is
+    loaded: it may be the same loaded model, and read them too."""
+    return getattr(args, "speculative", None) != "draft"
+
+
 def speculative_options(args: argparse.Namespace, tokenizer: Any = None) -> dict[str, Any]:
     """generate()'s speculative, draft_model and num_speculative_tokens from the command line, made
     once per command (a chat's every reply shares the draft's engine): a named model loaded once per

@@ -138,19 +138,23 @@ def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan, nam
             measured = by_kernel(plan.for_layer(name).measurements.get("decode", [])).get(int8_kernel)
             error = measured.error if measured is not None else None
             if int8_kernel == "q4x" and Q4T.accepts(fmt) and error is not None and error * INT16_ERROR <= plan.threshold:
-                return tiled(layer, fmt), False  # int16 activations
-            prepared = layer.layouts.get(form.name) or form.build(fmt)
+                tiles = tiled(layer, fmt)
+                return None if tiles is None else (tiles, False)  # int16 activations
+            prepared = layer.layouts.get(form.name) or (None if fmt.released else form.build(fmt))
+            if prepared is None:
+                return None  # the format was given back (take_weights): only a held layout can serve
             return prepared[0], error is not None and error <= plan.threshold
     return None
 
 
-def tiled(layer: PlannedLinear, fmt: WeightFormat) -> Tensor:
-    """The layer's q4 tiles (tiles.cpp): the plan's, else packed from the plan's q4 layout, else built."""
+def tiled(layer: PlannedLinear, fmt: WeightFormat) -> Tensor | None:
+    """The layer's q4 tiles (tiles.cpp): the plan's, else packed from the plan's q4 layout, else built
+    (None: the format was given back and no layout holds them)."""
     if (tiles := layer.layouts.get(Q4T.name)) is not None:
         return tiles[0]
     if (q4 := layer.layouts.get(KERNELS_BY_NAME["q4x"].form.name)) is not None:
         return torch.ops.anatomy.pack_q4_tiles(q4[0])
-    return Q4T.build(fmt)[0]
+    return None if fmt.released else Q4T.build(fmt)[0]
 
 
 def native_block(name: str, block: Block, plan: KernelPlan, formats: dict[str, WeightFormat]) -> NativeBlock | None:

@@ -47,6 +47,7 @@ class PlannedLinear(nn.Module):
         self.layouts = layouts or {}  # layout name -> prepared tensors (kept alive; for inspection)
         self.opaque_bytes = opaque_bytes  # bytes of layouts that are not tensors (FBGEMM's packed weight)
         self.description = description
+        self.builds_later = False  # a layout is still to be built from the format (its first long prompt)
         self.bias = None if bias is None else bias.detach().to(dtype)  # a plain attribute: read per call, cheaply
 
     @classmethod
@@ -71,6 +72,7 @@ class PlannedLinear(nn.Module):
         layer = cls(routes, in_features=K, out_features=N, bias=bias, dtype=dtype, layouts=layouts,
                     opaque_bytes=_opaque_bytes(forms, layouts, fmt), description=f"{w.signature}: {text}")
         last_phase, last = chosen[-1]
+        layer.builds_later = lazy is not None
         if lazy is None:
             layer._routes.append((sys.maxsize, last.act_dtype, last.bind(layouts[last.form.name])))
         else:
@@ -88,6 +90,7 @@ class PlannedLinear(nn.Module):
             if x.shape[0] <= wait_rows:
                 return torch.cat([_through(meanwhile, part) for part in x.split(piece or wait_rows)])
             self.layouts[kernel.form.name] = kernel.form.build(fmt)
+            self.builds_later = False
             self.opaque_bytes = _opaque_bytes(forms, self.layouts, fmt)
             self._routes[-1] = (sys.maxsize, kernel.act_dtype, kernel.bind(self.layouts[kernel.form.name]))
             return _through(self._routes[-1], x)

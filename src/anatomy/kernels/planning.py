@@ -23,12 +23,14 @@ The caller's model is not touched: the view's modules are its own.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections import Counter
 
 import torch
 from torch import nn
 
+from anatomy import heap
 from anatomy.kernels.calibration import calibration_inputs
 from anatomy.kernels.candidates import COMPILABLE_KERNELS, KERNELS, KERNELS_BY_NAME
 from anatomy.kernels.plan import make_plan
@@ -47,12 +49,15 @@ HEAD_THRESHOLD = 1e-3
 
 
 def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True,
-              layout_budget: int | None = None) -> KernelPlan | None:
+              layout_budget: int | None = None, take_weights: bool = False) -> KernelPlan | None:
     """Measure (or load) the kernel plan of the view's linear layers and swap them for PlannedLinear
     layers giving the branch dtype (the LM head: the model's). `layout_budget`: bytes for second
-    layouts (None: plan.layout_budget()). Returns the plan; None on a GPU, where every layer is a
-    dense product in the model's dtype (dense_kernels)."""
+    layouts (None: plan.layout_budget()). `take_weights`: each compact format's memory is given back
+    as soon as its layer's layouts are built (WeightFormat.release), so that the process never holds
+    the model twice. Returns the plan; None on a GPU, where every layer is a dense product in the
+    model's dtype (dense_kernels)."""
     layers = linear_layers(view)
+    keep = shared_storages(view, layers) if take_weights else set()
     if next(view.parameters()).device.type != "cpu":
         dense_kernels(view, layers)
         return None
@@ -66,8 +71,28 @@ def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True,
     branch = branch_dtype(plan, model_dtype)
     for name, (fmt, bias) in layers.items():
         dtype = model_dtype if name in HEAD_LAYERS else branch
-        view.set_submodule(name.removesuffix(".weight"), PlannedLinear.from_plan(plan, name, fmt, bias=bias, dtype=dtype))
+        layer = PlannedLinear.from_plan(plan, name, fmt, bias=bias, dtype=dtype)
+        view.set_submodule(name.removesuffix(".weight"), layer)
+        if take_weights and not layer.builds_later:
+            held = {_storage(t) for layout in layer.layouts.values() for t in layout if isinstance(t, torch.Tensor)}
+            if fmt.release(keep | held):
+                heap.trim()  # the next layouts must not be built beside freed pages the heap kept
     return plan
+
+
+def shared_storages(view: nn.Module, layers: dict) -> set[int]:
+    """Storages of the tensors the view reads outside its linear layers (a token table tied to the LM
+    head, the norms): a format sharing one of them is not released."""
+    inside = tuple(name.removesuffix("weight") for name in layers)
+    named = itertools.chain(view.named_parameters(remove_duplicate=False), view.named_buffers(remove_duplicate=False))
+    return {_storage(t) for name, t in named if not name.startswith(inside)}
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except NotImplementedError:  # an opaque tensor (oneDNN's reordered weight) shares no storage
+        return -id(t)
 
 
 def branch_dtype(plan: KernelPlan | None, model_dtype: torch.dtype) -> torch.dtype:

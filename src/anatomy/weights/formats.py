@@ -68,16 +68,43 @@ class WeightFormat(nn.Module):
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """The weight W [N, K] this format stands for, computed in float32, returned in `dtype`."""
+        self.check_held()
         return self._values(*self.buffers()).to(dtype)
 
     def rows(self, index: Tensor) -> Tensor:
         """Rows `index` [...] of W as float32 [..., K] (an embedding lookup in a tied matrix)."""
+        self.check_held()
         flat = index.reshape(-1)
         return self._values(*(b[flat] for b in self.buffers())).view(*index.shape, self.shape[1])
 
     def _values(self, *stored: Tensor) -> Tensor:
         """float32 [n, K] from the buffers (in registration order) of n rows."""
         raise NotImplementedError
+
+    @property
+    def released(self) -> bool:
+        """Were the stored tensors given back by release()? (No format stores an empty tensor otherwise.)"""
+        return any(b.numel() == 0 for b in self.buffers())
+
+    def release(self, keep: set[int] = frozenset()) -> int:
+        """Give back the memory of the stored tensors, now that a layout built from them holds the weight
+        (an engine that took its model's weights): each tensor is emptied in place, so every module
+        sharing it sees it empty and the format computes nothing again. Nothing is released when a
+        tensor's storage is in `keep` (data pointers still read: a tied token table, a layout that is
+        the tensor itself). -> bytes given back."""
+        stored = list(self.buffers())
+        if self.released or any(_storage_ptr(t) in keep for t in stored):
+            return 0
+        freed = sum(t.nbytes for t in stored)
+        with torch.no_grad():
+            for t in stored:
+                t.set_(t.new_empty(0))
+        return freed
+
+    def check_held(self) -> None:
+        if self.released:
+            raise InputError(f"{self.label} {self.signature}: its stored tensors were given to an engine's layout "
+                             "(take_weights=True); load the model again to compute with it")
 
     def take_rows(self, index: Tensor) -> WeightFormat:
         """The same format holding rows `index` of W (row reordering, slicing)."""
@@ -130,6 +157,10 @@ class WeightFormat(nn.Module):
         return f"{self.signature}, {self.nbytes / 2 ** 20:.2f} MiB, {self.label!r}"
 
 
+def _storage_ptr(t: Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
 def _cat(tensors: list[Tensor]) -> Tensor:
     """Concatenated rows; float scales of different widths (f16 and f32) meet in float32."""
     if len({t.dtype for t in tensors}) > 1:
@@ -156,6 +187,7 @@ class FloatWeight(WeightFormat):
         return cls(w.detach().to(dtype).contiguous(), label=label)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        self.check_held()
         return self.weight.to(dtype)
 
     def _values(self, weight: Tensor) -> Tensor:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from anatomy import build_model, get_preset
+from anatomy.errors import InputError
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.sampling import SamplingParams
 
@@ -106,6 +107,31 @@ def test_held_bytes_of_a_loaded_file_are_the_files_tensor_bytes(smollm2_gguf_pat
     products = sum(int(t.n_bytes) for t in tensors if t.name.startswith("blk.") and "norm" not in t.name)
     shared = held_bytes(model) + engine.weight_bytes - held_bytes(model, engine.model)
     assert shared == in_file + 32 * 4 - products
+
+
+def test_an_engine_that_takes_the_weights_holds_them_once(smollm2_gguf_path, forced_timings):
+    """take_weights=True: each block product's format is given back once its layout is built, so the
+    model and its engine hold no more than the engine alone (the tied token table, read by the
+    embedding, is kept); the logits are those of an engine over a model that keeps its formats, and
+    the emptied model refuses to compute again, naming why."""
+    import anatomy
+    from anatomy.inference.engine import engine_for, held_bytes
+
+    kept, taken = anatomy.load(smollm2_gguf_path), anatomy.load(smollm2_gguf_path)
+    reference = DecoderEngine(kept)
+    engine = engine_for(taken, take_weights=True)
+    assert engine_for(taken, take_weights=True) is engine
+    assert held_bytes(taken, engine.model) == held_bytes(engine.model) == engine.weight_bytes
+    products = held_bytes(kept, reference.model) - held_bytes(reference.model)
+    assert products > 0.9 * sum(m.compact.nbytes for name, m in kept.named_modules()
+                                if name.startswith("stack.blocks.") and hasattr(m, "compact"))
+    assert not taken.stack.embed.tokens.compact.released  # the tied table the embedding reads
+    ids = torch.tensor([[1, 504, 3458, 282, 4649, 47, 2]])
+    assert torch.equal(engine.logits(ids), reference.logits(ids))
+    with pytest.raises(InputError, match=r"blocks\.0\.attn\.qkv.*take_weights=True.*load the model again"):
+        taken.stack.blocks[0].attn.qkv.compact.dequantize()
+    with pytest.raises(InputError, match="given to an engine's layout"):
+        engine_for(taken)  # another engine of the emptied model
 
 
 @pytest.mark.parametrize("policy, warned", [("PASSIVE", True), ("passive", True), ("ACTIVE", False), (None, False)])

@@ -64,12 +64,15 @@ class DecoderEngine:
     one native operator where it measures faster than the block (kernels/decode_block.py); False keeps
     the torch blocks. `layout_budget` is the bytes (or "2GiB", "0.25" of RAM) the kernel plan may spend
     on second layouts of the weights, e.g. a dense copy for faster prefill (default: $ANATOMY_LAYOUT_BUDGET,
-    else none: one compact layout per weight).
+    else none: one compact layout per weight). `take_weights=True` gives each compact weight's memory
+    back as soon as its layouts are built, so the process holds the weights once (a layout is a copy
+    in the kernels' order); the caller's model is then empty (its formats raise InputError): for a
+    model nothing else will use, as `anatomy generate` and `anatomy serve` load theirs.
     """
 
     def __init__(self, model: nn.Module, *, compile: bool = False, capture: bool = True, plan_cache: bool = True,
                  attention: str | None = None, kv_dtype: str | None = None, native_blocks: bool = True,
-                 layout_budget: int | str | None = None) -> None:
+                 layout_budget: int | str | None = None, take_weights: bool = False) -> None:
         if not getattr(getattr(model, "config", None), "is_decoder", False):
             raise InputError(f"DecoderEngine needs a decoder-only anatomy model, got {type(model).__name__}")
         self.model = engine_view(model, attention=attention, native_norms=not compile)
@@ -79,7 +82,8 @@ class DecoderEngine:
         formats = {name: fmt for name, (fmt, _) in linear_layers(self.model).items()} if fusing else {}
         budget = layout_budget if layout_budget is None or isinstance(layout_budget, int) else \
             kernel_plan.layout_budget(layout_budget)
-        self.plan = plan_view(self.model, compile=compile, cache=plan_cache, layout_budget=budget)
+        self.plan = plan_view(self.model, compile=compile, cache=plan_cache, layout_budget=budget,
+                              take_weights=take_weights)
         self._plan_cache = plan_cache  # where the kept decisions (kernels/decisions.py) are read and kept
         self.native_blocks = fuse_blocks(self.model, self.plan, formats, cache=plan_cache) if fusing else 0
         self.branch_dtype = branch_dtype(self.plan, self.dtype)  # RoPE and attention compute in it

@@ -8,8 +8,8 @@ An engine is tied to the model object (weakly: it never keeps the model alive) a
 fingerprint of its weights, the identity and version counter of every parameter and buffer: any
 in-place change (`p.add_(...)`, `load_state_dict`), a new tensor put in place, a module swapped in
 makes the next call build a new engine on the new weights. Engines of one model are kept per set of
-engine options (`compile`, `capture`, `attention`, `plan_cache`, `kv_dtype`; an encoder-decoder's:
-`attention`).
+engine options (`compile`, `capture`, `attention`, `plan_cache`, `kv_dtype`, `native_blocks`,
+`take_weights`; an encoder-decoder's: `attention`).
 Safe to share between threads.
 """
 
@@ -45,6 +45,7 @@ class KeptEngines:
                 engines = {}
             if key not in engines:
                 engines[key] = _make(model, **options)
+                now = fingerprint(model)  # an engine that took the weights emptied them
             self._entries[model] = (now, engines)
             return engines[key]
 
@@ -58,7 +59,7 @@ class KeptEngines:
 
 
 DECODER_OPTIONS = {"compile": False, "capture": True, "attention": None, "plan_cache": True, "kv_dtype": None,
-                   "native_blocks": True}
+                   "native_blocks": True, "take_weights": False}
 SEQ2SEQ_OPTIONS = {"attention": None}
 
 
@@ -90,5 +91,5 @@ kept_engines = KeptEngines()
 def engine_for(model: nn.Module, **options: Any):
     """The engine kept for `model` (a DecoderEngine, or a Seq2SeqEngine for an encoder-decoder model),
     made on first use; `options` are DecoderEngine's (compile, capture, attention, plan_cache, kv_dtype,
-    native_blocks)."""
+    native_blocks, take_weights)."""
     return kept_engines.get(model, **options)

@@ -16,12 +16,14 @@ from torch import nn
 
 from anatomy.kernels.norm import swap_norms
 from anatomy.layers.attention import Attention, check_backend
+from anatomy.weights.formats import WeightFormat
 
 
 def engine_view(model: nn.Module, *, attention: str | None = None, native_norms: bool = True) -> nn.Module:
     """A copy of `model`'s modules sharing its parameters and buffers, in eval mode; `attention`
     ("sdpa" or "eager") sets the backend of the copy's attention layers (default: the model's);
     `native_norms` (on a CPU) its RMSNorms run anatomy's operator (not inside torch.compile)."""
+    check_held(model)
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     view = copy.deepcopy(model, memo=shared).eval()
     if native_norms and next(view.parameters()).device.type == "cpu":
@@ -32,3 +34,11 @@ def engine_view(model: nn.Module, *, attention: str | None = None, native_norms:
             if isinstance(module, Attention):
                 module.backend = attention
     return view
+
+
+def check_held(model: nn.Module) -> None:
+    """InputError when an engine took the model's weights (DecoderEngine(take_weights=True)): its
+    formats are empty, and an engine or a draft made of it would compute nothing."""
+    for module in model.modules():
+        if isinstance(module, WeightFormat):
+            module.check_held()
