@@ -1,6 +1,7 @@
 """anatomy's Q6_K products (kernels/native/q6k.cpp) against the float64 product of the int6 weight they
 hold (GGUF Q6_K blocks): q6_linear with x rounded to int8 per 32 as for q8x (about q8x's error on the same
-inputs), q6f_linear with x as it is (float32's rounding); every vector path this CPU has (AVX-512, AVX2:
+inputs), q6f_linear with x as it is (float32's rounding), q6s_linear with x rounded to int16 per 256
+(3e-5); every vector path this CPU has (AVX-512, AVX2:
 each run under native.limited) equals the portable one; the layout holds the codes in the order q6k.cpp
 documents; the kernels are offered where a vector path runs."""
 
@@ -89,6 +90,31 @@ def test_q6f_is_the_float_product(rows, K, path):
     assert relative_error(y, reference_product(fmt, x)) < 1e-5
 
 
+@pytest.mark.parametrize("K", [256, 768, 1536])
+@pytest.mark.parametrize("rows", [1, 3, 16, 40])
+def test_q6s_is_the_product_to_int16_activations_rounding(rows, K, path):
+    """q6s rounds x to int16 per 256 inputs (one scale each): ~3e-5 on gaussian inputs, well inside an
+    LM head's 1e-3."""
+    fmt = int6(48, K, seed=K + rows)
+    x = torch.randn(rows, K)
+    y = torch.ops.anatomy.q6s_linear(x, pack(fmt), path)
+    assert y.shape == (rows, 48) and y.dtype == torch.float32
+    assert relative_error(y, reference_product(fmt, x)) < 1e-4
+
+
+@pytest.mark.skipif("avx512" not in PATHS, reason="q6s's vector path needs AVX-512; this CPU has none")
+def test_the_int16_vector_path_equals_the_portable_one():
+    """q6s's integer sums are exact in both paths, the float ones in another order: 1e-6 of the largest."""
+    fmt = int6(67, 768)  # 67 outputs: a tail after the 16-row tiles
+    packed = pack(fmt)
+    for rows in (1, 7, 13, 20):  # chunks of 8 rows with remainders
+        x = torch.randn(rows, 768) * 3 + 0.5  # a mean: the -32 taken off through x's sums is large
+        with native.limited("avx512"):
+            fast = torch.ops.anatomy.q6s_linear(x, packed, False)
+        portable = torch.ops.anatomy.q6s_linear(x, packed, True)
+        torch.testing.assert_close(fast, portable, rtol=1e-5, atol=1e-6 * float(portable.abs().max()))
+
+
 @pytest.mark.skipif(len(PATHS) < 2, reason="this CPU runs no vector path: only the portable one runs")
 @pytest.mark.parametrize("isa", PATHS[1:])
 def test_the_vector_paths_equal_the_portable_one(isa):
@@ -118,7 +144,7 @@ def test_the_float_vector_paths_equal_the_portable_one(isa):
         torch.testing.assert_close(fast, portable, rtol=1e-5, atol=2e-6 * float(portable.abs().max()))
 
 
-@pytest.mark.parametrize("op", ["q6_linear", "q6f_linear"])
+@pytest.mark.parametrize("op", ["q6_linear", "q6f_linear", "q6s_linear"])
 def test_bfloat16_in_bfloat16_out(op, path):
     fmt = int6(32, 512)
     x = torch.randn(2, 512)
@@ -134,6 +160,8 @@ def test_bad_shapes_are_refused_by_the_operators():
         torch.ops.anatomy.q6_linear(torch.randn(1, 256), pack(fmt))
     with pytest.raises(RuntimeError, match="q6f_linear: weight has 210 bytes a row, K = 512 needs 420"):
         torch.ops.anatomy.q6f_linear(torch.randn(1, 512), pack(int6(16, 256)))
+    with pytest.raises(RuntimeError, match="q6s_linear: weight has 210 bytes a row, K = 512 needs 420"):
+        torch.ops.anatomy.q6s_linear(torch.randn(1, 512), pack(int6(16, 256)))
     with pytest.raises(RuntimeError, match="pack_q6: low uint8"):
         torch.ops.anatomy.pack_q6(fmt.low, fmt.high, fmt.scale.float(), fmt.d)
 
@@ -145,9 +173,12 @@ def test_offered_for_int6_where_a_vector_path_runs():
     assert not Q6X.accepts(Int8GroupWeight.from_float(fmt.dequantize()))
     assert {"f32", "bf16"} <= {k.name for k in candidates(fmt)}  # the dense fallbacks dequantize it
     with native.limited("portable"):  # a CPU without AVX2: the portable loop is for checking, not offered
-        assert not {"q6x", "q6f"} & {k.name for k in candidates(fmt)}
+        assert not {"q6x", "q6f", "q6s"} & {k.name for k in candidates(fmt)}
+    with native.limited("avx2"):  # q6s only where its AVX-512 loop runs
+        assert "q6s" not in {k.name for k in candidates(fmt)}
+    assert ("q6s" in {k.name for k in candidates(fmt)}) == native.isa().startswith("avx512")
     x = torch.randn(3, 512)
-    for name, bound in (("q6x", ERROR), ("q6f", 1e-5)):
+    for name, bound in (("q6x", ERROR), ("q6f", 1e-5)) + ((("q6s", 1e-4),) if native.isa().startswith("avx512") else ()):
         layer = PlannedLinear.with_kernel(KERNELS_BY_NAME[name], fmt)
         assert relative_error(layer(x), reference_product(fmt, x)) < bound
 

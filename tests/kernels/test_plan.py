@@ -155,6 +155,13 @@ def test_cache_hit_skips_measuring(tmp_path, monkeypatch):
     assert second.to_json() == first.to_json()
 
 
+def test_a_plan_chosen_by_older_rules_is_measured_again(monkeypatch):
+    monkeypatch.setattr(plan_module, "RULES", plan_module.RULES - 1)
+    assert not _plan().from_cache
+    monkeypatch.setattr(plan_module, "RULES", plan_module.RULES + 1)
+    assert not _plan().from_cache and _plan().from_cache
+
+
 def _must_not_measure(*args, **kwargs):
     raise AssertionError("measured again although the plan was cached")
 

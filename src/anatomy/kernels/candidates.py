@@ -24,6 +24,8 @@ activations of one dtype; `kernel.bind(prepared)` gives the function `x [M, K] -
                                               multiplied with the activations as they are: the float product
     q5f             q5x          any          the same for int5 groups
     q6f             q6x          any          the same for int6 (Q6_K): an LM head's accuracy at 210 bytes per 256
+    q6s             q6x          any          int6 times x quantized to int16 per 256 inputs (vpmaddwd, ~3e-5):
+                                              an LM head's accuracy at int arithmetic's speed, AVX-512 only
     q4t / q4t16     q4t          any          int4 groups on 16 output rows interleaved (tiles.cpp), x
                                               quantized to int8 / int16 per 32, AVX-512 VNNI only
     q8t16           q8t          any          int8 groups (Q8_0) the same way, x quantized to int16 per 32
@@ -340,6 +342,15 @@ def _bind_q6f(p: Prepared) -> Callable[[Tensor], Tensor]:
     return lambda x: torch.ops.anatomy.q6f_linear(x, w)
 
 
+def _bind_q6s(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (w,) = p
+    return lambda x: torch.ops.anatomy.q6s_linear(x, w)
+
+
+def _avx512(fmt: WeightFormat) -> bool:
+    return native.isa() in ("avx512", "avx512-vnni")
+
+
 def _bind_q8f(p: Prepared) -> Callable[[Tensor], Tensor]:
     (w,) = p
     return lambda x: torch.ops.anatomy.q8f_linear(x, w)
@@ -384,6 +395,7 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("q8f", Q8X, None, _bind_q8f, compiles=False),
     Kernel("q5f", Q5X, None, _bind_q5f, compiles=False),
     Kernel("q6f", Q6X, None, _bind_q6f, compiles=False),
+    Kernel("q6s", Q6X, None, _bind_q6s, accepts=_avx512, compiles=False),
     Kernel("q4t", Q4T, None, _bind_q4t, compiles=False),
     Kernel("q4t16", Q4T, None, _bind_q4t16, compiles=False),
     Kernel("q8t16", Q8T, None, _bind_q8t16, compiles=False),

@@ -52,8 +52,10 @@ ERROR_THRESHOLD = 1e-2  # relative (Frobenius) error of a kernel's output agains
 MIN_GAIN = 0.10  # a second layout must make a phase at least this much faster
 TIE = 0.05  # kernels within this much of the fastest are tied: the most accurate of them is chosen
 COMPACT = 1.25  # a layout of at most this many times the format's bytes is held without a budget
+PROMPT_ERROR = 1e-4  # a prompt's rows run on the fastest held kernel this accurate (else the most accurate one)
 LAYOUT_BUDGET_ENV = "ANATOMY_LAYOUT_BUDGET"  # bytes allowed for second layouts ("2GiB", "0.25" of RAM); 0 by default
 REPEATS = 5
+RULES = 2  # the choosing rules' version, part of a cached plan's key: a plan chosen by older rules is measured again
 
 
 # -- making a plan -------------------------------------------------------------------------------
@@ -160,7 +162,7 @@ def _own_phases(name: str, phases: tuple[Phase, ...], phases_of: Mapping[str, Se
 
 def _key(groups: dict[str, _Group], *, model_id: str, weights: str, phases: tuple[Phase, ...],
          kernels: tuple[Kernel, ...], threshold: float, budget: int) -> dict[str, Any]:
-    key = {"machine": plan_cache.machine_key(), "model": model_id, "weights": weights,
+    key = {"rules": RULES, "machine": plan_cache.machine_key(), "model": model_id, "weights": weights,
            "phases": [[p.name, p.rows, p.max_rows] for p in phases], "threshold": threshold,
            "kernels": [k.name for k in kernels], "budget_bytes": budget,
            "layers": {k: [name for name, _ in g.members] for k, g in groups.items()}}
@@ -242,7 +244,7 @@ def _fastest_layouts(key: str, g: _Group, ms: dict[str, list[Measurement]], kern
                    choices={}, forms=[forms[first.kernel]], measurements=ms,
                    form_bytes=form_bytes)
     for phase in names:
-        pick = _most_accurate if phase == names[-1] and len(names) > 1 else _fastest
+        pick = _for_prompts if phase == names[-1] and len(names) > 1 else _fastest
         on_held = pick(ms[phase], forms, set(w.forms))
         best = _fastest(ms[phase], forms, None)
         if best is None:
@@ -267,18 +269,21 @@ def _first_layout(ms: dict[str, list[Measurement]], names: list[str], forms: dic
         return _fastest(ms[names[0]], forms, None)
     costs = {}
     for layout in compact:
-        on = [(_most_accurate if p == names[-1] and len(names) > 1 else _fastest)(ms[p], forms, {layout}) for p in names]
+        on = [(_for_prompts if p == names[-1] and len(names) > 1 else _fastest)(ms[p], forms, {layout}) for p in names]
         if all(o is not None for o in on):
             slowdown = sum(o.seconds / max(best[p].seconds, 1e-12) for o, p in zip(on, names))
             costs[layout] = (slowdown, on[0].seconds, on[0])
     return min(costs.values(), key=lambda c: c[:2])[2]
 
 
-def _most_accurate(ms: list[Measurement], forms: dict[str, str], allowed: set[str] | None) -> Measurement | None:
-    """The eligible measurement of the smallest error (ties: the faster) on an allowed layout: a prompt's
-    rows (the last, unbounded phase) go through it on the held layout, since int8 activations there
-    flip near-ties of the first answer token that int16 or float ones keep."""
+def _for_prompts(ms: list[Measurement], forms: dict[str, str], allowed: set[str] | None) -> Measurement | None:
+    """The kernel a prompt's rows (the last, unbounded phase) go through on an allowed layout: the fastest
+    eligible one within PROMPT_ERROR (int16 or float activations), else the one of the smallest error (ties:
+    the faster): int8 activations flip near-ties of the first answer token that int16 or float ones keep."""
     ok = [m for m in ms if m.eligible and m.kernel in forms and (allowed is None or forms[m.kernel] in allowed)]
+    close = [m for m in ok if m.error is not None and m.error <= PROMPT_ERROR]
+    if close:
+        return min(close, key=lambda m: m.seconds)
     return min(ok, key=lambda m: (math.inf if m.error is None else m.error, m.seconds), default=None)
 
 

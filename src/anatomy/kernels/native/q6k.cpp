@@ -31,6 +31,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -560,6 +561,131 @@ void q6f_rows(const float* x, const float* ordered, Isa level, int64_t M, int64_
   q6f_portable(x, M, K, w, n0, n1, y, N);
 }
 
+// -- int16 activations (q6s) ------------------------------------------------------------------------
+
+// x [M, K] quantized to int16 per super-block (one scale for its 256 inputs), the codes in the layout's
+// order, and per super-block the sums of the codes of its 16 sub-blocks (the weights' -32 taken off there)
+struct Int16Activations {
+  std::vector<int16_t> q;     // [M, K]
+  std::vector<float> scale;   // [M, K/256]
+  std::vector<int32_t> sums;  // [M, K/256, 16]
+};
+
+Int16Activations int16_activations(const float* x, int64_t M, int64_t K) {
+  const int64_t supers = K / SUPER;
+  Int16Activations out{std::vector<int16_t>(M * K), std::vector<float>(M * supers), std::vector<int32_t>(M * K / 16)};
+  for (int64_t s = 0; s < M * supers; ++s) {
+    const float* from = x + s * SUPER;
+    float most = 0.f;
+    for (int64_t k = 0; k < SUPER; ++k) most = std::max(most, std::abs(from[k]));
+    const float scale = most / 32767.f, inverse = most > 0.f ? 32767.f / most : 0.f;
+    out.scale[s] = scale;
+    for (int64_t k = 0; k < SUPER; ++k) {
+      const auto code = static_cast<int16_t>(std::nearbyint(from[k] * inverse));
+      out.q[s * SUPER + 64 * chunk_of(k) + byte_of(k)] = code;
+      out.sums[s * 16 + k / 16] += code;
+    }
+  }
+  return out;
+}
+
+// the arithmetic, for checking: per sub-block an integer dot product, scaled once
+void q6s_portable(const Int16Activations& a, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1,
+                  float* y, int64_t N) {
+  const int64_t supers = K / SUPER;
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m) {
+      float total = 0.f;
+      for (int64_t b = 0; b < supers; ++b) {
+        const uint8_t* block = w + (n * supers + b) * BLOCK;
+        uint16_t d;
+        std::memcpy(&d, block, 2);
+        const int8_t* sc = reinterpret_cast<const int8_t*>(block + SCALES);
+        const int16_t* qx = a.q.data() + (m * supers + b) * SUPER;
+        float part = 0.f;
+        for (int64_t s = 0; s < 16; ++s) {
+          int64_t dot = -32 * static_cast<int64_t>(a.sums[(m * supers + b) * 16 + s]);
+          for (int64_t k = 16 * s; k < 16 * s + 16; ++k) dot += code_at(block, k) * qx[64 * chunk_of(k) + byte_of(k)];
+          part += static_cast<float>(sc[s]) * static_cast<float>(dot);
+        }
+        total += half_to_float(d) * part * a.scale[m * supers + b];
+      }
+      y[m * N + n] = total;
+    }
+}
+
+#if ANATOMY_X86
+
+// Chunk c's 64 codes in two halves of 32 (bytes 32h ..), widened to int16 and multiplied with x's codes by
+// vpmaddwd: int32 lane j of half h holds 2 products of group 4h + j / 4, sub-block 2 (4h + j / 4) + c / 2.
+// Per super-block and row of x the lanes of chunks 0-1 and of 2-3 are summed apart (at most 4 * 63 * 32767),
+// converted once and scaled by their sub-blocks' d * sc.
+AVX512 void int16_rows512(const Int16Activations& a, int64_t m0, int R, int64_t K, const uint8_t* w, int64_t n0,
+                          int64_t n1, float* y, int64_t N) {
+  const int64_t supers = K / SUPER;
+  alignas(64) int32_t index[2][2][16];  // [h][s] lane j -> its sub-block
+  for (int h = 0; h < 2; ++h)
+    for (int s = 0; s < 2; ++s)
+      for (int j = 0; j < 16; ++j) index[h][s][j] = 8 * h + 2 * (j / 4) + s;
+  __m512i pick[2][2];
+  for (int h = 0; h < 2; ++h)
+    for (int s = 0; s < 2; ++s) pick[h][s] = _mm512_load_si512(index[h][s]);
+  for (int64_t n = n0; n < n1; ++n) {
+    __m512 acc[ROWS];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < supers; ++b) {
+      const uint8_t* block = w + (n * supers + b) * BLOCK;
+      prefetch_block(block);
+      const __m512i l0 = _mm512_loadu_si512(block + L0), l1 = _mm512_loadu_si512(block + L1);
+      const __m512i h = _mm512_loadu_si512(block + H);
+      const __m512i u[4] = {codes512(l0, _mm512_slli_epi16(h, 4)),
+                            codes512(_mm512_srli_epi16(l0, 4), _mm512_slli_epi16(h, 2)), codes512(l1, h),
+                            codes512(_mm512_srli_epi16(l1, 4), _mm512_srli_epi16(h, 2))};
+      __m512i wide[4][2];
+      for (int c = 0; c < 4; ++c) {
+        wide[c][0] = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(u[c]));
+        wide[c][1] = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(u[c], 1));
+      }
+      const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + SCALES)));
+      const __m512 ds = _mm512_mul_ps(_mm512_cvtepi32_ps(sc), _mm512_set1_ps(d_of(block)));  // [16 sub-blocks]
+      __m512 lane_ds[2][2];
+      for (int hh = 0; hh < 2; ++hh)
+        for (int s = 0; s < 2; ++s) lane_ds[hh][s] = _mm512_permutexvar_ps(pick[hh][s], ds);
+      const __m512 minus32_ds = _mm512_mul_ps(ds, _mm512_set1_ps(-32.f));
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = (m0 + r) * supers + b;
+        const int16_t* qx = a.q.data() + row * SUPER;
+        __m512 f = _mm512_mul_ps(minus32_ds, _mm512_cvtepi32_ps(_mm512_loadu_si512(a.sums.data() + row * 16)));
+        for (int hh = 0; hh < 2; ++hh)
+          for (int s = 0; s < 2; ++s) {
+            __m512i dot = _mm512_madd_epi16(wide[2 * s][hh], _mm512_loadu_si512(qx + 128 * s + 32 * hh));
+            dot = _mm512_add_epi32(dot, _mm512_madd_epi16(wide[2 * s + 1][hh], _mm512_loadu_si512(qx + 128 * s + 64 + 32 * hh)));
+            f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), lane_ds[hh][s], f);
+          }
+        acc[r] = _mm512_fmadd_ps(f, _mm512_set1_ps(a.scale[row]), acc[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) y[(m0 + r) * N + n] = _mm512_reduce_add_ps(acc[r]);
+  }
+}
+
+#endif  // ANATOMY_X86
+
+// y [M, N] for output rows [n0, n1)
+void q6s_rows(const Int16Activations& a, Isa level, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1,
+              float* y, int64_t N) {
+#if ANATOMY_X86
+  if (level >= Isa::Avx512) {
+    for (int64_t t0 = n0; t0 < n1; t0 += TILE)
+      for (int64_t m0 = 0; m0 < M; m0 += ROWS)
+        int16_rows512(a, m0, static_cast<int>(std::min<int64_t>(ROWS, M - m0)), K, w, t0, std::min(n1, t0 + TILE),
+                      y, N);
+    return;
+  }
+#endif
+  q6s_portable(a, M, K, w, n0, n1, y, N);
+}
+
 void check(const at::Tensor& x, const at::Tensor& w, const char* what) {
   TORCH_CHECK(x.dim() == 2 && x.is_floating_point() && x.size(0) >= 1, what, ": x must be a float matrix [M, K]");
   TORCH_CHECK(x.size(1) % SUPER == 0, what, ": K = ", x.size(1), " must be a multiple of ", SUPER);
@@ -645,16 +771,31 @@ at::Tensor q6f_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
+at::Tensor q6s_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
+  check(x, w, "anatomy::q6s_linear");
+  const Isa level = anatomy::isa(portable);
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  const Int16Activations a = int16_activations(xf.data_ptr<float>(), M, K);
+  const uint8_t* weights = w.data_ptr<uint8_t>();
+  at::Tensor y = xf.new_empty({M, N});
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, N, TILE, [&](int64_t n0, int64_t n1) { q6s_rows(a, level, M, K, weights, n0, n1, out, N); });
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
 }  // namespace anatomy
 
 TORCH_LIBRARY_FRAGMENT(anatomy, m) {
   m.def("q6_linear(Tensor x, Tensor weight, bool portable=False) -> Tensor");
   m.def("q6f_linear(Tensor x, Tensor weight, bool portable=False) -> Tensor");
+  m.def("q6s_linear(Tensor x, Tensor weight, bool portable=False) -> Tensor");
   m.def("pack_q6(Tensor low, Tensor high, Tensor scale, Tensor d) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
   m.impl("q6_linear", anatomy::q6_linear);
   m.impl("q6f_linear", anatomy::q6f_linear);
+  m.impl("q6s_linear", anatomy::q6s_linear);
   m.impl("pack_q6", pack_q6);
 }
