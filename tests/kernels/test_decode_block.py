@@ -1,6 +1,7 @@
 """anatomy::decode_block (kernels/native/block.cpp) against the block it stands for, and the decode
 attention reading a paged pool through its block tables against the same rows gathered by torch."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -76,3 +77,49 @@ def test_a_float16_cache_is_written_and_read_by_the_operator(q4_model, smollm2_t
         logits = [run.decode(token) for run in runs]
         assert computed and all(computed)  # every block of both engines' step went through the operator
         assert (logits[1] - logits[0]).abs().max() < 0.1 * logits[0].abs().max()
+
+
+# GGUF types whose blocks the operator reads in their own layouts: (type, bytes per block, where d sits)
+BLOCKS = {"Q5_0": (32, 22, 0), "Q6_K": (256, 210, 208), "Q8_0": (32, 34, 0)}
+
+
+def random_format(kind: str, N: int, K: int, seed: int):
+    """Random blocks of GGUF type `kind` (codes uniform, float16 d ~ 3e-5 or 1e-3) in anatomy's format."""
+    from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME
+    from anatomy.weights.gguf_blocks import format_from_gguf
+
+    per, size, at = BLOCKS[kind]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(N * K // per, size), dtype=np.uint8)
+    scale = 3e-5 if kind == "Q6_K" else 2e-3
+    blocks[:, at:at + 2] = (rng.standard_normal((N * K // per, 1)) * scale).astype(np.float16).view(np.uint8)
+    return format_from_gguf(blocks.reshape(-1), TENSOR_TYPES_BY_NAME[kind], (N, K), label=f"w{seed}")
+
+
+@pytest.mark.parametrize("kind", list(BLOCKS))
+def test_the_operator_runs_int5_int6_and_int8_tiles(kind, fused_steps, native_forced):
+    """A tiny decoder whose every block matrix is Q5_0 (int5), Q6_K (int6) or Q8_0 (int8g, on q8 tiles
+    where the plan holds them): every block is one operator, also when the engine took the weights (it
+    fuses on the layouts the plan holds), and its paged decode steps give the model's own forward (the
+    exact products of the stored weights) to the activations' int8 rounding."""
+    from anatomy import build_model, get_preset
+    from anatomy.kernels.candidates import relative_error
+    from anatomy.weights.choice import install, matrices
+
+    torch.manual_seed(0)
+    model = build_model(get_preset("llama-7b", vocab_size=96, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512,
+                                   n_layers=2, max_seq_len=32)).eval()
+    formats = {name: random_format(kind, *m.weight.shape, seed=i)
+               for i, (name, m) in enumerate(matrices(model).items()) if name.startswith("stack.blocks.")}
+    install(model, formats, dtype=torch.float32)
+    tokens = [5, 17, 33, 2, 9, 41, 8, 60]
+    with torch.no_grad():
+        reference = model(torch.tensor([tokens]))[0]  # [S, V]
+    engine = DecoderEngine(model, take_weights=True)
+    assert engine.native_blocks == 2
+    cache = engine.paged_cache(num_blocks=2, block_size=16)
+    fused_steps.clear()
+    logits = torch.stack([engine.step(cache, [Chunk([t], i, [0, 1])])[0] for i, t in enumerate(tokens)])
+    assert len(fused_steps) == 2 * len(tokens) and all(fused_steps)  # every one-token step's every block
+    # each of the 8 block products on a token's path may round its input to int8 (~0.5% rms): sqrt(8), 2x slack
+    assert relative_error(logits, reference.double()) < 2 * 3 * 5e-3

@@ -24,6 +24,7 @@ from anatomy.inference.model_cache import loaded_models
 from anatomy.kv_format import parse_kv_dtype
 from anatomy.text.tokenizer import Tokenizer
 from anatomy.weights.choice import parse_weights
+from anatomy.weights.modules import weights_held
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,14 @@ class LoadedModel:
 
 def load_named(name: str, dtype: str | torch.dtype = "f32", weights: str = "auto") -> LoadedModel:
     """The model and tokenizer of a name / .gguf path / HF directory, loaded once (anatomy.loaded_models)
-    with `anatomy.load`'s dtype and weights choice."""
+    with `anatomy.load`'s dtype and weights choice; loaded again once an engine took its weights."""
     dtype, weights = torch_dtype(dtype), parse_weights(weights)
-    return loaded_models.get(("generate", name, dtype, weights), lambda: _load_named(name, dtype, weights))
+    key = ("generate", name, dtype, weights)
+    named = loaded_models.get(key, lambda: _load_named(name, dtype, weights))
+    if not weights_held(named.model):  # an engine took them (the commands' take_weights): load it again
+        loaded_models.discard(key)
+        named = loaded_models.get(key, lambda: _load_named(name, dtype, weights))
+    return named
 
 
 def _load_named(name: str, dtype: torch.dtype, weights: str) -> LoadedModel:

@@ -34,6 +34,11 @@ class LoadedModels:
             self._entries.move_to_end(key)
             return self._entries[key]
 
+    def discard(self, key: Hashable) -> None:
+        """Forget the entry of `key` (if any): the next get loads it again."""
+        with self._lock:
+            self._entries.pop(key, None)
+
     def keys(self) -> list[Hashable]:
         with self._lock:
             return list(self._entries)

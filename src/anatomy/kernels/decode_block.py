@@ -8,8 +8,9 @@ A decode step of a small model is bound by the host: SmolLM2-135M's block runs ~
 around its four products (norms, RoPE, the cache write, GQA views, SwiGLU, residual adds, the casts to
 and from the kernels' dtypes), each a few microseconds of dispatch for a few hundred floats of work.
 `anatomy::decode_block` does the same arithmetic in one call: the four products through anatomy's
-own kernels on their native layouts (the layer's q4/q8 layout when the plan already holds one, built
-from its format otherwise), everything between them a loop over the rows in float32.
+own kernels on their native layouts (the layer's q4/q5/q6/q8 layout or q4/q8 tiles when the plan
+already holds one, built from its format otherwise, unless an engine took the weights), everything
+between them a loop over the rows in float32.
 
     NativeBlock(x [B, 1, D], ctx, cache)  a decode step (one new token per row, B <= max_rows, RoPE, no
                                           ALiBi, a float static or paged cache): one operator -> [B, 1, D]
@@ -20,8 +21,9 @@ Which of the operator and the block is faster depends on the rows (the plan pick
 a batch than for one row): `max_rows` is the largest of 1, 2, 4, 8, 16 rows up to which the operator
 still measured faster; a decode step of more rows runs as the block.
 
-A product quantizes its input to int8 per group of 32 (VNNI, q4x/q8x) where the plan's accuracy check
-passed that kernel for the layer, and reads it as float32 (q4f/q8f) otherwise; where AVX-512 VNNI runs,
+A product quantizes its input to int8 per group of 32 (VNNI, q4x/q8x/q5x/q6x) where the plan's accuracy
+check passed that kernel for the layer, and reads it as float32 (q4f/q8f/q5f; int6: q6s's int16 where
+AVX-512 runs, else q6f) otherwise; where AVX-512 VNNI runs,
 an int4 product's weights are q4 tiles (16 output rows interleaved: kernels/native/tiles.cpp) and its
 input is rounded to int16 per group of 32 (INT16_ERROR). Only blocks the
 operator covers exactly are swapped: pre-norm, RMSNorm, one fused QKV projection with full-width
@@ -40,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from anatomy.kernels import native
-from anatomy.kernels.candidates import KERNELS_BY_NAME, Q4T
+from anatomy.kernels.candidates import KERNELS_BY_NAME, Q4T, Q8T
 from anatomy.kernels.decisions import decided
 from anatomy.kernels.norm import NativeRMSNorm
 from anatomy.kernels.planned_linear import PlannedLinear
@@ -53,7 +55,7 @@ from anatomy.layers.norm import RMSNorm
 from anatomy.weights.formats import WeightFormat
 
 LINEARS = ("attn.qkv", "attn.out", "ffn.gate_up", "ffn.down")  # in the operator's order
-INT8_KERNELS = ("q4x", "q8x")  # int8 activations on each native layout (the float ones, q4f/q8f, share it)
+INT8_KERNELS = ("q4x", "q8x", "q5x", "q6x")  # int8 activations on each native layout (q4f/q8f/q5f/q6s share it)
 # On q4 tiles (AVX-512 VNNI) a product takes its activations rounded to int16 (tiles.cpp), where its
 # error, int8's measured one times this (the rounding step's ratio), is within the plan's bound: int8
 # activations (llama.cpp's Q8) err ~5e-3 on SmolLM2's products and flip a near-tie of a README prompt's
@@ -131,7 +133,10 @@ def fusable(block: nn.Module) -> bool:
 
 def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan, name: str) -> tuple[Tensor, bool] | None:
     """(the layer's native layout, whether its product takes int8 activations), or None when the
-    format has no native layout. An int4 layout becomes q4 tiles where they run (`tiled`)."""
+    format has no native layout. An int4 layout becomes q4 tiles where they run (`tiled`); int8g held as
+    q8 tiles runs on them (their products round the input to int16)."""
+    if (q8_tiles := layer.layouts.get(Q8T.name)) is not None:
+        return q8_tiles[0], False
     for int8_kernel in INT8_KERNELS:
         form = KERNELS_BY_NAME[int8_kernel].form
         if form.accepts(fmt):

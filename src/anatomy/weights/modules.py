@@ -60,6 +60,11 @@ def compact_modules(model: nn.Module) -> dict[str, CompactLinear | CompactEmbedd
     return {name: m for name, m in model.named_modules() if isinstance(m, (CompactLinear, CompactEmbedding))}
 
 
+def weights_held(model: nn.Module) -> bool:
+    """Do the model's compact formats still hold their tensors (no engine took them: take_weights)?"""
+    return not any(isinstance(m, WeightFormat) and m.released for m in model.modules())
+
+
 def float_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
     """The model's tensors by the names a dense model of the same config has: each compact weight
     dequantized under `<module>.weight` (in `dtype`, default float32), a tied one once, under its

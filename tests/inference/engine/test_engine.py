@@ -134,6 +134,20 @@ def test_an_engine_that_takes_the_weights_holds_them_once(smollm2_gguf_path, for
         engine_for(taken)  # another engine of the emptied model
 
 
+def test_a_named_model_whose_weights_an_engine_took_is_loaded_again(smollm2_gguf_path):
+    """The commands load a model by name and let its engine take the weights; asking for the name again
+    (another engine's options, a second command in one process) loads it again instead of the emptied one."""
+    from anatomy.inference.loading import load_named
+    from anatomy.weights.modules import weights_held
+
+    first = load_named(str(smollm2_gguf_path))
+    first.engine(take_weights=True)
+    assert not weights_held(first.model)
+    again = load_named(str(smollm2_gguf_path))
+    assert again.model is not first.model and weights_held(again.model)
+    assert load_named(str(smollm2_gguf_path)) is again
+
+
 @pytest.mark.parametrize("policy, warned", [("PASSIVE", True), ("passive", True), ("ACTIVE", False), (None, False)])
 def test_an_engine_on_sleeping_openmp_threads_says_so(monkeypatch, recwarn, policy, warned):
     if policy is None:

@@ -60,7 +60,7 @@ class DecoderEngine:
     ("sdpa" or "eager") sets the backend of the view's attention layers (default: the model's).
     `kv_dtype` is what the KV caches hold: None (the branches' dtype), "f32", "f16", "bf16", or 8-bit
     codes with a scale per token and head, "int8", "fp8_e4m3", "fp8_e5m2" (anatomy/kv_format.py).
-    `native_blocks` (default) runs each LLaMA-style block of a decode step with int4/int8 weights as
+    `native_blocks` (default) runs each LLaMA-style block of a decode step with int4/5/6/8 weights as
     one native operator where it measures faster than the block (kernels/decode_block.py); False keeps
     the torch blocks. `layout_budget` is the bytes (or "2GiB", "0.25" of RAM) the kernel plan may spend
     on second layouts of the weights, e.g. a dense copy for faster prefill (default: $ANATOMY_LAYOUT_BUDGET,

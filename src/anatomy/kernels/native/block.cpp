@@ -9,10 +9,11 @@
 //   h = rms_norm(x) * ffn_norm                    g, u = h @ Wgate_up^T   [B, 2F]
 //   x = x + (silu(g) * u) @ Wdown^T
 //
-// The four weights are in the native layouts (q4: 40 bytes per 64 weights, q8: 72; gemv.cpp; or q4 tiles
-// of 16 rows, [N/16, K/32, 320]: tiles.cpp); bit i of `int8_activations` makes product i quantize its
-// input to int8 per group of 32 (q4_linear / q8_linear / q4 tiles, VNNI) instead of reading it as float
-// (q4f_linear / q8f_linear), or, on q4 tiles, rounding it to int16. The cache is float32, bfloat16 or float16:
+// The four weights are in the native layouts (q4: 40 bytes per 64 weights, q8: 72; gemv.cpp; q5: 48, q5.cpp;
+// q6: 210 per 256, q6k.cpp; or tiles of 16 rows, q4 [N/16, K/32, 320], q8 [N/16, K/32, 544]: tiles.cpp); bit
+// i of `int8_activations` makes product i quantize its input to int8 per group of 32 (q4/q5/q6/q8_linear,
+// q4 tiles) instead of reading it as float (q4f/q5f/q8f_linear), or rounding it to int16 (q4 tiles, q6s
+// where AVX-512 runs, else q6f); q8 tiles always take int16. The cache is float32, bfloat16 or float16:
 //   static  k, v [B, H_kv, T, d]; `where` = input_pos [1]: every row writes slot input_pos[0]
 //   paged   k, v pools [N, bs, H_kv, d]; `where` = slots [B] (block * bs + offset), tables [B, nb]
 // Norms, RoPE, SwiGLU and the residual adds are loops over the rows in float32.
@@ -29,15 +30,25 @@ namespace {
 
 using anatomy::PAIR;
 using anatomy::Q4_BLOCK;
+using anatomy::Q5_BLOCK;
 using anatomy::Q8_BLOCK;
+constexpr int64_t Q6_SUPER = 256, Q6_BLOCK = 210;  // the q6 layout: 210 bytes per 256 inputs (q6k.cpp)
+constexpr int64_t Q8_TILE_BYTES = 544;             // q8 tiles: [N/16, K/32, 544] (tiles.cpp; q4 tiles: 320)
 
 at::Tensor product(const at::Tensor& x, const at::Tensor& w, bool int8) {
+  const int64_t K = x.size(1);
+  if (w.dim() == 3 && w.size(2) == Q8_TILE_BYTES) return anatomy::q8_tiles_linear(x, w, false);  // int16 only
   if (w.dim() == 3) return anatomy::q4_tiles_linear(x, w, false, int8 ? 8 : 16);  // q4 tiles (tiles.cpp)
-  TORCH_CHECK(w.dim() == 2 && x.size(1) % PAIR == 0, "anatomy::decode_block: a weight is not [N, K/64 * bytes]");
-  const int64_t per = w.size(1) / (x.size(1) / PAIR);
+  TORCH_CHECK(w.dim() == 2 && K % PAIR == 0, "anatomy::decode_block: a weight is not [N, K/64 * bytes]");
+  if (K % Q6_SUPER == 0 && w.size(1) == K / Q6_SUPER * Q6_BLOCK) {  // q6k.cpp; without int8, int16 where it runs
+    if (int8) return anatomy::q6_linear(x, w, false);
+    return anatomy::isa() >= anatomy::Isa::Avx512 ? anatomy::q6s_linear(x, w, false) : anatomy::q6f_linear(x, w, false);
+  }
+  const int64_t per = w.size(1) / (K / PAIR);
   if (per == Q4_BLOCK) return int8 ? anatomy::q4_linear(x, w, false) : anatomy::q4f_linear(x, w, false);
-  TORCH_CHECK(per == Q8_BLOCK, "anatomy::decode_block: a weight has ", w.size(1), " bytes a row for K = ", x.size(1),
-              ", neither the q4 nor the q8 layout");
+  if (per == Q5_BLOCK) return int8 ? anatomy::q5_linear(x, w, false) : anatomy::q5f_linear(x, w, false);
+  TORCH_CHECK(per == Q8_BLOCK, "anatomy::decode_block: a weight has ", w.size(1), " bytes a row for K = ", K,
+              ", none of the q4, q5, q6 and q8 layouts");
   return int8 ? anatomy::q8_linear(x, w, false) : anatomy::q8f_linear(x, w, false);
 }
 
