@@ -279,3 +279,15 @@ def test_mxfp4_scales_outside_float16_stay_float32_and_exact():
     reference = gguf.quants.dequantize(raw.reshape(2, -1), gguf.GGMLQuantizationType.MXFP4)
     assert fmt.scale.dtype == torch.float32 and fmt.scale[0, 0].item() == 2.0 ** -128
     assert np.array_equal(fmt.dequantize().numpy().view(np.uint32), reference.view(np.uint32))
+
+
+def test_release_gives_back_the_storage_of_a_view_and_its_base():
+    """A format whose codes are a view (a GGUF tensor's [N, blocks, 32] codes reshaped) holds its base,
+    and the base the storage: release empties both; a storage in `keep` releases nothing."""
+    base = torch.randint(-127, 128, (8, 2, 32), dtype=torch.int8)
+    fmt = Int8GroupWeight(base.view(8, 64), torch.rand(8, 2))
+    assert fmt.release(keep={base.untyped_storage().data_ptr()}) == 0 and not fmt.released
+    assert fmt.release() == 8 * 64 + 8 * 2 * 4 and fmt.released
+    assert base.numel() == 0 and fmt.codes.numel() == 0
+    with pytest.raises(InputError, match="given to an engine's layout"):
+        fmt.dequantize()

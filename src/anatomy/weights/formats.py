@@ -98,7 +98,10 @@ class WeightFormat(nn.Module):
         freed = sum(t.nbytes for t in stored)
         with torch.no_grad():
             for t in stored:
+                base = t._base  # a view keeps its base, and the base the storage: empty both
                 t.set_(t.new_empty(0))
+                if base is not None:
+                    base.set_(base.new_empty(0))
         return freed
 
     def check_held(self) -> None:
