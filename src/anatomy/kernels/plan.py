@@ -244,7 +244,7 @@ def _fastest_layouts(key: str, g: _Group, ms: dict[str, list[Measurement]], kern
                    choices={}, forms=[forms[first.kernel]], measurements=ms,
                    form_bytes=form_bytes)
     for phase in names:
-        pick = _for_prompts if phase == names[-1] and len(names) > 1 else _fastest
+        pick = for_prompts if phase == names[-1] and len(names) > 1 else _fastest
         on_held = pick(ms[phase], forms, set(w.forms))
         best = _fastest(ms[phase], forms, None)
         if best is None:
@@ -269,14 +269,14 @@ def _first_layout(ms: dict[str, list[Measurement]], names: list[str], forms: dic
         return _fastest(ms[names[0]], forms, None)
     costs = {}
     for layout in compact:
-        on = [(_for_prompts if p == names[-1] and len(names) > 1 else _fastest)(ms[p], forms, {layout}) for p in names]
+        on = [(for_prompts if p == names[-1] and len(names) > 1 else _fastest)(ms[p], forms, {layout}) for p in names]
         if all(o is not None for o in on):
             slowdown = sum(o.seconds / max(best[p].seconds, 1e-12) for o, p in zip(on, names))
             costs[layout] = (slowdown, on[0].seconds, on[0])
     return min(costs.values(), key=lambda c: c[:2])[2]
 
 
-def _for_prompts(ms: list[Measurement], forms: dict[str, str], allowed: set[str] | None) -> Measurement | None:
+def for_prompts(ms: list[Measurement], forms: dict[str, str], allowed: set[str] | None) -> Measurement | None:
     """The kernel a prompt's rows (the last, unbounded phase) go through on an allowed layout: the fastest
     eligible one within PROMPT_ERROR (int16 or float activations), else the one of the smallest error (ties:
     the faster): int8 activations flip near-ties of the first answer token that int16 or float ones keep."""

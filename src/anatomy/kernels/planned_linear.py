@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from anatomy.errors import InputError
 from anatomy.weights.formats import WeightFormat
 from anatomy.kernels.candidates import KERNELS, Kernel, Prepared
+from anatomy.kernels.plan import for_prompts
 from anatomy.kernels.record import KernelPlan, WeightPlan
 from anatomy.kernels.timing import Phase
 
@@ -55,9 +56,9 @@ class PlannedLinear(nn.Module):
                   dtype: torch.dtype = torch.float32, kernels: tuple[Kernel, ...] = KERNELS) -> PlannedLinear:
         """The layer `name` of `plan`, its layouts built from `fmt` (which must have the planned signature).
         A layout only the last phase (a prefill's any number of rows) reads is built at its first call
-        of more rows than that phase was timed on; calls of fewer rows are computed meanwhile on the
-        most accurate kernel the plan measured on the held layout (int8 activations can flip a prompt's
-        near-tie), a piece of its rows at a time."""
+        of more rows than that phase was timed on; calls of fewer rows are computed meanwhile on the held
+        layout's kernel the plan's prompt rule picks (plan.for_prompts: int8 activations can flip a
+        prompt's near-tie), a piece of its rows at a time."""
         w = plan.for_layer(name)
         if fmt.signature != w.signature:
             raise InputError(f"layer {name!r}: the plan is for {w.signature}, the weight given is {fmt.signature}")
@@ -76,7 +77,7 @@ class PlannedLinear(nn.Module):
         if lazy is None:
             layer._routes.append((sys.maxsize, last.act_dtype, last.bind(layouts[last.form.name])))
         else:
-            meanwhile = _most_accurate(w, chosen[0], by_name)
+            meanwhile = _for_prompts(w, chosen, by_name)
             route = (sys.maxsize, meanwhile.act_dtype, meanwhile.bind(layouts[meanwhile.form.name]))
             layer._routes.append((sys.maxsize, None, layer._pending(last, fmt, forms, wait_rows=last_phase.rows,
                                                                     meanwhile=route, piece=meanwhile.max_rows)))
@@ -129,13 +130,13 @@ class PlannedLinear(nn.Module):
         return f"{self.description}, layouts {'+'.join(self.layouts)}, out {self.dtype}"
 
 
-def _most_accurate(w: WeightPlan, first: tuple[Phase, Kernel], by_name: dict[str, Kernel]) -> Kernel:
-    """Of the kernels on the first phase's layout, the one whose error the plan measured smallest there:
-    a prompt's every row goes through it, and a near-tie of its logits is decided by that error."""
-    phase, kernel = first
-    held = [m for m in w.measurements.get(phase.name, []) if m.error is not None
-            and m.kernel in by_name and by_name[m.kernel].form.name == kernel.form.name]
-    return by_name[min(held, key=lambda m: m.error).kernel] if held else kernel
+def _for_prompts(w: WeightPlan, chosen: list[tuple[Phase, Kernel]], by_name: dict[str, Kernel]) -> Kernel:
+    """The kernel a prompt's rows take on the first phase's layout until the last phase's own is built:
+    the plan's prompt rule (plan.for_prompts) over the last phase's measurements on that layout."""
+    held, (last, _) = chosen[0][1], chosen[-1]
+    forms = {name: k.form.name for name, k in by_name.items()}
+    m = for_prompts(w.measurements.get(last.name, []), forms, {held.form.name})
+    return by_name[m.kernel] if m is not None else held
 
 
 def _only_last(chosen: list[tuple[Phase, Kernel]]) -> bool:
