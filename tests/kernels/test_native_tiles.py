@@ -119,3 +119,38 @@ def test_the_fused_block_runs_every_product_on_tiles_with_int16_activations(smol
             measured = by_kernel(engine.plan.for_layer(f"stack.blocks.{i}.{linear}.weight").measurements["decode"])["q4x"]
             assert measured.error * INT16_ERROR <= engine.plan.threshold and weight.dim() == 3
             assert weight is layer.layouts["q4t"][0]  # the plan's tiles (it chose q4t here), not a second copy
+
+
+def test_q8_tiles_give_back_the_rows_exactly():
+    """Form.rows of q8 tiles: W's rows for any ids, bit for bit the format's own (codes * d in float32)."""
+    from anatomy.kernels.candidates import Q8T
+
+    fmt = int8g(48, 128)
+    ids = torch.tensor([0, 5, 17, 47, 5, 31])
+    assert torch.equal(Q8T.rows(Q8T.build(fmt))(ids), fmt.rows(ids))
+
+
+@pytest.mark.skipif(native.isa() != "avx512-vnni", reason="q8 tiles need AVX-512 VNNI, which this CPU lacks")
+def test_a_tied_table_is_read_from_the_heads_tiles_when_the_weights_are_taken(native_forced):
+    """A tied Q8_0-style table whose head the plan holds as q8 tiles: an engine that took the weights reads
+    the embedding's rows from those tiles and gives the table's format back, holding the matrix once,
+    and computes the logits of an engine over the intact model bit for bit."""
+    from anatomy import build_model, get_preset
+    from anatomy.inference.engine import held_bytes
+    from anatomy.kernels.layout_embedding import LayoutEmbedding
+    from anatomy.weights.choice import install, matrices
+
+    def model():
+        torch.manual_seed(0)
+        m = build_model(get_preset("llama-7b", vocab_size=96, d_model=128, n_heads=4, n_kv_heads=2, d_ff=256,
+                                   n_layers=2, max_seq_len=32, tie_embeddings=True)).eval()
+        return install(m, {name: int8g(*mod.weight.shape) for name, mod in matrices(m).items()}, dtype=torch.float32)
+
+    kept, taken = model(), model()
+    reference, engine = DecoderEngine(kept), DecoderEngine(taken, take_weights=True)
+    assert "q8t16" in engine.model.lm_head.description
+    assert isinstance(engine.model.token_embedding, LayoutEmbedding) and taken.stack.embed.tokens.compact.released
+    table = kept.stack.embed.tokens.compact.nbytes
+    assert held_bytes(reference.model) - held_bytes(engine.model) == table
+    ids = torch.tensor([[1, 50, 34, 82, 47, 2]])
+    assert torch.equal(engine.logits(ids), reference.logits(ids))

@@ -65,6 +65,7 @@ class Form:
     accepts: Callable[[WeightFormat], bool]
     nbytes: Callable[[WeightFormat], int]  # bytes the built form holds
     keeps: Callable[[WeightFormat], bool] = lambda fmt: True  # holds a float weight without rounding it
+    rows: Callable[[Prepared], Callable[[Tensor], Tensor]] | None = None  # layout -> (ids [n] -> W[ids] [n, K]), exact
 
 
 @dataclass(frozen=True)
@@ -222,6 +223,24 @@ def _build_q8t(fmt: Int8GroupWeight) -> Prepared:
     return (torch.ops.anatomy.pack_q8_tiles(fmt.codes, _per_32(fmt.scale, fmt.group)),)
 
 
+def _q8t_rows(p: Prepared) -> Callable[[Tensor], Tensor]:
+    """Rows of W from q8 tiles [N/16, K/32, 544] (tiles.cpp: per tile and group, d [16] float16, then
+    byte 64 j + 4 r + i of the codes the int8 code of row r, input 4 j + i): codes * d, exact. The dtype
+    views are made here, once (a traced step cannot hold one)."""
+    (tiles,) = p
+    T, G, _ = tiles.shape
+    d = tiles[..., :32].view(torch.float16)  # [T, G, 16], views of the tiles
+    codes = tiles[..., 32:].view(torch.int8).view(T, G, 8, 16, 4)  # [T, G, j, r, i]
+
+    def rows(ids: Tensor) -> Tensor:
+        t, r = ids // 16, ids % 16
+        scale = d[t, :, r].float()  # [n, G]
+        q = codes[t, :, :, r, :]  # [n, G, 8, 4]
+        return (q.float() * scale[:, :, None, None]).reshape(ids.shape[0], G * 32)
+
+    return rows
+
+
 DENSE = {dt: _dense_form(dt) for dt in (torch.float32, torch.float16, torch.bfloat16)}
 INT4PACK = Form("int4pack", _build_int4pack, lambda f: isinstance(f, Int4Weight) and _int4pack_ok(f),
                 lambda f: _numel(f) // 2 + _numel(f) // f.group * 4)
@@ -244,7 +263,7 @@ Q6X = Form("q6x", _build_q6x, lambda f: isinstance(f, Int6Weight) and f.shape[1]
 Q4T = Form("q4t", _build_q4t, lambda f: isinstance(f, Int4Weight) and f.group % 32 == 0 and _tiles_ok(f),
            lambda f: _numel(f) // NATIVE_BLOCK * 40)
 Q8T = Form("q8t", _build_q8t, lambda f: isinstance(f, Int8GroupWeight) and f.group % 32 == 0 and _tiles_ok(f),
-           lambda f: _numel(f) // 512 * 544)
+           lambda f: _numel(f) // 512 * 544, rows=_q8t_rows)
 
 
 # -- kernels -------------------------------------------------------------------------------------

@@ -35,9 +35,10 @@ from anatomy.kernels.calibration import calibration_inputs
 from anatomy.kernels.candidates import COMPILABLE_KERNELS, KERNELS, KERNELS_BY_NAME
 from anatomy.kernels.plan import make_plan
 from anatomy.kernels.record import KernelPlan
+from anatomy.kernels.layout_embedding import LayoutEmbedding
 from anatomy.kernels.planned_linear import PlannedLinear
 from anatomy.weights.formats import FloatWeight, WeightFormat
-from anatomy.weights.modules import CompactLinear
+from anatomy.weights.modules import CompactEmbedding, CompactLinear
 
 HEAD_LAYERS = {"lm_head.weight", "lm_head.local.weight"}  # the latter: a vocabulary-parallel shard's (parallel/)
 HEAD_PHASES = ("decode", "batch")  # the LM head computes the last position of each row only
@@ -77,7 +78,29 @@ def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True,
             held = {_storage(t) for layout in layer.layouts.values() for t in layout if isinstance(t, torch.Tensor)}
             if fmt.release(keep | held):
                 heap.trim()  # the next layouts must not be built beside freed pages the heap kept
+    if take_weights:
+        embed_from_head(view, layers)
     return plan
+
+
+def embed_from_head(view: nn.Module, layers: dict) -> None:
+    """A token table tied to the LM head reads its rows from the head's layout where the layout's form
+    can give them exactly (Form.rows), and the table's format is given back: the matrix is held once."""
+    table = getattr(view, "token_embedding", None)
+    head = next((name for name in layers if name in HEAD_LAYERS), None)
+    if not isinstance(table, CompactEmbedding) or head is None or layers[head][0] is not table.compact:
+        return
+    layer = view.get_submodule(head.removesuffix(".weight"))
+    forms = {k.form.name: k.form for k in KERNELS}
+    readable = [(forms[name], layout) for name, layout in layer.layouts.items() if forms[name].rows is not None]
+    if not readable:
+        return
+    form, layout = readable[0]
+    name = next(n for n, m in view.named_modules() if m is table)
+    view.set_submodule(name, LayoutEmbedding(form.rows(layout), table.compact.shape, dtype=table.dtype))
+    held = {_storage(t) for t in layout if isinstance(t, torch.Tensor)}
+    if table.compact.release(shared_storages(view, layers) | held):
+        heap.trim()
 
 
 def shared_storages(view: nn.Module, layers: dict) -> set[int]:

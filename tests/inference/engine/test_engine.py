@@ -111,11 +111,12 @@ def test_held_bytes_of_a_loaded_file_are_the_files_tensor_bytes(smollm2_gguf_pat
 
 def test_an_engine_that_takes_the_weights_holds_them_once(smollm2_gguf_path, forced_timings):
     """take_weights=True: each block product's format is given back once its layout is built, so the
-    model and its engine hold no more than the engine alone (the tied token table, read by the
-    embedding, is kept); the logits are those of an engine over a model that keeps its formats, and
+    model and its engine hold no more than the engine alone (the tied token table is read from the
+    head's layout where it can give rows, else kept for the embedding); the logits are those of an engine over a model that keeps its formats, and
     the emptied model refuses to compute again, naming why."""
     import anatomy
     from anatomy.inference.engine import engine_for, held_bytes
+    from anatomy.kernels.layout_embedding import LayoutEmbedding
 
     kept, taken = anatomy.load(smollm2_gguf_path), anatomy.load(smollm2_gguf_path)
     reference = DecoderEngine(kept)
@@ -125,7 +126,10 @@ def test_an_engine_that_takes_the_weights_holds_them_once(smollm2_gguf_path, for
     products = held_bytes(kept, reference.model) - held_bytes(reference.model)
     assert products > 0.9 * sum(m.compact.nbytes for name, m in kept.named_modules()
                                 if name.startswith("stack.blocks.") and hasattr(m, "compact"))
-    assert not taken.stack.embed.tokens.compact.released  # the tied table the embedding reads
+    # the tied table: read from the head's q8 tiles where the plan holds them (its format given back), else kept
+    from_head = isinstance(engine.model.token_embedding, LayoutEmbedding)
+    assert taken.stack.embed.tokens.compact.released == from_head
+    assert from_head == ("q8t" in engine.model.lm_head.layouts)
     ids = torch.tensor([[1, 504, 3458, 282, 4649, 47, 2]])
     assert torch.equal(engine.logits(ids), reference.logits(ids))
     with pytest.raises(InputError, match=r"blocks\.0\.attn\.qkv.*take_weights=True.*load the model again"):
