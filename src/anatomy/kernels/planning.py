@@ -37,7 +37,7 @@ from anatomy.kernels.plan import make_plan
 from anatomy.kernels.record import KernelPlan
 from anatomy.kernels.layout_embedding import LayoutEmbedding
 from anatomy.kernels.planned_linear import PlannedLinear
-from anatomy.weights.formats import FloatWeight, WeightFormat
+from anatomy.weights.formats import FloatWeight, WeightFormat, storage_id
 from anatomy.weights.modules import CompactEmbedding, CompactLinear
 
 HEAD_LAYERS = {"lm_head.weight", "lm_head.local.weight"}  # the latter: a vocabulary-parallel shard's (parallel/)
@@ -75,7 +75,7 @@ def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True,
         layer = PlannedLinear.from_plan(plan, name, fmt, bias=bias, dtype=dtype)
         view.set_submodule(name.removesuffix(".weight"), layer)
         if take_weights and not layer.builds_later:
-            held = {_storage(t) for layout in layer.layouts.values() for t in layout if isinstance(t, torch.Tensor)}
+            held = {storage_id(t) for layout in layer.layouts.values() for t in layout if isinstance(t, torch.Tensor)}
             if fmt.release(keep | held):
                 heap.trim()  # the next layouts must not be built beside freed pages the heap kept
     if take_weights:
@@ -98,7 +98,7 @@ def embed_from_head(view: nn.Module, layers: dict) -> None:
     form, layout = readable[0]
     name = next(n for n, m in view.named_modules() if m is table)
     view.set_submodule(name, LayoutEmbedding(form.rows(layout), table.compact.shape, dtype=table.dtype))
-    held = {_storage(t) for t in layout if isinstance(t, torch.Tensor)}
+    held = {storage_id(t) for t in layout if isinstance(t, torch.Tensor)}
     if table.compact.release(shared_storages(view, layers) | held):
         heap.trim()
 
@@ -108,14 +108,7 @@ def shared_storages(view: nn.Module, layers: dict) -> set[int]:
     head, the norms): a format sharing one of them is not released."""
     inside = tuple(name.removesuffix("weight") for name in layers)
     named = itertools.chain(view.named_parameters(remove_duplicate=False), view.named_buffers(remove_duplicate=False))
-    return {_storage(t) for name, t in named if not name.startswith(inside)}
-
-
-def _storage(t: torch.Tensor) -> int:
-    try:
-        return t.untyped_storage().data_ptr()
-    except NotImplementedError:  # an opaque tensor (oneDNN's reordered weight) shares no storage
-        return -id(t)
+    return {storage_id(t) for name, t in named if not name.startswith(inside)}
 
 
 def branch_dtype(plan: KernelPlan | None, model_dtype: torch.dtype) -> torch.dtype:

@@ -93,7 +93,7 @@ class WeightFormat(nn.Module):
         tensor's storage is in `keep` (data pointers still read: a tied token table, a layout that is
         the tensor itself). -> bytes given back."""
         stored = list(self.buffers())
-        if self.released or any(_storage_ptr(t) in keep for t in stored):
+        if self.released or any(storage_id(t) in keep for t in stored):
             return 0
         freed = sum(t.nbytes for t in stored)
         with torch.no_grad():
@@ -160,8 +160,13 @@ class WeightFormat(nn.Module):
         return f"{self.signature}, {self.nbytes / 2 ** 20:.2f} MiB, {self.label!r}"
 
 
-def _storage_ptr(t: Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+def storage_id(t: Tensor) -> int:
+    """An identity of t's storage (its data pointer); an opaque tensor (oneDNN's reordered weight) shares
+    none, and is its own."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except NotImplementedError:
+        return -id(t)
 
 
 def _cat(tensors: list[Tensor]) -> Tensor:
