@@ -322,21 +322,40 @@ void float_product(int64_t M, int64_t K, int64_t n0, int64_t n1, float* y, int64
 
 namespace anatomy::avx2 {
 
-AVX2 void quantize_row(const float* x, int64_t K, int8_t* q, float* scale, int32_t* sum) {
+// one group of 32 inputs rounded to codes c of magnitude at most `limit`: returns s = max|x| / limit and
+// puts the sum of the codes in `total`
+AVX2 inline float group_codes(const float* x, float limit, __m256i c[4], int32_t& total) {
   const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 v[4], amax = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i] = _mm256_loadu_ps(x + 8 * i)));
+  const float s = hmax8(amax) / limit;
+  const __m256 inv = _mm256_set1_ps(s > 0.f ? 1.f / s : 0.f);
+  for (int i = 0; i < 4; ++i) c[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));  // nearest, ties to even
+  const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
+  total = static_cast<int32_t>(hsum8(_mm256_cvtepi32_ps(sum)));
+  return s;
+}
+
+AVX2 void quantize_row(const float* x, int64_t K, int8_t* q, float* scale, int32_t* sum) {
   for (int64_t g = 0; g < K / G; ++g, x += G, q += G) {
-    __m256 v[4], amax = _mm256_setzero_ps();
-    for (int i = 0; i < 4; ++i) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i] = _mm256_loadu_ps(x + 8 * i)));
-    const float s = hmax8(amax) / 127.f;
-    const __m256 inv = _mm256_set1_ps(s > 0.f ? 1.f / s : 0.f);
     __m256i c[4];
-    for (int i = 0; i < 4; ++i) c[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));  // nearest, ties to even
-    const __m256i total = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
+    scale[g] = group_codes(x, 127.f, c, sum[g]);
     const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),  // the packs interleave the 128-bit lanes: undo it
                         _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    scale[g] = s;
-    sum[g] = static_cast<int32_t>(hsum8(_mm256_cvtepi32_ps(total)));
+  }
+}
+
+AVX2 void quantize_row16(const float* x, int64_t K, int16_t* q, int16_t* pairs, float* scale, int32_t* sum) {
+  for (int64_t g = 0; g < K / G; ++g, x += G, q += G, pairs += G) {
+    __m256i c[4];
+    scale[g] = group_codes(x, 32767.f, c, sum[g]);
+    for (int h = 0; h < 2; ++h) {  // packs interleave the 128-bit lanes: undo it, then swap inputs 1 and 2 of 4
+      const __m256i codes = _mm256_permute4x64_epi64(_mm256_packs_epi32(c[2 * h], c[2 * h + 1]), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16 * h), codes);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + 16 * h),
+                          _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(codes, 0xD8), 0xD8));
+    }
   }
 }
 

@@ -40,6 +40,9 @@ namespace avx2 {
 // one row x [K] to int8 per group of 32: codes q [K], scale s = max|x| / 127 and sum of q [K/32] per group
 // (the same numbers as gemv.cpp's portable loop: round to nearest even of x * (1 / s))
 void quantize_row(const float* x, int64_t K, int8_t* q, float* scale, int32_t* sum);
+// and to int16 (s = max|x| / 32767), with the codes also as the int16 tile loops take them: per 4 inputs
+// the order 0, 2, 1, 3 (tiles.cpp's pairs)
+void quantize_row16(const float* x, int64_t K, int16_t* q, int16_t* pairs, float* scale, int32_t* sum);
 #endif
 
 // What the int8 loops read of x, made once per call: its codes with each block's two groups interleaved

@@ -76,6 +76,13 @@ inline Isa isa(bool portable) { return portable ? Isa::Portable : isa(); }
 // One row v [K] rounded per group of 32 inputs to codes of magnitude at most `limit` (127: int8, 32767:
 // int16): q [K] = round to nearest even of v * (1 / s), s = max|v| / limit, and per group s and the sum
 // of q ([K/32] each). The portable loop; gemv_avx2.cpp's int8 one gives the same numbers.
+// v rounded to the nearest integer, ties to even (std::nearbyint's in the default rounding mode), for
+// |v| < 2^22: adding and taking off 1.5 * 2^23 leaves no fraction bits; inlined, where nearbyint is a call
+inline float round_even(float v) {
+  constexpr float shift = 12582912.f;
+  return (v + shift) - shift;
+}
+
 template <typename Code>
 inline void quantize_groups(const float* v, int64_t K, float limit, Code* q, float* scale, int32_t* sum) {
   constexpr int64_t G = 32;
@@ -86,7 +93,7 @@ inline void quantize_groups(const float* v, int64_t K, float limit, Code* q, flo
     const float inv = s > 0.f ? 1.f / s : 0.f;
     int32_t total = 0;
     for (int64_t j = 0; j < G; ++j) {
-      q[j] = static_cast<Code>(std::nearbyint(v[j] * inv));
+      q[j] = static_cast<Code>(round_even(v[j] * inv));
       total += q[j];
     }
     scale[g] = s;

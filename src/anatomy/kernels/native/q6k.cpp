@@ -581,7 +581,7 @@ Int16Activations int16_activations(const float* x, int64_t M, int64_t K) {
     const float scale = most / 32767.f, inverse = most > 0.f ? 32767.f / most : 0.f;
     out.scale[s] = scale;
     for (int64_t k = 0; k < SUPER; ++k) {
-      const auto code = static_cast<int16_t>(std::nearbyint(from[k] * inverse));
+      const auto code = static_cast<int16_t>(anatomy::round_even(from[k] * inverse));
       out.q[s * SUPER + 64 * chunk_of(k) + byte_of(k)] = code;
       out.sums[s * 16 + k / 16] += code;
     }

@@ -70,12 +70,21 @@ struct Quantized16 {
   std::vector<int32_t> pairs;  // [M, K/2]
 };
 
-Quantized16 quantize_rows16(const at::Tensor& x) {
+Quantized16 quantize_rows16(const at::Tensor& x, Isa level) {
   const int64_t M = x.size(0), K = x.size(1), groups = K / G;
   Quantized16 out{std::vector<int16_t>(M * K), std::vector<float>(M * groups), std::vector<int32_t>(M * groups),
                   std::vector<int32_t>(M * K / 2)};
   at::Tensor xf = x.to(at::kFloat).contiguous();
   const float* v = xf.data_ptr<float>();
+#if ANATOMY_X86
+  if (level >= Isa::Avx2) {  // the same numbers, 8 lanes at a time
+    for (int64_t m = 0; m < M; ++m)
+      anatomy::avx2::quantize_row16(v + m * K, K, out.q.data() + m * K,
+                                    reinterpret_cast<int16_t*>(out.pairs.data()) + m * K,
+                                    out.scale.data() + m * groups, out.sum.data() + m * groups);
+    return out;
+  }
+#endif
   for (int64_t m = 0; m < M; ++m)
     anatomy::quantize_groups(v + m * K, K, 32767.f, out.q.data() + m * K, out.scale.data() + m * groups,
                              out.sum.data() + m * groups);
@@ -313,7 +322,7 @@ at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portab
   const Isa level = anatomy::isa(portable);
   at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
   if (bits == 8) over_tiles<false>(anatomy::quantize_rows(x, level), w, level, y);
-  else over_tiles<false>(quantize_rows16(x), w, level, y);
+  else over_tiles<false>(quantize_rows16(x, level), w, level, y);
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
@@ -321,7 +330,7 @@ at::Tensor q8_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portab
   check_tiles(x, w, TILE_BYTES<true>, "anatomy::q8_tiles_linear");
   const Isa level = anatomy::isa(portable);
   at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
-  over_tiles<true>(quantize_rows16(x), w, level, y);
+  over_tiles<true>(quantize_rows16(x, level), w, level, y);
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
