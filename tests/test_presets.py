@@ -31,6 +31,11 @@ def count(model: torch.nn.Module, *, trainable_only: bool = False) -> int:
     ("qwen3-8b", 8_190_735_360),
     ("gemma-2-9b", 9_241_705_984),
     ("phi-3-mini", 3_821_079_552),
+    ("gemma-3-270m", 268_098_176),
+    ("gemma-3-1b", 999_885_952),  # KerasHub's gemma3_1b
+    # the text model in HF's config (262,208 rows); KerasHub's gemma3_4b_text, 3,880,099,328, has 262,144
+    ("gemma-3-4b", 3_880_099_328 + 64 * 2560),
+    ("smollm3-3b", 3_075_098_624),
 ])
 def test_published_parameter_counts(name, expected):
     assert count(build_model(get_preset(name), device="meta")) == expected

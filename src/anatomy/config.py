@@ -104,6 +104,9 @@ class ModelConfig:
     max_seq_len: int = 2048
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
+    sliding_rope_theta: float | None = None  # the sliding-window layers' own RoPE base (Gemma 3); None: rope_theta
+    sliding_rope_scaling: RopeScaling | None = None  # and their scaling, with sliding_rope_theta (None: unscaled)
+    nope_layers: tuple[int, ...] | None = None  # layers whose attention has no position encoding (SmolLM3)
     rotary_dim: int | None = None  # dims of each head RoPE rotates (the first ones); None: head_dim
     attn_scale: float | None = None  # multiplier of q.k; None: 1/sqrt(head_dim)
     attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
@@ -182,6 +185,16 @@ class ModelConfig:
         chosen = self.sliding_window_layers
         return self.sliding_window if chosen is None or layer in chosen else None
 
+    def layer_rotates(self, layer: int) -> bool:
+        """Does this layer's attention rotate q and k (RoPE and not one of nope_layers)?"""
+        return self.position == "rope" and (self.nope_layers is None or layer not in self.nope_layers)
+
+    def layer_rope(self, layer: int) -> str:
+        """Which angles the layer rotates by: "none", "sliding" (its window's own RoPE base) or "main"."""
+        if not self.layer_rotates(layer):
+            return "none"
+        return "sliding" if self.sliding_rope_theta is not None and self.layer_window(layer) else "main"
+
     def layer_is_moe(self, layer: int) -> bool:
         """Is the FFN of this layer a mixture of experts (else a dense FFN of width d_ff)?"""
         return self.n_experts > 0 and (self.moe_layers is None or layer in self.moe_layers)
@@ -214,7 +227,7 @@ class ModelConfig:
             return None if chosen is None else tuple(j for j, i in enumerate(layers) if i in chosen)
 
         return self.replace(n_layers=len(layers), sliding_window_layers=renumbered(self.sliding_window_layers),
-                            moe_layers=renumbered(self.moe_layers))
+                            moe_layers=renumbered(self.moe_layers), nope_layers=renumbered(self.nope_layers))
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
@@ -237,15 +250,17 @@ class ModelConfig:
 def _normalize(c: ModelConfig) -> None:
     """Values read from JSON arrive as lists and dicts: make them the tuples and RopeScaling the
     fields hold (frozen and hashable)."""
-    for name in ("sliding_window_layers", "moe_layers"):
+    for name in ("sliding_window_layers", "moe_layers", "nope_layers"):
         value = getattr(c, name)
         if isinstance(value, list):
             object.__setattr__(c, name, tuple(value))
-    if isinstance(c.rope_scaling, dict):
-        try:
-            object.__setattr__(c, "rope_scaling", RopeScaling(**c.rope_scaling))
-        except TypeError as e:
-            raise ConfigError(f"rope_scaling={c.rope_scaling!r}: {e}") from None
+    for name in ("rope_scaling", "sliding_rope_scaling"):
+        value = getattr(c, name)
+        if isinstance(value, dict):
+            try:
+                object.__setattr__(c, name, RopeScaling(**value))
+            except TypeError as e:
+                raise ConfigError(f"{name}={value!r}: {e}") from None
 
 
 def _validate(c: ModelConfig) -> None:
@@ -299,17 +314,35 @@ def _validate_rope(c: ModelConfig, head_dim: int) -> None:
             raise ConfigError(f"rotary_dim={c.rotary_dim} is only for position='rope'")
         if c.rotary_dim % 2 or c.rotary_dim > head_dim:
             raise ConfigError(f"rotary_dim={c.rotary_dim} must be even and <= head_dim={head_dim}")
-    if c.rope_scaling is None:
+    _validate_sliding_rope(c)
+    for name in ("rope_scaling", "sliding_rope_scaling"):
+        scaling = getattr(c, name)
+        if scaling is None:
+            continue
+        if not isinstance(scaling, RopeScaling):
+            raise ConfigError(f"{name}={scaling!r} must be a RopeScaling or None")
+        if c.position != "rope":
+            raise ConfigError(f"{name}={scaling.kind!r} is only for position='rope'")
+        pairs = (c.rotary_dim or head_dim) // 2
+        for part in ("short_factor", "long_factor"):
+            factors = getattr(scaling, part)
+            if factors is not None and len(factors) != pairs:
+                raise ConfigError(f"{name}.{part} has {len(factors)} entries; rotary_dim/2 = {pairs} needed")
+
+
+def _validate_sliding_rope(c: ModelConfig) -> None:
+    """A RoPE base of the sliding-window layers' own: for a RoPE model with sliding-window layers."""
+    theta = c.sliding_rope_theta
+    if theta is None:
+        if c.sliding_rope_scaling is not None:
+            raise ConfigError("sliding_rope_scaling is set but sliding_rope_theta is None")
         return
-    if not isinstance(c.rope_scaling, RopeScaling):
-        raise ConfigError(f"rope_scaling={c.rope_scaling!r} must be a RopeScaling or None")
-    if c.position != "rope":
-        raise ConfigError(f"rope_scaling={c.rope_scaling.kind!r} is only for position='rope'")
-    pairs = (c.rotary_dim or head_dim) // 2
-    for name in ("short_factor", "long_factor"):
-        factors = getattr(c.rope_scaling, name)
-        if factors is not None and len(factors) != pairs:
-            raise ConfigError(f"rope_scaling.{name} has {len(factors)} entries; rotary_dim/2 = {pairs} needed")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+        raise ConfigError(f"sliding_rope_theta={theta!r} must be a positive number or None")
+    if c.position != "rope" or c.sliding_window is None:
+        raise ConfigError(f"sliding_rope_theta={theta} is the RoPE base of sliding-window layers: it needs "
+                          f"position='rope' (position={c.position!r}) and a sliding_window "
+                          f"(sliding_window={c.sliding_window})")
 
 
 def _validate_rope_scaling(r: RopeScaling) -> None:
@@ -362,7 +395,10 @@ def _validate_layers(c: ModelConfig) -> None:
                               f"(architecture={c.architecture!r})")
     elif c.sliding_window_layers is not None:
         raise ConfigError("sliding_window_layers is set but sliding_window is None")
-    for name in ("sliding_window_layers", "moe_layers"):
+    if c.nope_layers is not None and c.position != "rope":
+        raise ConfigError(f"nope_layers={c.nope_layers!r} names layers without RoPE: it needs position='rope' "
+                          f"(position={c.position!r})")
+    for name in ("sliding_window_layers", "moe_layers", "nope_layers"):
         layers = getattr(c, name)
         if layers is None:
             continue

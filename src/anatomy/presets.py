@@ -44,6 +44,17 @@ _MISTRAL = dict(_LLAMA, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_f
                 max_seq_len=32768)
 _QWEN = dict(_LLAMA, norm_eps=1e-6, rope_theta=1e6, bos_token_id=151643, eos_token_id=151645)
 
+
+
+def _gemma3(*, n_layers: int, **sizes: Any) -> dict[str, Any]:
+    """A Gemma 3 config: every 6th layer global, the others sliding; q/k norms; scores / sqrt(head_dim)."""
+    return {**_LLAMA, "head_dim": 256, "activation": "gelu_tanh", "tie_embeddings": True, "embedding_scale": True,
+            "norm_unit_offset": True, "branch_output_norm": True, "qk_norm": True, "attn_scale": 256 ** -0.5,
+            "rope_theta": 1e6, "sliding_rope_theta": 10000.0, "n_layers": n_layers,
+            "sliding_window_layers": tuple(i for i in range(n_layers) if (i + 1) % 6),
+            "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1, **sizes}
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     "transformer-base": {**_TRANSFORMER, "d_model": 512, "n_heads": 8, "d_ff": 2048},
     "transformer-big": {**_TRANSFORMER, "d_model": 1024, "n_heads": 16, "d_ff": 4096, "dropout": 0.3},
@@ -97,6 +108,20 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "branch_output_norm": True, "attn_scale": 256 ** -0.5, "attn_softcap": 50.0,
                    "logit_softcap": 30.0, "sliding_window": 4096, "sliding_window_layers": tuple(range(0, 42, 2)),
                    "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1},
+    # Gemma 3: Gemma 2's block with RMSNorm of each q and k head and no soft-caps; 5 sliding-window layers
+    # (their own RoPE base, 10k) to each global one (1M), a 262k vocabulary
+    "gemma-3-270m": _gemma3(vocab_size=262144, d_model=640, n_layers=18, n_heads=4, n_kv_heads=1, d_ff=2048,
+                            max_seq_len=32768, sliding_window=512),
+    "gemma-3-1b": _gemma3(vocab_size=262144, d_model=1152, n_layers=26, n_heads=4, n_kv_heads=1, d_ff=6912,
+                          max_seq_len=32768, sliding_window=512),
+    # (4B: the language model of Gemma3ForConditionalGeneration; the global layers' RoPE stretched 8x)
+    "gemma-3-4b": _gemma3(vocab_size=262208, d_model=2560, n_layers=34, n_heads=8, n_kv_heads=4, d_ff=10240,
+                          max_seq_len=131072, sliding_window=1024, rope_scaling=RopeScaling(kind="linear", factor=8.0)),
+    # SmolLM3-3B: Llama 3's shape at 3B with no RoPE on every 4th layer (NoPE), tied head
+    "smollm3-3b": {**_LLAMA, "vocab_size": 128256, "d_model": 2048, "n_layers": 36, "n_heads": 16, "n_kv_heads": 4,
+                   "d_ff": 11008, "max_seq_len": 65536, "rope_theta": 5e6, "tie_embeddings": True,
+                   "nope_layers": tuple(range(3, 36, 4)), "bos_token_id": 128000, "eos_token_id": 128001,
+                   "pad_token_id": 128004},
     # Phi-3-mini-4k: a 2047-token sliding window, the LLaMA shape otherwise
     "phi-3-mini": {**_LLAMA, "vocab_size": 32064, "d_model": 3072, "n_layers": 32, "n_heads": 32, "d_ff": 8192,
                    "norm_eps": 1e-5, "max_seq_len": 4096, "sliding_window": 2047, "bos_token_id": 1,

@@ -164,7 +164,8 @@ BAD_METADATA = {
     "block count as a string": ({"llama.block_count": (STRING, "1")}, (), "llama.block_count='1'"),
     "missing embedding length": ({}, ("llama.embedding_length",), "llama.embedding_length=None"),
     "unsupported architecture": ({"general.architecture": (STRING, "mamba")}, (),
-                                 "supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma, gemma2, phi3, gpt2"),
+                                 "supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma, gemma2, gemma3, smollm3, "
+                                 "phi3, gpt2"),
     "bos id outside the vocabulary": ({"tokenizer.ggml.bos_token_id": (UINT32, 12)}, (),
                                       "tokenizer.ggml.bos_token_id"),
     "negative eps": ({"llama.attention.layer_norm_rms_epsilon": (FLOAT32, -1.0)}, (), "layer_norm_rms_epsilon"),
@@ -322,3 +323,39 @@ def test_mutated_files_load_cleanly_or_raise_checkpoint_error(tmp_path, request,
         assert str(path) in str(e)
     finally:
         path.unlink()
+
+
+@pytest.fixture(scope="module")
+def gemma3_gguf(tmp_path_factory):
+    """A two-layer Gemma 3 (layer 0 sliding, its own RoPE base), written by anatomy."""
+    torch.manual_seed(0)
+    config = get_preset("gemma-3-1b", vocab_size=12, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16,
+                        d_ff=32, max_seq_len=64, sliding_window=4, sliding_window_layers=(0,), attn_scale=0.25,
+                        bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    tokens = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": [f"t{i}" for i in range(12)]}
+    return save_gguf(build_model(config), tmp_path_factory.mktemp("gguf") / "g3.gguf", tokenizer_metadata=tokens)
+
+
+BOOLS = (ValueType.ARRAY, ValueType.BOOL)
+BAD_GEMMA3 = {
+    "pattern of another length": ({"gemma3.attention.sliding_window_pattern": (BOOLS, [True])},
+                                  "gemma3.attention.sliding_window_pattern=[True]: must be one bool per layer (2)"),
+    "pattern as a string": ({"gemma3.attention.sliding_window_pattern": (STRING, "6")},
+                            "gemma3.attention.sliding_window_pattern='6'"),
+    "sliding base zero": ({"gemma3.rope.freq_base_swa": (FLOAT32, 0.0)}, "gemma3.rope.freq_base_swa=0.0"),
+    "negative soft-cap": ({"gemma3.final_logit_softcapping": (FLOAT32, -2.0)}, "gemma3.final_logit_softcapping=-2.0"),
+}
+
+
+def test_gemma3_metadata_reads_back(gemma3_gguf):
+    config = load_gguf(gemma3_gguf).config
+    assert (config.sliding_window_layers, config.sliding_rope_theta, config.qk_norm) == ((0,), 10000.0, True)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_GEMMA3))
+def test_gemma3_metadata_that_makes_no_model(tmp_path, gemma3_gguf, case):
+    set_keys, expected = BAD_GEMMA3[case]
+    path = _rewrite(gemma3_gguf, tmp_path / "m.gguf", set_keys=set_keys)
+    with pytest.raises(CheckpointError) as e:
+        load_gguf(path)
+    assert str(path) in str(e.value) and expected in str(e.value), str(e.value)

@@ -35,6 +35,10 @@ CASES = {  # name: (fields, GGUF architecture, tolerance)
     "gemma": (dict(GEMMA, n_kv_heads=1), "gemma", 1e-2),
     "gemma2": (dict(GEMMA, branch_output_norm=True, attn_scale=32 ** -0.5, attn_softcap=20.0, logit_softcap=8.0,
                     sliding_window=4, sliding_window_layers=(0,)), "gemma2", 5e-3),
+    "gemma3": (dict(GEMMA, branch_output_norm=True, qk_norm=True, attn_scale=32 ** -0.5, n_layers=3, sliding_window=4,
+                    sliding_window_layers=(0, 1), rope_theta=1e6, rope_scaling=dict(kind="linear", factor=4.0),
+                    sliding_rope_theta=100.0, logit_softcap=8.0), "gemma3", 5e-3),
+    "smollm3": (dict(n_layers=4, nope_layers=(3,), rope_theta=2e6), "smollm3", 1e-4),
     "phi3": (dict(rotary_dim=8), "phi3", 1e-4),
     "llama-linear": (dict(rope_scaling=dict(kind="linear", factor=2.0)), "llama", 1e-4),
     "llama3.1": (dict(rope_scaling=LLAMA3, rope_theta=500000.0), "llama", 1e-4),  # d=16: every band of the rule

@@ -1,6 +1,8 @@
 """The decoders people run today, against HF transformers itself: Mistral (sliding window), Qwen2
 (q/k/v biases, windows on some layers), Qwen3 (q/k norm), Gemma ((1 + w) norms, scaled embeddings,
 GeGLU, MQA), Gemma 2 (sandwich norms, soft-capping, query_pre_attn_scalar, alternating windows),
+Gemma 3 (q/k norms, a RoPE base of the sliding layers' own, linear scaling on the global ones), SmolLM3
+(no RoPE on every 2nd layer here, a window on those, biases),
 Phi-3 (fused tensors, partial rotary, window), Mixtral and Qwen2-/Qwen3-MoE (experts, shared expert,
 dense layers), Llama with each RoPE scaling and Phi-3 with LongRoPE.
 
@@ -42,6 +44,15 @@ def _configs() -> dict:
         "gemma2": (T.Gemma2ForCausalLM, T.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=16, sliding_window=5,
                                                        query_pre_attn_scalar=24, attn_logit_softcapping=5.0,
                                                        final_logit_softcapping=3.0)),
+        "gemma3_text": (T.Gemma3ForCausalLM, T.Gemma3TextConfig(
+            **SMALL, num_key_value_heads=2, head_dim=16, sliding_window=5, query_pre_attn_scalar=24,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),
+        "smollm3": (T.SmolLM3ForCausalLM, T.SmolLM3Config(**SMALL, num_key_value_heads=2, no_rope_layer_interval=2,
+                                                          use_sliding_window=True, sliding_window=5, pad_token_id=0,
+                                                          bos_token_id=1, eos_token_id=2, attention_bias=True,
+                                                          mlp_bias=True)),
         "phi3": (T.Phi3ForCausalLM, T.Phi3Config(**SMALL, num_key_value_heads=2, sliding_window=6, pad_token_id=0,
                                                  eos_token_id=2, rope_parameters={"rope_type": "default",
                                                                                   "rope_theta": 10000.0,
@@ -151,7 +162,8 @@ def test_fields_choose_the_class_a_fresh_model_is_written_as(hf_decoders, tmp_pa
     """A config built from fields, never loaded, is written as the plainest class that expresses it."""
     from anatomy.checkpoints.hf_config import hf_family
 
-    for family in ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "qwen2_moe", "qwen3_moe"):
+    for family in ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "smollm3", "mixtral", "qwen2_moe",
+                   "qwen3_moe"):
         config = anatomy.load_config(hf_decoders[family][1])
         assert hf_family(config) == family
     assert hf_family(anatomy.load_config(hf_decoders["phi3"][1])) == "phi3"  # partial rotary dims
@@ -187,6 +199,12 @@ def _mixtral_dict() -> dict:
     ({"model_type": "llama", "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                                                  "partial_rotary_factor": 0.5}}, "partial_rotary_factor=0.5"),
     ({"model_type": "qwen2", "layer_types": ["full_attention", "chunked_attention"]}, "'chunked_attention'"),
+    ({"model_type": "smollm3", "no_rope_layers": [1]}, "no_rope_layers=\\[1\\] must list 1 \\(RoPE\\) or 0 "
+                                                       "\\(none\\) for each of the 2 layers"),
+    ({"model_type": "smollm3", "no_rope_layer_interval": 0}, "no_rope_layer_interval=0 must be a positive integer"),
+    ({"model_type": "gemma3_text", "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                                       "sliding_attention": {"rope_type": "su2"}},
+      "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4}, "rope_type='su2'"),
 ])
 def test_unrepresentable_configs_are_refused_naming_the_field(change, message):
     with pytest.raises(ConfigError, match=message):

@@ -168,7 +168,7 @@ def save_gguf(model: nn.Module, path: str | Path, *, dtype: str = "f32", tokeniz
         raise InputError(f"save_gguf needs an anatomy model (with a ModelConfig), got {type(model).__name__}")
     arch, entries = config_to_gguf(config)
     type_name, file_type = SAVE_DTYPES[dtype]
-    metadata = [(key, (vtype,), value) for key, vtype, value in entries]
+    metadata = [(key, vtype if isinstance(vtype, tuple) else (vtype,), value) for key, vtype, value in entries]
     metadata += [("general.file_type", (ValueType.UINT32,), file_type)]
     metadata += _tokenizer_entries(tokenizer, tokenizer_metadata)
     metadata += _special_token_entries(config, {key for key, _, _ in metadata})

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from anatomy.checkpoints.gguf_names import ROTARY_REORDERED
 from anatomy.checkpoints.gguf_reader import GGUFFile
 from anatomy.checkpoints.gguf_types import ValueType
 from anatomy.config import ModelConfig, RopeScaling
@@ -31,13 +32,18 @@ class Architecture:
              does not divide by their sum; "shared": plain, plus a sigmoid-gated shared expert
     window   "none": no sliding window (llama.cpp's llama and phi3 do not apply one, even when the file
              has an `attention.sliding_window` key); "even": `attention.sliding_window` on the even
-             layers (Gemma 2's pattern, which llama.cpp hard-codes)
+             layers (Gemma 2's pattern, which llama.cpp hard-codes); "pattern": on the layers
+             `attention.sliding_window_pattern` marks (a bool per layer, or a period n: layer i slides
+             when i % n < n - 1; llama.cpp's default for Gemma 3 is 6), their RoPE base
+             `rope.freq_base_swa` (default 10000), unscaled
+    nope     llama.cpp's period of layers without RoPE (SmolLM3: layer i has none when (i + 1) % 4 == 0)
     """
 
     fields: dict[str, Any]
     eps_key: str = "attention.layer_norm_rms_epsilon"
     experts: str = ""
     window: str = "none"
+    nope: int = 0
 
 
 _LLAMA_LIKE = {"norm": "rmsnorm", "ffn": "glu", "activation": "silu", "position": "rope"}
@@ -51,6 +57,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     "qwen3moe": Architecture(fields={**_LLAMA_LIKE, "qk_norm": True}, experts="renormalized"),
     "gemma": Architecture(fields=_GEMMA),
     "gemma2": Architecture(fields={**_GEMMA, "branch_output_norm": True}, window="even"),
+    "gemma3": Architecture(fields={**_GEMMA, "branch_output_norm": True, "qk_norm": True}, window="pattern"),
+    "smollm3": Architecture(fields=_LLAMA_LIKE, nope=4),
     "phi3": Architecture(fields=_LLAMA_LIKE),
     "gpt2": Architecture(
         fields={"norm": "layernorm", "ffn": "mlp", "activation": "gelu_tanh", "position": "learned",
@@ -59,6 +67,7 @@ ARCHITECTURES: dict[str, Architecture] = {
 }
 # tensors that describe the RoPE frequencies rather than hold weights (llama3 rule, Phi-3 LongRoPE)
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+GEMMA3_PATTERN, GEMMA3_SLIDING_THETA = 6, 10000.0  # llama.cpp's Gemma 3 defaults (load_swa_pattern, hparams)
 # llama.cpp's Gemma 2 defaults when the file leaves the soft-caps out
 GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 
@@ -119,6 +128,11 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
     values.update(_window(f, a, values["n_layers"]))
     if a == "gemma2":
         values.update(_gemma2(f, values, d_model // n_heads))
+    if a == "gemma3":
+        values.update(_gemma3(f, values, d_model // n_heads))
+    if spec.nope:
+        nope = tuple(i for i in range(values["n_layers"]) if (i + 1) % spec.nope == 0)
+        values["nope_layers"] = nope or None
     return _build(f, a, values)
 
 
@@ -178,8 +192,29 @@ def _window(f: GGUFFile, arch: str, n_layers: int) -> dict[str, Any]:
         raise f.fail(f"{arch}.attention.sliding_window", window, "must be >= 0")
     if not window:
         return {}
+    if kind == "pattern":
+        layers = _window_pattern(f, arch, n_layers)
+        if not layers:
+            return {}
+        return {"sliding_window": window, "sliding_window_layers": None if len(layers) == n_layers else layers}
     return {"sliding_window": window,
             "sliding_window_layers": tuple(range(0, n_layers, 2)) if kind == "even" and n_layers > 1 else None}
+
+
+def _window_pattern(f: GGUFFile, arch: str, n_layers: int) -> tuple[int, ...]:
+    """The sliding layers `attention.sliding_window_pattern` gives: one bool per layer, or a period."""
+    key = f"{arch}.attention.sliding_window_pattern"
+    value = f.metadata.get(key, GEMMA3_PATTERN)
+    if isinstance(value, (list, tuple, np.ndarray)):
+        flags = list(value)
+        if len(flags) != n_layers or any(not isinstance(v, (bool, np.bool_)) for v in flags):
+            shown = [bool(v) if isinstance(v, np.bool_) else v for v in flags[:8]]
+            raise f.fail(key, shown, f"must be one bool per layer ({n_layers}) or a period")
+        return tuple(i for i, v in enumerate(flags) if v)
+    period = _get(f, key, _INT_TYPES, GEMMA3_PATTERN)
+    if period < 0:
+        raise f.fail(key, period, "must be >= 0")
+    return tuple(i for i in range(n_layers) if period == 0 or i % period < period - 1)
 
 
 def _gemma2(f: GGUFFile, values: dict[str, Any], plain_head_dim: int) -> dict[str, Any]:
@@ -190,6 +225,24 @@ def _gemma2(f: GGUFFile, values: dict[str, Any], plain_head_dim: int) -> dict[st
     caps = {key: _positive_float(f, f"gemma2.{key}", default=default) for key, default in GEMMA2_SOFTCAPS.items()}
     return {"attn_scale": scale_dim ** -0.5, "attn_softcap": caps["attn_logit_softcapping"],
             "logit_softcap": caps["final_logit_softcapping"]}
+
+
+def _gemma3(f: GGUFFile, values: dict[str, Any], plain_head_dim: int) -> dict[str, Any]:
+    """Gemma 3 as llama.cpp runs it: scores scaled by 1/sqrt(head_dim) (1/sqrt(D/H) for the 62-layer
+    27B model), no attention soft-cap, the final one if the file has it; the sliding layers rotate by
+    `rope.freq_base_swa`, unscaled."""
+    head_dim = values["head_dim"] or plain_head_dim
+    out: dict[str, Any] = {"attn_scale": (plain_head_dim if values["n_layers"] == 62 else head_dim) ** -0.5}
+    cap = _get(f, "gemma3.final_logit_softcapping", _FLOAT_TYPES, 0.0)
+    if cap < 0 or not math.isfinite(cap):
+        raise f.fail("gemma3.final_logit_softcapping", cap, "must be a finite number >= 0")
+    if cap:
+        out["logit_softcap"] = float(cap)
+    if values.get("sliding_window") is not None:
+        theta = _positive_float(f, "gemma3.rope.freq_base_swa", default=GEMMA3_SLIDING_THETA)
+        if (theta, None) != (values["rope_theta"], values.get("rope_scaling")):
+            out["sliding_rope_theta"] = theta
+    return out
 
 
 def _build(f: GGUFFile, arch: str, values: dict[str, Any]) -> ModelConfig:
@@ -261,9 +314,10 @@ def _rope(f: GGUFFile, arch: str, head_dim: int, theta: float) -> dict[str, Any]
     """rotary_dim and rope_scaling: linear (`rope.scaling.*`), Llama 3's rule (a `rope_freqs` tensor
     of per-frequency divisors, matched against the rule), or none; anything else is refused."""
     dims = _size(f, f"{arch}.rope.dimension_count", default=head_dim)
-    if dims > head_dim or dims % 2 or (dims != head_dim and arch == "llama"):
+    reordered = arch in ROTARY_REORDERED  # its q/k rows are reordered over the whole head
+    if dims > head_dim or dims % 2 or (dims != head_dim and reordered):
         raise f.fail(f"{arch}.rope.dimension_count", dims, f"must be even and <= head_dim={head_dim}"
-                     + (" (partial rotary dims are not supported for the llama architecture)" if arch == "llama" else ""))
+                     + (f" (partial rotary dims are not supported for the {arch} architecture)" if reordered else ""))
     scaling = _get(f, f"{arch}.rope.scaling.type", {ValueType.STRING}, "none")
     freqs = "rope_freqs.weight" in f.tensors
     if any(name in f.tensors for name in ROPE_TENSORS[1:]):
@@ -310,8 +364,9 @@ def _llama3_from_factors(f: GGUFFile, theta: float, dims: int) -> RopeScaling:
                  "8192) gives")
 
 
-def config_to_gguf(config: ModelConfig) -> tuple[str, list[tuple[str, ValueType, Any]]]:
-    """(architecture, [(key, type, value)]) describing `config` for llama.cpp."""
+def config_to_gguf(config: ModelConfig) -> tuple[str, list[tuple[str, Any, Any]]]:
+    """(architecture, [(key, type, value)]) describing `config` for llama.cpp (an array's type: the
+    pair (ARRAY, its items' type))."""
     arch = _architecture_of(config)
     spec = ARCHITECTURES[arch]
     u32, f32 = ValueType.UINT32, ValueType.FLOAT32
@@ -344,6 +399,12 @@ def config_to_gguf(config: ModelConfig) -> tuple[str, list[tuple[str, ValueType,
             entries.append((f"{arch}.expert_shared_feed_forward_length", u32, config.d_ff_shared_expert))
     if spec.window != "none":
         entries.append((f"{arch}.attention.sliding_window", u32, config.sliding_window or 0))
+    if spec.window == "pattern" and config.sliding_window is not None:
+        flags = [config.layer_window(i) is not None for i in range(config.n_layers)]
+        entries += [(f"{arch}.attention.sliding_window_pattern", (ValueType.ARRAY, ValueType.BOOL), flags),
+                    (f"{arch}.rope.freq_base_swa", f32, config.sliding_rope_theta or config.rope_theta)]
+    if arch == "gemma3" and config.logit_softcap is not None:
+        entries.append(("gemma3.final_logit_softcapping", f32, config.logit_softcap))
     if arch == "gemma2":
         entries += [("gemma2.attn_logit_softcapping", f32, config.attn_softcap),
                     ("gemma2.final_logit_softcapping", f32, config.logit_softcap)]
@@ -363,10 +424,15 @@ def rope_tensors(config: ModelConfig) -> dict[str, np.ndarray]:
 
 # the order architectures are tried in when writing: the plainest that expresses the config (qwen2 first:
 # q/k/v biases without an output bias are its own; the llama architecture would run them too)
-WRITE_ORDER = ("qwen2", "llama", "qwen3", "gemma", "gemma2", "phi3", "qwen2moe", "qwen3moe", "gpt2")
+WRITE_ORDER = ("qwen2", "llama", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe", "smollm3",
+               "gpt2")
 _OFF = {"qk_norm": False, "norm_unit_offset": False, "embedding_scale": False, "branch_output_norm": False,
         "attn_softcap": None, "logit_softcap": None, "attn_scale": None, "lm_head_bias": False, "final_norm": True,
-        "norm_position": "pre", "embedding_norm": False, "type_vocab_size": 0, "ffn_bias": False}
+        "norm_position": "pre", "embedding_norm": False, "type_vocab_size": 0, "ffn_bias": False,
+        "sliding_rope_theta": None, "nope_layers": None}
+# what llama.cpp's architectures set themselves (checked by _rope_problems / _nope_problems instead)
+_OWN = {"gemma2": ("attn_softcap", "logit_softcap", "attn_scale"),
+        "gemma3": ("logit_softcap", "attn_scale", "sliding_rope_theta"), "smollm3": ("nope_layers",)}
 
 
 def gguf_problems(config: ModelConfig, arch: str) -> list[str]:
@@ -380,19 +446,29 @@ def gguf_problems(config: ModelConfig, arch: str) -> list[str]:
             out.append("GQA or a decoupled head_dim (llama.cpp's gpt2 has neither)")
         return out + _new_parts_problems(config, {})
     required = {**_OFF, **spec.fields}
-    if arch == "gemma2":
-        for name in ("attn_softcap", "logit_softcap", "attn_scale"):
-            required.pop(name)
+    for name in _OWN.get(arch, ()):
+        required.pop(name)
     out = [f"{k}={getattr(config, k)!r} (needs {v!r})" for k, v in required.items() if getattr(config, k) != v]
     if arch not in ("llama", "qwen2") and (config.qkv_bias or config.attn_out_bias) and arch != "qwen2moe":
         out.append("attention biases (anatomy writes them for llama, qwen2 and qwen2moe)")
     if arch == "qwen2moe" and config.attn_out_bias:
         out.append("attn_out_bias=True (qwen2moe has q/k/v biases only)")
-    return out + _window_problems(config, spec) + _expert_problems(config, arch, spec) + _rope_problems(config, arch)
+    return out + _window_problems(config, spec) + _expert_problems(config, arch, spec) + _rope_problems(config, arch) \
+        + _nope_problems(config, spec)
+
+
+def _nope_problems(config: ModelConfig, spec: Architecture) -> list[str]:
+    if not spec.nope:
+        return []
+    expected = tuple(i for i in range(config.n_layers) if (i + 1) % spec.nope == 0) or None
+    if config.nope_layers != expected:
+        return [f"nope_layers={config.nope_layers} (llama.cpp's smollm3 has no RoPE on every {spec.nope}th layer: "
+                f"{expected})"]
+    return []
 
 
 def _new_parts_problems(config: ModelConfig, allowed: dict[str, Any]) -> list[str]:
-    off = {"sliding_window": None, "n_experts": 0, "rope_scaling": None, **_OFF}
+    off = {"sliding_window": None, "n_experts": 0, "rope_scaling": None, **_OFF}  # (gpt2)
     return [f"{k}={getattr(config, k)!r} (needs {v!r})" for k, v in off.items()
             if k not in allowed and k not in ("ffn_bias", "final_norm", "norm_position") and getattr(config, k) != v]
 
@@ -432,11 +508,13 @@ def _expert_problems(config: ModelConfig, arch: str, spec: Architecture) -> list
 
 def _rope_problems(config: ModelConfig, arch: str) -> list[str]:
     out = []
-    if arch == "llama" and config.rotary_dim != config.head_dim:
-        out.append(f"rotary_dim={config.rotary_dim} (llama's rows are reordered over the whole head)")
+    if arch in ROTARY_REORDERED and config.rotary_dim != config.head_dim:
+        out.append(f"rotary_dim={config.rotary_dim} ({arch}'s rows are reordered over the whole head)")
     s = config.rope_scaling
     if s is not None and not (s.kind == "linear" or (s.kind == "llama3" and arch in ("llama", "qwen2", "qwen3"))):
         out.append(f"rope_scaling={s.kind!r} (anatomy writes linear, and Llama 3's rule as rope_freqs)")
+    if arch == "gemma3":
+        out += _gemma3_problems(config)
     if arch == "gemma2":
         plain = config.d_model // config.n_heads
         expected = (plain if config.n_layers == 46 else config.head_dim) ** -0.5
@@ -444,6 +522,19 @@ def _rope_problems(config: ModelConfig, arch: str) -> list[str]:
             out.append(f"attn_scale={config.attn_scale} (llama.cpp's gemma2 uses {expected:.6g})")
         if config.attn_softcap is None or config.logit_softcap is None:
             out.append("attn_softcap and logit_softcap (llama.cpp's gemma2 always soft-caps)")
+    return out
+
+
+def _gemma3_problems(config: ModelConfig) -> list[str]:
+    out = []
+    plain = config.d_model // config.n_heads
+    expected = (plain if config.n_layers == 62 else config.head_dim) ** -0.5
+    if config.attn_scale is None or not math.isclose(config.attn_scale, expected, rel_tol=1e-6):
+        out.append(f"attn_scale={config.attn_scale} (llama.cpp's gemma3 uses {expected:.6g})")
+    if config.sliding_rope_scaling is not None:
+        out.append("sliding_rope_scaling (llama.cpp's gemma3 does not scale the sliding layers' RoPE)")
+    if config.sliding_window is not None and config.sliding_rope_theta is None and config.rope_scaling is not None:
+        out.append("rope_scaling on the sliding layers (llama.cpp's gemma3 scales the global layers only)")
     return out
 
 

@@ -6,12 +6,12 @@ and keeps Q, K, V (llama) and gate, up as separate tensors, where our blocks fus
 a range of rows of one of our tensors; for stacked experts (our `ffn.gate_up` [E, 2F, D]) a range
 of rows of every expert (GGUF `ffn_gate_exps` [E, F, D] fills rows 0..F-1 of each).
 
-llama.cpp's RoPE for the llama architecture rotates adjacent pairs (dims 2i, 2i+1) of each head,
+llama.cpp's RoPE for the llama (and smollm3) architecture rotates adjacent pairs (dims 2i, 2i+1) of each head,
 HF's (and ours) rotates dim i with dim i + d_h/2. Its converter therefore reorders the rows of
 every head of q_proj and k_proj: GGUF row 2i + j of a head is HF row j * d_h/2 + i.
 `from_gguf_rows` undoes that, `to_gguf_rows` applies it (for writing). The other architectures
-here (qwen2, qwen3, qwen2moe, qwen3moe, gemma, gemma2, phi3) rotate the halves as HF does: their
-rows are stored as they are.
+here but smollm3 (qwen2, qwen3, qwen2moe, qwen3moe, gemma, gemma2, gemma3, phi3) rotate the halves as
+HF does: their rows are stored as they are.
 
 Gemma's norms scale by (1 + w): llama.cpp's converter stores 1 + w (`Part.offset`).
 """
@@ -29,13 +29,13 @@ from anatomy.config import ModelConfig
 from anatomy.errors import ConfigError
 
 # GGUF architectures whose converter reorders Q/K rows for llama.cpp's interleaved RoPE
-ROTARY_REORDERED = {"llama"}
+ROTARY_REORDERED = {"llama", "smollm3"}
 # GGUF architectures that keep Q, K, V fused in one `attn_qkv` tensor
 FUSED_QKV = {"gpt2", "phi3"}
 # ... and gate, up fused in `ffn_up` (rows: gate, up)
 FUSED_GATE_UP = {"phi3"}
 # ... whose norm tensors hold 1 + w
-NORM_PLUS_ONE = {"gemma", "gemma2"}
+NORM_PLUS_ONE = {"gemma", "gemma2", "gemma3"}
 
 _TOP = {"stack.embed.tokens": "token_embd", "stack.embed.positions": "position_embd",
         "stack.final_norm": "output_norm", "lm_head": "output"}

@@ -1,6 +1,6 @@
 """Hugging Face config.json <-> ModelConfig for the HF families anatomy reads and writes.
 
-    llama, mistral, mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe, gemma, gemma2, phi3
+    llama, mistral, mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, phi3
             the LLaMA-like decoders (checkpoints/hf_decoders.py: one table entry each)
     gpt2    GPT2LMHeadModel                   Pre-LN, GELU (tanh), learned positions, Conv1D layout
     bert    BertModel / BertForMaskedLM       Post-LN, GELU, learned + segment positions, embedding LN
@@ -32,8 +32,8 @@ SUPPORTED = (*DECODERS, "gpt2", "bert", "marian")
 ARCHITECTURES = {**{family: spec.hf_class for family, spec in FAMILIES.items()}, "gpt2": "GPT2LMHeadModel",
                  "bert": "BertModel", "bert-mlm": "BertForMaskedLM", "marian": "MarianMTModel"}
 # The decoder classes a config is written as, first fit first: the plainest class that expresses it.
-WRITE_ORDER = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "mixtral", "qwen3_moe",
-               "qwen2_moe", "gpt2")
+WRITE_ORDER = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "smollm3", "mixtral",
+               "qwen3_moe", "qwen2_moe", "gpt2")
 MARIAN_NORM_EPS = 1e-5  # HF Marian uses nn.LayerNorm's default and has no config field for it
 
 
@@ -253,7 +253,8 @@ _COMMON_POST_LN = dict(norm="layernorm", norm_bias=True, norm_position="post", f
                        qkv_bias=True, attn_out_bias=True, ffn_bias=True)
 # Field values each HF class hard-codes: a config with another value has no HF equivalent.
 _NEW_PARTS_OFF = dict(sliding_window=None, qk_norm=False, norm_unit_offset=False, branch_output_norm=False,
-                      attn_scale=None, attn_softcap=None, logit_softcap=None, rope_scaling=None, n_experts=0)
+                      attn_scale=None, attn_softcap=None, logit_softcap=None, rope_scaling=None, n_experts=0,
+                      sliding_rope_theta=None, nope_layers=None)
 _FIXED: dict[str, dict[str, Any]] = {
     "gpt2": dict(norm="layernorm", norm_bias=True, norm_position="pre", final_norm=True, embedding_norm=False,
                  ffn="mlp", position="learned", qkv_bias=True, attn_out_bias=True, ffn_bias=True,

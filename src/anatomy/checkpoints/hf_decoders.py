@@ -9,6 +9,8 @@
     qwen3_moe  Qwen3MoeForCausalLM   Qwen3 + experts, no shared expert
     gemma      GemmaForCausalLM      (1 + w) RMSNorm, embeddings x sqrt(D), GeGLU
     gemma2     Gemma2ForCausalLM     Gemma + sandwich norms, query_pre_attn_scalar, soft-capping, windows per layer
+    gemma3_text Gemma3ForCausalLM    Gemma 2 + q/k norms, no soft-caps by default, a RoPE base per layer type
+    smollm3    SmolLM3ForCausalLM    Llama + no RoPE on the layers no_rope_layers marks (NoPE), windows on those
     phi3       Phi3ForCausalLM       fused qkv and gate_up tensors, partial rotary dims, LongRoPE, one window
 
 Every family is one table entry (`FAMILIES`): the keys it reads and writes and the field values its
@@ -41,6 +43,8 @@ class Family:
              "qkv_flag": q/k/v by qkv_bias, o never; "none": no attention biases
     windows  "none", "all" (config.sliding_window applies to every layer), "layer_types" (per layer)
     moe      "", "mixtral", "qwen2_moe" or "qwen3_moe"
+    rope     "one": one rope_parameters for every layer; "per_type": one per layer type (Gemma 3:
+             full_attention, sliding_attention); "nope": one, and no_rope_layers (SmolLM3)
     """
 
     hf_class: str
@@ -51,6 +55,7 @@ class Family:
     moe: str = ""
     act_key: str = "hidden_act"
     partial_rotary: bool = False
+    rope: str = "one"
 
 
 def _merged(*bases: dict[str, Any], **changes: Any) -> dict[str, Any]:
@@ -99,11 +104,25 @@ FAMILIES: dict[str, Family] = {
                                                final_logit_softcapping=30.0, attn_logit_softcapping=50.0),
                      fixed={"norm_unit_offset": True, "embedding_scale": True, "branch_output_norm": True},
                      windows="layer_types", act_key="hidden_activation"),
+    "gemma3_text": Family("Gemma3ForCausalLM", _merged(_GEMMA, num_key_value_heads=4, max_position_embeddings=131072,
+                                                    hidden_activation="gelu_pytorch_tanh", sliding_window=4096,
+                                                    query_pre_attn_scalar=256, final_logit_softcapping=None,
+                                                    attn_logit_softcapping=None, rope_theta=1e6,
+                                                    rope_local_base_freq=10000.0, sliding_window_pattern=6),
+                          fixed={"norm_unit_offset": True, "embedding_scale": True, "branch_output_norm": True,
+                                 "qk_norm": True},
+                          windows="layer_types", act_key="hidden_activation", rope="per_type"),
+    "smollm3": Family("SmolLM3ForCausalLM", _merged(_BASE, max_position_embeddings=32768, tie_word_embeddings=True,
+                                                 rope_theta=2e6, bos_token_id=128000, eos_token_id=128001,
+                                                 pad_token_id=128004, num_key_value_heads=4, use_sliding_window=False,
+                                                 sliding_window=None, no_rope_layer_interval=4),
+                      windows="layer_types", rope="nope"),
     "phi3": Family("Phi3ForCausalLM", _merged(_BASE, rms_norm_eps=1e-5, max_position_embeddings=4096, bos_token_id=1,
                                            eos_token_id=32000, pad_token_id=32000, sliding_window=None,
                                            original_max_position_embeddings=4096),
                    bias="none", windows="all", partial_rotary=True),
 }
+MLP_BIAS = ("llama", "smollm3")  # the classes whose mlp_bias puts biases on the FFN's projections
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 
 
@@ -122,7 +141,7 @@ def read_decoder(hf: dict[str, Any], family: str) -> dict[str, Any]:
         raise ConfigError(f"{family} use_bidirectional_attention=True is not supported (anatomy's decoders are causal)")
     n_heads = hf["num_attention_heads"]
     head_dim = get("head_dim") or hf["hidden_size"] // n_heads
-    theta, scaling, rotary_dim = read_rope(hf, family, head_dim)
+    theta, scaling, rotary_dim = read_rope(hf, family, head_dim, _main_rope(hf, spec))
     values = dict(
         architecture="decoder", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
         n_layers=hf["num_hidden_layers"], n_heads=n_heads, n_kv_heads=get("num_key_value_heads") or n_heads,
@@ -133,12 +152,52 @@ def read_decoder(hf: dict[str, Any], family: str) -> dict[str, Any]:
         **spec.fixed, **_biases(get, spec, family), **_windows(hf, get, spec, family),
         **token_ids(hf, get, ("pad_token_id", "bos_token_id", "eos_token_id")),
     )
-    if family == "gemma2":
+    if family in ("gemma2", "gemma3_text"):
         values.update(attn_scale=get("query_pre_attn_scalar") ** -0.5, attn_softcap=get("attn_logit_softcapping"),
                       logit_softcap=get("final_logit_softcapping"))
+    if spec.rope == "per_type" and values.get("sliding_window") is not None:
+        sliding_theta, sliding_scaling, _ = read_rope(hf, family, head_dim, _sliding_rope(hf, spec))
+        if (sliding_theta, sliding_scaling) != (theta, scaling):
+            values.update(sliding_rope_theta=sliding_theta, sliding_rope_scaling=sliding_scaling)
+    if spec.rope == "nope":
+        values["nope_layers"] = _nope_layers(hf, get, family)
     if spec.moe:
         values.update(_moe(hf, get, spec, family))
     return values
+
+
+def _main_rope(hf: dict[str, Any], spec: Family) -> dict[str, Any] | None:
+    """The RoPE parameters of the (full-attention) layers; None: read_rope's own lookup."""
+    if spec.rope != "per_type":
+        return None
+    params = hf.get("rope_parameters") or {}
+    if isinstance(params, dict) and "full_attention" in params:
+        return params["full_attention"]
+    legacy = dict(hf.get("rope_scaling") or {})  # transformers 4.x: rope_theta and rope_scaling for the global layers
+    return {"rope_theta": hf.get("rope_theta", spec.defaults["rope_theta"]), **legacy}
+
+
+def _sliding_rope(hf: dict[str, Any], spec: Family) -> dict[str, Any]:
+    """The RoPE parameters of the sliding-window layers (Gemma 3: their own base, unscaled in 4.x configs)."""
+    params = hf.get("rope_parameters") or {}
+    if isinstance(params, dict) and "sliding_attention" in params:
+        return params["sliding_attention"]
+    return {"rope_type": "default", "rope_theta": hf.get("rope_local_base_freq", spec.defaults["rope_local_base_freq"])}
+
+
+def _nope_layers(hf: dict[str, Any], get, family: str) -> tuple[int, ...] | None:
+    """The layers no_rope_layers marks 0 (SmolLM3: 1 rotates, 0 does not), by default every interval-th."""
+    n = hf["num_hidden_layers"]
+    flags = hf.get("no_rope_layers")
+    if flags is None:
+        interval = get("no_rope_layer_interval")
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval <= 0:
+            raise ConfigError(f"{family} no_rope_layer_interval={interval!r} must be a positive integer")
+        flags = [int((i + 1) % interval != 0) for i in range(n)]
+    if not isinstance(flags, list) or len(flags) != n or any(f not in (0, 1) or isinstance(f, float) for f in flags):
+        raise ConfigError(f"{family} no_rope_layers={flags!r} must list 1 (RoPE) or 0 (none) for each of the {n} layers")
+    nope = tuple(i for i, f in enumerate(flags) if not f)
+    return nope or None
 
 
 def _getter(hf: dict[str, Any], family_defaults: dict[str, Any]):
@@ -155,7 +214,7 @@ def _require(hf: dict[str, Any], family: str, names: tuple[str, ...]) -> None:
 def _activation(hf: dict[str, Any], family: str) -> str:
     key = FAMILIES[family].act_key
     value = hf.get(key, defaults(family)[key])
-    if family in ("gemma", "gemma2") and value == "gelu":
+    if family in ("gemma", "gemma2", "gemma3_text") and value == "gelu":
         value = "gelu_pytorch_tanh"  # HF Gemma reads the legacy "gelu" as the tanh approximation
     if value not in ACTIVATIONS_IN:
         raise ConfigError(f"{key}={value!r} is not supported (supported: {', '.join(ACTIVATIONS_IN)})")
@@ -170,7 +229,7 @@ def _biases(get, spec: Family, family: str) -> dict[str, bool]:
     if spec.bias == "qkv_flag":
         return dict(qkv_bias=bool(get("qkv_bias")), attn_out_bias=False, ffn_bias=False)
     bias = bool(get("attention_bias"))
-    return dict(qkv_bias=bias, attn_out_bias=bias, ffn_bias=bool(get("mlp_bias")) if family == "llama" else False)
+    return dict(qkv_bias=bias, attn_out_bias=bias, ffn_bias=bool(get("mlp_bias")) if family in MLP_BIAS else False)
 
 
 def _windows(hf: dict[str, Any], get, spec: Family, family: str) -> dict[str, Any]:
@@ -182,7 +241,7 @@ def _windows(hf: dict[str, Any], get, spec: Family, family: str) -> dict[str, An
         if family == "qwen3_moe" and not get("use_sliding_window"):
             window = None
         return dict(sliding_window=_window_size(window, family))
-    types = hf.get("layer_types") or _default_layer_types(get, family, hf["num_hidden_layers"])
+    types = hf.get("layer_types") or _default_layer_types(hf, get, family)
     if not isinstance(types, list) or len(types) != hf["num_hidden_layers"]:
         raise ConfigError(f"{family} layer_types must list one type per layer ({hf['num_hidden_layers']})")
     unknown = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
@@ -196,6 +255,8 @@ def _windows(hf: dict[str, Any], get, spec: Family, family: str) -> dict[str, An
     if family in ("qwen2", "qwen3", "qwen2_moe") and not get("use_sliding_window"):
         raise ConfigError(f"{family} layer_types has sliding layers but use_sliding_window=False (HF then "
                           "drops the window size): ambiguous")
+    if family == "smollm3" and not get("use_sliding_window"):
+        return {}  # SmolLM3 slides a layer only when use_sliding_window is set
     window = _window_size(window, family)
     if window is None:
         raise ConfigError(f"{family} layer_types has sliding layers but sliding_window is null")
@@ -210,10 +271,18 @@ def _window_size(value: Any, family: str) -> int | None:
     return value
 
 
-def _default_layer_types(get, family: str, n_layers: int) -> list[str]:
+def _default_layer_types(hf: dict[str, Any], get, family: str) -> list[str]:
     """What the HF class computes when config.json has no layer_types."""
+    n_layers = hf["num_hidden_layers"]
     if family == "gemma2":
         return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layers)]
+    if family == "gemma3_text":
+        pattern = get("sliding_window_pattern")
+        return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)]
+    if family == "smollm3":  # the NoPE layers slide, when use_sliding_window and a window are set
+        nope = _nope_layers(hf, get, family) or ()
+        return ["sliding_attention" if i in nope and get("sliding_window") else "full_attention"
+                for i in range(n_layers)]
     if not get("use_sliding_window") or not get("sliding_window"):
         return ["full_attention"] * n_layers
     if family == "qwen2_moe":
@@ -249,10 +318,12 @@ def _moe(hf: dict[str, Any], get, spec: Family, family: str) -> dict[str, Any]:
     return values
 
 
-def read_rope(hf: dict[str, Any], family: str, head_dim: int) -> tuple[float, RopeScaling | None, int]:
+def read_rope(hf: dict[str, Any], family: str, head_dim: int,
+              params: dict[str, Any] | None = None) -> tuple[float, RopeScaling | None, int]:
     """(rope_theta, scaling, rotary dims) from rope_parameters (transformers 5) or rope_theta +
-    rope_scaling (4.x); partial_rotary_factor where the class reads it."""
-    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope_scaling (4.x), or from `params` (one layer type's); partial_rotary_factor where the class reads it."""
+    if params is None:
+        params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     if not isinstance(params, dict):
         raise ConfigError(f"{family} rope_parameters={params!r} must be an object")
     rope_type = params.get("rope_type", params.get("type", "default"))
@@ -326,11 +397,15 @@ def write_decoder(c: ModelConfig, family: str) -> dict[str, Any]:
         hf["attention_bias"] = c.qkv_bias
     if spec.bias == "qkv_flag":
         hf["qkv_bias"] = c.qkv_bias
-    if family == "llama":
+    if family in MLP_BIAS:
         hf["mlp_bias"] = c.ffn_bias
     if family == "phi3" and c.rope_scaling is not None:
         hf["original_max_position_embeddings"] = c.rope_scaling.original_max_seq_len
-    if family == "gemma2":
+    if spec.rope == "per_type":
+        hf["rope_parameters"] = {"full_attention": write_rope(c, family), "sliding_attention": _write_sliding_rope(c)}
+    if spec.rope == "nope":
+        hf["no_rope_layers"] = [int(c.layer_rotates(i)) for i in range(c.n_layers)]
+    if family in ("gemma2", "gemma3_text"):
         hf.update(query_pre_attn_scalar=_query_pre_attn_scalar(c), attn_logit_softcapping=c.attn_softcap,
                   final_logit_softcapping=c.logit_softcap)
     hf.update(_write_windows(c, spec))
@@ -338,8 +413,16 @@ def write_decoder(c: ModelConfig, family: str) -> dict[str, Any]:
     return hf
 
 
+def _write_sliding_rope(c: ModelConfig) -> dict[str, Any]:
+    """The sliding-window layers' rope_parameters: their own base and scaling, else the main ones."""
+    if c.sliding_rope_theta is None:
+        return write_rope(c, "gemma3_text")
+    own = c.replace(rope_theta=c.sliding_rope_theta, rope_scaling=c.sliding_rope_scaling)
+    return write_rope(own, "gemma3_text")
+
+
 def _activation_out(c: ModelConfig, family: str) -> str:
-    if family in ("gemma", "gemma2") and c.activation == "gelu_tanh":
+    if family in ("gemma", "gemma2", "gemma3_text") and c.activation == "gelu_tanh":
         return "gelu_pytorch_tanh"
     return ACTIVATIONS_OUT[c.activation]
 
@@ -364,6 +447,8 @@ def _write_windows(c: ModelConfig, spec: Family) -> dict[str, Any]:
     out: dict[str, Any] = {"layer_types": types, "sliding_window": c.sliding_window}
     if spec.hf_class.startswith("Qwen"):
         out.update(use_sliding_window=c.sliding_window is not None, max_window_layers=c.n_layers)
+    if spec.rope == "nope":
+        out["use_sliding_window"] = c.sliding_window is not None
         if c.sliding_window is None and spec.moe == "qwen2_moe":
             out["sliding_window"] = 0
     return out
@@ -417,7 +502,9 @@ def partial_rotary_factor(rotary_dim: int, head_dim: int) -> float:
 _LLAMA_LIKE = dict(norm="rmsnorm", norm_position="pre", final_norm=True, embedding_norm=False, ffn="glu",
                    position="rope", lm_head_bias=False, type_vocab_size=0)
 _OFF = dict(embedding_scale=False, norm_unit_offset=False, branch_output_norm=False, qk_norm=False, attn_scale=None,
-            attn_softcap=None, logit_softcap=None, n_experts=0)
+            attn_softcap=None, logit_softcap=None, n_experts=0, sliding_rope_theta=None, nope_layers=None)
+# what each way of reading RoPE (Family.rope) lets a config vary
+_ROPE_FIELDS = {"one": (), "per_type": ("sliding_rope_theta",), "nope": ("nope_layers",)}
 
 
 def problems(c: ModelConfig, family: str) -> list[str]:
@@ -426,9 +513,11 @@ def problems(c: ModelConfig, family: str) -> list[str]:
     required = _merged(_LLAMA_LIKE, _OFF, spec.fixed)
     if spec.moe:
         required.pop("n_experts")
+    for name in _ROPE_FIELDS[spec.rope]:
+        required.pop(name)
     out = [f"{name}={getattr(c, name)!r} (needs {value!r})" for name, value in required.items()
            if getattr(c, name) != value]
-    if family == "gemma2":
+    if family in ("gemma2", "gemma3_text"):
         out = [p for p in out if not p.startswith(("attn_scale=", "attn_softcap=", "logit_softcap="))]
     out += _bias_problems(c, spec, family)
     out += _window_problems(c, spec)
@@ -446,7 +535,7 @@ def _bias_problems(c: ModelConfig, spec: Family, family: str) -> list[str]:
         out.append("attn_out_bias=True (the class has no output bias)")
     if spec.bias == "flag" and c.qkv_bias != c.attn_out_bias:
         out.append(f"qkv_bias={c.qkv_bias} with attn_out_bias={c.attn_out_bias} (one attention_bias for both)")
-    if c.ffn_bias and family != "llama":
+    if c.ffn_bias and family not in MLP_BIAS:
         out.append("ffn_bias=True (the class has no FFN biases)")
     return out
 

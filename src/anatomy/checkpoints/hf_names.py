@@ -115,7 +115,7 @@ def _decoder(c: ModelConfig, family: str) -> list[Link]:
     (Phi-3) and experts (Mixtral's w1/w3/w2, Qwen's gate/up/down_proj and shared expert)."""
     links = [Link("stack.embed.tokens", ("model.embed_tokens",)), Link("stack.final_norm", ("model.norm",)),
              Link("lm_head", ("lm_head",))]
-    sandwich = family == "gemma2"
+    sandwich = family in ("gemma2", "gemma3_text")  # norms before and after each branch
     for i in range(c.n_layers):
         o, h = f"stack.blocks.{i}.", f"model.layers.{i}."
         links += [

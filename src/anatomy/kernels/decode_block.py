@@ -27,7 +27,8 @@ AVX-512 runs, else q6f) otherwise; where AVX-512 VNNI runs,
 an int4 product's weights are q4 tiles (16 output rows interleaved: kernels/native/tiles.cpp) and its
 input is rounded to int16 per group of 32 (INT16_ERROR). Only blocks the
 operator covers exactly are swapped: pre-norm, RMSNorm, one fused QKV projection with full-width
-RoPE, SwiGLU, no biases, no QK norm, no soft cap, no sliding window, no experts.
+RoPE (the stack's main angles, not NoPE), SwiGLU, no biases, no QK norm, no soft cap, no sliding window,
+no experts.
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ def fusable(block: nn.Module) -> bool:
     """Does anatomy::decode_block compute exactly what this block computes in a decode step?"""
     if not isinstance(block, Block) or not block.pre_norm or block.moe or block.cross_attn is not None:
         return False
-    if block.attn_out_norm is not None or block.ffn_out_norm is not None or block.window is not None:
+    if block.attn_out_norm is not None or block.ffn_out_norm is not None or block.window is not None \
+            or block.rope != "main":
         return False
     norms = (block.attn_norm, block.ffn_norm)
     if not all(isinstance(n, NativeRMSNorm) or (isinstance(n, RMSNorm) and not n.unit_offset) for n in norms):

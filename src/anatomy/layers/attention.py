@@ -40,11 +40,14 @@ READABLE = (torch.float32, torch.bfloat16, torch.float16)  # the float caches a 
 
 
 class LayerCache(Protocol):
-    """What attention needs from a KV cache: write k/v at input_pos, get back all max_len slots."""
+    """What attention needs from a KV cache: write k/v at input_pos, get back the keys and values to
+    attend over, and the pass's mask (over cache slots) over those keys."""
 
     max_len: int
 
     def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def keys_mask(self, mask: Tensor | None) -> Tensor | None: ...
 
 
 class Attention(nn.Module):
@@ -102,6 +105,7 @@ class Attention(nn.Module):
             q, k, v = self._project_self(x, rope)
         if cache is not None:
             k, v = cache.update(input_pos, k, v)  # [B, H_kv, T, d_h]
+            mask = cache.keys_mask(mask)
         is_causal = self.causal and mask is None and cache is None
         out, weights = attend(
             q, k, v, mask=mask, bias=bias, is_causal=is_causal, backend=self.backend,

@@ -4,7 +4,8 @@ norm(x + f(x))); with branch_output_norm also a norm on the branch's output (x +
 Gemma 2's "sandwich").
 
 Which block of the stack it is (`layer`) decides the per-layer choices of the config: whether its
-self-attention looks through the sliding window, whether its FFN is a mixture of experts."""
+self-attention looks through the sliding window and by which RoPE angles it rotates (none: NoPE),
+whether its FFN is a mixture of experts."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class Block(nn.Module):
         self.pre_norm = config.norm_position == "pre"
         self.dropout = config.dropout
         self.window = config.layer_window(layer) if causal else None
+        self.rope = config.layer_rope(layer)  # "main", "sliding" (the window's own base) or "none" (NoPE)
         self.attn_norm = make_norm(config)
         self.attn = Attention(config, causal=causal, backend=backend)
         self.attn_out_norm = make_norm(config) if config.branch_output_norm else None
@@ -50,7 +52,8 @@ class Block(nn.Module):
         """x [B, S, D] -> [B, S, D]. With a `weights` list, the attention weights of this block are
         appended to it: self-attention [B, H, S, S_k], then cross-attention [B, H, S, S_m]."""
         mask = ctx.window_mask if self.window is not None and ctx.window_mask is not None else ctx.mask
-        x = self._residual(x, self.attn_norm, lambda h: self._attend(self.attn, weights, h, rope=ctx.rope,
+        rope = {"main": ctx.rope, "sliding": ctx.sliding_rope, "none": None}[self.rope]
+        x = self._residual(x, self.attn_norm, lambda h: self._attend(self.attn, weights, h, rope=rope,
                                                                    mask=mask, bias=ctx.bias, cache=cache,
                                                                    input_pos=ctx.input_pos), self.attn_out_norm)
         if self.cross_attn is not None:

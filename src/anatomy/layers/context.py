@@ -16,6 +16,7 @@ class Context:
     """The per-pass inputs of every block of a stack (None: not used by this pass).
 
     rope         (cos, sin), each [B, S, d_h]: the rotary angles of the queries' positions
+    sliding_rope the same by the sliding-window layers' own RoPE base (Gemma 3), else None
     mask         bool [B|1, 1, S, S_k]: True where a query may attend to a key
     window_mask  the same for the sliding-window layers (keys within the window only); None when
                  no key of this pass can be outside the window
@@ -32,3 +33,4 @@ class Context:
     memory_mask: Tensor | None = None
     window_mask: Tensor | None = None
     router_logits: list[Tensor] | None = None
+    sliding_rope: tuple[Tensor, Tensor] | None = None

@@ -57,11 +57,15 @@ class LearnedPositions(nn.Module):
 class Rotary(nn.Module):
     """RoPE in the half-split layout of HF transformers: dimension i pairs with i + d/2, over the
     first d = rotary_dim dims of each head (the rest pass through), with the config's scaling rule
-    (layers/rope_scaling.py)."""
+    (layers/rope_scaling.py). `sliding`: the sliding-window layers' own base and scaling (Gemma 3)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, *, sliding: bool = False) -> None:
         super().__init__()
-        self.dim, self.theta, self.scaling = config.rotary_dim, config.rope_theta, config.rope_scaling
+        self.dim = config.rotary_dim
+        if sliding:
+            self.theta, self.scaling = config.sliding_rope_theta, config.sliding_rope_scaling
+        else:
+            self.theta, self.scaling = config.rope_theta, config.rope_scaling
         self.attention_factor = 1.0
         self.register_buffer("inv_freq", torch.empty(0), persistent=False)
         self.register_buffer("long_inv_freq", None, persistent=False)

@@ -17,6 +17,7 @@ decode step, a span of k tokens (speculative verification), a batch of chunks ov
     bias         [B|1, H, S, T] ALiBi: -slope * (q - k) (|q - k| for a bidirectional stack)
     rope         (cos, sin) [B, S, 1, d]: computed from the positions, or looked up in a table of the
                  positions 0..n-1 made once (`ContextTables`) for the steps of a generation or a server
+    sliding_rope the same by the sliding-window layers' own RoPE base, where the config gives one
 
 A full pass needs no mask when nothing is padded and no cache is read (attention masks the future
 itself); every other pass gets one.
@@ -41,6 +42,7 @@ class PositionContext(nn.Module):
         self.n_heads, self.alibi = config.n_heads, config.position == "alibi"
         self.window = config.sliding_window if causal else None
         self.rotary = Rotary(config) if config.position == "rope" else None
+        self.sliding_rotary = Rotary(config, sliding=True) if config.sliding_rope_theta is not None else None
         self.register_buffer("slopes", None, persistent=False)
         self.init_buffers()
 
@@ -57,14 +59,17 @@ class PositionContext(nn.Module):
         mask; input_pos and memory_mask [B, 1, 1, S_m] pass through to the blocks. The angles and
         masks come in `dtype`."""
         rope = self.rotary(position_ids, dtype) if self.rotary is not None else None
+        sliding = self.sliding_rotary(position_ids, dtype) if self.sliding_rotary is not None else None
         needs_mask = key_valid is not None or (explicit and self.causal)
-        return build_context(self, rope=rope, q_slots=q_slots, k_slots=k_slots, key_valid=key_valid,
-                             needs_mask=needs_mask, input_pos=input_pos, memory_mask=memory_mask, dtype=dtype)
+        return build_context(self, rope=rope, sliding_rope=sliding, q_slots=q_slots, k_slots=k_slots,
+                             key_valid=key_valid, needs_mask=needs_mask, input_pos=input_pos, memory_mask=memory_mask,
+                             dtype=dtype)
 
 
 def build_context(context: PositionContext, *, rope: tuple[Tensor, Tensor] | None, q_slots: Tensor, k_slots: Tensor,
                   key_valid: Tensor | None = None, needs_mask: bool = True, input_pos: Tensor | None = None,
-                  memory_mask: Tensor | None = None, dtype: torch.dtype = torch.float32) -> Context:
+                  memory_mask: Tensor | None = None, dtype: torch.dtype = torch.float32,
+                  sliding_rope: tuple[Tensor, Tensor] | None = None) -> Context:
     """The Context of one pass (the module docstring has the shapes and rules)."""
     q = q_slots[..., :, None]  # [S, 1] or [B, S, 1]
     k = k_slots  # [T]
@@ -87,7 +92,7 @@ def build_context(context: PositionContext, *, rope: tuple[Tensor, Tensor] | Non
     if context.slopes is not None:
         bias = alibi_bias(context.slopes.to(k.device), q_slots, k_slots, causal=context.causal)
     return Context(rope=rope, mask=mask, bias=bias, input_pos=input_pos, memory_mask=memory_mask,
-                   window_mask=window_mask)
+                   window_mask=window_mask, sliding_rope=sliding_rope)
 
 
 def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
@@ -99,31 +104,45 @@ def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
 
 class ContextTables:
     """What the steps over one cache of `length` slots share, made once: the slots 0..length-1 and,
-    with RoPE, the angles of positions 0..length-1 [length, 1, d] (a step indexes them). A rotary
-    rule whose frequencies depend on how far a pass reaches (dynamic NTK, LongRoPE) computes each
-    token's angles from its own reach instead, as its own decode step would."""
+    with RoPE, the angles of positions 0..length-1 [length, 1, d] (a step indexes them; the sliding-window
+    layers' own too, where they have a base of their own). A rotary rule whose frequencies depend on how
+    far a pass reaches (dynamic NTK, LongRoPE) computes each token's angles from its own reach instead,
+    as its own decode step would."""
 
     def __init__(self, context: PositionContext, *, length: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu") -> None:
         self.context, self.dtype, self.device = context, dtype, torch.device(device)
         self.slots = torch.arange(length, device=self.device)  # [T]
-        rotary = context.rotary
-        self.rotary = rotary if rotary is not None and rotary.length_dependent else None
-        self.cos = self.sin = None
-        if rotary is not None and self.rotary is None:
-            cos, sin = rotary(self.slots[None], dtype)  # 2 x [1, T, 1, d]
-            self.cos, self.sin = cos[0], sin[0]  # [T, 1, d]
+        self.main = _Angles(context.rotary, self.slots, dtype)
+        self.sliding = _Angles(context.sliding_rotary, self.slots, dtype)
 
     def build(self, positions: Tensor, *, q_slots: Tensor, keys: int | None = None, key_valid: Tensor | None = None,
               input_pos: Tensor | None = None) -> Context:
         """The Context of queries at `q_slots` ([S], or [B, S] per row) with positions [B, S], over the
         first `keys` slots (default all); key_valid [B, keys] marks the real ones."""
         k_slots = self.slots if keys is None else self.slots[:keys]
-        return build_context(self.context, rope=self.rope(positions), q_slots=q_slots, k_slots=k_slots,
-                             key_valid=key_valid, input_pos=input_pos, dtype=self.dtype)
+        return build_context(self.context, rope=self.rope(positions), sliding_rope=self.sliding(positions),
+                             q_slots=q_slots, k_slots=k_slots, key_valid=key_valid, input_pos=input_pos,
+                             dtype=self.dtype)
 
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor] | None:
         """(cos, sin) [B, S, 1, d] of positions [B, S]; None without RoPE."""
+        return self.main(positions)
+
+
+class _Angles:
+    """One rotary rule's angles of positions [B, S]: looked up in a table of `slots`, or computed per token
+    for a length-dependent rule; None without the rule."""
+
+    def __init__(self, rotary: Rotary | None, slots: Tensor, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.rotary = rotary if rotary is not None and rotary.length_dependent else None
+        self.cos = self.sin = None
+        if rotary is not None and self.rotary is None:
+            cos, sin = rotary(slots[None], dtype)  # 2 x [1, T, 1, d]
+            self.cos, self.sin = cos[0], sin[0]  # [T, 1, d]
+
+    def __call__(self, positions: Tensor) -> tuple[Tensor, Tensor] | None:
         if self.rotary is not None:
             columns = [self.rotary(positions[b:b + 1, i:i + 1], self.dtype)
                        for b in range(positions.shape[0]) for i in range(positions.shape[1])]

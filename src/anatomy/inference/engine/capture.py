@@ -35,24 +35,32 @@ from anatomy.inference.engine.paged import BlockSlots
 from anatomy.layers.context import Context
 from anatomy.models.stack import Stack
 
-FIELDS = ("mask", "bias", "input_pos", "window_mask")  # the Context's tensors a decode step sets (besides rope)
+FIELDS = ("mask", "bias", "input_pos", "window_mask")  # the Context's tensors a decode step sets (besides angles)
+ANGLES = ("rope", "sliding_rope")  # the Context's (cos, sin) pairs
 
 
 def signature(ctx: Context) -> tuple[str, ...]:
     """Which of the Context's tensors a step has: a trace holds for one such set."""
-    return ("rope",) * (ctx.rope is not None) + tuple(f for f in FIELDS if getattr(ctx, f) is not None)
+    return tuple(f for f in ANGLES + FIELDS if getattr(ctx, f) is not None)
 
 
 def arguments(ctx: Context) -> tuple[Tensor, ...]:
-    """The Context's tensors, in signature order."""
-    return (ctx.rope or ()) + tuple(getattr(ctx, f) for f in FIELDS if getattr(ctx, f) is not None)
+    """The Context's tensors, in signature order (an angle pair as its two tensors)."""
+    out: tuple[Tensor, ...] = ()
+    for name in signature(ctx):
+        value = getattr(ctx, name)
+        out += value if name in ANGLES else (value,)
+    return out
 
 
 def context_of(names: tuple[str, ...], tensors: tuple[Tensor, ...]) -> Context:
     """The Context whose tensors `arguments` gave, by their signature."""
-    rope = (tensors[0], tensors[1]) if names[:1] == ("rope",) else None
-    fields = names[1:] if rope is not None else names
-    return Context(rope=rope, **dict(zip(fields, tensors[2 if rope is not None else 0:])))
+    fields, at = {}, 0
+    for name in names:
+        width = 2 if name in ANGLES else 1
+        fields[name] = tuple(tensors[at:at + 2]) if width == 2 else tensors[at]
+        at += width
+    return Context(**fields)
 
 
 class StaticBody(nn.Module):

@@ -1,5 +1,6 @@
 """The static KV cache: per layer, K and V preallocated as [B, H_kv, T_max, d_h] and written in
-place at the slots `input_pos` names.
+place at the slots `input_pos` names; a sliding-window layer keeps a ring of its window's slots instead
+(window_cache.py) when that is shorter.
 
 Nothing is ever appended or reallocated, so every decode step sees the same shapes (the step can
 be compiled) and the memory is known up front: 2 * L * B * H_kv * T_max * d_h * bytes-per-value.
@@ -49,6 +50,10 @@ class LayerKVCache(nn.Module):
         self.v.index_copy_(2, input_pos, v)
         return self.k, self.v
 
+    def keys_mask(self, mask: Tensor | None) -> Tensor | None:
+        """The pass's mask over the keys `update` returned: the cache's slots are those keys."""
+        return mask
+
     def _write_codes(self, input_pos: Tensor, x: Tensor, which: str) -> Codes:
         codes, scale = kv_format.quantize(x, self.kind)  # [B, H_kv, S, d_h], [B, H_kv, S]
         stored, scales = getattr(self, which), getattr(self, f"{which}_scale")
@@ -69,22 +74,35 @@ class LayerKVCache(nn.Module):
 class KVCache(nn.ModuleList):
     """The caches of all L layers of a stack: model(..., cache=KVCache(...), input_pos=...);
     `codes` ("int8", "fp8_e4m3", "fp8_e5m2") stores 8-bit codes with scales instead of `dtype`, and
-    `reader` is the attention that reads them as stored (None: they are turned into floats)."""
+    `reader` is the attention that reads them as stored (None: they are turned into floats). A
+    sliding-window layer keeps a ring of window + `slack` slots (window_cache.py) where that is shorter."""
 
     def __init__(self, config: ModelConfig, *, batch: int, max_len: int, n_layers: int | None = None,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
-                 codes: str | None = None, reader=None) -> None:
+                 codes: str | None = None, reader=None, slack: int | None = None) -> None:
+        from anatomy.inference.engine.window_cache import SLACK, WindowKVCache
+
+        slack = SLACK if slack is None else slack
+
         n_layers = n_layers if n_layers is not None else config.cached_layers
+        layer = dict(batch=batch, n_kv_heads=config.n_kv_heads, head_dim=config.head_dim, dtype=dtype, device=device,
+                     codes=codes, reader=reader)
+        windows = [config.layer_window(i) if config.is_decoder else None for i in range(n_layers)]
         super().__init__(
-            LayerKVCache(batch=batch, n_kv_heads=config.n_kv_heads, max_len=max_len, head_dim=config.head_dim,
-                         dtype=dtype, device=device, codes=codes, reader=reader)
-            for _ in range(n_layers))
+            WindowKVCache(window=window, max_len=max_len, slack=slack, **layer) if window and window + slack < max_len
+            else LayerKVCache(max_len=max_len, **layer)
+            for window in windows)
         self.max_len = max_len
         self.owner = None  # a weak reference to the run the engine lent this cache to
 
     def reorder(self, rows: Tensor) -> None:
         for layer in self:
             layer.reorder(rows)
+
+    @property
+    def rewind_limit(self) -> int:
+        """The most slots a run may take back: a ring keeps `slack` slots beyond its window (else T_max)."""
+        return min((getattr(layer, "slack", self.max_len) for layer in self), default=self.max_len)
 
     @property
     def nbytes(self) -> int:

@@ -121,6 +121,10 @@ class PagedLayer:
             return self._write(pool.k, k), self._write(pool.v, v)
         return self._codes(pool.k, pool.k_scale, k), self._codes(pool.v, pool.v_scale, v)
 
+    def keys_mask(self, mask: Tensor | None) -> Tensor | None:
+        """The step's mask over each row's slots: the pages are those slots."""
+        return mask
+
     def _codes(self, codes: Tensor, scales: Tensor, new: Tensor) -> Codes:
         q, s = kv_format.quantize(new, self.pool.kind)  # [B, H_kv, S, d_h], [B, H_kv, S]
         return Codes(self._write(codes, q).gather(), self._write(scales, s).gather(), self.pool.lut, self.pool.reader)

@@ -128,6 +128,9 @@ class Run:
         if not self.batch.ids.shape[1] <= slot <= self.slot:
             raise InputError(f"rewind to slot {slot}: outside [{self.batch.ids.shape[1]}, {self.slot}] "
                              "(the prompt's end .. the current write position)")
+        if self.slot - slot > self.cache.rewind_limit:
+            raise InputError(f"rewind of {self.slot - slot} slots: a sliding-window layer's ring keeps "
+                             f"{self.cache.rewind_limit} beyond its window")
         self.slot = slot
 
     def _forward(self, ids: Tensor, start: int) -> Tensor:

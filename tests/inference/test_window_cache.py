@@ -1,0 +1,134 @@
+"""A sliding-window layer keeps only its window (inference/engine/window_cache.py), against HF
+transformers: Gemma 3 (5-token windows with a RoPE base of their own, then a global layer) and Mistral
+(every layer windowed), each read from an HF checkpoint. Decoding through rings of window + 2 slots
+gives each position the logits of the full forward (fp32, 1e-4), after a left-padded prefill longer
+than the ring and after rewinds; the rings hold what they should and no more; generation through the
+engine keeps HF's greedy tokens; a rewind past the ring's slack is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import anatomy
+from anatomy.errors import InputError
+from anatomy.inference.engine.kv_cache import KVCache, LayerKVCache
+from anatomy.inference.engine.window_cache import WindowKVCache
+from anatomy.inference.sampling import SamplingParams
+
+transformers = pytest.importorskip("transformers")
+TOL = 1e-4
+V = 101
+SMALL = dict(vocab_size=V, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+             pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def _configs() -> dict:
+    T = transformers
+    return {
+        "gemma3": T.Gemma3TextConfig(**SMALL, num_hidden_layers=3, head_dim=16, sliding_window=5, query_pre_attn_scalar=16,
+                                     layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                                     rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                                      "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}}),
+        "mistral": T.MistralConfig(**SMALL, num_hidden_layers=2, sliding_window=4),
+    }
+
+
+@pytest.fixture(scope="module", params=["gemma3", "mistral"])
+def pair(request, tmp_path_factory):
+    """(HF model, anatomy's model loaded from its checkpoint)."""
+    torch.manual_seed(3)
+    config = _configs()[request.param]
+    hf = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    directory = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(directory)
+    return hf, anatomy.load(directory)
+
+
+def _ids(length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(3, V - 1, (2, length), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding
+    return ids, mask
+
+
+@torch.no_grad()
+def test_rings_decode_as_the_full_forward(pair):
+    """A prefill of 9 slots (past a ring of window + 2), then one token at a time to 30: every step's
+    logits are HF's full forward's at that position."""
+    hf, model = pair
+    ids, mask = _ids(30)
+    full = hf(ids, attention_mask=mask).logits
+    cache = KVCache(model.config, batch=2, max_len=30, slack=2)
+    ring = model.config.sliding_window + 2
+    rings = [layer for layer in cache if isinstance(layer, WindowKVCache)]
+    assert rings and all(layer.k.shape[2] == ring for layer in rings)
+    steps = [model(ids[:, :9], attention_mask=mask, cache=cache, input_pos=torch.arange(9))[:, -1]]
+    for t in range(9, 30):
+        steps.append(model(ids[:, t:t + 1], attention_mask=mask, cache=cache, input_pos=torch.tensor([t]))[:, -1])
+    got = torch.stack(steps, 1)  # positions 8..29
+    assert (got - full[:, 8:]).abs().max() <= TOL
+    assert sorted(rings[0].held.tolist()) == list(range(30 - ring, 30))  # the newest ring-full of slots
+
+
+@torch.no_grad()
+def test_a_span_rewound_within_the_slack(pair):
+    """Verification-like spans of 2 tokens, the second taken back each time (written over next)."""
+    hf, model = pair
+    ids, mask = _ids(24)
+    full = hf(ids, attention_mask=mask).logits
+    cache = KVCache(model.config, batch=2, max_len=24, slack=2)
+    model(ids[:, :6], attention_mask=mask, cache=cache, input_pos=torch.arange(6))
+    for t in range(6, 22):
+        wrong = torch.randint(3, V - 1, (2, 1))  # a rejected proposal at slot t + 1
+        span = torch.cat([ids[:, t:t + 1], wrong], 1)
+        out = model(span, attention_mask=mask, cache=cache, input_pos=torch.arange(t, t + 2))
+        assert (out[:, 0] - full[:, t]).abs().max() <= TOL
+
+
+def test_rings_hold_less_than_full_caches(pair):
+    _, model = pair
+    ringed = KVCache(model.config, batch=1, max_len=4096)
+    full = sum(LayerKVCache(batch=1, n_kv_heads=model.config.n_kv_heads, max_len=4096,
+                            head_dim=model.config.head_dim).nbytes for _ in ringed)
+    windowed = sum(1 for i in range(model.config.n_layers) if model.config.layer_window(i))
+    ring = model.config.sliding_window + 64
+    held = windowed * ring * 8  # each ring's slot numbers (int64)
+    expected = full * (model.config.n_layers - windowed + windowed * ring / 4096) / model.config.n_layers + held
+    assert ringed.nbytes == expected and ringed.nbytes < full
+
+
+@torch.no_grad()
+def test_generation_keeps_hfs_greedy_tokens(pair):
+    """80 tokens after a 6-token prompt through the engine (rings of window + 64 slots) against HF's
+    generate with its own sliding caches."""
+    hf, model = pair
+    prompt = [5, 17, 33, 8, 91, 40]
+    want = hf.generate(torch.tensor([prompt]), max_new_tokens=80, do_sample=False, min_new_tokens=80)[0, 6:].tolist()
+    engine = anatomy.engine_for(model)
+    got = anatomy.generate(engine, [prompt], max_new_tokens=80, ignore_eos=True)[0].token_ids
+    assert got == want
+
+
+def test_a_rewind_past_the_slack_is_refused(pair):
+    _, model = pair
+    engine = anatomy.engine_for(model)
+    run = engine.start([list(range(3, 90))], SamplingParams(max_new_tokens=80))  # 167 slots: rings
+    assert any(isinstance(layer, WindowKVCache) for layer in run.cache)
+    run.prefill()
+    run.slot += 65  # as after 65 tokens
+    with pytest.raises(InputError, match="ring keeps 64 beyond its window"):
+        run.rewind(run.slot - 65)
+    run.rewind(run.slot - 64)
+
+
+def test_gemma3_1b_holds_a_sixth_of_a_full_cache_at_32k():
+    """22 of its 26 layers keep 512 + 64 slots instead of 32,768 (the issue's bound: a quarter)."""
+    config = anatomy.get_preset("gemma-3-1b")
+    ringed = KVCache(config, batch=1, max_len=32768, device="meta").nbytes
+    unwindowed = config.replace(sliding_window=None, sliding_window_layers=None, sliding_rope_theta=None)
+    full = KVCache(unwindowed, batch=1, max_len=32768, device="meta").nbytes
+    assert ringed == pytest.approx(full * (4 + 22 * 576 / 32768) / 26, rel=1e-3) and ringed <= 0.25 * full
