@@ -36,6 +36,8 @@ def count(model: torch.nn.Module, *, trainable_only: bool = False) -> int:
     # the text model in HF's config (262,208 rows); KerasHub's gemma3_4b_text, 3,880,099,328, has 262,144
     ("gemma-3-4b", 3_880_099_328 + 64 * 2560),
     ("smollm3-3b", 3_075_098_624),
+    ("gpt-oss-20b", 20_914_757_184),  # the model card's 20.9B, exactly
+    ("gpt-oss-120b", 116_829_156_672),
 ])
 def test_published_parameter_counts(name, expected):
     assert count(build_model(get_preset(name), device="meta")) == expected

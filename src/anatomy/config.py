@@ -99,6 +99,9 @@ class ModelConfig:
     d_ff_shared_expert: int = 0  # > 0: every token also goes through one shared expert of this width
     shared_expert_gate: bool = False  # the shared expert's output x sigmoid(a learned D -> 1 gate)
     router_aux_loss_coef: float = 0.0  # training: coefficient of the load-balancing loss
+    router_bias: bool = False  # the router's logits have a bias (gpt-oss)
+    swiglu_limit: float | None = None  # gpt-oss's clamped SwiGLU: gate <= L, |up| <= L, gate*sigmoid(a*gate)*(up+1)
+    swiglu_alpha: float = 1.0  # a, the sigmoid's gain in that SwiGLU
 
     position: str = "learned"
     max_seq_len: int = 2048
@@ -111,6 +114,7 @@ class ModelConfig:
     attn_scale: float | None = None  # multiplier of q.k; None: 1/sqrt(head_dim)
     attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
     logit_softcap: float | None = None  # output logits -> cap * tanh(logits / cap) (Gemma 2)
+    attn_sinks: bool = False  # a learned logit per head joins each softmax, with no value (gpt-oss)
 
     qkv_bias: bool = False
     attn_out_bias: bool = False
@@ -384,6 +388,18 @@ def _validate_attention_extras(c: ModelConfig) -> None:
         raise ConfigError(f"qk_norm=True normalises q and k with RMSNorm: it needs norm='rmsnorm' (norm={c.norm!r})")
     if c.branch_output_norm and c.norm_position != "pre":
         raise ConfigError("branch_output_norm=True (a norm on each sublayer's output) needs norm_position='pre'")
+    if c.swiglu_limit is not None:
+        limit = c.swiglu_limit
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
+            raise ConfigError(f"swiglu_limit={limit!r} must be a positive number or None")
+        if c.ffn != "glu" or c.activation != "silu":
+            raise ConfigError(f"swiglu_limit={limit} clamps a SwiGLU: it needs ffn='glu' and activation='silu' "
+                              f"(ffn={c.ffn!r}, activation={c.activation!r})")
+    alpha = c.swiglu_alpha
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+        raise ConfigError(f"swiglu_alpha={alpha!r} must be a positive number")
+    if alpha != 1.0 and c.swiglu_limit is None:
+        raise ConfigError(f"swiglu_alpha={alpha} is the gain of the clamped SwiGLU: it needs swiglu_limit")
 
 
 def _validate_layers(c: ModelConfig) -> None:
@@ -418,7 +434,7 @@ def _validate_moe(c: ModelConfig) -> None:
         raise ConfigError(f"router_aux_loss_coef={coef!r} must be a number >= 0")
     if not c.n_experts:
         extras = {"n_experts_per_token": c.n_experts_per_token, "d_ff_expert": c.d_ff_expert,
-                  "moe_layers": c.moe_layers, "d_ff_shared_expert": c.d_ff_shared_expert}
+                  "moe_layers": c.moe_layers, "d_ff_shared_expert": c.d_ff_shared_expert, "router_bias": c.router_bias}
         for name, value in extras.items():
             if value:
                 raise ConfigError(f"{name}={value!r} needs n_experts > 0 (a mixture-of-experts FFN)")
@@ -430,8 +446,6 @@ def _validate_moe(c: ModelConfig) -> None:
         raise ConfigError(f"n_experts_per_token={c.n_experts_per_token} must be in [1, n_experts={c.n_experts}]")
     if c.d_ff_expert is not None:
         _check_positive(c, "d_ff_expert")
-    if c.ffn_bias:
-        raise ConfigError(f"ffn_bias=True with n_experts={c.n_experts}: experts have no biases in anatomy")
     if c.shared_expert_gate and not c.d_ff_shared_expert:
         raise ConfigError("shared_expert_gate=True needs a shared expert (d_ff_shared_expert > 0)")
 

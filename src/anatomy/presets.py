@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any
 
 from anatomy.config import ModelConfig, RopeScaling
@@ -53,6 +54,17 @@ def _gemma3(*, n_layers: int, **sizes: Any) -> dict[str, Any]:
             "rope_theta": 1e6, "sliding_rope_theta": 10000.0, "n_layers": n_layers,
             "sliding_window_layers": tuple(i for i in range(n_layers) if (i + 1) % 6),
             "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1, **sizes}
+
+
+def _gpt_oss(*, n_layers: int, n_experts: int) -> dict[str, Any]:
+    return {**_LLAMA, "vocab_size": 201088, "d_model": 2880, "n_layers": n_layers, "n_heads": 64, "n_kv_heads": 8,
+            "head_dim": 64, "d_ff": 2880, "norm_eps": 1e-5, "max_seq_len": 131072, "rope_theta": 150000.0,
+            "rope_scaling": RopeScaling(kind="yarn", factor=32.0, original_max_seq_len=4096, truncate=False,
+                                        attention_factor=0.1 * math.log(32.0) + 1.0),
+            "sliding_window": 128, "sliding_window_layers": tuple(range(0, n_layers, 2)), "attn_sinks": True,
+            "qkv_bias": True, "attn_out_bias": True, "ffn_bias": True, "n_experts": n_experts,
+            "n_experts_per_token": 4, "router_bias": True, "swiglu_limit": 7.0, "swiglu_alpha": 1.702,
+            "bos_token_id": 199998, "eos_token_id": 200002, "pad_token_id": 199999}
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -122,6 +134,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "d_ff": 11008, "max_seq_len": 65536, "rope_theta": 5e6, "tie_embeddings": True,
                    "nope_layers": tuple(range(3, 36, 4)), "bos_token_id": 128000, "eos_token_id": 128001,
                    "pad_token_id": 128004},
+    # gpt-oss: attention sinks, a 128-token window on every other layer, experts with biases and a clamped
+    # SwiGLU on every layer (4 of 32 / 128 per token), a router bias, YaRN x32 from 4k positions
+    "gpt-oss-20b": _gpt_oss(n_layers=24, n_experts=32),
+    "gpt-oss-120b": _gpt_oss(n_layers=36, n_experts=128),
     # Phi-3-mini-4k: a 2047-token sliding window, the LLaMA shape otherwise
     "phi-3-mini": {**_LLAMA, "vocab_size": 32064, "d_model": 3072, "n_layers": 32, "n_heads": 32, "d_ff": 8192,
                    "norm_eps": 1e-5, "max_seq_len": 4096, "sliding_window": 2047, "bos_token_id": 1,

@@ -4,6 +4,8 @@ the same config and weights; what llama.cpp would run differently is refused, na
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -39,9 +41,17 @@ CASES = {  # name: (fields, GGUF architecture, tolerance)
                     sliding_window_layers=(0, 1), rope_theta=1e6, rope_scaling=dict(kind="linear", factor=4.0),
                     sliding_rope_theta=100.0, logit_softcap=8.0), "gemma3", 5e-3),
     "smollm3": (dict(n_layers=4, nope_layers=(3,), rope_theta=2e6), "smollm3", 1e-4),
+    "gpt-oss": (dict(qkv_bias=True, attn_out_bias=True, ffn_bias=True, attn_sinks=True, n_experts=4,
+                     n_experts_per_token=2, d_ff_expert=32, router_bias=True, swiglu_limit=7.0, swiglu_alpha=1.702,
+                     sliding_window=4, sliding_window_layers=(0,), head_dim=16, rope_theta=1000.0, max_seq_len=64,
+                     rope_scaling=dict(kind="yarn", factor=4.0, original_max_seq_len=8,
+                                       attention_factor=0.1 * math.log(4.0) + 1.0)), "gpt-oss", 1e-4),
     "phi3": (dict(rotary_dim=8), "phi3", 1e-4),
     "llama-linear": (dict(rope_scaling=dict(kind="linear", factor=2.0)), "llama", 1e-4),
     "llama3.1": (dict(rope_scaling=LLAMA3, rope_theta=500000.0), "llama", 1e-4),  # d=16: every band of the rule
+    "llama-yarn": (dict(rope_scaling=dict(kind="yarn", factor=4.0, original_max_seq_len=8,
+                                          attention_factor=0.1 * math.log(4.0) + 1.0), rope_theta=1000.0),
+                   "llama", 1e-4),  # past 8 positions
 }
 
 

@@ -2,7 +2,8 @@
 (q/k/v biases, windows on some layers), Qwen3 (q/k norm), Gemma ((1 + w) norms, scaled embeddings,
 GeGLU, MQA), Gemma 2 (sandwich norms, soft-capping, query_pre_attn_scalar, alternating windows),
 Gemma 3 (q/k norms, a RoPE base of the sliding layers' own, linear scaling on the global ones), SmolLM3
-(no RoPE on every 2nd layer here, a window on those, biases),
+(no RoPE on every 2nd layer here, a window on those, biases), gpt-oss (attention sinks, experts with
+biases and a clamped SwiGLU stored interleaved, a router bias, YaRN),
 Phi-3 (fused tensors, partial rotary, window), Mixtral and Qwen2-/Qwen3-MoE (experts, shared expert,
 dense layers), Llama with each RoPE scaling and Phi-3 with LongRoPE.
 
@@ -53,6 +54,11 @@ def _configs() -> dict:
                                                           use_sliding_window=True, sliding_window=5, pad_token_id=0,
                                                           bos_token_id=1, eos_token_id=2, attention_bias=True,
                                                           mlp_bias=True)),
+        "gpt_oss": (T.GptOssForCausalLM, T.GptOssConfig(
+            **SMALL, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=5,
+            max_position_embeddings=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 8})),
         "phi3": (T.Phi3ForCausalLM, T.Phi3Config(**SMALL, num_key_value_heads=2, sliding_window=6, pad_token_id=0,
                                                  eos_token_id=2, rope_parameters={"rope_type": "default",
                                                                                   "rope_theta": 10000.0,
@@ -163,7 +169,7 @@ def test_fields_choose_the_class_a_fresh_model_is_written_as(hf_decoders, tmp_pa
     from anatomy.checkpoints.hf_config import hf_family
 
     for family in ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "smollm3", "mixtral", "qwen2_moe",
-                   "qwen3_moe"):
+                   "qwen3_moe", "gpt_oss"):
         config = anatomy.load_config(hf_decoders[family][1])
         assert hf_family(config) == family
     assert hf_family(anatomy.load_config(hf_decoders["phi3"][1])) == "phi3"  # partial rotary dims

@@ -191,7 +191,7 @@ def _rows(parts: list[Part]) -> list[tuple[Part, int]]:
 
 
 def _entry(full: Tensor, part: Part, row: int, type_name: str) -> TensorEntry:
-    if full.dim() < 2 or full.shape[0] == 1:
+    if full.dim() < 2 or full.shape[0] == 1 or part.name.endswith(".bias"):
         type_name = "F32"  # llama.cpp keeps norms, biases (and the shared-expert gate vector) in f32
     np_dtype = {"F32": "float32", "F16": "float16"}[type_name]
     shape = part_shape(part, full.shape)

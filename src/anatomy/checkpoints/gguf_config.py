@@ -34,8 +34,9 @@ class Architecture:
              has an `attention.sliding_window` key); "even": `attention.sliding_window` on the even
              layers (Gemma 2's pattern, which llama.cpp hard-codes); "pattern": on the layers
              `attention.sliding_window_pattern` marks (a bool per layer, or a period n: layer i slides
-             when i % n < n - 1; llama.cpp's default for Gemma 3 is 6), their RoPE base
-             `rope.freq_base_swa` (default 10000), unscaled
+             when i % n < n - 1; llama.cpp's default `period`: Gemma 3 6, gpt-oss 2)
+    sliding  the RoPE of those layers: "own" (Gemma 3: `rope.freq_base_swa`, default 10000, unscaled) or
+             "main" (gpt-oss: the main base and scaling unless `rope.freq_base_swa` gives another base)
     nope     llama.cpp's period of layers without RoPE (SmolLM3: layer i has none when (i + 1) % 4 == 0)
     """
 
@@ -43,6 +44,8 @@ class Architecture:
     eps_key: str = "attention.layer_norm_rms_epsilon"
     experts: str = ""
     window: str = "none"
+    period: int = 6
+    sliding: str = "own"
     nope: int = 0
 
 
@@ -59,6 +62,9 @@ ARCHITECTURES: dict[str, Architecture] = {
     "gemma2": Architecture(fields={**_GEMMA, "branch_output_norm": True}, window="even"),
     "gemma3": Architecture(fields={**_GEMMA, "branch_output_norm": True, "qk_norm": True}, window="pattern"),
     "smollm3": Architecture(fields=_LLAMA_LIKE, nope=4),
+    "gpt-oss": Architecture(fields={**_LLAMA_LIKE, "attn_sinks": True, "router_bias": True, "ffn_bias": True,
+                                    "swiglu_limit": 7.0, "swiglu_alpha": 1.702},
+                            experts="renormalized", window="pattern", period=2, sliding="main"),
     "phi3": Architecture(fields=_LLAMA_LIKE),
     "gpt2": Architecture(
         fields={"norm": "layernorm", "ffn": "mlp", "activation": "gelu_tanh", "position": "learned",
@@ -67,7 +73,7 @@ ARCHITECTURES: dict[str, Architecture] = {
 }
 # tensors that describe the RoPE frequencies rather than hold weights (llama3 rule, Phi-3 LongRoPE)
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
-GEMMA3_PATTERN, GEMMA3_SLIDING_THETA = 6, 10000.0  # llama.cpp's Gemma 3 defaults (load_swa_pattern, hparams)
+GEMMA3_SLIDING_THETA = 10000.0  # llama.cpp's default base of Gemma 3's sliding layers
 # llama.cpp's Gemma 2 defaults when the file leaves the soft-caps out
 GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 
@@ -124,12 +130,17 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
     _check_sizes_fit_tensors(f, a, values)
     if spec.fields["position"] == "rope":
         values["rope_theta"] = _positive_float(f, f"{a}.rope.freq_base", default=10000.0)
-        values.update(_rope(f, a, values["head_dim"] or d_model // n_heads, values["rope_theta"]))
+        values.update(_rope(f, a, values["head_dim"] or d_model // n_heads, values["rope_theta"],
+                            values["max_seq_len"]))
     values.update(_window(f, a, values["n_layers"]))
     if a == "gemma2":
         values.update(_gemma2(f, values, d_model // n_heads))
     if a == "gemma3":
         values.update(_gemma3(f, values, d_model // n_heads))
+    if spec.sliding == "main" and values.get("sliding_window") is not None:
+        theta = _positive_float(f, f"{a}.rope.freq_base_swa", default=values["rope_theta"])
+        if theta != values["rope_theta"]:
+            values.update(sliding_rope_theta=theta, sliding_rope_scaling=values.get("rope_scaling"))
     if spec.nope:
         nope = tuple(i for i in range(values["n_layers"]) if (i + 1) % spec.nope == 0)
         values["nope_layers"] = nope or None
@@ -193,7 +204,7 @@ def _window(f: GGUFFile, arch: str, n_layers: int) -> dict[str, Any]:
     if not window:
         return {}
     if kind == "pattern":
-        layers = _window_pattern(f, arch, n_layers)
+        layers = _window_pattern(f, arch, n_layers, ARCHITECTURES[arch].period)
         if not layers:
             return {}
         return {"sliding_window": window, "sliding_window_layers": None if len(layers) == n_layers else layers}
@@ -201,17 +212,17 @@ def _window(f: GGUFFile, arch: str, n_layers: int) -> dict[str, Any]:
             "sliding_window_layers": tuple(range(0, n_layers, 2)) if kind == "even" and n_layers > 1 else None}
 
 
-def _window_pattern(f: GGUFFile, arch: str, n_layers: int) -> tuple[int, ...]:
+def _window_pattern(f: GGUFFile, arch: str, n_layers: int, default: int) -> tuple[int, ...]:
     """The sliding layers `attention.sliding_window_pattern` gives: one bool per layer, or a period."""
     key = f"{arch}.attention.sliding_window_pattern"
-    value = f.metadata.get(key, GEMMA3_PATTERN)
+    value = f.metadata.get(key, default)
     if isinstance(value, (list, tuple, np.ndarray)):
         flags = list(value)
         if len(flags) != n_layers or any(not isinstance(v, (bool, np.bool_)) for v in flags):
             shown = [bool(v) if isinstance(v, np.bool_) else v for v in flags[:8]]
             raise f.fail(key, shown, f"must be one bool per layer ({n_layers}) or a period")
         return tuple(i for i, v in enumerate(flags) if v)
-    period = _get(f, key, _INT_TYPES, GEMMA3_PATTERN)
+    period = _get(f, key, _INT_TYPES, default)
     if period < 0:
         raise f.fail(key, period, "must be >= 0")
     return tuple(i for i in range(n_layers) if period == 0 or i % period < period - 1)
@@ -310,9 +321,10 @@ def _context_length(f: GGUFFile, arch: str) -> int:
     return value
 
 
-def _rope(f: GGUFFile, arch: str, head_dim: int, theta: float) -> dict[str, Any]:
-    """rotary_dim and rope_scaling: linear (`rope.scaling.*`), Llama 3's rule (a `rope_freqs` tensor
-    of per-frequency divisors, matched against the rule), or none; anything else is refused."""
+def _rope(f: GGUFFile, arch: str, head_dim: int, theta: float, context: int) -> dict[str, Any]:
+    """rotary_dim and rope_scaling: linear (`rope.scaling.*`), YaRN as llama.cpp applies it, Llama 3's
+    rule (a `rope_freqs` tensor of per-frequency divisors, matched against the rule), or none; anything
+    else is refused."""
     dims = _size(f, f"{arch}.rope.dimension_count", default=head_dim)
     reordered = arch in ROTARY_REORDERED  # its q/k rows are reordered over the whole head
     if dims > head_dim or dims % 2 or (dims != head_dim and reordered):
@@ -323,16 +335,37 @@ def _rope(f: GGUFFile, arch: str, head_dim: int, theta: float) -> dict[str, Any]
     if any(name in f.tensors for name in ROPE_TENSORS[1:]):
         raise f.fail("rope_factors_long/short", "present", "LongRoPE in llama.cpp switches by the session's context "
                      "size, not by the sequence: anatomy cannot run it the same way")
-    if scaling not in ("none", "linear") or (scaling == "linear" and freqs):
+    if scaling not in ("none", "linear", "yarn") or (scaling != "none" and freqs):
         raise f.fail(f"{arch}.rope.scaling.type", scaling, "RoPE scaling is not supported; supported: none, linear, "
-                     "and Llama 3's rule given as rope_freqs")
+                     "yarn, and Llama 3's rule given as rope_freqs")
     out: dict[str, Any] = {"rotary_dim": dims}
-    if scaling == "linear":
+    if scaling == "yarn":
+        out["rope_scaling"] = _yarn(f, arch, context)
+    elif scaling == "linear":
         factor = _positive_float(f, f"{arch}.rope.scaling.factor", default=1.0)
         out["rope_scaling"] = RopeScaling(kind="linear", factor=factor) if factor != 1.0 else None
     elif freqs:
         out["rope_scaling"] = _llama3_from_factors(f, theta, dims)
     return out
+
+
+def _yarn(f: GGUFFile, arch: str, context: int) -> RopeScaling:
+    """YaRN as llama.cpp runs it: correction dims floored and ceiled (HF's truncate), beta 32 / 1, the
+    angles scaled by (1 + 0.1 ln factor) x `rope.scaling.attn_factor`; its YaRN keys beyond those are
+    not read by llama.cpp, and a log multiplier (DeepSeek's) is refused."""
+    if _get(f, f"{arch}.rope.scaling.yarn_log_multiplier", _FLOAT_TYPES, 0.0):
+        raise f.fail(f"{arch}.rope.scaling.yarn_log_multiplier", f.metadata[f"{arch}.rope.scaling.yarn_log_multiplier"],
+                     "YaRN with a log multiplier is not supported")
+    factor = _positive_float(f, f"{arch}.rope.scaling.factor", default=1.0)
+    original = _size(f, f"{arch}.rope.scaling.original_context_length", default=context)
+    gain = _positive_float(f, f"{arch}.rope.scaling.attn_factor", default=1.0)
+    return RopeScaling(kind="yarn", factor=factor, original_max_seq_len=original, truncate=True,
+                       attention_factor=yarn_gain(factor) * gain)
+
+
+def yarn_gain(factor: float) -> float:
+    """llama.cpp's YaRN magnitude scale of the angles: 1 + 0.1 ln(factor), 1 for factor <= 1."""
+    return 1.0 + 0.1 * math.log(factor) if factor > 1.0 else 1.0
 
 
 # Llama 3.1 / 3.2 as Meta released them: low_freq_factor 1, high_freq_factor 4, an 8192-position original
@@ -387,9 +420,13 @@ def config_to_gguf(config: ModelConfig) -> tuple[str, list[tuple[str, Any, Any]]
         if config.head_dim * config.n_heads != config.d_model:
             entries += [(f"{arch}.attention.key_length", u32, config.head_dim),
                         (f"{arch}.attention.value_length", u32, config.head_dim)]
-        if config.rope_scaling is not None and config.rope_scaling.kind == "linear":
-            entries += [(f"{arch}.rope.scaling.type", ValueType.STRING, "linear"),
-                        (f"{arch}.rope.scaling.factor", f32, config.rope_scaling.factor)]
+        s = config.rope_scaling
+        if s is not None and s.kind in ("linear", "yarn"):
+            entries += [(f"{arch}.rope.scaling.type", ValueType.STRING, s.kind),
+                        (f"{arch}.rope.scaling.factor", f32, s.factor)]
+        if s is not None and s.kind == "yarn":
+            entries += [(f"{arch}.rope.scaling.original_context_length", u32, s.original_max_seq_len),
+                        (f"{arch}.rope.scaling.attn_factor", f32, s.attention_factor / yarn_gain(s.factor))]
     if config.n_experts:
         entries += [(f"{arch}.expert_count", u32, config.n_experts),
                     (f"{arch}.expert_used_count", u32, config.n_experts_per_token)]
@@ -425,11 +462,12 @@ def rope_tensors(config: ModelConfig) -> dict[str, np.ndarray]:
 # the order architectures are tried in when writing: the plainest that expresses the config (qwen2 first:
 # q/k/v biases without an output bias are its own; the llama architecture would run them too)
 WRITE_ORDER = ("qwen2", "llama", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe", "smollm3",
-               "gpt2")
+               "gpt-oss", "gpt2")
 _OFF = {"qk_norm": False, "norm_unit_offset": False, "embedding_scale": False, "branch_output_norm": False,
         "attn_softcap": None, "logit_softcap": None, "attn_scale": None, "lm_head_bias": False, "final_norm": True,
         "norm_position": "pre", "embedding_norm": False, "type_vocab_size": 0, "ffn_bias": False,
-        "sliding_rope_theta": None, "nope_layers": None}
+        "sliding_rope_theta": None, "nope_layers": None, "attn_sinks": False, "router_bias": False,
+        "swiglu_limit": None, "swiglu_alpha": 1.0}
 # what llama.cpp's architectures set themselves (checked by _rope_problems / _nope_problems instead)
 _OWN = {"gemma2": ("attn_softcap", "logit_softcap", "attn_scale"),
         "gemma3": ("logit_softcap", "attn_scale", "sliding_rope_theta"), "smollm3": ("nope_layers",)}
@@ -449,8 +487,10 @@ def gguf_problems(config: ModelConfig, arch: str) -> list[str]:
     for name in _OWN.get(arch, ()):
         required.pop(name)
     out = [f"{k}={getattr(config, k)!r} (needs {v!r})" for k, v in required.items() if getattr(config, k) != v]
-    if arch not in ("llama", "qwen2") and (config.qkv_bias or config.attn_out_bias) and arch != "qwen2moe":
-        out.append("attention biases (anatomy writes them for llama, qwen2 and qwen2moe)")
+    if arch not in ("llama", "qwen2", "qwen2moe", "gpt-oss") and (config.qkv_bias or config.attn_out_bias):
+        out.append("attention biases (anatomy writes them for llama, qwen2, qwen2moe and gpt-oss)")
+    if arch == "gpt-oss" and config.sliding_rope_theta is not None:
+        out.append("sliding_rope_theta (llama.cpp's gpt-oss rotates every layer by the main RoPE)")
     if arch == "qwen2moe" and config.attn_out_bias:
         out.append("attn_out_bias=True (qwen2moe has q/k/v biases only)")
     return out + _window_problems(config, spec) + _expert_problems(config, arch, spec) + _rope_problems(config, arch) \
@@ -511,8 +551,11 @@ def _rope_problems(config: ModelConfig, arch: str) -> list[str]:
     if arch in ROTARY_REORDERED and config.rotary_dim != config.head_dim:
         out.append(f"rotary_dim={config.rotary_dim} ({arch}'s rows are reordered over the whole head)")
     s = config.rope_scaling
-    if s is not None and not (s.kind == "linear" or (s.kind == "llama3" and arch in ("llama", "qwen2", "qwen3"))):
-        out.append(f"rope_scaling={s.kind!r} (anatomy writes linear, and Llama 3's rule as rope_freqs)")
+    if s is not None and not (s.kind in ("linear", "yarn") or (s.kind == "llama3" and arch in ("llama", "qwen2", "qwen3"))):
+        out.append(f"rope_scaling={s.kind!r} (anatomy writes linear, YaRN, and Llama 3's rule as rope_freqs)")
+    if s is not None and s.kind == "yarn" and not (s.truncate and (s.beta_fast, s.beta_slow) == (32.0, 1.0)):
+        out.append(f"rope_scaling yarn with truncate={s.truncate}, beta {s.beta_fast} / {s.beta_slow} (llama.cpp "
+                   "floors and ceils the correction dims, with beta 32 / 1)")
     if arch == "gemma3":
         out += _gemma3_problems(config)
     if arch == "gemma2":

@@ -36,6 +36,8 @@ FUSED_QKV = {"gpt2", "phi3"}
 FUSED_GATE_UP = {"phi3"}
 # ... whose norm tensors hold 1 + w
 NORM_PLUS_ONE = {"gemma", "gemma2", "gemma3"}
+# ... that name the norm before the FFN `post_attention_norm` (gpt-oss)
+FFN_NORM_AS_POST_ATTENTION = {"gpt-oss"}
 
 _TOP = {"stack.embed.tokens": "token_embd", "stack.embed.positions": "position_embd",
         "stack.final_norm": "output_norm", "lm_head": "output"}
@@ -44,7 +46,8 @@ _BLOCK = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn.out": "attn_ou
           "attn_out_norm": "post_attention_norm", "ffn_out_norm": "post_ffw_norm", "ffn.router": "ffn_gate_inp",
           "ffn.shared.down": "ffn_down_shexp", "ffn.shared_gate": "ffn_gate_inp_shexp"}
 _BLOCK_NAME = re.compile(r"stack\.blocks\.(\d+)\.(.+)\.(weight|bias)")
-_EXPERTS_NAME = re.compile(r"stack\.blocks\.(\d+)\.ffn\.(gate_up|down)")  # stacked expert weights, no suffix
+_EXPERTS_NAME = re.compile(r"stack\.blocks\.(\d+)\.ffn\.(gate_up|down)(_bias)?")  # stacked experts, no suffix
+_SINKS_NAME = re.compile(r"stack\.blocks\.(\d+)\.attn\.sinks")
 _TOP_NAME = re.compile(r"(.+)\.(weight|bias)")
 
 
@@ -69,7 +72,11 @@ def tensor_parts(shapes: dict[str, torch.Size], config: ModelConfig, arch: str) 
 def _parts(name: str, shape: torch.Size, config: ModelConfig, arch: str) -> list[Part]:
     experts = _EXPERTS_NAME.fullmatch(name)
     if experts is not None:
-        return _expert_parts(f"blk.{experts.group(1)}.", experts.group(2), config)
+        kind = "bias" if experts.group(3) else "weight"
+        return _expert_parts(f"blk.{experts.group(1)}.", experts.group(2), config, kind)
+    sinks = _SINKS_NAME.fullmatch(name)
+    if sinks is not None:
+        return [Part(f"blk.{sinks.group(1)}.attn_sinks.weight", shape[0])]
     rows = shape[0]
     offset = 1.0 if arch in NORM_PLUS_ONE and _is_norm(name) else 0.0
     block = _BLOCK_NAME.fullmatch(name)
@@ -80,6 +87,8 @@ def _parts(name: str, shape: torch.Size, config: ModelConfig, arch: str) -> list
         return [Part(f"{_TOP[top.group(1)]}.{top.group(2)}", rows, offset=offset)]
     i, module, kind = block.groups()
     prefix = f"blk.{i}."
+    if module == "ffn_norm" and arch in FFN_NORM_AS_POST_ATTENTION:
+        return [Part(f"{prefix}post_attention_norm.{kind}", rows)]
     if module == "ffn.gate_up" and arch in FUSED_GATE_UP:
         return [Part(f"{prefix}ffn_up.{kind}", rows)]
     if module in _BLOCK:
@@ -100,14 +109,15 @@ def _no_tensor(name: str) -> ConfigError:
     return ConfigError(f"llama.cpp has no tensor for parameter {name!r}")
 
 
-def _expert_parts(prefix: str, which: str, config: ModelConfig) -> list[Part]:
-    """Stacked experts: GGUF keeps gate, up and down of all experts as [E, F, D] / [E, D, F]."""
+def _expert_parts(prefix: str, which: str, config: ModelConfig, kind: str) -> list[Part]:
+    """Stacked experts: GGUF keeps gate, up and down of all experts as [E, F, D] / [E, D, F] (their
+    biases, gpt-oss's, as [E, F] / [E, D])."""
     E, F = config.n_experts, config.d_ff_expert
     if which == "down":
-        return [Part(f"{prefix}ffn_down_exps.weight", config.d_model, experts=E)]
+        return [Part(f"{prefix}ffn_down_exps.{kind}", config.d_model, experts=E)]
     if config.ffn != "glu":
-        return [Part(f"{prefix}ffn_up_exps.weight", F, experts=E)]
-    return [Part(f"{prefix}ffn_gate_exps.weight", F, experts=E), Part(f"{prefix}ffn_up_exps.weight", F, experts=E)]
+        return [Part(f"{prefix}ffn_up_exps.{kind}", F, experts=E)]
+    return [Part(f"{prefix}ffn_gate_exps.{kind}", F, experts=E), Part(f"{prefix}ffn_up_exps.{kind}", F, experts=E)]
 
 
 def _qkv_parts(prefix: str, kind: str, rows: int, config: ModelConfig, arch: str) -> list[Part]:

@@ -12,6 +12,8 @@
     gemma3_text Gemma3ForCausalLM    Gemma 2 + q/k norms, no soft-caps by default, a RoPE base per layer type
     smollm3    SmolLM3ForCausalLM    Llama + no RoPE on the layers no_rope_layers marks (NoPE), windows on those
     phi3       Phi3ForCausalLM       fused qkv and gate_up tensors, partial rotary dims, LongRoPE, one window
+    gpt_oss    GptOssForCausalLM     attention sinks, windows on the even layers, experts with biases and a
+                                     clamped SwiGLU (gate/up interleaved), a router bias, YaRN
 
 Every family is one table entry (`FAMILIES`): the keys it reads and writes and the field values its
 class hard-codes. A key a config.json leaves out takes the HF class's own default (`defaults`).
@@ -40,9 +42,10 @@ class Family:
     """One HF decoder class: its defaults, what it can vary, what it fixes.
 
     bias     "flag": one attention_bias for q, k, v and o; "qkv": q/k/v always, o never;
-             "qkv_flag": q/k/v by qkv_bias, o never; "none": no attention biases
+             "qkv_flag": q/k/v by qkv_bias, o never; "none": no attention biases; "experts": attention_bias
+             for q, k, v and o, and biases on every expert's projections (gpt-oss)
     windows  "none", "all" (config.sliding_window applies to every layer), "layer_types" (per layer)
-    moe      "", "mixtral", "qwen2_moe" or "qwen3_moe"
+    moe      "", "mixtral", "qwen2_moe", "qwen3_moe" or "gpt_oss"
     rope     "one": one rope_parameters for every layer; "per_type": one per layer type (Gemma 3:
              full_attention, sliding_attention); "nope": one, and no_rope_layers (SmolLM3)
     """
@@ -74,6 +77,8 @@ _QWEN = _merged(_BASE, max_position_embeddings=32768, use_sliding_window=False, 
 _GEMMA = _merged(_BASE, max_position_embeddings=8192, tie_word_embeddings=True, hidden_act="gelu_pytorch_tanh",
               head_dim=256, bos_token_id=2, eos_token_id=1, pad_token_id=0)
 _QWEN_MOE = dict(decoder_sparse_step=1, norm_topk_prob=False, router_aux_loss_coef=0.001, mlp_only_layers=[])
+GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 4096}  # the class's default
 
 FAMILIES: dict[str, Family] = {
     "llama": Family("LlamaForCausalLM", _merged(_BASE, bos_token_id=1, eos_token_id=2)),
@@ -117,6 +122,13 @@ FAMILIES: dict[str, Family] = {
                                                  pad_token_id=128004, num_key_value_heads=4, use_sliding_window=False,
                                                  sliding_window=None, no_rope_layer_interval=4),
                       windows="layer_types", rope="nope"),
+    "gpt_oss": Family("GptOssForCausalLM", _merged(_BASE, rms_norm_eps=1e-5, max_position_embeddings=131072,
+                                                 rope_theta=150000.0, num_key_value_heads=8, head_dim=64,
+                                                 sliding_window=128, num_local_experts=128, num_experts_per_tok=4,
+                                                 swiglu_alpha=1.702, swiglu_limit=7.0, router_aux_loss_coef=0.001,
+                                                 attention_bias=True, rope_parameters=GPT_OSS_ROPE),
+                      fixed={"attn_sinks": True, "router_bias": True}, bias="experts", windows="layer_types",
+                      moe="gpt_oss"),
     "phi3": Family("Phi3ForCausalLM", _merged(_BASE, rms_norm_eps=1e-5, max_position_embeddings=4096, bos_token_id=1,
                                            eos_token_id=32000, pad_token_id=32000, sliding_window=None,
                                            original_max_position_embeddings=4096),
@@ -229,6 +241,8 @@ def _biases(get, spec: Family, family: str) -> dict[str, bool]:
     if spec.bias == "qkv_flag":
         return dict(qkv_bias=bool(get("qkv_bias")), attn_out_bias=False, ffn_bias=False)
     bias = bool(get("attention_bias"))
+    if spec.bias == "experts":
+        return dict(qkv_bias=bias, attn_out_bias=bias, ffn_bias=True)
     return dict(qkv_bias=bias, attn_out_bias=bias, ffn_bias=bool(get("mlp_bias")) if family in MLP_BIAS else False)
 
 
@@ -276,6 +290,8 @@ def _default_layer_types(hf: dict[str, Any], get, family: str) -> list[str]:
     n_layers = hf["num_hidden_layers"]
     if family == "gemma2":
         return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layers)]
+    if family == "gpt_oss":
+        return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layers)]
     if family == "gemma3_text":
         pattern = get("sliding_window_pattern")
         return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)]
@@ -292,6 +308,11 @@ def _default_layer_types(hf: dict[str, Any], get, family: str) -> list[str]:
 
 
 def _moe(hf: dict[str, Any], get, spec: Family, family: str) -> dict[str, Any]:
+    if spec.moe == "gpt_oss":  # softmax over the top-k logits: the renormalised top-k of the softmax
+        return dict(n_experts=get("num_local_experts"), n_experts_per_token=get("num_experts_per_tok"),
+                    d_ff_expert=hf["intermediate_size"], moe_renormalize=True,
+                    router_aux_loss_coef=get("router_aux_loss_coef"), swiglu_limit=get("swiglu_limit"),
+                    swiglu_alpha=get("swiglu_alpha"))
     if spec.moe == "mixtral":
         if get("router_jitter_noise"):
             raise ConfigError(f"mixtral router_jitter_noise={get('router_jitter_noise')} is not supported "
@@ -323,7 +344,7 @@ def read_rope(hf: dict[str, Any], family: str, head_dim: int,
     """(rope_theta, scaling, rotary dims) from rope_parameters (transformers 5) or rope_theta +
     rope_scaling (4.x), or from `params` (one layer type's); partial_rotary_factor where the class reads it."""
     if params is None:
-        params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        params = hf.get("rope_parameters") or hf.get("rope_scaling") or defaults(family).get("rope_parameters") or {}
     if not isinstance(params, dict):
         raise ConfigError(f"{family} rope_parameters={params!r} must be an object")
     rope_type = params.get("rope_type", params.get("type", "default"))
@@ -393,7 +414,7 @@ def write_decoder(c: ModelConfig, family: str) -> dict[str, Any]:
         "head_dim": c.head_dim, spec.act_key: _activation_out(c, family), "max_position_embeddings": c.max_seq_len,
         "rms_norm_eps": c.norm_eps, "rope_parameters": write_rope(c, family), "attention_dropout": c.dropout,
     }
-    if spec.bias == "flag":
+    if spec.bias in ("flag", "experts"):
         hf["attention_bias"] = c.qkv_bias
     if spec.bias == "qkv_flag":
         hf["qkv_bias"] = c.qkv_bias
@@ -455,6 +476,10 @@ def _write_windows(c: ModelConfig, spec: Family) -> dict[str, Any]:
 
 
 def _write_moe(c: ModelConfig, spec: Family) -> dict[str, Any]:
+    if spec.moe == "gpt_oss":
+        return {"num_local_experts": c.n_experts, "num_experts_per_tok": c.n_experts_per_token,
+                "router_aux_loss_coef": c.router_aux_loss_coef, "swiglu_limit": c.swiglu_limit,
+                "swiglu_alpha": c.swiglu_alpha, "intermediate_size": c.d_ff_expert}
     if spec.moe == "mixtral":
         return {"num_local_experts": c.n_experts, "num_experts_per_tok": c.n_experts_per_token,
                 "router_aux_loss_coef": c.router_aux_loss_coef, "router_jitter_noise": 0.0}
@@ -502,7 +527,8 @@ def partial_rotary_factor(rotary_dim: int, head_dim: int) -> float:
 _LLAMA_LIKE = dict(norm="rmsnorm", norm_position="pre", final_norm=True, embedding_norm=False, ffn="glu",
                    position="rope", lm_head_bias=False, type_vocab_size=0)
 _OFF = dict(embedding_scale=False, norm_unit_offset=False, branch_output_norm=False, qk_norm=False, attn_scale=None,
-            attn_softcap=None, logit_softcap=None, n_experts=0, sliding_rope_theta=None, nope_layers=None)
+            attn_softcap=None, logit_softcap=None, n_experts=0, sliding_rope_theta=None, nope_layers=None,
+            attn_sinks=False, router_bias=False, swiglu_limit=None)
 # what each way of reading RoPE (Family.rope) lets a config vary
 _ROPE_FIELDS = {"one": (), "per_type": ("sliding_rope_theta",), "nope": ("nope_layers",)}
 
@@ -513,6 +539,8 @@ def problems(c: ModelConfig, family: str) -> list[str]:
     required = _merged(_LLAMA_LIKE, _OFF, spec.fixed)
     if spec.moe:
         required.pop("n_experts")
+    if spec.moe == "gpt_oss":
+        required.pop("swiglu_limit")
     for name in _ROPE_FIELDS[spec.rope]:
         required.pop(name)
     out = [f"{name}={getattr(c, name)!r} (needs {value!r})" for name, value in required.items()
@@ -529,6 +557,12 @@ def problems(c: ModelConfig, family: str) -> list[str]:
 def _bias_problems(c: ModelConfig, spec: Family, family: str) -> list[str]:
     wanted = {"none": (False, False), "qkv": (True, False)}.get(spec.bias)
     out = []
+    if spec.bias == "experts":
+        if not c.ffn_bias:
+            out.append("ffn_bias=False (gpt-oss's experts always have biases)")
+        if c.qkv_bias != c.attn_out_bias:
+            out.append(f"qkv_bias={c.qkv_bias} with attn_out_bias={c.attn_out_bias} (one attention_bias for both)")
+        return out
     if wanted is not None and (c.qkv_bias, c.attn_out_bias) != wanted:
         out.append(f"qkv_bias={c.qkv_bias}, attn_out_bias={c.attn_out_bias} (needs {wanted[0]}, {wanted[1]})")
     if spec.bias == "qkv_flag" and c.attn_out_bias:
@@ -551,6 +585,8 @@ def _window_problems(c: ModelConfig, spec: Family) -> list[str]:
 
 
 def _moe_problems(c: ModelConfig, spec: Family) -> list[str]:
+    if spec.moe == "gpt_oss":
+        return _gpt_oss_problems(c)
     if not spec.moe or not c.n_experts:
         return []
     out = []
@@ -565,6 +601,16 @@ def _moe_problems(c: ModelConfig, spec: Family) -> list[str]:
         out.append("d_ff_shared_expert / shared_expert_gate (Qwen2-MoE always has a gated shared expert)")
     if spec.moe != "qwen2_moe" and c.d_ff_shared_expert:
         out.append(f"d_ff_shared_expert={c.d_ff_shared_expert} (the class has no shared expert)")
+    return out
+
+
+def _gpt_oss_problems(c: ModelConfig) -> list[str]:
+    out = [] if c.n_experts else ["n_experts=0 (every gpt-oss layer is a mixture)"]
+    if c.moe_layers is not None or c.d_ff_shared_expert or not c.moe_renormalize:
+        out.append("moe_layers, a shared expert or moe_renormalize=False (gpt-oss: every layer a mixture, the "
+                   "top-k softmax, no shared expert)")
+    if c.swiglu_limit is None:
+        out.append("swiglu_limit=None (gpt-oss always clamps its SwiGLU)")
     return out
 
 

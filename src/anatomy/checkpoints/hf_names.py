@@ -36,9 +36,10 @@ class Link:
     ours: str  # a module path (its .weight/.bias follow) or, with exact=True, one tensor name
     hf: tuple[str, ...]  # HF module paths (or tensor names), concatenated along rows to give ours
     sizes: tuple[int, ...] = ()  # rows of each HF part, when several are fused into one of ours
-    transpose: bool = False  # HF stores the weight [in, out] (GPT-2 Conv1D)
+    transpose: bool = False  # HF stores the weight [in, out] (GPT-2 Conv1D; gpt-oss's experts [E, in, out])
     exact: bool = False
     leading_one: bool = False  # HF stores the tensor with an extra leading dimension of 1
+    interleaved: bool = False  # HF interleaves an expert's gate and up rows (gpt-oss: gate even, up odd)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,24 @@ class TensorLink:
     part_shapes: tuple[torch.Size, ...]  # each HF part in our layout, before concatenation
     transpose: bool
     shape: tuple[int, ...] = ()  # ours; stacked experts [E, R, C] are concatenated as [E*R, C] rows
+    interleaved: bool = False
+
+    def to_ours(self, t: torch.Tensor, part_shape: torch.Size) -> torch.Tensor:
+        """One HF tensor as its part of ours."""
+        if self.transpose:
+            t = t.t() if t.dim() == 2 else t.transpose(-1, -2)
+        if self.interleaved:  # [E, 2F, ...] with gate and up rows alternating -> gate rows, then up rows
+            t = torch.cat([t[:, 0::2], t[:, 1::2]], dim=1)
+        return t.reshape(part_shape)
+
+    def to_hf(self, t: torch.Tensor, hf_shape: torch.Size) -> torch.Tensor:
+        """Ours (a link of one HF tensor) as that tensor."""
+        if self.interleaved:
+            E, R = t.shape[:2]
+            t = t.reshape(E, 2, R // 2, *t.shape[2:]).transpose(1, 2).reshape(t.shape)
+        if self.transpose:
+            t = t.t() if t.dim() == 2 else t.transpose(-1, -2)
+        return t.reshape(hf_shape)
 
 
 def family_of(model: nn.Module) -> str:
@@ -103,11 +122,13 @@ def _expand(name: str, shape: torch.Size, hf: tuple[str, ...], link: Link) -> Te
         part_shapes = (shape,)
     else:
         part_shapes = tuple(torch.Size((r, *rest)) for r in link.sizes or (rows,))
-    transpose = link.transpose and len(shape) == 2
+    transpose = link.transpose and len(shape) in (2, 3)
     hf_shapes = tuple(torch.Size(reversed(s)) if transpose else s for s in part_shapes)
+    if transpose and len(shape) == 3:  # stacked experts stored [E, C, R]
+        hf_shapes = (torch.Size((shape[0], shape[2], shape[1])),)
     if link.leading_one:
         hf_shapes = tuple(torch.Size((1, *s)) for s in hf_shapes)
-    return TensorLink(name, hf, hf_shapes, part_shapes, transpose, shape)
+    return TensorLink(name, hf, hf_shapes, part_shapes, transpose, shape, link.interleaved)
 
 
 def _decoder(c: ModelConfig, family: str) -> list[Link]:
@@ -126,6 +147,8 @@ def _decoder(c: ModelConfig, family: str) -> list[Link]:
             Link(o + "attn_out_norm", (h + "post_attention_layernorm",)),
             Link(o + "ffn_out_norm", (h + "post_feedforward_layernorm",)),
         ]
+        if c.attn_sinks:
+            links.append(Link(o + "attn.sinks", (h + "self_attn.sinks",), exact=True))
         if family == "phi3":
             links += [Link(o + "attn.qkv", (h + "self_attn.qkv_proj",)), Link(o + "ffn.gate_up", (h + "mlp.gate_up_proj",))]
         else:
@@ -143,7 +166,10 @@ def _dense_ffn_links(c: ModelConfig, o: str, h: str, family: str) -> list[Link]:
 
 
 def _moe_links(c: ModelConfig, o: str, h: str, family: str) -> list[Link]:
-    """Stacked experts [E, 2F, D] / [E, D, F] from per-expert tensors, expert by expert."""
+    """Stacked experts [E, 2F, D] / [E, D, F] from per-expert tensors, expert by expert (gpt-oss: from
+    its own stacked ones)."""
+    if family == "gpt_oss":
+        return _gpt_oss_experts(o, h + "mlp.")
     E, F = c.n_experts, c.d_ff_expert
     if family == "mixtral":
         m, gate, up, down = h + "block_sparse_moe.", "w1", "w3", "w2"
@@ -161,6 +187,16 @@ def _moe_links(c: ModelConfig, o: str, h: str, family: str) -> list[Link]:
         links += [Link(o + "ffn.shared.gate_up", (s + "gate_proj", s + "up_proj"), sizes=(Fs, Fs)),
                   Link(o + "ffn.shared.down", (s + "down_proj",)), Link(o + "ffn.shared_gate", (m + "shared_expert_gate",))]
     return links
+
+
+def _gpt_oss_experts(o: str, m: str) -> list[Link]:
+    """gpt-oss stores its experts stacked, [E, in, out] with gate and up columns interleaved."""
+    x = m + "experts."
+    return [Link(o + "ffn.router", (m + "router",)),
+            Link(o + "ffn.gate_up", (x + "gate_up_proj",), exact=True, transpose=True, interleaved=True),
+            Link(o + "ffn.gate_up_bias", (x + "gate_up_proj_bias",), exact=True, interleaved=True),
+            Link(o + "ffn.down", (x + "down_proj",), exact=True, transpose=True),
+            Link(o + "ffn.down_bias", (x + "down_proj_bias",), exact=True)]
 
 
 def _gpt2(c: ModelConfig) -> list[Link]:

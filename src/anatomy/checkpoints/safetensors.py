@@ -152,7 +152,7 @@ def _join(link: TensorLink, names: list[str], tensors: dict[str, Tensor], files:
                                   f"the config calls for {list(hf_shape)}")
         if not t.is_floating_point():
             raise CheckpointError(f"{files[name]}: tensor {name!r} has dtype {t.dtype}, not a floating-point dtype")
-        parts.append((t.t() if link.transpose else t).reshape(our_shape))
+        parts.append(link.to_ours(t, our_shape))
     joined = parts[0] if len(parts) == 1 else torch.cat(parts)  # fused projections: [q; k; v], [gate; up]
     return joined.reshape(link.shape) if len(link.shape) == 3 else joined  # stacked experts [E, R, C]
 
@@ -201,9 +201,12 @@ def _to_hf_names(model: nn.Module, family: str, dtype: torch.dtype | None) -> di
         t = state[link.ours].detach()
         if dtype is not None and t.is_floating_point():
             t = t.to(dtype)
+        if len(link.hf) == 1:
+            out[link.hf[0]] = link.to_hf(t, link.hf_shapes[0])
+            continue
         if t.dim() == 3:  # stacked experts [E, R, C]: their rows one after the other
             t = t.reshape(-1, t.shape[-1])
-        parts = t.split([s[0] for s in link.part_shapes]) if len(link.hf) > 1 else [t]
+        parts = t.split([s[0] for s in link.part_shapes])
         for name, part, hf_shape in zip(link.hf, parts, link.hf_shapes):
             out[name] = (part.t() if link.transpose else part).reshape(hf_shape)
     if family == "marian" and "final_logits_bias" not in out:  # HF Marian always has the logits bias

@@ -27,8 +27,8 @@ AVX-512 runs, else q6f) otherwise; where AVX-512 VNNI runs,
 an int4 product's weights are q4 tiles (16 output rows interleaved: kernels/native/tiles.cpp) and its
 input is rounded to int16 per group of 32 (INT16_ERROR). Only blocks the
 operator covers exactly are swapped: pre-norm, RMSNorm, one fused QKV projection with full-width
-RoPE (the stack's main angles, not NoPE), SwiGLU, no biases, no QK norm, no soft cap, no sliding window,
-no experts.
+RoPE (the stack's main angles, not NoPE), SwiGLU (unclamped), no biases, no QK norm, no soft cap, no
+sinks, no sliding window, no experts.
 """
 
 from __future__ import annotations
@@ -126,9 +126,10 @@ def fusable(block: nn.Module) -> bool:
     if not all(isinstance(n, NativeRMSNorm) or (isinstance(n, RMSNorm) and not n.unit_offset) for n in norms):
         return False
     attn, ffn = block.attn, block.ffn
-    if attn.q_norm is not None or attn.softcap is not None or attn.head_dim % 16 or attn.head_dim > 256:
+    if attn.q_norm is not None or attn.softcap is not None or attn.sinks is not None or attn.head_dim % 16 \
+            or attn.head_dim > 256:
         return False
-    if not isinstance(ffn, GLU) or ffn.act is not F.silu:
+    if not isinstance(ffn, GLU) or ffn.act is not F.silu or ffn.clamp is not None:
         return False
     return all(isinstance(m := block.get_submodule(n), PlannedLinear) and m.bias is None for n in LINEARS)
 

@@ -7,6 +7,8 @@
                                                       cap * tanh(scores / cap); + ALiBi bias,
                                                       masked to -inf)
     out    = softmax(scores) v      [B, H, S, d_h] -> [B, S, H*d_h] --out--> [B, S, D]
+             (with sinks, a learned logit per head joins the softmax and takes its share of the
+              weight to no value: gpt-oss)
 
 With GQA each group of H/H_kv query heads shares one kv head. Rather than copying k/v H/H_kv
 times, the query heads of a group are folded into the sequence axis: q [B, H_kv, (H/H_kv)*S, d_h]
@@ -75,6 +77,7 @@ class Attention(nn.Module):
         else:
             self.qkv = nn.Linear(config.d_model, q_dim + 2 * kv_dim, bias=config.qkv_bias)
         self.out = nn.Linear(q_dim, config.d_model, bias=config.attn_out_bias)
+        self.sinks = nn.Parameter(torch.zeros(config.n_heads)) if config.attn_sinks else None  # [H]
         self.q_norm = self.k_norm = None
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, eps=config.norm_eps, unit_offset=config.norm_unit_offset)
@@ -111,6 +114,7 @@ class Attention(nn.Module):
             q, k, v, mask=mask, bias=bias, is_causal=is_causal, backend=self.backend,
             dropout=self.dropout if self.training else 0.0, return_weights=return_weights,
             scale=self.scale, softcap=self.softcap, reader=self.reader if cache is not None else None,
+            sinks=self.sinks,
         )
         out = self.out(out.transpose(1, 2).reshape(B, S, -1))  # [B, H, S, d_h] -> [B, S, H*d_h] -> [B, S, D]
         return (out, weights) if return_weights else out
@@ -151,6 +155,7 @@ def attend(
     scale: float | None = None,
     softcap: float | None = None,
     reader=None,
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(q k^T * scale + bias, masked) v for q [B, H, S, d_h] and k/v [B, H_kv, S_k, d_h];
     scale defaults to 1/sqrt(d_h). A softcap (cap * tanh(scores / cap), before bias and mask) has no
@@ -158,11 +163,13 @@ def attend(
 
     mask [B|1, 1, S, S_k] is bool (True attends) or float (added to the scores). k and v may be Codes
     (an 8-bit cache's) or Pages (a paged cache's blocks, S_k = nb * bs), each with its own reader.
-    `reader` reads float k and v as stored, for a few query rows (kernels/native)."""
+    `reader` reads float k and v as stored, for a few query rows (kernels/native). `sinks` [H]: a
+    logit per head that joins each row's softmax with no value (computed as a tensor, as a softcap)."""
     check_backend(backend)
     if mask is not None and not isinstance(k, Pages):  # a pass over the cache's first slots only
         k, v = first_slots(k, mask.shape[-1]), first_slots(v, mask.shape[-1])
-    readable = (bias is None and softcap is None and not return_weights and not dropout and q.shape[2] <= READ_ROWS
+    readable = (bias is None and softcap is None and sinks is None and not return_weights and not dropout
+                and q.shape[2] <= READ_ROWS
                 and (mask is None or mask.dtype != torch.bool))
     reader = k.reader if isinstance(k, (Codes, Pages)) else reader
     if isinstance(k, Pages) and not (readable and reader is not None and k.pool.dtype in READABLE):
@@ -176,7 +183,8 @@ def attend(
     B, H, S, d_h = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
     rep = H // H_kv
-    if is_causal and (rep > 1 or backend == "eager" or bias is not None or return_weights or softcap is not None):
+    explicit = softcap is not None or sinks is not None  # no fused kernel: the scores as a tensor
+    if is_causal and (rep > 1 or backend == "eager" or bias is not None or return_weights or explicit):
         mask = torch.ones(S, S_k, dtype=torch.bool, device=q.device).tril(S_k - S)[None, None]
         is_causal = False
     if rep > 1:  # fold the query heads of each kv group into the sequence axis
@@ -184,7 +192,7 @@ def attend(
         if mask is not None and mask.shape[-2] > 1:  # a [B, 1, 1, S_k] padding mask broadcasts as is
             mask = mask.repeat(1, 1, rep, 1)  # [B|1, 1, rep*S, S_k]
         bias = bias.reshape(bias.shape[0], H_kv, rep * S, S_k) if bias is not None else None
-    if backend == "sdpa" and not return_weights and softcap is None:
+    if backend == "sdpa" and not return_weights and not explicit:
         attn_mask = mask if bias is None else _with_bias(mask, bias, q.dtype)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal,
                                              scale=scale)
@@ -198,7 +206,7 @@ def attend(
             scores = scores + bias
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-        weights = scores.softmax(dim=-1)
+        weights = scores.softmax(dim=-1) if sinks is None else _with_sinks(scores, sinks, S)
         out = F.dropout(weights, dropout) @ v if dropout else weights @ v  # [B, H_kv, rep*S, d_h]
         weights = weights.reshape(B, H, S, S_k)
     return out.reshape(B, H, S, d_h), weights
@@ -218,6 +226,15 @@ def first_slots(x: Tensor | Codes, n: int) -> Tensor | Codes:
     if isinstance(x, Codes):
         return Codes(x.codes[:, :, :n], x.scale[:, :, :n], x.lut, x.reader)
     return x[:, :, :n]
+
+
+def _with_sinks(scores: Tensor, sinks: Tensor, S: int) -> Tensor:
+    """softmax over [scores, the head's sink] without the sink's column: scores [B, H_kv, rep*S, S_k]
+    (query heads folded into rows, head h = kv group * rep + r), sinks [H]."""
+    H_kv, rows = scores.shape[1], scores.shape[2]
+    sink = sinks.to(scores.dtype).view(H_kv, -1, 1).expand(H_kv, rows // S, S).reshape(1, H_kv, rows, 1)
+    joined = torch.cat([scores, sink.expand(scores.shape[0], -1, -1, -1)], dim=-1)
+    return joined.softmax(dim=-1)[..., :-1]
 
 
 def _with_bias(mask: Tensor | None, bias: Tensor, dtype: torch.dtype) -> Tensor:

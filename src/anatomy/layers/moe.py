@@ -1,11 +1,11 @@
-"""Mixture-of-experts FFN: a router picks k of E expert FFNs per token (Mixtral, Qwen-MoE).
+"""Mixture-of-experts FFN: a router picks k of E expert FFNs per token (Mixtral, Qwen-MoE, gpt-oss).
 
     x [N, D] --router--> logits [N, E] --softmax, top-k--> weights [N, k], experts [N, k]
     out[t] = sum_j weights[t, j] * expert_{experts[t, j]}(x[t])          (+ shared expert(x[t]))
 
 The experts are stored stacked, as GGUF does (`blk.N.ffn_{gate,up,down}_exps`): `gate_up`
 [E, 2F, D] (rows: gate, up; [E, F, D] `up` for a plain MLP) and `down` [E, D, F]. Two ways
-compute the same sum:
+compute the same sum (gpt-oss's experts also have biases, `gate_up_bias` [E, 2F] and `down_bias` [E, D]):
 
 - "loop", the reference: for each expert, the tokens that chose it (HF transformers does this);
 - "grouped": the N*k (token, expert) pairs sorted by expert, so each expert's tokens are one
@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from anatomy.config import ModelConfig
 from anatomy.errors import InputError
-from anatomy.layers.ffn import ACTIVATIONS, make_ffn
+from anatomy.layers.ffn import ACTIVATIONS, gating, make_ffn
 
 IMPLEMENTATIONS = ("grouped", "loop")
 
@@ -36,13 +36,17 @@ class MoE(nn.Module):
         E, F_e, D = config.n_experts, config.d_ff_expert, config.d_model
         self.n_experts, self.k, self.renormalize = E, config.n_experts_per_token, config.moe_renormalize
         self.glu, self.d_ff = config.ffn == "glu", F_e
-        self.act = ACTIVATIONS[config.activation]
+        self.act, self.gated = ACTIVATIONS[config.activation], gating(config)
         self.implementation = check_implementation(implementation)
-        self.router = nn.Linear(D, E, bias=False)
+        self.router = nn.Linear(D, E, bias=config.router_bias)
         self.gate_up = nn.Parameter(torch.empty(E, (2 if self.glu else 1) * F_e, D))  # [E, 2F, D] (or [E, F, D])
         self.down = nn.Parameter(torch.empty(E, D, F_e))  # [E, D, F]
         nn.init.normal_(self.gate_up, std=0.02)
         nn.init.normal_(self.down, std=0.02)
+        self.gate_up_bias = self.down_bias = None  # each expert's biases (gpt-oss): [E, 2F] and [E, D]
+        if config.ffn_bias:
+            self.gate_up_bias = nn.Parameter(torch.zeros(E, self.gate_up.shape[1]))
+            self.down_bias = nn.Parameter(torch.zeros(E, D))
         self.shared = make_ffn(config, d_ff=config.d_ff_shared_expert) if config.d_ff_shared_expert else None
         self.shared_gate = nn.Linear(D, 1, bias=False) if config.shared_expert_gate else None
 
@@ -64,13 +68,14 @@ class MoE(nn.Module):
 
     def expert(self, e: int, x: Tensor) -> Tensor:
         """Expert e on its tokens x [n, D] -> [n, D]."""
-        h = F.linear(x, self.gate_up[e])  # [n, 2F]
+        biased = self.gate_up_bias is not None
+        h = F.linear(x, self.gate_up[e], self.gate_up_bias[e] if biased else None)  # [n, 2F]
         if self.glu:
             gate, up = h.split(self.d_ff, dim=-1)
-            h = self.act(gate) * up
+            h = self.gated(gate, up)
         else:
             h = self.act(h)
-        return F.linear(h, self.down[e])  # [n, D]
+        return F.linear(h, self.down[e], self.down_bias[e] if biased else None)  # [n, D]
 
     def _loop(self, flat: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
         """Reference: expert by expert, the tokens (and which of their k choices) that picked it."""
