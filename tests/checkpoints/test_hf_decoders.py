@@ -223,3 +223,31 @@ def test_a_config_no_class_expresses_is_refused_on_save(tmp_path):
     with pytest.raises(ConfigError, match="no HF class can express this config; the closest, LlamaForCausalLM, "
                                           r"needs: n_experts=4 \(needs 0\)"):
         anatomy.save(anatomy.build_model(config), tmp_path / "x")
+
+
+@torch.no_grad()
+def test_gemma3_multimodal_checkpoints_give_their_language_model(tmp_path):
+    """Gemma 3 4B and up ship as Gemma3ForConditionalGeneration (a vision tower beside the language
+    model, tensors under language_model.): anatomy reads the language model, with HF's text logits, and
+    writes it as Gemma3ForCausalLM."""
+    T = transformers
+    text = T.Gemma3TextConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, intermediate_size=96, head_dim=16, sliding_window=5,
+                              query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"])
+    vision = T.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                  image_size=28, patch_size=14)
+    torch.manual_seed(5)
+    hf = T.Gemma3ForConditionalGeneration(T.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                                         image_token_index=299, boi_token_index=297,
+                                                         eoi_token_index=298)).eval()
+    for p in hf.parameters():
+        p.add_(torch.randn_like(p) * 0.05)
+    hf.save_pretrained(tmp_path / "mm")
+    ours = anatomy.load(tmp_path / "mm")
+    ids = torch.randint(3, 290, (2, 12), generator=torch.Generator().manual_seed(6))
+    assert _max_diff(ours(ids), hf(input_ids=ids).logits, None) <= TOL
+    anatomy.save(ours, tmp_path / "text")
+    reloaded = T.Gemma3ForCausalLM.from_pretrained(tmp_path / "text").eval()
+    assert _max_diff(reloaded(ids).logits, ours(ids), None) <= TOL
+    with pytest.raises(ConfigError, match="gemma3 text_config=None must be an object"):
+        config_from_hf({"model_type": "gemma3"})

@@ -26,12 +26,18 @@ from anatomy.config import ModelConfig
 from anatomy.errors import ConfigError
 
 DECODERS = tuple(FAMILIES)
-SUPPORTED = (*DECODERS, "gpt2", "bert", "marian")
+SUPPORTED = (*DECODERS, "gemma3", "gpt2", "bert", "marian")
 
 # The HF layouts anatomy reads and writes, and the HF class of each: a layout is a model_type,
 # except BERT's two (the base model, with its pooler, and the masked-LM model).
 ARCHITECTURES = {**{family: spec.hf_class for family, spec in FAMILIES.items()}, "gpt2": "GPT2LMHeadModel",
-                 "bert": "BertModel", "bert-mlm": "BertForMaskedLM", "marian": "MarianMTModel"}
+                 "bert": "BertModel", "bert-mlm": "BertForMaskedLM", "marian": "MarianMTModel",
+                 "gemma3": "Gemma3ForConditionalGeneration"}
+# Layouts read for their language model only, and the layout that model is written as
+LANGUAGE_MODEL_OF = {"gemma3": "gemma3_text"}
+# Gemma3TextConfig's defaults for the sizes a Gemma 3 text_config may leave out
+GEMMA3_TEXT_SIZES = dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                         num_attention_heads=8)
 # The decoder classes a config is written as, first fit first: the plainest class that expresses it.
 WRITE_ORDER = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "smollm3", "mixtral",
                "qwen3_moe", "qwen2_moe", "gpt_oss", "gpt2")
@@ -107,6 +113,16 @@ def _from_marian(hf: dict[str, Any]) -> ModelConfig:
     )
 
 
+def _from_gemma3(hf: dict[str, Any]) -> ModelConfig:
+    """Gemma3ForConditionalGeneration: its language model (text_config, a Gemma 3 text model); the
+    vision tower and projector are not read."""
+    text = hf.get("text_config")
+    if not isinstance(text, dict):
+        raise ConfigError(f"gemma3 text_config={text!r} must be an object (the language model's config)")
+    tied = {"tie_word_embeddings": hf["tie_word_embeddings"]} if "tie_word_embeddings" in hf else {}
+    return _decoder_reader("gemma3_text")({**GEMMA3_TEXT_SIZES, **tied, **text, "model_type": "gemma3_text"})
+
+
 def _decoder_reader(family: str) -> Callable[[dict[str, Any]], ModelConfig]:
     def read(hf: dict[str, Any]) -> ModelConfig:
         try:
@@ -132,7 +148,7 @@ HF_KEYS = {"vocab_size": "vocab_size", "d_model": "hidden_size", "n_layers": "nu
 
 _READERS: dict[str, Callable[[dict[str, Any]], ModelConfig]] = {
     **{family: _decoder_reader(family) for family in DECODERS},
-    "gpt2": _from_gpt2, "bert": _from_bert, "marian": _from_marian,
+    "gpt2": _from_gpt2, "bert": _from_bert, "marian": _from_marian, "gemma3": _from_gemma3,
 }
 
 

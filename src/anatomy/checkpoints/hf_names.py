@@ -28,7 +28,7 @@ from anatomy.checkpoints.hf_config import ARCHITECTURES, DECODERS, hf_family
 from anatomy.models import DecoderLM, Encoder, EncoderDecoder, MaskedLM
 
 # HF checkpoints of the same family are saved with or without the base model's prefix.
-OPTIONAL_PREFIX = {"gpt2": "transformer.", "bert": "bert.", "bert-mlm": "bert."}
+OPTIONAL_PREFIX = {"gpt2": "transformer.", "bert": "bert.", "bert-mlm": "bert.", "gemma3": "language_model."}
 
 
 @dataclass(frozen=True)
@@ -109,9 +109,10 @@ def ignorable(family: str, config: ModelConfig) -> re.Pattern[str]:
         "bert-mlm": [r"(bert\.)?embeddings\.position_ids", r"cls\.predictions\.decoder\.bias"],
         "marian": [r"model\.(encoder|decoder)\.embed_positions\.weight",
                    r"model\.(encoder|decoder)\.embed_tokens\.weight"],
+        "gemma3": [r"vision_tower\..*", r"multi_modal_projector\..*"],  # the language model is what is read
     }[family]
     if config.tie_embeddings:
-        patterns.append(r"lm_head\.weight|cls\.predictions\.decoder\.weight")
+        patterns.append(r"(language_model\.)?lm_head\.weight|cls\.predictions\.decoder\.weight")
     return re.compile("|".join(f"(?:{p})" for p in patterns))
 
 
@@ -282,5 +283,5 @@ def _decoder_links(family: str):
     return lambda c: _decoder(c, family)
 
 
-_LINKS = {**{family: _decoder_links(family) for family in DECODERS},
+_LINKS = {**{family: _decoder_links(family) for family in DECODERS}, "gemma3": _decoder_links("gemma3_text"),
           "gpt2": _gpt2, "bert": _bert, "bert-mlm": _bert_mlm, "marian": _marian}

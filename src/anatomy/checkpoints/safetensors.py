@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.checkpoints.assign import assign_tensors
-from anatomy.checkpoints.hf_config import ARCHITECTURES, config_from_hf, config_to_hf, layout_of
+from anatomy.checkpoints.hf_config import ARCHITECTURES, LANGUAGE_MODEL_OF, config_from_hf, config_to_hf, layout_of
 from anatomy.checkpoints.hf_names import OPTIONAL_PREFIX, TensorLink, family_of, ignorable, tensor_links
 from anatomy.checkpoints.safetensors_format import atomic_file, read_tensors, write_tensors
 from anatomy.config import ModelConfig
@@ -55,7 +55,7 @@ def load_hf(path: str | Path, *, dtype: torch.dtype | None = torch.float32, weig
     model = build_model(config, head="mlm" if family == "bert-mlm" else "auto", device="meta")
     ours = _from_hf_names(model, family, tensors, files)
     model = assign_tensors(model, ours, source=directory, dtype=dtype)
-    model.hf_layout = family  # save_hf writes it back as the class it came from
+    model.hf_layout = LANGUAGE_MODEL_OF.get(family, family)  # save_hf writes it back as the class it came from
     if weights != "auto":
         state = model.state_dict()
         own = next(p.dtype for p in model.parameters() if p.is_floating_point())
