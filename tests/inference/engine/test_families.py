@@ -1,0 +1,43 @@
+"""The 2026 families through every path of the engine: Gemma 3 (windows with their own RoPE base, held
+as rings by the static cache), SmolLM3 (NoPE layers) and gpt-oss (sinks, experts with biases). A served
+(paged) step gives the model's own logits; paged decoding, the static engine (rings, captured steps)
+and speculative decoding give the same greedy tokens (fp32)."""
+
+from __future__ import annotations
+
+import torch
+
+from anatomy.inference.engine import Chunk, DecoderEngine
+from anatomy.inference.engine.window_cache import WindowKVCache
+from anatomy.inference.sampling import SamplingParams
+from anatomy.inference.speculative import NgramProposer, SpeculativeDecoder
+
+from .test_paged import _decode_steps
+
+PROMPTS = [list(range(10, 19)), list(range(40, 43)), list(range(60, 65))]
+
+
+@torch.inference_mode()
+def test_a_paged_step_gives_the_models_logits(family_tiny):
+    engine = DecoderEngine(family_tiny)
+    cache = engine.paged_cache(num_blocks=12, block_size=4)
+    prompts, tables = [list(range(10, 31)), list(range(40, 47))], [[11, 3, 8, 0, 5, 9], [6, 1]]
+    for step in range(2):
+        chunks = [Chunk(p[:k], 0, t) if step == 0 else Chunk(p[k:], k, t) for p, t, k in zip(prompts, tables, (13, 5))]
+        logits = engine.step(cache, chunks)  # [2, V]
+    for row, prompt in enumerate(prompts):
+        torch.testing.assert_close(logits[row], family_tiny(torch.tensor([prompt]))[0, -1], rtol=1e-4, atol=1e-4)
+
+
+def test_paged_static_and_speculative_decoding_agree(family_tiny):
+    engine = DecoderEngine(family_tiny)
+    paged = [row.argmax(dim=-1).tolist() for row in _decode_steps(engine, 30)]
+    for i, prompt in enumerate(PROMPTS):
+        alone = [int(t) for t in engine.tokens([prompt], SamplingParams(max_new_tokens=31))]
+        assert [step[i] for step in paged] == alone
+    speculative = SpeculativeDecoder(engine, NgramProposer(), k=4, adaptive=False)
+    both = torch.stack(list(speculative.tokens(PROMPTS, SamplingParams(max_new_tokens=31))), dim=1).tolist()
+    assert both == torch.stack(list(engine.tokens(PROMPTS, SamplingParams(max_new_tokens=31))), dim=1).tolist()
+    windowed = family_tiny.config.sliding_window is not None
+    assert any(isinstance(layer, WindowKVCache) for caches in engine._caches.values() for c in caches
+               for layer in c) == windowed
