@@ -27,11 +27,12 @@ $(RUN): pyproject.toml Makefile
 # `make test`: the references the tests compare against (HF transformers, sentence-transformers, gguf,
 # the openai client, playwright; pyproject's [test] extra) and llama.cpp's Python binding, the reference
 # for GGUF files anatomy writes (a prebuilt copy from ../shared when there is one: pip builds it from
-# source, minutes on 2 cores)
+# source, minutes on 2 cores), and llama.cpp's sources unpacked (its converter, convert_hf_to_gguf.py)
 $(TEST): $(RUN)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test]'
 	if [ -f $(LLAMA) ]; then . $(VENV)/bin/activate && bash $(LLAMA); else $(PIP) install -q llama-cpp-python==0.3.36; fi
+	PYTHON=$(PY) bash benchmarks/build_llama_cpp.sh --sources  # llama.cpp's own converter, for the GGUF tests
 	touch $@
 
 # anatomy's own kernels (src/anatomy/kernels/native): compiled once per source and torch version; a CPU

@@ -9,6 +9,8 @@
 # The build is made for this CPU (-march=native) and stamped with the CPU it was made for
 # (build-info.txt): a build made on a CPU with other flags is made again, never reused.
 #     build_llama_cpp.sh --check    prints "current" or "stale: ..." and builds nothing (exit 0 / 1)
+#     build_llama_cpp.sh --sources  unpacks the sources only (the tests run llama.cpp's own converter,
+#                                   convert_hf_to_gguf.py) and prints their folder
 set -euo pipefail
 dir=${LLAMA_SERVER_DIR:-$HOME/.cache/anatomy/llama-server}
 version=0.3.36
@@ -27,6 +29,19 @@ current() {  # every tool is there, and the stamp names this CPU's flags
     [ -f "$stamp" ] && grep -qx "cpu_flags_digest: $cpu_flags" "$stamp"
 }
 
+python=${PYTHON:-python3}
+sources() {  # the sdist, downloaded and unpacked once
+    mkdir -p "$dir"
+    if [ ! -d "$dir/llama_cpp_python-$version" ]; then
+        "$python" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$dir" >&2
+        tar xzf "$dir/llama_cpp_python-$version.tar.gz" -C "$dir"
+    fi
+}
+if [ "${1:-}" = "--sources" ]; then
+    sources
+    echo "$dir/llama_cpp_python-$version/vendor/llama.cpp"
+    exit 0
+fi
 if [ "${1:-}" = "--check" ]; then
     if current; then echo current; exit 0; fi
     built_for=$(grep -m1 '^cpu:' "$stamp" 2>/dev/null | cut -d' ' -f2- || true)
@@ -38,12 +53,7 @@ if [ -d "$build" ]; then
     echo "llama.cpp's tools under $build were not built for this CPU ($cpu_model): building them again" >&2
     rm -rf "$build"
 fi
-mkdir -p "$dir"
-python=${PYTHON:-python3}
-if [ ! -d "$dir/llama_cpp_python-$version" ]; then
-    "$python" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$dir" >&2
-    tar xzf "$dir/llama_cpp_python-$version.tar.gz" -C "$dir"
-fi
+sources
 src="$dir/llama_cpp_python-$version/vendor/llama.cpp"
 # Native, without ggml's AMX kernels: on this project's AMX machines (Sapphire Rapids VMs) they segfault in
 # ggml_backend_amx_mul_mat on the Q4_1 file (llama-bench, llama-server; `--repack 0` avoids them at less

@@ -6,6 +6,8 @@ llama-perplexity, llama-quantize.
                                    a build made for another CPU's flags is made again)
     build_info(tool)            -> what that build is: its stamp (CPU, flags, cmake options) or, for a
                                    tool found elsewhere, "not built by anatomy" and its version line
+    llama_sources()             -> the llama.cpp source folder (convert_hf_to_gguf.py, gguf-py), unpacked
+                                   without building anything (`make test` does it)
 
 They are built from the llama.cpp sources inside the llama-cpp-python 0.3.36 sdist (the same llama.cpp
 the Python binding runs), outside this repository.
@@ -43,6 +45,16 @@ def built_tools() -> Path:
                          env={**os.environ, "PYTHON": sys.executable})
     if out.returncode != 0:
         raise RuntimeError(f"building llama.cpp's tools failed:\n{out.stderr[-3000:]}")
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+@functools.cache
+def llama_sources() -> Path:
+    """The llama.cpp sources of the sdist the tools are built from (unpacked, nothing built)."""
+    out = subprocess.run(["bash", str(HERE / "build_llama_cpp.sh"), "--sources"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHON": sys.executable})
+    if out.returncode != 0:
+        raise RuntimeError(f"unpacking llama.cpp's sources failed:\n{out.stderr[-3000:]}")
     return Path(out.stdout.strip().splitlines()[-1])
 
 
