@@ -92,6 +92,13 @@ DECODER = dict(BASE, position="rope", norm="rmsnorm", ffn="glu", activation="sil
     (dict(n_experts=8), r"n_experts_per_token=0 must be in \[1, n_experts=8\]"),
     (dict(n_experts_per_token=2), "n_experts_per_token=2 needs n_experts > 0"),
     (dict(router_bias=True), "router_bias=True needs n_experts > 0"),
+    (dict(router_scoring="sigmoid"), "router_scoring='sigmoid' needs n_experts > 0"),
+    (dict(n_experts=4, n_experts_per_token=2, router_scoring="tanh"), "router_scoring='tanh' is not one of"),
+    (dict(n_experts=4, n_experts_per_token=2, router_groups=3), "the groups must divide n_experts=4"),
+    (dict(kv_lora_rank=16), "latent attention is for RoPE decoders whose heads have dims without RoPE"),
+    (dict(kv_lora_rank=16, rotary_dim=8, qk_norm=True), "latent attention has no q/k/v biases, q/k norm"),
+    (dict(q_lora_rank=8), "q_lora_rank=8 is for latent attention: it needs kv_lora_rank > 0"),
+    (dict(kv_lora_rank=-1), "kv_lora_rank=-1 must be an integer >= 0"),
     (dict(swiglu_limit=7.0, activation="gelu"), "swiglu_limit=7.0 clamps a SwiGLU: it needs ffn='glu' and "
                                                 "activation='silu'"),
     (dict(swiglu_limit=-1.0), "swiglu_limit=-1.0 must be a positive number"),

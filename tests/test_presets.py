@@ -38,6 +38,8 @@ def count(model: torch.nn.Module, *, trainable_only: bool = False) -> int:
     ("smollm3-3b", 3_075_098_624),
     ("gpt-oss-20b", 20_914_757_184),  # the model card's 20.9B, exactly
     ("gpt-oss-120b", 116_829_156_672),
+    ("deepseek-v3", 671_026_419_200),  # "671B": the main model, its balancing biases included, no MTP module
+    ("deepseek-v2-lite", 15_706_484_224),  # "15.7B"
 ])
 def test_published_parameter_counts(name, expected):
     assert count(build_model(get_preset(name), device="meta")) == expected
@@ -53,7 +55,8 @@ def test_vaswani_table_3_within_rounding(name, millions):
 @pytest.mark.parametrize("name", preset_names())
 def test_every_preset_matches_hf_on_meta(name):
     """Through config_to_hf -> HF's config class -> HF's model built on the meta device. HF counts
-    Marian's fixed sinusoid tables as (frozen) parameters: compare trainable ones."""
+    Marian's fixed sinusoid tables as (frozen) parameters, anatomy DeepSeek-V3's balancing bias (HF: a
+    buffer): compare trainable ones."""
     transformers = pytest.importorskip("transformers")
     config = get_preset(name)
     hf = config_to_hf(config)
@@ -61,7 +64,7 @@ def test_every_preset_matches_hf_on_meta(name):
     hf_config = transformers.AutoConfig.for_model(hf["model_type"], **values)
     with torch.device("meta"):
         hf_model = getattr(transformers, hf["architectures"][0])(hf_config)
-    assert count(build_model(config, device="meta")) == count(hf_model, trainable_only=True)
+    assert count(build_model(config, device="meta"), trainable_only=True) == count(hf_model, trainable_only=True)
 
 
 def test_meta_build_allocates_and_patches_nothing():

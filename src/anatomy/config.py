@@ -21,6 +21,7 @@ FFNS = ("mlp", "glu")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
 ROPE_SCALINGS = ("linear", "dynamic", "yarn", "llama3", "longrope")
+ROUTER_SCORINGS = ("softmax", "sigmoid")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +101,11 @@ class ModelConfig:
     shared_expert_gate: bool = False  # the shared expert's output x sigmoid(a learned D -> 1 gate)
     router_aux_loss_coef: float = 0.0  # training: coefficient of the load-balancing loss
     router_bias: bool = False  # the router's logits have a bias (gpt-oss)
+    router_scoring: str = "softmax"  # the router's scores: "softmax" over the experts, or each one's "sigmoid"
+    router_groups: int = 1  # > 1: experts in groups; a token picks among the best router_topk_groups groups
+    router_topk_groups: int = 1  # (a group's score: the sum of its two best experts', DeepSeek-V3)
+    router_score_bias: bool = False  # a bias added to the scores for choosing only (DeepSeek-V3's balancing)
+    routed_scaling: float = 1.0  # the routed experts' weights are multiplied by this
     swiglu_limit: float | None = None  # gpt-oss's clamped SwiGLU: gate <= L, |up| <= L, gate*sigmoid(a*gate)*(up+1)
     swiglu_alpha: float = 1.0  # a, the sigmoid's gain in that SwiGLU
 
@@ -115,6 +121,10 @@ class ModelConfig:
     attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
     logit_softcap: float | None = None  # output logits -> cap * tanh(logits / cap) (Gemma 2)
     attn_sinks: bool = False  # a learned logit per head joins each softmax, with no value (gpt-oss)
+    kv_lora_rank: int = 0  # > 0: multi-head latent attention (DeepSeek): keys and values from a cached latent
+    q_lora_rank: int = 0  # > 0: queries through a bottleneck of this width (q_a, RMSNorm, q_b)
+    v_head_dim: int | None = None  # the values' head width, with latent attention (None: head_dim)
+    rope_interleaved: bool = False  # RoPE rotates dims (2i, 2i + 1) together, not (i, i + d/2) (DeepSeek)
 
     qkv_bias: bool = False
     attn_out_bias: bool = False
@@ -165,10 +175,22 @@ class ModelConfig:
         return self.n_decoder_layers if self.is_seq2seq else self.n_layers
 
     @property
+    def latent(self) -> bool:
+        """Multi-head latent attention: the cache holds each token's latent and RoPE key, no heads."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def kv_values_per_layer(self) -> int:
+        """Cache values one token costs a layer: K and V of H_kv heads of d_h (GQA stores the H_kv heads
+        only); with latent attention its latent and RoPE key (kv_lora_rank + rotary_dim, DeepSeek's 576)."""
+        if self.latent:
+            return self.kv_lora_rank + self.rotary_dim
+        return 2 * self.n_kv_heads * self.head_dim
+
+    @property
     def kv_values_per_token(self) -> int:
-        """KV-cache values one token costs: 2 (K and V) * cached layers * H_kv * d_h. GQA stores
-        the H_kv heads only, and d_h is head_dim, which need not be D/H."""
-        return 2 * self.cached_layers * self.n_kv_heads * self.head_dim
+        """KV-cache values one token costs: kv_values_per_layer * cached layers."""
+        return self.cached_layers * self.kv_values_per_layer
 
     @property
     def kv_scales_per_token(self) -> int:
@@ -178,7 +200,7 @@ class ModelConfig:
     def kv_values(self, tokens: int) -> int:
         """KV-cache values a sequence of `tokens` needs when each layer keeps only what it can still
         attend to: all tokens, or at most sliding_window of them on a sliding-window layer."""
-        per_layer = 2 * self.n_kv_heads * self.head_dim
+        per_layer = self.kv_values_per_layer
         layers = range(self.cached_layers)
         return sum(per_layer * min(tokens, self.layer_window(i) or tokens) for i in layers)
 
@@ -303,6 +325,7 @@ def _validate(c: ModelConfig) -> None:
         raise ConfigError(f"rope_theta={c.rope_theta} must be > 0")
     _validate_rope(c, head_dim)
     _validate_attention_extras(c)
+    _validate_latent(c, head_dim)
     _validate_layers(c)
     _validate_moe(c)
     for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
@@ -402,6 +425,28 @@ def _validate_attention_extras(c: ModelConfig) -> None:
         raise ConfigError(f"swiglu_alpha={alpha} is the gain of the clamped SwiGLU: it needs swiglu_limit")
 
 
+def _validate_latent(c: ModelConfig, head_dim: int) -> None:
+    """Latent attention: sizes, RoPE on the last rotary_dim dims of each q/k head, a decoder."""
+    for name in ("kv_lora_rank", "q_lora_rank"):
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{name}={value!r} must be an integer >= 0")
+    if c.v_head_dim is not None:
+        _check_positive(c, "v_head_dim")
+    if not c.kv_lora_rank:
+        extras = {"q_lora_rank": c.q_lora_rank, "v_head_dim": c.v_head_dim}
+        for name, value in extras.items():
+            if value:
+                raise ConfigError(f"{name}={value!r} is for latent attention: it needs kv_lora_rank > 0")
+        return
+    if not c.is_decoder or c.position != "rope" or c.rotary_dim is None or c.rotary_dim >= head_dim:
+        raise ConfigError(f"kv_lora_rank={c.kv_lora_rank}: latent attention is for RoPE decoders whose heads have "
+                          f"dims without RoPE (rotary_dim={c.rotary_dim} < head_dim={head_dim})")
+    if c.qkv_bias or c.qk_norm or c.attn_softcap is not None or c.attn_sinks or c.sliding_window is not None:
+        raise ConfigError(f"kv_lora_rank={c.kv_lora_rank}: latent attention has no q/k/v biases, q/k norm, "
+                          "soft-cap, sinks or window in anatomy")
+
+
 def _validate_layers(c: ModelConfig) -> None:
     """Sliding windows and per-layer choices: causal decoders only, layer indices in range."""
     if c.sliding_window is not None:
@@ -438,6 +483,11 @@ def _validate_moe(c: ModelConfig) -> None:
         for name, value in extras.items():
             if value:
                 raise ConfigError(f"{name}={value!r} needs n_experts > 0 (a mixture-of-experts FFN)")
+        routing = dict(router_scoring="softmax", router_groups=1, router_topk_groups=1, router_score_bias=False,
+                       routed_scaling=1.0)
+        for name, value in routing.items():
+            if getattr(c, name) != value:
+                raise ConfigError(f"{name}={getattr(c, name)!r} needs n_experts > 0 (a mixture-of-experts FFN)")
         return
     if not c.is_decoder:
         raise ConfigError(f"n_experts={c.n_experts}: mixture-of-experts FFNs are for decoders "
@@ -448,6 +498,15 @@ def _validate_moe(c: ModelConfig) -> None:
         _check_positive(c, "d_ff_expert")
     if c.shared_expert_gate and not c.d_ff_shared_expert:
         raise ConfigError("shared_expert_gate=True needs a shared expert (d_ff_shared_expert > 0)")
+    _check_choice(c, "router_scoring", ROUTER_SCORINGS)
+    for name in ("router_groups", "router_topk_groups"):
+        _check_positive(c, name)
+    if c.n_experts % c.router_groups or c.router_topk_groups > c.router_groups:
+        raise ConfigError(f"router_groups={c.router_groups}, router_topk_groups={c.router_topk_groups}: the "
+                          f"groups must divide n_experts={c.n_experts} and the chosen be at most the groups")
+    scale = c.routed_scaling
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise ConfigError(f"routed_scaling={scale!r} must be a positive number")
 
 
 def _check_choice(c: ModelConfig, name: str, choices: tuple[str, ...]) -> None:

@@ -67,6 +67,14 @@ def _gpt_oss(*, n_layers: int, n_experts: int) -> dict[str, Any]:
             "bos_token_id": 199998, "eos_token_id": 200002, "pad_token_id": 199999}
 
 
+def _deepseek(*, mscale_all_dim: float, **fields: Any) -> dict[str, Any]:
+    gain = 0.1 * mscale_all_dim * math.log(40.0) + 1.0
+    return {**_LLAMA, "head_dim": 192, "rotary_dim": 64, "kv_lora_rank": 512, "v_head_dim": 128,
+            "rope_interleaved": True, "max_seq_len": 163840,
+            "rope_scaling": RopeScaling(kind="yarn", factor=40.0, original_max_seq_len=4096),
+            "attn_scale": 192 ** -0.5 * gain * gain, **fields}
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     "transformer-base": {**_TRANSFORMER, "d_model": 512, "n_heads": 8, "d_ff": 2048},
     "transformer-big": {**_TRANSFORMER, "d_model": 1024, "n_heads": 16, "d_ff": 4096, "dropout": 0.3},
@@ -138,6 +146,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     # SwiGLU on every layer (4 of 32 / 128 per token), a router bias, YaRN x32 from 4k positions
     "gpt-oss-20b": _gpt_oss(n_layers=24, n_experts=32),
     "gpt-oss-120b": _gpt_oss(n_layers=36, n_experts=128),
+    # DeepSeek: latent attention (a 512-wide latent and a 64-dim RoPE key cached per token and layer), shared
+    # experts after dense first layers, YaRN x40 whose mscale also scales the scores
+    "deepseek-v3": _deepseek(vocab_size=129280, d_model=7168, n_layers=61, n_heads=128, d_ff=18432, q_lora_rank=1536,
+                             n_experts=256, n_experts_per_token=8, d_ff_expert=2048, d_ff_shared_expert=2048,
+                             moe_layers=tuple(range(3, 61)), moe_renormalize=True, router_scoring="sigmoid",
+                             router_groups=8, router_topk_groups=4, router_score_bias=True, routed_scaling=2.5,
+                             mscale_all_dim=1.0, bos_token_id=0, eos_token_id=1),
+    "deepseek-v2-lite": _deepseek(vocab_size=102400, d_model=2048, n_layers=27, n_heads=16, d_ff=10944,
+                                  n_experts=64, n_experts_per_token=6, d_ff_expert=1408, d_ff_shared_expert=2816,
+                                  moe_layers=tuple(range(1, 27)), moe_renormalize=False, mscale_all_dim=0.707,
+                                  bos_token_id=100000, eos_token_id=100001),
     # Phi-3-mini-4k: a 2047-token sliding window, the LLaMA shape otherwise
     "phi-3-mini": {**_LLAMA, "vocab_size": 32064, "d_model": 3072, "n_layers": 32, "n_heads": 32, "d_ff": 8192,
                    "norm_eps": 1e-5, "max_seq_len": 4096, "sliding_window": 2047, "bos_token_id": 1,

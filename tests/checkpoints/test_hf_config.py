@@ -83,7 +83,7 @@ def test_architectures_are_chosen_by_fields(config, architecture):
 def test_unsupported_model_type_lists_the_supported():
     with pytest.raises(ConfigError, match=r"model_type='t5' is not supported \(supported: llama, mistral, mixtral, "
                                           r"qwen2, qwen3, qwen2_moe, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, "
-                                          r"gpt_oss, phi3, gemma3, gpt2, bert, marian\)"):
+                                          r"gpt_oss, deepseek_v2, deepseek_v3, phi3, gemma3, gpt2, bert, marian\)"):
         config_from_hf({"model_type": "t5"})
     with pytest.raises(ConfigError, match="model_type=None is not supported"):
         config_from_hf({"vocab_size": 5})

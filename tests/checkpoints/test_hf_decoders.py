@@ -3,7 +3,9 @@
 GeGLU, MQA), Gemma 2 (sandwich norms, soft-capping, query_pre_attn_scalar, alternating windows),
 Gemma 3 (q/k norms, a RoPE base of the sliding layers' own, linear scaling on the global ones), SmolLM3
 (no RoPE on every 2nd layer here, a window on those, biases), gpt-oss (attention sinks, experts with
-biases and a clamped SwiGLU stored interleaved, a router bias, YaRN),
+biases and a clamped SwiGLU stored interleaved, a router bias, YaRN), DeepSeek-V3 and -V2 (latent attention
+with the latent cached, shared experts after a dense layer; V3: sigmoid routing among the best groups,
+YaRN's mscale on the scores; V2: softmax routing, queries without a bottleneck),
 Phi-3 (fused tensors, partial rotary, window), Mixtral and Qwen2-/Qwen3-MoE (experts, shared expert,
 dense layers), Llama with each RoPE scaling and Phi-3 with LongRoPE.
 
@@ -28,6 +30,11 @@ transformers = pytest.importorskip("transformers")
 TOL = 1e-4
 V = 101
 SMALL = dict(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
+
+
+DEEPSEEK = dict(moe_intermediate_size=32, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8, v_head_dim=16,
+                qk_nope_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, first_k_dense_replace=1,
+                max_position_embeddings=32, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 
 def _configs() -> dict:
@@ -59,6 +66,12 @@ def _configs() -> dict:
             max_position_embeddings=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
             rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0, "beta_fast": 32.0,
                              "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 8})),
+        "deepseek_v3": (T.DeepseekV3ForCausalLM, T.DeepseekV3Config(
+            **SMALL, **DEEPSEEK, num_key_value_heads=4, n_shared_experts=1, routed_scaling_factor=2.5, n_group=4,
+            topk_group=2, rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0, "mscale": 1.0,
+                                           "mscale_all_dim": 1.0, "original_max_position_embeddings": 8})),
+        "deepseek_v2": (T.DeepseekV2ForCausalLM, T.DeepseekV2Config(**SMALL, **{**DEEPSEEK, "q_lora_rank": None},
+                                                                    n_shared_experts=2)),
         "phi3": (T.Phi3ForCausalLM, T.Phi3Config(**SMALL, num_key_value_heads=2, sliding_window=6, pad_token_id=0,
                                                  eos_token_id=2, rope_parameters={"rope_type": "default",
                                                                                   "rope_theta": 10000.0,
@@ -169,7 +182,7 @@ def test_fields_choose_the_class_a_fresh_model_is_written_as(hf_decoders, tmp_pa
     from anatomy.checkpoints.hf_config import hf_family
 
     for family in ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "smollm3", "mixtral", "qwen2_moe",
-                   "qwen3_moe", "gpt_oss"):
+                   "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3"):
         config = anatomy.load_config(hf_decoders[family][1])
         assert hf_family(config) == family
     assert hf_family(anatomy.load_config(hf_decoders["phi3"][1])) == "phi3"  # partial rotary dims

@@ -55,6 +55,19 @@ def gpt_oss_tiny():
     return model
 
 
-@pytest.fixture(params=["gemma3", "smollm3", "gpt-oss"])
+def deepseek_tiny():
+    """DeepSeek-V3: latent attention (latent 32, RoPE key 8), a dense layer, then 8 experts in 4 groups."""
+    model = build_model(get_preset("deepseek-v3", **{**FAMILY, "n_kv_heads": 4, "head_dim": 24}, rotary_dim=8,
+                                   kv_lora_rank=32, q_lora_rank=48, v_head_dim=16, n_layers=3, n_experts=8,
+                                   n_experts_per_token=2, d_ff_expert=32, d_ff_shared_expert=32, moe_layers=(1, 2),
+                                   router_groups=4, router_topk_groups=2)).eval()
+    for name, p in model.named_parameters():
+        if name.endswith("score_bias"):
+            p.data.normal_(0, 0.1)
+    return model
+
+
+@pytest.fixture(params=["gemma3", "smollm3", "gpt-oss", "deepseek"])
 def family_tiny(request):
-    return {"gemma3": gemma3_tiny, "smollm3": smollm3_tiny, "gpt-oss": gpt_oss_tiny}[request.param]()
+    return {"gemma3": gemma3_tiny, "smollm3": smollm3_tiny, "gpt-oss": gpt_oss_tiny,
+            "deepseek": deepseek_tiny}[request.param]()

@@ -29,9 +29,7 @@ def describe(config: ModelConfig) -> BlockShape:
     model = build_model(config, device="meta")
     blocks = [m for m in model.modules() if isinstance(m, Block)]
     block = blocks[-1]  # a seq2seq model's last block is a decoder block (with cross-attention)
-    attn = block.attn
-    kind = "MHA" if attn.n_kv_heads == attn.n_heads else ("MQA" if attn.n_kv_heads == 1 else "GQA")
-    heads = f"{kind} H={attn.n_heads} H_kv={attn.n_kv_heads} d_h={attn.head_dim}" + _attention_extras(config)
+    heads = _heads(config) + _attention_extras(config)
     ffn = f"{type(block.ffn).__name__} {config.activation} D={config.d_model} F={config.d_ff}"
     if config.n_experts:
         ffn = _moe(config)
@@ -40,8 +38,21 @@ def describe(config: ModelConfig) -> BlockShape:
                       block.attn_out_norm is not None)
 
 
+def _heads(config: ModelConfig) -> str:
+    if config.latent:
+        rope = config.rotary_dim
+        return (f"latent MLA H={config.n_heads} d_h={config.head_dim - rope}+{rope} (RoPE) v={config.v_head_dim}, "
+                f"cached per token: latent {config.kv_lora_rank} + RoPE key {rope}")
+    kind = "MHA" if config.n_kv_heads == config.n_heads else ("MQA" if config.n_kv_heads == 1 else "GQA")
+    return f"{kind} H={config.n_heads} H_kv={config.n_kv_heads} d_h={config.head_dim}"
+
+
 def _attention_extras(config: ModelConfig) -> str:
     extras = []
+    if config.attn_sinks:
+        extras.append("a sink logit per head")
+    if config.nope_layers:
+        extras.append(f"no RoPE on {len(config.nope_layers)} of {config.n_layers} layers")
     if config.qk_norm:
         extras.append("q/k RMSNorm per head")
     if config.attn_softcap:

@@ -101,11 +101,26 @@ def layer_flops(config: ModelConfig, *, batch: int, q_len: int, kv_len: int, cau
         "output_projection": 2 * B * q_len * q_dim * D,
         "ffn": ffn_flops(config, tokens=B * q_len, moe=causal and config.layer_is_moe(layer)),
     }
+    if config.latent:
+        parts.update(_latent_flops(config, batch=B, q_len=q_len, pairs=pairs))
     if cross_len:
         parts["cross_projections"] = 2 * B * q_len * D * q_dim * 2 + (2 * B * cross_len * D * 2 * kv_dim
                                                                       if cross_kv else 0)
         parts["cross_attention_matmuls"] = 2 * 2 * B * H * q_len * cross_len * d_h
     return parts
+
+
+def _latent_flops(config: ModelConfig, *, batch: int, q_len: int, pairs: int) -> dict[str, int]:
+    """Latent attention, absorbed (layers/latent_attention.py): the projections to q, the latent and the
+    RoPE key; q_n through W_k and the attended latent through W_v (with the q/o projections); scores
+    over R + r dims and values over R, per head."""
+    B, D, H, R, r = batch, config.d_model, config.n_heads, config.kv_lora_rank, config.rotary_dim
+    n, v, Q = config.head_dim - r, config.v_head_dim or config.head_dim, config.q_lora_rank
+    q = D * Q + Q * H * (n + r) if Q else D * H * (n + r)
+    return {"qkv_projection": 2 * B * q_len * (q + D * (R + r) + H * n * R),
+            "attention_scores": 2 * B * H * pairs * (R + r),
+            "attention_values": 2 * B * H * pairs * R,
+            "output_projection": 2 * B * q_len * H * (R * v + v * D)}
 
 
 def _group(layer: dict[str, int], layers: int = 1) -> dict[str, int]:

@@ -175,6 +175,34 @@ def _embeddings(config: ModelConfig, *, copies_of_tables: int = 1) -> list[Compo
 
 
 def _attention(config: ModelConfig, *, stack: str, layers: int) -> list[Component]:
+    sinks = [Component("attention sinks (a logit per head)", "H", "attention", 0, config.n_heads, copies=layers,
+                       stack=stack)] if config.attn_sinks else []
+    if config.latent:
+        return _latent_attention(config, stack=stack, layers=layers)
+    return sinks + _projections(config, stack=stack, layers=layers)
+
+
+def _latent_attention(config: ModelConfig, *, stack: str, layers: int) -> list[Component]:
+    """DeepSeek's latent attention: q (through a bottleneck of q_lora_rank), the latent and RoPE key
+    (kv_a, its norm), the up-projection of keys and values (kv_b), the output."""
+    D, H, R, r = config.d_model, config.n_heads, config.kv_lora_rank, config.rotary_dim
+    n, v, Q = config.head_dim - r, config.v_head_dim or config.head_dim, config.q_lora_rank
+    out_bias = D if config.attn_out_bias else 0
+    q = Component("latent attention Q (q_a, q_b)" if Q else "latent attention Q", "D*Q + Q*H*(n + r)" if Q
+                  else "D*H*(n + r)", "attention", D * Q + Q * H * (n + r) if Q else D * H * (n + r), copies=layers,
+                  stack=stack, nominal=3 * D * D)
+    return [q,
+            Component("latent attention norms (RMSNorm of q_a's output and of the latent)", "Q + R", "norm", Q + R,
+                      copies=layers, stack=stack),
+            Component("latent attention latent + RoPE key (kv_a)", "D*(R + r)", "attention", D * (R + r),
+                      copies=layers, stack=stack),
+            Component("latent attention K/V up-projection (kv_b)", "R*H*(n + v)", "attention", R * H * (n + v),
+                      copies=layers, stack=stack),
+            Component("attention output", "H*v*D" + (" + D" if out_bias else ""), "attention", H * v * D, out_bias,
+                      copies=layers, stack=stack, nominal=D * D)]
+
+
+def _projections(config: ModelConfig, *, stack: str, layers: int) -> list[Component]:
     D, q, kv = config.d_model, config.q_dim, config.kv_dim
     qkv_bias = (q + 2 * kv) if config.qkv_bias else 0
     out_bias = D if config.attn_out_bias else 0
@@ -219,11 +247,16 @@ def _moe(config: ModelConfig, *, stack: str, layers: int) -> list[Component]:
     D, E, k, F = config.d_model, config.n_experts, config.n_experts_per_token, config.d_ff_expert
     mats = 3 if config.ffn == "glu" else 2
     kind = f"{config.activation} GLU" if config.ffn == "glu" else f"{config.activation} MLP"
+    expert_bias = E * ((mats - 1) * F + D) if config.ffn_bias else 0
     parts = [
-        Component("MoE router", "D*E", "ffn", D * E, copies=layers, stack=stack),
-        Component(f"MoE experts ({E} x {kind}, {k} per token)", f"E*{mats}*D*F_e", "ffn", E * mats * D * F,
-                  copies=layers, stack=stack, nominal=8 * D * D, active_weights=k * mats * D * F),
+        Component("MoE router", "D*E" + (" + E" if config.router_bias else ""), "ffn", D * E,
+                  E if config.router_bias else 0, copies=layers, stack=stack),
+        Component(f"MoE experts ({E} x {kind}, {k} per token)", f"E*{mats}*D*F_e" + (" + biases" if expert_bias else ""),
+                  "ffn", E * mats * D * F, expert_bias, copies=layers, stack=stack, nominal=8 * D * D,
+                  active_weights=k * mats * D * F),
     ]
+    if config.router_score_bias:
+        parts.append(Component("MoE balancing bias (choosing only)", "E", "ffn", 0, E, copies=layers, stack=stack))
     if config.d_ff_shared_expert:
         Fs = config.d_ff_shared_expert
         parts.append(Component(f"MoE shared expert ({kind})", f"{mats}*D*F_shared", "ffn", mats * D * Fs,

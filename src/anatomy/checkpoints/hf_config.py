@@ -1,7 +1,7 @@
 """Hugging Face config.json <-> ModelConfig for the HF families anatomy reads and writes.
 
     llama, mistral, mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, phi3,
-    gpt_oss
+    gpt_oss, deepseek_v2, deepseek_v3
             the LLaMA-like decoders (checkpoints/hf_decoders.py: one table entry each)
     gpt2    GPT2LMHeadModel                   Pre-LN, GELU (tanh), learned positions, Conv1D layout
     bert    BertModel / BertForMaskedLM       Post-LN, GELU, learned + segment positions, embedding LN
@@ -40,7 +40,7 @@ GEMMA3_TEXT_SIZES = dict(vocab_size=262208, hidden_size=2304, intermediate_size=
                          num_attention_heads=8)
 # The decoder classes a config is written as, first fit first: the plainest class that expresses it.
 WRITE_ORDER = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "smollm3", "mixtral",
-               "qwen3_moe", "qwen2_moe", "gpt_oss", "gpt2")
+               "qwen3_moe", "qwen2_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "gpt2")
 MARIAN_NORM_EPS = 1e-5  # HF Marian uses nn.LayerNorm's default and has no config field for it
 
 
@@ -272,7 +272,7 @@ _COMMON_POST_LN = dict(norm="layernorm", norm_bias=True, norm_position="post", f
 _NEW_PARTS_OFF = dict(sliding_window=None, qk_norm=False, norm_unit_offset=False, branch_output_norm=False,
                       attn_scale=None, attn_softcap=None, logit_softcap=None, rope_scaling=None, n_experts=0,
                       sliding_rope_theta=None, nope_layers=None, attn_sinks=False, router_bias=False,
-                      swiglu_limit=None)
+                      swiglu_limit=None, kv_lora_rank=0)
 _FIXED: dict[str, dict[str, Any]] = {
     "gpt2": dict(norm="layernorm", norm_bias=True, norm_position="pre", final_norm=True, embedding_norm=False,
                  ffn="mlp", position="learned", qkv_bias=True, attn_out_bias=True, ffn_bias=True,

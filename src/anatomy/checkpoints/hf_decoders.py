@@ -14,6 +14,8 @@
     phi3       Phi3ForCausalLM       fused qkv and gate_up tensors, partial rotary dims, LongRoPE, one window
     gpt_oss    GptOssForCausalLM     attention sinks, windows on the even layers, experts with biases and a
                                      clamped SwiGLU (gate/up interleaved), a router bias, YaRN
+    deepseek_v2 DeepseekV2ForCausalLM  latent attention, shared experts, dense first layers, softmax routing
+    deepseek_v3 DeepseekV3ForCausalLM  + sigmoid routing among the best groups with a balancing bias
 
 Every family is one table entry (`FAMILIES`): the keys it reads and writes and the field values its
 class hard-codes. A key a config.json leaves out takes the HF class's own default (`defaults`).
@@ -45,7 +47,7 @@ class Family:
              "qkv_flag": q/k/v by qkv_bias, o never; "none": no attention biases; "experts": attention_bias
              for q, k, v and o, and biases on every expert's projections (gpt-oss)
     windows  "none", "all" (config.sliding_window applies to every layer), "layer_types" (per layer)
-    moe      "", "mixtral", "qwen2_moe", "qwen3_moe" or "gpt_oss"
+    moe      "", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2" or "deepseek_v3"
     rope     "one": one rope_parameters for every layer; "per_type": one per layer type (Gemma 3:
              full_attention, sliding_attention); "nope": one, and no_rope_layers (SmolLM3)
     """
@@ -77,6 +79,9 @@ _QWEN = _merged(_BASE, max_position_embeddings=32768, use_sliding_window=False, 
 _GEMMA = _merged(_BASE, max_position_embeddings=8192, tie_word_embeddings=True, hidden_act="gelu_pytorch_tanh",
               head_dim=256, bos_token_id=2, eos_token_id=1, pad_token_id=0)
 _QWEN_MOE = dict(decoder_sparse_step=1, norm_topk_prob=False, router_aux_loss_coef=0.001, mlp_only_layers=[])
+_DEEPSEEK = _merged(_BASE, bos_token_id=0, eos_token_id=1, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64,
+                   qk_nope_head_dim=128, v_head_dim=128, routed_scaling_factor=1.0, norm_topk_prob=False,
+                   num_experts_per_tok=None, n_group=None, topk_group=None, attention_bias=False)
 GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                 "truncate": False, "original_max_position_embeddings": 4096}  # the class's default
 
@@ -129,6 +134,16 @@ FAMILIES: dict[str, Family] = {
                                                  attention_bias=True, rope_parameters=GPT_OSS_ROPE),
                       fixed={"attn_sinks": True, "router_bias": True}, bias="experts", windows="layer_types",
                       moe="gpt_oss"),
+    "deepseek_v2": Family("DeepseekV2ForCausalLM", _merged(_DEEPSEEK, max_position_embeddings=2048, vocab_size=102400,
+                                                         n_routed_experts=64, n_shared_experts=2, topk_method="greedy",
+                                                         moe_intermediate_size=1407, first_k_dense_replace=0),
+                          bias="flag", moe="deepseek_v2"),
+    "deepseek_v3": Family("DeepseekV3ForCausalLM", _merged(_DEEPSEEK, max_position_embeddings=4096, vocab_size=129280,
+                                                         n_routed_experts=256, n_shared_experts=1, n_group=8,
+                                                         topk_group=4, num_experts_per_tok=8, norm_topk_prob=True,
+                                                         routed_scaling_factor=2.5, moe_intermediate_size=2048,
+                                                         first_k_dense_replace=3, rope_interleave=True),
+                          bias="flag", moe="deepseek_v3"),
     "phi3": Family("Phi3ForCausalLM", _merged(_BASE, rms_norm_eps=1e-5, max_position_embeddings=4096, bos_token_id=1,
                                            eos_token_id=32000, pad_token_id=32000, sliding_window=None,
                                            original_max_position_embeddings=4096),
@@ -173,6 +188,8 @@ def read_decoder(hf: dict[str, Any], family: str) -> dict[str, Any]:
             values.update(sliding_rope_theta=sliding_theta, sliding_rope_scaling=sliding_scaling)
     if spec.rope == "nope":
         values["nope_layers"] = _nope_layers(hf, get, family)
+    if spec.moe.startswith("deepseek"):
+        values.update(_latent(hf, get, family))
     if spec.moe:
         values.update(_moe(hf, get, spec, family))
     return values
@@ -210,6 +227,20 @@ def _nope_layers(hf: dict[str, Any], get, family: str) -> tuple[int, ...] | None
         raise ConfigError(f"{family} no_rope_layers={flags!r} must list 1 (RoPE) or 0 (none) for each of the {n} layers")
     nope = tuple(i for i, f in enumerate(flags) if not f)
     return nope or None
+
+
+def _latent(hf: dict[str, Any], get, family: str) -> dict[str, Any]:
+    """DeepSeek's latent attention: heads of qk_nope + qk_rope dims (RoPE on the last, pairs interleaved),
+    every head its own keys; YaRN's mscale_all_dim also scales the scores (HF's yarn_apply_mscale)."""
+    nope, rope = get("qk_nope_head_dim"), get("qk_rope_head_dim")
+    scale = (nope + rope) ** -0.5
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if params.get("rope_type", params.get("type", "default")) != "default" and params.get("mscale_all_dim"):
+        gain = 0.1 * params["mscale_all_dim"] * math.log(params["factor"]) + 1.0 if params["factor"] > 1 else 1.0
+        scale *= gain * gain
+    return dict(head_dim=nope + rope, rotary_dim=rope, n_kv_heads=hf["num_attention_heads"],
+                kv_lora_rank=get("kv_lora_rank"), q_lora_rank=get("q_lora_rank") or 0, v_head_dim=get("v_head_dim"),
+                rope_interleaved=family == "deepseek_v2" or bool(get("rope_interleave")), attn_scale=scale)
 
 
 def _getter(hf: dict[str, Any], family_defaults: dict[str, Any]):
@@ -308,6 +339,8 @@ def _default_layer_types(hf: dict[str, Any], get, family: str) -> list[str]:
 
 
 def _moe(hf: dict[str, Any], get, spec: Family, family: str) -> dict[str, Any]:
+    if spec.moe.startswith("deepseek"):
+        return _deepseek_moe(hf, get, spec)
     if spec.moe == "gpt_oss":  # softmax over the top-k logits: the renormalised top-k of the softmax
         return dict(n_experts=get("num_local_experts"), n_experts_per_token=get("num_experts_per_tok"),
                     d_ff_expert=hf["intermediate_size"], moe_renormalize=True,
@@ -337,6 +370,24 @@ def _moe(hf: dict[str, Any], get, spec: Family, family: str) -> dict[str, Any]:
                               "needs a width > 0")
         values.update(d_ff_shared_expert=shared, shared_expert_gate=True)
     return values
+
+
+def _deepseek_moe(hf: dict[str, Any], get, spec: Family) -> dict[str, Any]:
+    """Routed experts after the first first_k_dense_replace (dense) layers, n_shared_experts always on."""
+    n_layers, dense = hf["num_hidden_layers"], get("first_k_dense_replace") or 0
+    values = dict(n_experts=get("n_routed_experts"), n_experts_per_token=get("num_experts_per_tok"),
+                  d_ff_expert=get("moe_intermediate_size"),
+                  d_ff_shared_expert=(get("n_shared_experts") or 0) * get("moe_intermediate_size"),
+                  moe_layers=None if not dense else tuple(range(dense, n_layers)),
+                  routed_scaling=float(get("routed_scaling_factor")))
+    if spec.moe == "deepseek_v2":  # softmax, greedy top-k, never renormalised (HF's DeepseekV2TopkRouter)
+        if get("topk_method") != "greedy":
+            raise ConfigError(f"deepseek_v2 topk_method={get('topk_method')!r} is not supported (supported: "
+                              "'greedy')")
+        return values | dict(moe_renormalize=False)
+    groups = get("n_group") or 1
+    return values | dict(moe_renormalize=bool(get("norm_topk_prob")), router_scoring="sigmoid", router_groups=groups,
+                         router_topk_groups=get("topk_group") or 1, router_score_bias=True)
 
 
 def read_rope(hf: dict[str, Any], family: str, head_dim: int,
@@ -431,7 +482,34 @@ def write_decoder(c: ModelConfig, family: str) -> dict[str, Any]:
                   final_logit_softcapping=c.logit_softcap)
     hf.update(_write_windows(c, spec))
     hf.update(_write_moe(c, spec))
+    if spec.moe.startswith("deepseek"):
+        hf.update(_write_latent(c, spec))
+        hf["rope_parameters"].update(_score_gain(c))
     return hf
+
+
+def _score_gain(c: ModelConfig) -> dict[str, float]:
+    """YaRN's mscale_all_dim that gives c.attn_scale (HF's yarn_apply_mscale), when it differs from
+    1/sqrt(head_dim)."""
+    s = c.rope_scaling
+    ratio = (c.attn_scale or c.head_dim ** -0.5) * c.head_dim ** 0.5
+    if s is None or s.kind != "yarn" or s.factor <= 1 or math.isclose(ratio, 1.0, rel_tol=1e-12):
+        return {}
+    return {"mscale_all_dim": (math.sqrt(ratio) - 1.0) / (0.1 * math.log(s.factor))}
+
+
+def _write_latent(c: ModelConfig, spec: Family) -> dict[str, Any]:
+    out = {"kv_lora_rank": c.kv_lora_rank, "q_lora_rank": c.q_lora_rank or None, "v_head_dim": c.v_head_dim,
+           "qk_rope_head_dim": c.rotary_dim, "qk_nope_head_dim": c.head_dim - c.rotary_dim,
+           "n_routed_experts": c.n_experts, "num_experts_per_tok": c.n_experts_per_token,
+           "moe_intermediate_size": c.d_ff_expert, "n_shared_experts": c.d_ff_shared_expert // c.d_ff_expert,
+           "first_k_dense_replace": c.n_layers - c.n_moe_layers, "routed_scaling_factor": c.routed_scaling,
+           "norm_topk_prob": c.moe_renormalize, "head_dim": c.rotary_dim}
+    if spec.moe == "deepseek_v3":
+        out.update(n_group=c.router_groups, topk_group=c.router_topk_groups, rope_interleave=c.rope_interleaved)
+    else:
+        out["topk_method"] = "greedy"
+    return out
 
 
 def _write_sliding_rope(c: ModelConfig) -> dict[str, Any]:
@@ -528,7 +606,15 @@ _LLAMA_LIKE = dict(norm="rmsnorm", norm_position="pre", final_norm=True, embeddi
                    position="rope", lm_head_bias=False, type_vocab_size=0)
 _OFF = dict(embedding_scale=False, norm_unit_offset=False, branch_output_norm=False, qk_norm=False, attn_scale=None,
             attn_softcap=None, logit_softcap=None, n_experts=0, sliding_rope_theta=None, nope_layers=None,
-            attn_sinks=False, router_bias=False, swiglu_limit=None)
+            attn_sinks=False, router_bias=False, swiglu_limit=None, kv_lora_rank=0, q_lora_rank=0, v_head_dim=None,
+            rope_interleaved=False, router_scoring="softmax", router_groups=1, router_topk_groups=1,
+            router_score_bias=False, routed_scaling=1.0)
+# what DeepSeek's classes vary (latent attention, routing), checked by _deepseek_problems
+_DEEPSEEK_FIELDS = {"deepseek_v2": ("kv_lora_rank", "q_lora_rank", "v_head_dim", "rope_interleaved", "attn_scale",
+                                    "routed_scaling"),
+                    "deepseek_v3": ("kv_lora_rank", "q_lora_rank", "v_head_dim", "rope_interleaved", "attn_scale",
+                                    "routed_scaling", "router_scoring", "router_groups", "router_topk_groups",
+                                    "router_score_bias")}
 # what each way of reading RoPE (Family.rope) lets a config vary
 _ROPE_FIELDS = {"one": (), "per_type": ("sliding_rope_theta",), "nope": ("nope_layers",)}
 
@@ -541,6 +627,8 @@ def problems(c: ModelConfig, family: str) -> list[str]:
         required.pop("n_experts")
     if spec.moe == "gpt_oss":
         required.pop("swiglu_limit")
+    for name in _DEEPSEEK_FIELDS.get(family, ()):
+        required.pop(name)
     for name in _ROPE_FIELDS[spec.rope]:
         required.pop(name)
     out = [f"{name}={getattr(c, name)!r} (needs {value!r})" for name, value in required.items()
@@ -587,6 +675,8 @@ def _window_problems(c: ModelConfig, spec: Family) -> list[str]:
 def _moe_problems(c: ModelConfig, spec: Family) -> list[str]:
     if spec.moe == "gpt_oss":
         return _gpt_oss_problems(c)
+    if spec.moe.startswith("deepseek"):
+        return _deepseek_problems(c, spec)
     if not spec.moe or not c.n_experts:
         return []
     out = []
@@ -604,6 +694,21 @@ def _moe_problems(c: ModelConfig, spec: Family) -> list[str]:
     return out
 
 
+def _deepseek_problems(c: ModelConfig, spec: Family) -> list[str]:
+    out = [] if c.latent else ["kv_lora_rank=0 (DeepSeek's attention is latent)"]
+    if not c.n_experts or c.shared_expert_gate or (c.d_ff_shared_expert and c.d_ff_shared_expert % (c.d_ff_expert or 1)):
+        out.append("experts with ungated shared experts of d_ff_expert each (DeepSeek's MoE)")
+    dense = c.n_layers - c.n_moe_layers
+    if c.moe_layers is not None and c.moe_layers != tuple(range(dense, c.n_layers)):
+        out.append(f"moe_layers={list(c.moe_layers)} (DeepSeek's dense layers come first)")
+    if spec.moe == "deepseek_v2" and (c.router_scoring != "softmax" or c.router_groups != 1 or c.router_score_bias
+                                     or c.moe_renormalize or not c.rope_interleaved):
+        out.append("sigmoid or grouped routing, renormalisation or unpaired RoPE (DeepSeek-V2: softmax, greedy)")
+    if spec.moe == "deepseek_v3" and (c.router_scoring != "sigmoid" or not c.router_score_bias):
+        out.append("softmax routing or no score bias (DeepSeek-V3: sigmoid scores, a balancing bias)")
+    return out
+
+
 def _gpt_oss_problems(c: ModelConfig) -> list[str]:
     out = [] if c.n_experts else ["n_experts=0 (every gpt-oss layer is a mixture)"]
     if c.moe_layers is not None or c.d_ff_shared_expert or not c.moe_renormalize:
@@ -616,7 +721,7 @@ def _gpt_oss_problems(c: ModelConfig) -> list[str]:
 
 def _rope_problems(c: ModelConfig, spec: Family, family: str) -> list[str]:
     out = []
-    if c.rotary_dim != c.head_dim and not spec.partial_rotary:
+    if c.rotary_dim != c.head_dim and not spec.partial_rotary and not c.latent:
         out.append(f"rotary_dim={c.rotary_dim} (the class rotates all head_dim={c.head_dim} dims)")
     s = c.rope_scaling
     if s is not None and s.kind == "dynamic" and s.original_max_seq_len != c.max_seq_len:

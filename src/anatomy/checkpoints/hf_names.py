@@ -150,13 +150,22 @@ def _decoder(c: ModelConfig, family: str) -> list[Link]:
         ]
         if c.attn_sinks:
             links.append(Link(o + "attn.sinks", (h + "self_attn.sinks",), exact=True))
-        if family == "phi3":
+        if c.latent:
+            links += _latent_links(o + "attn.", h + "self_attn.")
+        elif family == "phi3":
             links += [Link(o + "attn.qkv", (h + "self_attn.qkv_proj",)), Link(o + "ffn.gate_up", (h + "mlp.gate_up_proj",))]
         else:
             links += [Link(o + "attn.qkv", tuple(h + f"self_attn.{x}_proj" for x in "qkv"),
                            sizes=(c.q_dim, c.kv_dim, c.kv_dim))]
         links += _moe_links(c, o, h, family) if c.layer_is_moe(i) else _dense_ffn_links(c, o, h, family)
     return links
+
+
+def _latent_links(o: str, h: str) -> list[Link]:
+    """DeepSeek's latent attention: q (or q_a, its norm, q_b), kv_a with its norm, kv_b, o."""
+    return [Link(o + "q", (h + "q_proj",)), Link(o + "q_a", (h + "q_a_proj",)), Link(o + "q_a_norm", (h + "q_a_layernorm",)),
+            Link(o + "q_b", (h + "q_b_proj",)), Link(o + "kv_a", (h + "kv_a_proj_with_mqa",)),
+            Link(o + "kv_a_norm", (h + "kv_a_layernorm",)), Link(o + "kv_b", (h + "kv_b_proj.weight",), exact=True)]
 
 
 def _dense_ffn_links(c: ModelConfig, o: str, h: str, family: str) -> list[Link]:
@@ -183,8 +192,10 @@ def _moe_links(c: ModelConfig, o: str, h: str, family: str) -> list[Link]:
              exact=True),
         Link(o + "ffn.down", tuple(x + f"{down}.weight" for x in experts), sizes=(c.d_model,) * E, exact=True),
     ]
+    if c.router_score_bias:
+        links.append(Link(o + "ffn.score_bias", (m + "gate.e_score_correction_bias",), exact=True))
     if c.d_ff_shared_expert:
-        s, Fs = m + "shared_expert.", c.d_ff_shared_expert
+        s, Fs = m + ("shared_experts." if family.startswith("deepseek") else "shared_expert."), c.d_ff_shared_expert
         links += [Link(o + "ffn.shared.gate_up", (s + "gate_proj", s + "up_proj"), sizes=(Fs, Fs)),
                   Link(o + "ffn.shared.down", (s + "down_proj",)), Link(o + "ffn.shared_gate", (m + "shared_expert_gate",))]
     return links

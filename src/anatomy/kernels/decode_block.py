@@ -28,7 +28,7 @@ an int4 product's weights are q4 tiles (16 output rows interleaved: kernels/nati
 input is rounded to int16 per group of 32 (INT16_ERROR). Only blocks the
 operator covers exactly are swapped: pre-norm, RMSNorm, one fused QKV projection with full-width
 RoPE (the stack's main angles, not NoPE), SwiGLU (unclamped), no biases, no QK norm, no soft cap, no
-sinks, no sliding window, no experts.
+sinks, no sliding window, no experts, no latent attention.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from anatomy.kernels.norm import NativeRMSNorm
 from anatomy.kernels.planned_linear import PlannedLinear
 from anatomy.kernels.planning import model_id
 from anatomy.kernels.record import KernelPlan, by_kernel
+from anatomy.layers.attention import Attention
 from anatomy.layers.block import Block
 from anatomy.layers.context import Context
 from anatomy.layers.ffn import GLU
@@ -117,7 +118,8 @@ class NativeBlock(Block):
 
 def fusable(block: nn.Module) -> bool:
     """Does anatomy::decode_block compute exactly what this block computes in a decode step?"""
-    if not isinstance(block, Block) or not block.pre_norm or block.moe or block.cross_attn is not None:
+    if not isinstance(block, Block) or not block.pre_norm or block.moe or block.cross_attn is not None \
+            or not isinstance(block.attn, Attention):
         return False
     if block.attn_out_norm is not None or block.ffn_out_norm is not None or block.window is not None \
             or block.rope != "main":

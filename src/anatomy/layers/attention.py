@@ -209,7 +209,7 @@ def attend(
         weights = scores.softmax(dim=-1) if sinks is None else _with_sinks(scores, sinks, S)
         out = F.dropout(weights, dropout) @ v if dropout else weights @ v  # [B, H_kv, rep*S, d_h]
         weights = weights.reshape(B, H, S, S_k)
-    return out.reshape(B, H, S, d_h), weights
+    return out.reshape(B, H, S, v.shape[-1]), weights  # (latent attention: values narrower than keys)
 
 
 def check_backend(backend: str) -> str:

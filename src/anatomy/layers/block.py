@@ -18,6 +18,7 @@ from anatomy.config import ModelConfig
 from anatomy.layers.attention import Attention, LayerCache
 from anatomy.layers.context import Context
 from anatomy.layers.ffn import make_ffn
+from anatomy.layers.latent_attention import LatentAttention
 from anatomy.layers.moe import MoE
 from anatomy.layers.norm import make_norm
 
@@ -31,7 +32,10 @@ class Block(nn.Module):
         self.window = config.layer_window(layer) if causal else None
         self.rope = config.layer_rope(layer)  # "main", "sliding" (the window's own base) or "none" (NoPE)
         self.attn_norm = make_norm(config)
-        self.attn = Attention(config, causal=causal, backend=backend)
+        if config.latent:
+            self.attn = LatentAttention(config, causal=causal, backend=backend)
+        else:
+            self.attn = Attention(config, causal=causal, backend=backend)
         self.attn_out_norm = make_norm(config) if config.branch_output_norm else None
         self.cross_norm = make_norm(config) if cross else None
         self.cross_attn = Attention(config, cross=True, backend=backend) if cross else None

@@ -17,6 +17,8 @@ for the load-balancing loss of training (`load_balancing_loss`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -35,6 +37,8 @@ class MoE(nn.Module):
         super().__init__()
         E, F_e, D = config.n_experts, config.d_ff_expert, config.d_model
         self.n_experts, self.k, self.renormalize = E, config.n_experts_per_token, config.moe_renormalize
+        self.rule = Routing(config.router_scoring, config.router_groups, config.router_topk_groups,
+                            config.routed_scaling)
         self.glu, self.d_ff = config.ffn == "glu", F_e
         self.act, self.gated = ACTIVATIONS[config.activation], gating(config)
         self.implementation = check_implementation(implementation)
@@ -49,6 +53,8 @@ class MoE(nn.Module):
             self.down_bias = nn.Parameter(torch.zeros(E, D))
         self.shared = make_ffn(config, d_ff=config.d_ff_shared_expert) if config.d_ff_shared_expert else None
         self.shared_gate = nn.Linear(D, 1, bias=False) if config.shared_expert_gate else None
+        # added to the scores for choosing the experts only (DeepSeek-V3's balancing), not trained by gradients
+        self.score_bias = nn.Parameter(torch.zeros(E), requires_grad=False) if config.router_score_bias else None
 
     def forward(self, x: Tensor, router_logits: list[Tensor] | None = None) -> Tensor:
         B, S, D = x.shape
@@ -56,7 +62,8 @@ class MoE(nn.Module):
         logits = self.router(flat)  # [N, E]
         if router_logits is not None:
             router_logits.append(logits)
-        weights, experts = route(logits, self.k, renormalize=self.renormalize)  # [N, k] each
+        weights, experts = route(logits, self.k, renormalize=self.renormalize, rule=self.rule,
+                                 score_bias=self.score_bias)  # [N, k] each
         mix = self._loop if self.implementation == "loop" and not x.is_meta else self._grouped
         out = mix(flat, weights.to(x.dtype), experts)  # [N, D]
         if self.shared is not None:
@@ -108,14 +115,45 @@ class MoE(nn.Module):
         return torch.bincount(experts.flatten(), minlength=self.n_experts).tolist()
 
 
-def route(logits: Tensor, k: int, *, renormalize: bool) -> tuple[Tensor, Tensor]:
-    """Softmax over the experts (in fp32), the k largest: (weights [N, k] fp32, expert ids [N, k]);
-    with renormalize the k weights are divided by their sum."""
-    probs = logits.float().softmax(dim=-1)  # [N, E]
-    weights, experts = probs.topk(k, dim=-1)  # [N, k]
+@dataclass(frozen=True)
+class Routing:
+    """How a router's logits choose and weigh experts beyond softmax-then-top-k (DeepSeek-V3: sigmoid
+    scores, 8 groups of which the 4 whose two best experts score highest are eligible, weights x 2.5)."""
+
+    scoring: str = "softmax"
+    groups: int = 1
+    topk_groups: int = 1
+    scale: float = 1.0
+
+
+def route(logits: Tensor, k: int, *, renormalize: bool, rule: Routing = Routing(),
+          score_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The scores of the experts (softmax over them, or each one's sigmoid; in fp32) and the k a token
+    picks: (weights [N, k] fp32, expert ids [N, k]). Experts are picked by score + score_bias, among the
+    best groups when there are groups; weighted by their scores, divided by their sum with renormalize,
+    times rule.scale."""
+    scores = logits.float().softmax(dim=-1) if rule.scoring == "softmax" else logits.float().sigmoid()  # [N, E]
+    if score_bias is None and rule.groups == 1:
+        weights, experts = scores.topk(k, dim=-1)  # [N, k]
+    else:
+        choice = scores + score_bias if score_bias is not None else scores
+        if rule.groups > 1:
+            choice = _best_groups(choice, rule.groups, rule.topk_groups)
+        experts = choice.topk(k, dim=-1).indices
+        weights = scores.gather(1, experts)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, experts
+    return (weights * rule.scale if rule.scale != 1.0 else weights), experts
+
+
+def _best_groups(choice: Tensor, groups: int, chosen: int) -> Tensor:
+    """The scores of experts outside each token's `chosen` best groups (a group: the sum of its two best
+    scores) set to -inf."""
+    N, E = choice.shape
+    grouped = choice.view(N, groups, E // groups)
+    group_scores = grouped.topk(min(2, E // groups), dim=-1).values.sum(dim=-1)  # [N, G]
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, group_scores.topk(chosen, dim=-1).indices, True)
+    return grouped.masked_fill(~keep[..., None], float("-inf")).view(N, E)
 
 
 def load_balancing_loss(router_logits: list[Tensor], n_experts: int, k: int,

@@ -1,5 +1,6 @@
 """The 2026 families through every path of the engine: Gemma 3 (windows with their own RoPE base, held
-as rings by the static cache), SmolLM3 (NoPE layers) and gpt-oss (sinks, experts with biases). A served
+as rings by the static cache), SmolLM3 (NoPE layers), gpt-oss (sinks, experts with biases) and
+DeepSeek-V3 (latent attention, its latent cached: static and paged). A served
 (paged) step gives the model's own logits; paged decoding, the static engine (rings, captured steps)
 and speculative decoding give the same greedy tokens (fp32)."""
 

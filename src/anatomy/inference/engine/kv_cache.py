@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from anatomy import dtypes, kv_format
 from anatomy.kv_format import Codes
 from anatomy.config import ModelConfig
+from anatomy.errors import InputError
 
 
 class LayerKVCache(nn.Module):
@@ -27,13 +28,15 @@ class LayerKVCache(nn.Module):
 
     def __init__(self, *, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
-                 codes: str | None = None, reader=None) -> None:
+                 codes: str | None = None, reader=None, keys_only: bool = False) -> None:
         super().__init__()
         self.max_len, self.kind, self.reader = max_len, codes, reader
         shape = (batch, n_kv_heads, max_len, head_dim)
         stored = kv_format.code_dtype(codes) if codes else dtype
         self.register_buffer("k", torch.zeros(shape, dtype=stored, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=stored, device=device), persistent=False)
+        # latent attention caches one tensor per token (its values are part of it): no v
+        self.register_buffer("v", None if keys_only else torch.zeros(shape, dtype=stored, device=device),
+                             persistent=False)
         if codes:
             self.register_buffer("k_scale", torch.ones(shape[:3], dtype=torch.float16, device=device), persistent=False)
             self.register_buffer("v_scale", torch.ones(shape[:3], dtype=torch.float16, device=device), persistent=False)
@@ -44,10 +47,10 @@ class LayerKVCache(nn.Module):
         (as Codes for an 8-bit cache)."""
         if self.kind:
             return self._write_codes(input_pos, k, "k"), self._write_codes(input_pos, v, "v")
-        if k.dtype != self.k.dtype:
-            k, v = k.to(self.k.dtype), v.to(self.v.dtype)
-        self.k.index_copy_(2, input_pos, k)
-        self.v.index_copy_(2, input_pos, v)
+        self.k.index_copy_(2, input_pos, k.to(self.k.dtype))
+        if self.v is None:
+            return self.k, None
+        self.v.index_copy_(2, input_pos, v.to(self.v.dtype))
         return self.k, self.v
 
     def keys_mask(self, mask: Tensor | None) -> Tensor | None:
@@ -64,7 +67,8 @@ class LayerKVCache(nn.Module):
     def reorder(self, rows: Tensor) -> None:
         """Keep batch rows `rows` [B] (beam search: each beam continues from its parent's cache)."""
         for buffer in (self.k, self.v) + ((self.k_scale, self.v_scale) if self.kind else ()):
-            buffer.copy_(buffer.index_select(0, rows))
+            if buffer is not None:
+                buffer.copy_(buffer.index_select(0, rows))
 
     @property
     def nbytes(self) -> int:
@@ -87,6 +91,11 @@ class KVCache(nn.ModuleList):
         n_layers = n_layers if n_layers is not None else config.cached_layers
         layer = dict(batch=batch, n_kv_heads=config.n_kv_heads, head_dim=config.head_dim, dtype=dtype, device=device,
                      codes=codes, reader=reader)
+        if config.latent:  # one "head" per token: the latent and the RoPE key
+            if codes:
+                raise InputError(f"kv_dtype={codes!r}: a latent-attention cache (kv_lora_rank="
+                                 f"{config.kv_lora_rank}) holds floats only")
+            layer.update(n_kv_heads=1, head_dim=config.kv_values_per_layer, keys_only=True)
         windows = [config.layer_window(i) if config.is_decoder else None for i in range(n_layers)]
         super().__init__(
             WindowKVCache(window=window, max_len=max_len, slack=slack, **layer) if window and window + slack < max_len

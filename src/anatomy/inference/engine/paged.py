@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.config import ModelConfig
+from anatomy.errors import InputError
 from anatomy import kv_format
 from anatomy.inference.engine.kv_cache import bytes_per_token
 from anatomy.kv_format import Codes, Pages
@@ -44,12 +45,14 @@ class PagedPool(nn.Module):
     reads them as stored (a float pool's blocks in place, an 8-bit pool's codes), or None."""
 
     def __init__(self, shape: tuple[int, ...], *, dtype: torch.dtype, device: torch.device | str,
-                 codes: str | None = None, reader=None) -> None:
+                 codes: str | None = None, reader=None, keys_only: bool = False) -> None:
         super().__init__()
         self.kind, self.reader = codes, reader
         stored = kv_format.code_dtype(codes) if codes else dtype
         self.register_buffer("k", torch.zeros(shape, dtype=stored, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=stored, device=device), persistent=False)
+        # latent attention pools one tensor per token (its values are part of it): no v
+        self.register_buffer("v", None if keys_only else torch.zeros(shape, dtype=stored, device=device),
+                             persistent=False)
         if codes:
             self.register_buffer("k_scale", torch.ones(shape[:3], dtype=torch.float16, device=device), persistent=False)
             self.register_buffer("v_scale", torch.ones(shape[:3], dtype=torch.float16, device=device), persistent=False)
@@ -62,8 +65,13 @@ class PagedKVCache(nn.ModuleList):
     def __init__(self, config: ModelConfig, *, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu", codes: str | None = None, reader=None) -> None:
         shape = (num_blocks + 1, block_size, config.n_kv_heads, config.head_dim)
-        super().__init__(PagedPool(shape, dtype=dtype, device=device, codes=codes, reader=reader)
-                         for _ in range(config.cached_layers))
+        if config.latent:  # one "head" per token: the latent and the RoPE key
+            if codes:
+                raise InputError(f"kv_dtype={codes!r}: a latent-attention cache (kv_lora_rank="
+                                 f"{config.kv_lora_rank}) holds floats only")
+            shape = (num_blocks + 1, block_size, 1, config.kv_values_per_layer)
+        super().__init__(PagedPool(shape, dtype=dtype, device=device, codes=codes, reader=reader,
+                                   keys_only=config.latent) for _ in range(config.cached_layers))
         self.num_blocks, self.block_size, self.dtype, self.kind = num_blocks, block_size, dtype, codes
         self.scratch = num_blocks  # the extra block padding writes to and missing blocks read from
         self.tables: ContextTables | None = None  # the RoPE table of a stack, made on first use
@@ -117,6 +125,8 @@ class PagedLayer:
         Pages (read in place, or gathered into [B, H_kv, T, d_h] by attention), an 8-bit pool's codes and
         scales gathered as Codes (input_pos is not used: `where` holds each row's own slots)."""
         pool = self.pool
+        if pool.v is None:  # latent attention: keys only
+            return self._write(pool.k, k), None
         if pool.kind is None:
             return self._write(pool.k, k), self._write(pool.v, v)
         return self._codes(pool.k, pool.k_scale, k), self._codes(pool.v, pool.v_scale, v)
