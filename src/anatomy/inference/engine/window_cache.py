@@ -21,7 +21,7 @@ from torch import Tensor
 
 from anatomy import kv_format
 from anatomy.errors import InputError
-from anatomy.inference.engine.kv_cache import LayerKVCache
+from anatomy.inference.engine.layer_cache import LayerKVCache
 from anatomy.kv_format import Codes
 
 SLACK = 64  # slots a ring keeps beyond its window: the longest rewind it allows
