@@ -19,16 +19,8 @@ class LayerKVCache(nn.Module):
                  codes: str | None = None, reader=None, keys_only: bool = False) -> None:
         super().__init__()
         self.max_len, self.kind, self.reader = max_len, codes, reader
-        shape = (batch, n_kv_heads, max_len, head_dim)
-        stored = kv_format.code_dtype(codes) if codes else dtype
-        self.register_buffer("k", torch.zeros(shape, dtype=stored, device=device), persistent=False)
-        # latent attention caches one tensor per token (its values are part of it): no v
-        self.register_buffer("v", None if keys_only else torch.zeros(shape, dtype=stored, device=device),
-                             persistent=False)
-        if codes:
-            self.register_buffer("k_scale", torch.ones(shape[:3], dtype=torch.float16, device=device), persistent=False)
-            self.register_buffer("v_scale", torch.ones(shape[:3], dtype=torch.float16, device=device), persistent=False)
-            self.register_buffer("lut", kv_format.table(codes, device), persistent=False)
+        register_kv(self, (batch, n_kv_heads, max_len, head_dim), dtype=dtype, device=device, codes=codes,
+                    keys_only=keys_only)
 
     def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor | Codes, Tensor | Codes]:
         """input_pos [S]; k, v [B, H_kv, S, d_h] -> all slots, k_all/v_all [B, H_kv, T_max, d_h]
@@ -61,3 +53,17 @@ class LayerKVCache(nn.Module):
     @property
     def nbytes(self) -> int:
         return sum(b.nbytes for name, b in self.named_buffers() if name != "lut")
+
+
+def register_kv(module: nn.Module, shape: tuple[int, ...], *, dtype: torch.dtype, device, codes: str | None,
+                keys_only: bool) -> None:
+    """A cache's buffers of `shape` on `module`: k and v (floats of dtype, or 8-bit codes with float16
+    scales over shape[:3] and the codes' table), no v for latent attention (its values are part of k)."""
+    stored = kv_format.code_dtype(codes) if codes else dtype
+    module.register_buffer("k", torch.zeros(shape, dtype=stored, device=device), persistent=False)
+    module.register_buffer("v", None if keys_only else torch.zeros(shape, dtype=stored, device=device),
+                           persistent=False)
+    if codes:
+        module.register_buffer("k_scale", torch.ones(shape[:3], dtype=torch.float16, device=device), persistent=False)
+        module.register_buffer("v_scale", torch.ones(shape[:3], dtype=torch.float16, device=device), persistent=False)
+        module.register_buffer("lut", kv_format.table(codes, device), persistent=False)

@@ -33,6 +33,7 @@ from anatomy.config import ModelConfig
 from anatomy.errors import InputError
 from anatomy import kv_format
 from anatomy.inference.engine.kv_cache import bytes_per_token
+from anatomy.inference.engine.layer_cache import register_kv
 from anatomy.kv_format import Codes, Pages
 from anatomy.layers.context import Context
 from anatomy.models.context import ContextTables
@@ -48,15 +49,7 @@ class PagedPool(nn.Module):
                  codes: str | None = None, reader=None, keys_only: bool = False) -> None:
         super().__init__()
         self.kind, self.reader = codes, reader
-        stored = kv_format.code_dtype(codes) if codes else dtype
-        self.register_buffer("k", torch.zeros(shape, dtype=stored, device=device), persistent=False)
-        # latent attention pools one tensor per token (its values are part of it): no v
-        self.register_buffer("v", None if keys_only else torch.zeros(shape, dtype=stored, device=device),
-                             persistent=False)
-        if codes:
-            self.register_buffer("k_scale", torch.ones(shape[:3], dtype=torch.float16, device=device), persistent=False)
-            self.register_buffer("v_scale", torch.ones(shape[:3], dtype=torch.float16, device=device), persistent=False)
-            self.register_buffer("lut", kv_format.table(codes, device), persistent=False)
+        register_kv(self, shape, dtype=dtype, device=device, codes=codes, keys_only=keys_only)
 
 
 class PagedKVCache(nn.ModuleList):
