@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import difflib
-import math
 from typing import Any
 
 from anatomy.config import ModelConfig, RopeScaling
 from anatomy.errors import ConfigError
+from anatomy.layers.rope_scaling import yarn_mscale
 
 # Vaswani et al. 2017, "Attention Is All You Need": Post-LN, ReLU, sinusoidal, shared embeddings.
 _TRANSFORMER = dict(
@@ -60,7 +60,7 @@ def _gpt_oss(*, n_layers: int, n_experts: int) -> dict[str, Any]:
     return {**_LLAMA, "vocab_size": 201088, "d_model": 2880, "n_layers": n_layers, "n_heads": 64, "n_kv_heads": 8,
             "head_dim": 64, "d_ff": 2880, "norm_eps": 1e-5, "max_seq_len": 131072, "rope_theta": 150000.0,
             "rope_scaling": RopeScaling(kind="yarn", factor=32.0, original_max_seq_len=4096, truncate=False,
-                                        attention_factor=0.1 * math.log(32.0) + 1.0),
+                                        attention_factor=yarn_mscale(32.0)),
             "sliding_window": 128, "sliding_window_layers": tuple(range(0, n_layers, 2)), "attn_sinks": True,
             "qkv_bias": True, "attn_out_bias": True, "ffn_bias": True, "n_experts": n_experts,
             "n_experts_per_token": 4, "router_bias": True, "swiglu_limit": 7.0, "swiglu_alpha": 1.702,
@@ -68,7 +68,7 @@ def _gpt_oss(*, n_layers: int, n_experts: int) -> dict[str, Any]:
 
 
 def _deepseek(*, mscale_all_dim: float, **fields: Any) -> dict[str, Any]:
-    gain = 0.1 * mscale_all_dim * math.log(40.0) + 1.0
+    gain = yarn_mscale(40.0, mscale_all_dim)
     return {**_LLAMA, "head_dim": 192, "rotary_dim": 64, "kv_lora_rank": 512, "v_head_dim": 128,
             "rope_interleaved": True, "max_seq_len": 163840,
             "rope_scaling": RopeScaling(kind="yarn", factor=40.0, original_max_seq_len=4096),

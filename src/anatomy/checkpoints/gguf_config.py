@@ -17,6 +17,7 @@ from anatomy.checkpoints.gguf_reader import GGUFFile
 from anatomy.checkpoints.gguf_types import ValueType
 from anatomy.config import ModelConfig, RopeScaling
 from anatomy.errors import CheckpointError, ConfigError
+from anatomy.layers.rope_scaling import yarn_mscale
 
 # RoPE models compute positions on the fly, so a long context costs nothing at load time; but a KV
 # cache sized by max_seq_len would. Above this the value is taken to be corrupt, not ambitious.
@@ -74,6 +75,7 @@ ARCHITECTURES: dict[str, Architecture] = {
 # tensors that describe the RoPE frequencies rather than hold weights (llama3 rule, Phi-3 LongRoPE)
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 GEMMA3_SLIDING_THETA = 10000.0  # llama.cpp's default base of Gemma 3's sliding layers
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # llama.cpp scales these models' scores by 1/sqrt(D/H)
 # llama.cpp's Gemma 2 defaults when the file leaves the soft-caps out
 GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 
@@ -137,10 +139,8 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
         values.update(_gemma2(f, values, d_model // n_heads))
     if a == "gemma3":
         values.update(_gemma3(f, values, d_model // n_heads))
-    if spec.sliding == "main" and values.get("sliding_window") is not None:
-        theta = _positive_float(f, f"{a}.rope.freq_base_swa", default=values["rope_theta"])
-        if theta != values["rope_theta"]:
-            values.update(sliding_rope_theta=theta, sliding_rope_scaling=values.get("rope_scaling"))
+    if spec.window == "pattern":
+        values.update(_sliding_rope(f, a, values))
     if spec.nope:
         nope = tuple(i for i in range(values["n_layers"]) if (i + 1) % spec.nope == 0)
         values["nope_layers"] = nope or None
@@ -228,31 +228,41 @@ def _window_pattern(f: GGUFFile, arch: str, n_layers: int, default: int) -> tupl
     return tuple(i for i in range(n_layers) if period == 0 or i % period < period - 1)
 
 
+def score_scale(arch: str, n_layers: int, plain_head_dim: int, head_dim: int | None) -> float:
+    """The score scale llama.cpp's gemma2 and gemma3 fix: 1/sqrt(head_dim), 1/sqrt(D/H) for the 27B
+    models (recognised by their layer count)."""
+    return (plain_head_dim if n_layers == GEMMA_27B_LAYERS[arch] else head_dim or plain_head_dim) ** -0.5
+
+
+def _sliding_rope(f: GGUFFile, arch: str, values: dict[str, Any]) -> dict[str, Any]:
+    """The sliding layers' RoPE as llama.cpp runs it: `rope.freq_base_swa`, by default Gemma 3's 10000
+    unscaled ("own"), or gpt-oss's main base and scaling ("main"); nothing when that is the main RoPE."""
+    if values.get("sliding_window") is None:
+        return {}
+    own = ARCHITECTURES[arch].sliding == "own"
+    theta = _positive_float(f, f"{arch}.rope.freq_base_swa", default=GEMMA3_SLIDING_THETA if own else values["rope_theta"])
+    scaling = None if own else values.get("rope_scaling")
+    if (theta, scaling) == (values["rope_theta"], values.get("rope_scaling")):
+        return {}
+    return {"sliding_rope_theta": theta, "sliding_rope_scaling": scaling}
+
+
 def _gemma2(f: GGUFFile, values: dict[str, Any], plain_head_dim: int) -> dict[str, Any]:
-    """Gemma 2's score scale and soft-caps as llama.cpp sets them: the scale is 1/sqrt(head_dim),
-    1/sqrt(D/H) for the 46-layer (27B) model."""
-    head_dim = values["head_dim"] or plain_head_dim
-    scale_dim = plain_head_dim if values["n_layers"] == 46 else head_dim
+    """Gemma 2's score scale and soft-caps as llama.cpp sets them."""
     caps = {key: _positive_float(f, f"gemma2.{key}", default=default) for key, default in GEMMA2_SOFTCAPS.items()}
-    return {"attn_scale": scale_dim ** -0.5, "attn_softcap": caps["attn_logit_softcapping"],
-            "logit_softcap": caps["final_logit_softcapping"]}
+    return {"attn_scale": score_scale("gemma2", values["n_layers"], plain_head_dim, values["head_dim"]),
+            "attn_softcap": caps["attn_logit_softcapping"], "logit_softcap": caps["final_logit_softcapping"]}
 
 
 def _gemma3(f: GGUFFile, values: dict[str, Any], plain_head_dim: int) -> dict[str, Any]:
-    """Gemma 3 as llama.cpp runs it: scores scaled by 1/sqrt(head_dim) (1/sqrt(D/H) for the 62-layer
-    27B model), no attention soft-cap, the final one if the file has it; the sliding layers rotate by
-    `rope.freq_base_swa`, unscaled."""
-    head_dim = values["head_dim"] or plain_head_dim
-    out: dict[str, Any] = {"attn_scale": (plain_head_dim if values["n_layers"] == 62 else head_dim) ** -0.5}
+    """Gemma 3 as llama.cpp runs it: its score scale, no attention soft-cap, the final one if the file
+    has it."""
+    out: dict[str, Any] = {"attn_scale": score_scale("gemma3", values["n_layers"], plain_head_dim, values["head_dim"])}
     cap = _get(f, "gemma3.final_logit_softcapping", _FLOAT_TYPES, 0.0)
     if cap < 0 or not math.isfinite(cap):
         raise f.fail("gemma3.final_logit_softcapping", cap, "must be a finite number >= 0")
     if cap:
         out["logit_softcap"] = float(cap)
-    if values.get("sliding_window") is not None:
-        theta = _positive_float(f, "gemma3.rope.freq_base_swa", default=GEMMA3_SLIDING_THETA)
-        if (theta, None) != (values["rope_theta"], values.get("rope_scaling")):
-            out["sliding_rope_theta"] = theta
     return out
 
 
@@ -360,12 +370,7 @@ def _yarn(f: GGUFFile, arch: str, context: int) -> RopeScaling:
     original = _size(f, f"{arch}.rope.scaling.original_context_length", default=context)
     gain = _positive_float(f, f"{arch}.rope.scaling.attn_factor", default=1.0)
     return RopeScaling(kind="yarn", factor=factor, original_max_seq_len=original, truncate=True,
-                       attention_factor=yarn_gain(factor) * gain)
-
-
-def yarn_gain(factor: float) -> float:
-    """llama.cpp's YaRN magnitude scale of the angles: 1 + 0.1 ln(factor), 1 for factor <= 1."""
-    return 1.0 + 0.1 * math.log(factor) if factor > 1.0 else 1.0
+                       attention_factor=yarn_mscale(factor) * gain)
 
 
 # Llama 3.1 / 3.2 as Meta released them: low_freq_factor 1, high_freq_factor 4, an 8192-position original
@@ -426,7 +431,7 @@ def config_to_gguf(config: ModelConfig) -> tuple[str, list[tuple[str, Any, Any]]
                         (f"{arch}.rope.scaling.factor", f32, s.factor)]
         if s is not None and s.kind == "yarn":
             entries += [(f"{arch}.rope.scaling.original_context_length", u32, s.original_max_seq_len),
-                        (f"{arch}.rope.scaling.attn_factor", f32, s.attention_factor / yarn_gain(s.factor))]
+                        (f"{arch}.rope.scaling.attn_factor", f32, s.attention_factor / yarn_mscale(s.factor))]
     if config.n_experts:
         entries += [(f"{arch}.expert_count", u32, config.n_experts),
                     (f"{arch}.expert_used_count", u32, config.n_experts_per_token)]
@@ -558,11 +563,11 @@ def _rope_problems(config: ModelConfig, arch: str) -> list[str]:
                    "floors and ceils the correction dims, with beta 32 / 1)")
     if arch == "gemma3":
         out += _gemma3_problems(config)
-    if arch == "gemma2":
-        plain = config.d_model // config.n_heads
-        expected = (plain if config.n_layers == 46 else config.head_dim) ** -0.5
+    if arch in GEMMA_27B_LAYERS:
+        expected = score_scale(arch, config.n_layers, config.d_model // config.n_heads, config.head_dim)
         if config.attn_scale is None or not math.isclose(config.attn_scale, expected, rel_tol=1e-6):
-            out.append(f"attn_scale={config.attn_scale} (llama.cpp's gemma2 uses {expected:.6g})")
+            out.append(f"attn_scale={config.attn_scale} (llama.cpp's {arch} uses {expected:.6g})")
+    if arch == "gemma2":
         if config.attn_softcap is None or config.logit_softcap is None:
             out.append("attn_softcap and logit_softcap (llama.cpp's gemma2 always soft-caps)")
     return out
@@ -570,10 +575,6 @@ def _rope_problems(config: ModelConfig, arch: str) -> list[str]:
 
 def _gemma3_problems(config: ModelConfig) -> list[str]:
     out = []
-    plain = config.d_model // config.n_heads
-    expected = (plain if config.n_layers == 62 else config.head_dim) ** -0.5
-    if config.attn_scale is None or not math.isclose(config.attn_scale, expected, rel_tol=1e-6):
-        out.append(f"attn_scale={config.attn_scale} (llama.cpp's gemma3 uses {expected:.6g})")
     if config.sliding_rope_scaling is not None:
         out.append("sliding_rope_scaling (llama.cpp's gemma3 does not scale the sliding layers' RoPE)")
     if config.sliding_window is not None and config.sliding_rope_theta is None and config.rope_scaling is not None:

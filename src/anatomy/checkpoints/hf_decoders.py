@@ -31,7 +31,7 @@ from typing import Any
 
 from anatomy.config import ModelConfig, RopeScaling
 from anatomy.errors import ConfigError
-from anatomy.layers.rope_scaling import longrope_attention_factor, yarn_attention_factor
+from anatomy.layers.rope_scaling import longrope_attention_factor, yarn_attention_factor, yarn_mscale
 
 # HF activation names -> ours. gelu_new and gelu_pytorch_tanh are the same tanh approximation.
 ACTIVATIONS_IN = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -236,8 +236,7 @@ def _latent(hf: dict[str, Any], get, family: str) -> dict[str, Any]:
     scale = (nope + rope) ** -0.5
     params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     if params.get("rope_type", params.get("type", "default")) != "default" and params.get("mscale_all_dim"):
-        gain = 0.1 * params["mscale_all_dim"] * math.log(params["factor"]) + 1.0 if params["factor"] > 1 else 1.0
-        scale *= gain * gain
+        scale *= yarn_mscale(params["factor"], params["mscale_all_dim"]) ** 2
     return dict(head_dim=nope + rope, rotary_dim=rope, n_kv_heads=hf["num_attention_heads"],
                 kv_lora_rank=get("kv_lora_rank"), q_lora_rank=get("q_lora_rank") or 0, v_head_dim=get("v_head_dim"),
                 rope_interleaved=family == "deepseek_v2" or bool(get("rope_interleave")), attn_scale=scale)

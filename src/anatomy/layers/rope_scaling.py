@@ -96,14 +96,16 @@ def _longrope(theta: float, dim: int, factors: tuple[float, ...]) -> Tensor:
     return 1.0 / (torch.tensor(factors, dtype=torch.float32, device="cpu") * theta ** exponents)
 
 
+def yarn_mscale(factor: float, m: float = 1.0) -> float:
+    """YaRN's magnitude term 0.1 m ln(factor) + 1 (1 for factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+
 def yarn_attention_factor(factor: float, mscale: float | None = None, mscale_all_dim: float | None = None) -> float:
     """YaRN's cos/sin factor 0.1 ln(factor) + 1 (DeepSeek's variant: the ratio of two such terms)."""
-    def term(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     if mscale and mscale_all_dim:
-        return float(term(factor, mscale) / term(factor, mscale_all_dim))
-    return term(factor)
+        return float(yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim))
+    return yarn_mscale(factor)
 
 
 def longrope_attention_factor(factor: float, original: int) -> float:

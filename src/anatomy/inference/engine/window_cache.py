@@ -46,7 +46,7 @@ class WindowKVCache(LayerKVCache):
             where = input_pos % self.ring
             self.held.index_copy_(0, where, input_pos)
             self.columns = self.held
-            return self._write(where, k, v)
+            return super().update(where, k, v)  # written at ring slots `where`: the ring's keys and values
         before = (self._read("k"), self._read("v"), self.held.clone())
         new = self._encoded(k), self._encoded(v)
         keys, values = (_joined(old, fresh) for old, fresh in zip(before[:2], new))
@@ -55,7 +55,7 @@ class WindowKVCache(LayerKVCache):
         kept = input_pos[-self.ring:]
         where = kept % self.ring
         self.held.index_copy_(0, where, kept)
-        self._write(where, k[:, :, -self.ring:], v[:, :, -self.ring:])
+        super().update(where, k[:, :, -self.ring:], v[:, :, -self.ring:])
         return keys, values
 
     def keys_mask(self, mask: Tensor | None) -> Tensor:
@@ -69,14 +69,6 @@ class WindowKVCache(LayerKVCache):
         blocked = torch.zeros((), dtype=torch.bool, device=mask.device) if mask.dtype == torch.bool \
             else torch.tensor(float("-inf"), dtype=mask.dtype, device=mask.device)
         return torch.where(present, picked, blocked)
-
-    def _write(self, where: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor | Codes, Tensor | Codes]:
-        """k, v written at ring slots `where`; the ring's keys and values (as Codes for an 8-bit cache)."""
-        if self.kind:
-            return self._write_codes(where, k, "k"), self._write_codes(where, v, "v")
-        self.k.index_copy_(2, where, k.to(self.k.dtype))
-        self.v.index_copy_(2, where, v.to(self.v.dtype))
-        return self.k, self.v
 
     def _read(self, which: str) -> Tensor | Codes:
         """The ring's keys or values as they are (`_joined` copies them before the ring is written)."""
