@@ -134,7 +134,6 @@ def run(args: argparse.Namespace) -> int:
 def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list[BaseException],
           ranks: contextlib.ExitStack) -> None:
     """Load the model (and the embedding model), start the serving loop, report, mark ready."""
-    from anatomy.inference.engine import PagedKVCache
     from anatomy.serving.loop import ServingLoop
 
     try:
@@ -153,8 +152,7 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
             state.embedder = _embedder(state.embedding_name)
         loop.start()
         state.loop, state.tokenizer = loop, tokenizer
-        _report(args, loop, PagedKVCache.block_bytes(engine.config, args.block_size, engine.kv_dtype),
-                time.perf_counter() - start)
+        _report(args, loop, time.perf_counter() - start)
         state.ready.set()
     except Exception as exc:  # re-raised by run() once the server has stopped
         state.load_error = str(exc)
@@ -185,14 +183,16 @@ def _engine(args: argparse.Namespace, server, failures: list[BaseException], ran
     return named.engine(kv_dtype=args.kv_dtype, take_weights=takes_weights(args)), named.tokenizer
 
 
-def _report(args: argparse.Namespace, loop, block_bytes: int, seconds: float) -> None:
+def _report(args: argparse.Namespace, loop, seconds: float) -> None:
     """The start-up lines: the model's weights and the kernels serving them, the KV cache, the limits."""
     from anatomy import dtypes
+    from anatomy.inference.engine import PagedKVCache
 
-    blocks = loop.blocks.num_blocks
-    total = blocks * block_bytes
-    tokens = blocks * loop.blocks.block_size
     engine = loop.engine
+    blocks = loop.blocks.num_blocks
+    block_bytes = PagedKVCache.block_bytes(engine.config, args.block_size, engine.kv_dtype)
+    total = blocks * block_bytes if loop.window is None else _window_bytes(loop, args.block_size)[0]
+    tokens = blocks * loop.blocks.block_size
     print(f"anatomy serve: {args.model} (weights {args.weights}, {args.dtype}, branches "
           f"{dtypes.name_of(engine.branch_dtype)}) ready in {seconds:.1f} s; kernels "
           f"{'; '.join(engine.kernel_summary())}; a decode step reads {engine.decode_weight_bytes / 1e6:,.0f} MB "
@@ -205,6 +205,8 @@ def _report(args: argparse.Namespace, loop, block_bytes: int, seconds: float) ->
           f"tokens per sequence, up to {args.batch_size} sequences and {args.max_step_tokens} tokens per step; "
           f"prefix cache {'off' if args.no_prefix_cache else 'on'}; speculative decoding "
           f"{_speculation_note(args, loop)}", file=sys.stderr, flush=True)
+    if loop.window is not None:
+        print(f"anatomy serve: {_window_note(loop, args.block_size)}", file=sys.stderr, flush=True)
     layout = getattr(engine, "layout", None)
     if layout is not None:
         print(f"anatomy serve: {layout.describe()}: the weights, kernels and KV cache above are rank 0's shard; "
@@ -216,6 +218,27 @@ def _report(args: argparse.Namespace, loop, block_bytes: int, seconds: float) ->
     if loop.context < config_context:
         print(f"anatomy serve: warning: the KV memory holds {loop.context:,} tokens, less than the model's context "
               f"of {config_context:,}: requests are limited to {loop.context:,} tokens", file=sys.stderr, flush=True)
+
+
+def _window_note(loop, block_size: int) -> str:
+    """The capacity line of a cache whose sliding-window layers have their own group of blocks."""
+    held, unwindowed = _window_bytes(loop, block_size)
+    config, window = loop.engine.config, loop.window
+    return (f"the sliding-window layers ({sum(loop.cache.windowed)} of {config.cached_layers}, window "
+            f"{window.window:,}) keep {window.manager.num_blocks:,} blocks of their own and give back those outside "
+            f"the window: the cache is {held / 2 ** 20:,.0f} MiB, where every layer holding all of its "
+            f"{loop.blocks.num_blocks * block_size:,} tokens would need {unwindowed / 2 ** 20:,.0f} MiB")
+
+
+def _window_bytes(loop, block_size: int) -> tuple[int, int]:
+    """(bytes of a windowed cache's two groups of blocks, bytes of every layer holding the full group's tokens)."""
+    from anatomy.inference.engine import PagedKVCache
+
+    config, dtype = loop.engine.config, loop.engine.kv_dtype
+    full_bytes = PagedKVCache.block_bytes(config, block_size, dtype, windowed=False)
+    window_bytes = PagedKVCache.block_bytes(config, block_size, dtype, windowed=True)
+    held = loop.blocks.num_blocks * full_bytes + loop.window.manager.num_blocks * window_bytes
+    return held, loop.blocks.num_blocks * (full_bytes + window_bytes)
 
 
 def _speculation(args: argparse.Namespace, tokenizer):

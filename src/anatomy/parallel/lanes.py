@@ -40,6 +40,10 @@ class Lanes:
         self._load = {id(loop): 0 for loop in loops}
         self._lock = threading.Lock()
 
+    @property
+    def held_bytes(self) -> int:
+        return sum(loop.held_bytes for loop in self.loops)
+
     @classmethod
     def of(cls, engine, tokenizer: Any = None, *, lanes: int, kv_bytes: int, **options: Any) -> Lanes:
         return cls([ServingLoop(engine, tokenizer, kv_bytes=kv_bytes // lanes, **options) for _ in range(lanes)])

@@ -183,10 +183,22 @@ def gauges(loop: ServingLoop) -> dict[str, tuple[str, float]]:
         "kv_blocks_total": (f"KV-cache blocks of {blocks.block_size} tokens", blocks.num_blocks),
         "kv_cache_tokens": (f"Tokens the KV cache holds ({loop.engine.kv_dtype})", blocks.num_blocks * blocks.block_size),
         "kv_cache_bytes": ("Bytes of the KV cache's blocks (scales included)", loop.cache.nbytes),
+        "kv_held_bytes": ("Bytes of the KV blocks the sequences hold (every group)", loop.held_bytes),
+        **(window_gauges(loop.window) if loop.window else {}),
         "prefix_cache_queries_total": ("Prompt tokens looked up in the prefix cache", blocks.queried_tokens),
         "prefix_cache_hits_total": ("Prompt tokens found in the prefix cache", blocks.hit_tokens),
         "prefix_cache_hit_rate": ("Prefix-cache hits / queries, in tokens", blocks.hit_rate),
         "preemptions_total": ("Sequences preempted (recomputed later)", scheduler.preemptions),
+    }
+
+
+def window_gauges(window) -> dict[str, tuple[str, float]]:
+    """The sliding-window layers' group of blocks (serving/window_blocks.py)."""
+    blocks = window.manager
+    return {
+        "kv_window_blocks_used": ("Sliding-window layers' KV blocks held by sequences", blocks.used),
+        "kv_window_blocks_free": ("Sliding-window layers' KV blocks free", blocks.free),
+        "kv_window_blocks_total": (f"Sliding-window layers' KV blocks (window {window.window})", blocks.num_blocks),
     }
 
 

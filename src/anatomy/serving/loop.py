@@ -44,6 +44,7 @@ from anatomy.serving.prompt_logprobs import PromptLogprobStore, record, wants_pr
 from anatomy.serving.scheduler import Scheduler
 from anatomy.serving.sequence import Event, Sequence, TokenLogprob
 from anatomy.serving.drafting import Drafter
+from anatomy.serving.window_blocks import WindowBlocks
 from anatomy.serving.speculation import DRAFTED, ServedSpeculation, accept
 
 # Running a forward costs a read of every weight however few its rows; padding a prefill chunk costs
@@ -61,19 +62,18 @@ class ServingLoop:
                  name: str = "model", speculation: ServedSpeculation | None = None) -> None:
         self.engine, self.tokenizer, self.speculation = engine, tokenizer, speculation
         config = engine.config
-        block_bytes = PagedKVCache.block_bytes(config, block_size, engine.kv_dtype)
-        num_blocks = kv_bytes // block_bytes
-        if num_blocks < 2:
-            raise InputError(f"a KV memory of {kv_bytes:,} bytes holds {num_blocks} blocks of {block_size} tokens "
-                             f"({block_bytes:,} bytes each); at least 2 are needed")
+        num_blocks, window_blocks = split_blocks(config, kv_bytes, block_size, engine.kv_dtype, max_seqs=max_seqs,
+                                                 max_step_tokens=max_step_tokens)
         self.context = min(config.max_seq_len, num_blocks * block_size)  # the most tokens one sequence can hold
-        self.cache = engine.paged_cache(num_blocks=num_blocks, block_size=block_size)
+        self.cache = engine.paged_cache(num_blocks=num_blocks, block_size=block_size, window_blocks=window_blocks)
         self.drafter = Drafter(speculation.draft, num_blocks=num_blocks, block_size=block_size, context=self.context,
                                vocab_size=config.vocab_size) if speculation and speculation.draft else None
         self.blocks = BlockManager(num_blocks, block_size)
+        self.window = WindowBlocks(BlockManager(window_blocks, block_size), config.sliding_window) \
+            if window_blocks is not None else None
         self.prompt_store = PromptLogprobStore(block_size)
         self.scheduler = Scheduler(self.blocks, max_seqs=max_seqs, max_step_tokens=max_step_tokens,
-                                   prefix_caching=prefix_caching, prompt_logprobs=self.prompt_store)
+                                   prefix_caching=prefix_caching, prompt_logprobs=self.prompt_store, window=self.window)
         self.metrics = ServingMetrics(name)
         self.eos_ids = eos_ids(engine.config, tokenizer)
         self._inbox: queue.SimpleQueue[tuple[str, Sequence]] = queue.SimpleQueue()
@@ -212,7 +212,8 @@ class ServingLoop:
         if group[0][0].draft:
             return self._verify(group)
         chunks = [Chunk(seq.tokens[seq.computed:seq.computed + n], seq.computed, seq.blocks,
-                        logits=n if wants_prompt_logits(seq, n) else int(seq.computed + n == len(seq.tokens)))
+                        logits=n if wants_prompt_logits(seq, n) else int(seq.computed + n == len(seq.tokens)),
+                        window_blocks=self._window_table(seq))
                   for seq, n in group]
         logits = self.engine.step(self.cache, chunks)  # [sum of chunk.logits, V]
         prompt_tokens, row, ends = 0, 0, []
@@ -236,7 +237,8 @@ class ServingLoop:
     def _verify(self, group: list[tuple[Sequence, int]]) -> None:
         """One forward over each row's last token and draft -> the agreed tokens emitted one by one, the
         cache advanced past them (what lies beyond, the rejected guesses, is written over later)."""
-        chunks = [Chunk(seq.tokens[seq.computed:] + seq.draft, seq.computed, seq.blocks, logits=n) for seq, n in group]
+        chunks = [Chunk(seq.tokens[seq.computed:] + seq.draft, seq.computed, seq.blocks, logits=n,
+                        window_blocks=self._window_table(seq)) for seq, n in group]
         logits = self.engine.step(self.cache, chunks).split([n for _, n in group])  # per row [1 + k, V]
         self.metrics.step(0, len(group))
         for (seq, n), rows in zip(group, logits):
@@ -251,6 +253,18 @@ class ServingLoop:
                     break
             else:
                 self.scheduler.advance(seq, kept + 1)
+
+    def _window_table(self, seq: Sequence) -> list[int] | None:
+        return seq.window_blocks if self.window else None
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the KV blocks the running sequences hold (every group)."""
+        config, dtype, bs = self.engine.config, self.engine.kv_dtype, self.blocks.block_size
+        if not self.window:
+            return self.blocks.used * PagedKVCache.block_bytes(config, bs, dtype)
+        return (self.blocks.used * PagedKVCache.block_bytes(config, bs, dtype, windowed=False)
+                + self.window.manager.used * PagedKVCache.block_bytes(config, bs, dtype, windowed=True))
 
     @staticmethod
     def _logprobs(logits: Tensor, tokens: list[int], top: int | None) -> list[TokenLogprob | None]:
@@ -307,6 +321,28 @@ class ServingLoop:
             self.scheduler.finish(seq)
             self.metrics.finish("error", None)
             _deliver(seq, Event(None, "", finish_reason="error", error=message))
+
+
+def split_blocks(config, kv_bytes: int, block_size: int, kv_dtype: str, *, max_seqs: int,
+                 max_step_tokens: int) -> tuple[int, int | None]:
+    """(blocks of the full layers' group, blocks of the sliding-window layers' group or None: one group)
+    that `kv_bytes` holds. The window group gets what max_seqs sequences can hold at once (each its window and
+    a step's tokens), where that is less than an even split; the full layers get the rest."""
+    whole = PagedKVCache.block_bytes(config, block_size, kv_dtype)
+    even = kv_bytes // whole
+    if even < 2:
+        raise InputError(f"a KV memory of {kv_bytes:,} bytes holds {even} blocks of {block_size} tokens "
+                         f"({whole:,} bytes each); at least 2 are needed")
+    if config.sliding_window is None or not config.is_decoder:
+        return even, None
+    per_seq = -(-(config.sliding_window + max_step_tokens) // block_size) + 1
+    window_blocks = max_seqs * per_seq
+    if window_blocks >= even:
+        return even, None
+    full = PagedKVCache.block_bytes(config, block_size, kv_dtype, windowed=False)
+    rest = kv_bytes - window_blocks * PagedKVCache.block_bytes(config, block_size, kv_dtype, windowed=True)
+    reach = max_seqs * -(-config.max_seq_len // block_size)  # every layer windowed: blocks only name positions
+    return (rest // full if full else reach), window_blocks
 
 
 def _within_grammar(seq: Sequence) -> None:

@@ -8,6 +8,9 @@ scheduler and the block manager when scraped.
     anatomy_kv_cache_tokens / anatomy_kv_cache_bytes   tokens the paged KV cache holds, and its bytes
     anatomy_kv_blocks_used / _free / _total       blocks of the paged KV cache (free includes
                                                   cached blocks no sequence holds: evictable)
+    anatomy_kv_window_blocks_used / _free / _total   the same for the sliding-window layers' own group
+                                                  (only where the cache has one: window_blocks.py)
+    anatomy_kv_held_bytes                         bytes of the blocks the sequences hold, every group
     anatomy_prefix_cache_queries_total / _hits_total / anatomy_prefix_cache_hit_rate
                                                   prompt tokens looked up / found in the cache
     anatomy_prompt_tokens_total, anatomy_generation_tokens_total, and per second over the last

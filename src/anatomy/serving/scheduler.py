@@ -17,6 +17,9 @@ Each step has a budget of `max_step_tokens` tokens:
 
 A waiting sequence is admitted only if it leaves one free block per running sequence (a
 watermark), so that admitting it does not preempt the others in the next step.
+
+With a windowed cache (window_blocks.py), every block a sequence grows by is one block of each group,
+taken together or not at all, and a sequence gives back its sliding-window blocks as they leave the window.
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ from collections import deque
 from anatomy.serving.blocks import BlockManager, chain_hashes
 from anatomy.serving.prompt_logprobs import PromptLogprobStore
 from anatomy.serving.sequence import Sequence, Status
+from anatomy.serving.window_blocks import WindowBlocks
 
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, *, max_seqs: int, max_step_tokens: int,
-                 prefix_caching: bool = True, prompt_logprobs: PromptLogprobStore | None = None) -> None:
-        self.blocks, self.block_size = blocks, blocks.block_size
+                 prefix_caching: bool = True, prompt_logprobs: PromptLogprobStore | None = None,
+                 window: WindowBlocks | None = None) -> None:
+        self.blocks, self.block_size, self.window = blocks, blocks.block_size, window
         self.max_seqs, self.max_step_tokens = max_seqs, max_step_tokens
         self.prefix_caching = prefix_caching
         self.prompt_logprobs = prompt_logprobs
@@ -81,7 +86,11 @@ class Scheduler:
             seq.hashes = chain_hashes(seq.tokens, self.block_size, start=seq.hashes, limit=full)
             for i in range(seq.registered, full):
                 self.blocks.register(seq.blocks[i], seq.hashes[i])
+                if self.window:
+                    self.window.register(seq, i, seq.hashes[i])
             seq.registered = full
+        if self.window:
+            self.window.trim(seq)
 
     def finish(self, seq: Sequence) -> None:
         """A finished or cancelled sequence leaves at once; its blocks are freed (cached ones stay
@@ -102,11 +111,9 @@ class Scheduler:
             if not seq.draft:
                 continue
             extra = len(seq.draft)
-            need = max(0, self._blocks_for(seq.computed + n + extra) - len(seq.blocks))
-            if extra > budget or need > self.blocks.free:
+            if extra > budget or not self._grow(seq, seq.computed + n + extra):
                 seq.draft = []
                 continue
-            seq.blocks += self.blocks.allocate(need)
             scheduled[seq] = n + extra
             budget -= extra
         return budget
@@ -114,16 +121,27 @@ class Scheduler:
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
+    def _free_blocks(self) -> int:
+        """Blocks that can be handed out in every group."""
+        return min(self.blocks.free, self.window.manager.free) if self.window else self.blocks.free
+
+    def _grow(self, seq: Sequence, tokens: int) -> bool:
+        """Blocks (of every group) for seq's first `tokens` tokens; False, nothing taken, where they are not free."""
+        need = self._blocks_for(tokens) - len(seq.blocks)
+        if need <= 0:
+            return True
+        if need > self._free_blocks():
+            return False
+        seq.blocks += self.blocks.allocate(need)
+        if self.window:
+            self.window.grow(seq, need)
+        return True
+
     def _reserve(self, seq: Sequence, tokens: int, scheduled: dict[Sequence, int]) -> bool:
         """Blocks for seq's first `tokens` tokens, preempting running sequences from the most recently
         admitted one while none are free; False (seq not to run this step) if seq itself was the one
         preempted, or if the next one to preempt is already part of this step."""
-        need = self._blocks_for(tokens) - len(seq.blocks)
-        while need > 0:
-            got = self.blocks.allocate(need)
-            if got is not None:
-                seq.blocks += got
-                return True
+        while not self._grow(seq, tokens):
             victim = self.running[-1]
             if victim in scheduled:
                 return False
@@ -143,6 +161,8 @@ class Scheduler:
 
     def _free(self, seq: Sequence) -> None:
         self.blocks.release(seq.blocks)
+        if self.window:
+            self.window.release(seq)
         seq.blocks, seq.computed, seq.registered = [], 0, 0
 
     def _admit(self, seq: Sequence, budget: int) -> int:
@@ -159,16 +179,26 @@ class Scheduler:
             if seq.prompt_logprobs is not None:  # only blocks whose prompt logprobs are known too
                 keep = self.prompt_logprobs.take(seq, hashes[:len(cached)]) if self.prompt_logprobs else 0
                 cached, hashes = cached[:keep], hashes[:keep]
+            if self.window:  # the sliding-window layers' blocks of the prefix's last window are needed too
+                cached = cached[:self.window.usable(hashes, len(cached))]
+                hashes = hashes[:len(cached)]
         start = len(cached) * self.block_size
         n = min(len(seq.tokens) - start, budget)
         fresh = self._blocks_for(start + n) - len(cached)
         taken_from_free = fresh + sum(1 for b in cached if self.blocks.ref_count[b] == 0)
         if self.blocks.free - taken_from_free < len(self.running):
             return 0
+        if self.window and (self.window.manager.free - self.window.needed_from_free(hashes, len(cached), fresh)
+                            < len(self.running)):
+            return 0
         if self.prefix_caching:
             seq.blocks = self.blocks.lookup(hashes, tokens=len(seq.tokens))
             seq.registered = len(seq.blocks)
             seq.computed = start
+            if self.window:
+                self.window.lookup(seq, hashes, len(cached))
         seq.blocks += self.blocks.allocate(fresh)
+        if self.window:
+            self.window.grow(seq, fresh)
         seq.status = Status.RUNNING
         return n

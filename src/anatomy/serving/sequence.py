@@ -67,6 +67,8 @@ class Sequence:
     status: Status = Status.WAITING
     computed: int = 0
     blocks: list[int] = field(default_factory=list)
+    window_blocks: list[int] = field(default_factory=list)  # the sliding-window layers' (window_blocks.py)
+    window_start: int = 0  # window_blocks before it are given back (-1)
     hashes: list[bytes] = field(default_factory=list)  # prefix-cache keys of its full blocks so far
     registered: int = 0  # full blocks entered into the prefix cache
     preemptions: int = 0

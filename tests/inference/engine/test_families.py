@@ -42,3 +42,22 @@ def test_paged_static_and_speculative_decoding_agree(family_tiny):
     windowed = family_tiny.config.sliding_window is not None
     assert any(isinstance(layer, WindowKVCache) for caches in engine._caches.values() for c in caches
                for layer in c) == windowed
+
+
+@torch.inference_mode()
+def test_a_windowed_paged_cache_reads_given_back_blocks_as_masked():
+    """The sliding-window layers' own group of blocks (window_blocks): with every block wholly before the
+    window given back (-1 in the window table), a step still gives the model's logits."""
+    from ..conftest import gemma3_tiny
+
+    model = gemma3_tiny()  # window 4 on layers 0 and 1
+    engine = DecoderEngine(model)
+    cache = engine.paged_cache(num_blocks=12, block_size=4, window_blocks=5)
+    assert cache.windowed == (True, True, False)
+    assert cache[0].k.shape[0] == 6 and cache[2].k.shape[0] == 13
+    prompt = list(range(10, 31))  # 21 tokens: blocks 0..5
+    full, window = [11, 3, 8, 0, 5, 9], [4, 1, 0, 2]
+    engine.step(cache, [Chunk(prompt[:13], 0, full, logits=0, window_blocks=window)])
+    # the next query (position 13) reads keys 10..13: blocks 0 and 1 are given back, 2 and 3 hold the window
+    logits = engine.step(cache, [Chunk(prompt[13:], 13, full, window_blocks=[-1, -1, 0, 2, 3, 1])])
+    torch.testing.assert_close(logits[0], model(torch.tensor([prompt]))[0, -1], rtol=1e-4, atol=1e-4)

@@ -78,15 +78,16 @@ class StaticBody(nn.Module):
 
 class PagedBody(nn.Module):
     """The blocks of one decode step over a paged cache: (ids [B, 1], positions [B, 1], slots [B],
-    tables [B * nb], the Context's tensors) -> [B, D]."""
+    tables [B * nb] (and the window group's), the Context's tensors) -> [B, D]."""
 
-    def __init__(self, stack: Stack, cache: nn.Module, names: tuple[str, ...], blocks: int) -> None:
+    def __init__(self, stack: Stack, cache: nn.Module, names: tuple[str, ...], blocks: int, groups: int) -> None:
         super().__init__()
-        self.stack, self.cache, self.names, self.blocks = stack, cache, names, blocks
+        self.stack, self.cache, self.names, self.blocks, self.groups = stack, cache, names, blocks, groups
 
-    def forward(self, ids: Tensor, positions: Tensor, slots: Tensor, tables: Tensor, *tensors: Tensor) -> Tensor:
-        where = BlockSlots(slots, tables, ids.shape[0], 1, self.blocks)
-        ctx = context_of(self.names, tensors)
+    def forward(self, ids: Tensor, positions: Tensor, *tensors: Tensor) -> Tensor:
+        n = 2 * self.groups
+        where = BlockSlots.of(tensors[:n], ids.shape[0], 1, self.blocks)
+        ctx = context_of(self.names, tensors[n:])
         return self.stack.run(ids, ctx, position_ids=positions, cache=self.cache.layers(where))[:, -1]
 
 
@@ -104,8 +105,7 @@ class Captured:
 
     def paged(self, inputs) -> Tensor:
         with torch.jit.optimized_execution(False):
-            return self.traced(inputs.ids, inputs.positions, inputs.where.slots, inputs.where.tables,
-                               *arguments(inputs.ctx))
+            return self.traced(inputs.ids, inputs.positions, *inputs.where.tensors(), *arguments(inputs.ctx))
 
 
 def capturable(stack: Stack, ctx: Context) -> bool:
@@ -126,9 +126,9 @@ def capture_paged(stack: Stack, cache: nn.Module, inputs) -> Captured | None:
     """Trace the blocks of a paged decode step of this shape (as capture_static)."""
     if not capturable(stack, inputs.ctx):
         return None
-    body = PagedBody(stack, cache, signature(inputs.ctx), inputs.where.blocks)
-    return _trace(body, (inputs.ids, inputs.positions, inputs.where.slots, inputs.where.tables,
-                         *arguments(inputs.ctx)))
+    tensors = inputs.where.tensors()
+    body = PagedBody(stack, cache, signature(inputs.ctx), inputs.where.blocks, len(tensors) // 2)
+    return _trace(body, (inputs.ids, inputs.positions, *tensors, *arguments(inputs.ctx)))
 
 
 def _trace(body: nn.Module, example: tuple[Tensor, ...]) -> Captured | None:

@@ -220,14 +220,15 @@ class DecoderEngine:
 
     # -- serving over a paged cache ----------------------------------------------------------------
 
-    def paged_cache(self, *, num_blocks: int, block_size: int) -> PagedKVCache:
-        """A paged KV cache of `num_blocks` blocks of `block_size` tokens holding the engine's kv_dtype;
-        attention reads a float one's blocks in place where that measures faster than gathering them."""
+    def paged_cache(self, *, num_blocks: int, block_size: int, window_blocks: int | None = None) -> PagedKVCache:
+        """A paged KV cache of `num_blocks` blocks of `block_size` tokens holding the engine's kv_dtype
+        (`window_blocks`: the sliding-window layers' own group of blocks, paged.py); attention reads a
+        float one's blocks in place where that measures faster than gathering them."""
         reader = self._reader
         if self._codes is None and self.device.type == "cpu" and not self.compiled:
             reader = paged_reader(self.config, self._cache_dtype, cache=self._plan_cache)
         return PagedKVCache(self.config, num_blocks=num_blocks, block_size=block_size, dtype=self._cache_dtype,
-                            device=self.device, codes=self._codes, reader=reader)
+                            device=self.device, codes=self._codes, reader=reader, window_blocks=window_blocks)
 
     @torch.inference_mode()
     def step(self, cache: PagedKVCache, chunks: list[Chunk]) -> Tensor:
@@ -253,7 +254,8 @@ class DecoderEngine:
         if not self.captured:
             return 0
         for rows in sorted({_rows_bucket(b) for b in batches}):
-            inputs = paged_inputs(self.model.stack, cache, [Chunk([0], 0, [cache.scratch])], rows=rows,
+            chunk = Chunk([0], 0, [cache.scratch], window_blocks=[-1])
+            inputs = paged_inputs(self.model.stack, cache, [chunk], rows=rows,
                                   blocks_multiple=max(1, BUCKET // cache.block_size))
             key = _paged_key(cache, inputs)
             if key not in self._bodies:

@@ -17,6 +17,10 @@ anything else gathers the rows' blocks, a copy of every row's keys and values pe
 The pools start zeroed and every slot ever gathered is finite (scratch included), so masked keys
 can never turn an attention row into NaN (0 * NaN is NaN, 0 * a finite value is 0).
 
+With `window_blocks`, the sliding-window layers' pools are a second, smaller group of blocks with
+tables of their own (`BlockSlots.window`): a sequence gives back a block of that group once it lies
+wholly outside the window, and its table entry then reads the group's scratch block (masked).
+
 An 8-bit cache's pools hold codes [N + 1, bs, H_kv, d_h] and a float16 scale per token and head
 [N + 1, bs, H_kv] (anatomy/kv_format.py): a block costs about half of bf16's, so the same budget holds
 twice the tokens; the gather copies codes, and attention reads them as they are.
@@ -56,32 +60,41 @@ class PagedKVCache(nn.ModuleList):
     """The block pools of every layer (an nn.ModuleList of PagedPool, so a captured step holds them)."""
 
     def __init__(self, config: ModelConfig, *, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu", codes: str | None = None, reader=None) -> None:
-        shape = (num_blocks + 1, block_size, config.n_kv_heads, config.head_dim)
+                 device: torch.device | str = "cpu", codes: str | None = None, reader=None,
+                 window_blocks: int | None = None) -> None:
+        token = (config.n_kv_heads, config.head_dim)
         if config.latent:  # one "head" per token: the latent and the RoPE key
             if codes:
                 raise InputError(f"kv_dtype={codes!r}: a latent-attention cache (kv_lora_rank="
                                  f"{config.kv_lora_rank}) holds floats only")
-            shape = (num_blocks + 1, block_size, 1, config.kv_values_per_layer)
-        super().__init__(PagedPool(shape, dtype=dtype, device=device, codes=codes, reader=reader,
-                                   keys_only=config.latent) for _ in range(config.cached_layers))
+            token = (1, config.kv_values_per_layer)
+        self.windowed = windowed_layers(config) if window_blocks is not None else (False,) * config.cached_layers
+        super().__init__(PagedPool(((window_blocks if w else num_blocks) + 1, block_size, *token), dtype=dtype,
+                                   device=device, codes=codes, reader=reader, keys_only=config.latent)
+                         for w in self.windowed)
         self.num_blocks, self.block_size, self.dtype, self.kind = num_blocks, block_size, dtype, codes
+        self.window_blocks = window_blocks
         self.scratch = num_blocks  # the extra block padding writes to and missing blocks read from
+        self.window_scratch = window_blocks  # the same in the sliding-window layers' group
         self.tables: ContextTables | None = None  # the RoPE table of a stack, made on first use
 
     @staticmethod
-    def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype | str) -> int:
+    def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype | str, *,
+                    windowed: bool | None = None) -> int:
         """Bytes one block costs over all layers, K and V (scales included): dtype a float torch dtype
-        or a KV dtype name."""
-        return bytes_per_token(config, dtype) * block_size
+        or a KV dtype name; `windowed` True or False: over the sliding-window layers' group or the others only."""
+        layers = config.cached_layers
+        if windowed is not None:
+            layers = sum(w == windowed for w in windowed_layers(config))
+        return bytes_per_token(config, dtype) * block_size * layers // config.cached_layers
 
     @property
     def nbytes(self) -> int:
         return sum(b.nbytes for name, b in self.named_buffers() if not name.endswith("lut"))
 
     def layers(self, where: BlockSlots) -> list[PagedLayer]:
-        """Each layer's LayerCache for one step laid out by `where`."""
-        return [PagedLayer(pool, where) for pool in self]
+        """Each layer's LayerCache for one step laid out by `where` (a sliding-window layer's by `where.window`)."""
+        return [PagedLayer(pool, where.window if w else where) for pool, w in zip(self, self.windowed)]
 
     def context_tables(self, stack: Stack, length: int) -> ContextTables:
         """The position tables of `stack` over `length` positions (made once, grown when a longer step comes)."""
@@ -96,7 +109,8 @@ class BlockSlots:
     """Where a step's tokens go and which blocks each row reads.
 
     slots [B * S] flat pool slots of the new tokens (row-major; padding -> scratch slots),
-    tables [B * nb] the block ids each row reads (padding -> the scratch block); B, S, nb.
+    tables [B * nb] the block ids each row reads (padding -> the scratch block); B, S, nb;
+    window_slots, window_tables: the same in the sliding-window layers' group (None: no such group).
     """
 
     slots: Tensor
@@ -104,6 +118,23 @@ class BlockSlots:
     rows: int
     new: int
     blocks: int
+    window_slots: Tensor | None = None
+    window_tables: Tensor | None = None
+
+    @property
+    def window(self) -> BlockSlots:
+        """Where the sliding-window layers' group writes and reads."""
+        return BlockSlots(self.window_slots, self.window_tables, self.rows, self.new, self.blocks)
+
+    def tensors(self) -> tuple[Tensor, ...]:
+        """slots, tables (and the window group's): what a captured step takes."""
+        extra = () if self.window_slots is None else (self.window_slots, self.window_tables)
+        return (self.slots, self.tables) + extra
+
+    @staticmethod
+    def of(tensors: tuple[Tensor, ...], rows: int, new: int, blocks: int) -> BlockSlots:
+        """The BlockSlots whose `tensors()` these are."""
+        return BlockSlots(*tensors[:2], rows, new, blocks, *tensors[2:])
 
 
 class PagedLayer:
@@ -145,12 +176,14 @@ class PagedLayer:
 class Chunk:
     """One row of a step: `tokens` to run at positions start, start+1, ... of a sequence whose block
     table (covering them) is `blocks`; the logits of its last `logits` tokens are wanted (0: none,
-    1: the next token's, more: speculative verification or prompt log-probabilities)."""
+    1: the next token's, more: speculative verification or prompt log-probabilities). With a windowed
+    cache, `window_blocks` is its table in the sliding-window layers' group (-1: a block given back)."""
 
     tokens: list[int]
     start: int
     blocks: list[int]
     logits: int = 1
+    window_blocks: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -170,29 +203,52 @@ def paged_inputs(stack: Stack, cache: PagedKVCache, chunks: list[Chunk], *, rows
     """The inputs of one step over `chunks`; `rows` pads the batch with rows that write to and read
     from the scratch block, `blocks_multiple` rounds the blocks each row reads up (a captured step's
     shape)."""
-    bs, scratch = cache.block_size, cache.scratch
+    bs = cache.block_size
     B, S = max(rows or 0, len(chunks)), max(len(c.tokens) for c in chunks)
     nb = max(-(-(c.start + len(c.tokens)) // bs) for c in chunks)
     if blocks_multiple:
         nb = -(-nb // blocks_multiple) * blocks_multiple
-    ids, positions, slots, tables, want_rows, want_cols = [], [], [], [], [], []
+    windowed = cache.window_blocks is not None
+    if windowed and any(c.window_blocks is None for c in chunks):
+        raise InputError("a cache with a sliding-window group of blocks needs each chunk's window_blocks")
+    ids, positions, want_rows, want_cols = [], [], [], []
     for i, c in enumerate(chunks):
         n, pad = len(c.tokens), S - len(c.tokens)
-        pos = list(range(c.start, c.start + n))
         ids.append(c.tokens + [0] * pad)
-        positions.append(pos + [0] * pad)
-        slots += [c.blocks[p // bs] * bs + p % bs for p in pos] + [scratch * bs + j % bs for j in range(pad)]
-        tables += c.blocks[:nb] + [scratch] * (nb - min(nb, len(c.blocks)))
+        positions.append(list(range(c.start, c.start + n)) + [0] * pad)
         want_rows += [i] * c.logits
         want_cols += range(n - c.logits, n)
     for _ in range(B - len(chunks)):  # padding rows: position 0 in the scratch block
         ids.append([0] * S)
         positions.append([0] * S)
-        slots += [scratch * bs + j % bs for j in range(S)]
-        tables += [scratch] * nb
     as_long = dict(dtype=torch.long, device=cache[0].k.device)
+    groups = [_layout([c.blocks for c in chunks], chunks, cache.scratch, B, S, nb, bs, as_long)]
+    if windowed:
+        groups.append(_layout([c.window_blocks for c in chunks], chunks, cache.window_scratch, B, S, nb, bs, as_long))
     ids, positions = torch.tensor(ids, **as_long), torch.tensor(positions, **as_long)  # [B, S]
-    where = BlockSlots(torch.tensor(slots, **as_long), torch.tensor(tables, **as_long), B, S, nb)
+    where = BlockSlots.of(tuple(t for group in groups for t in group), B, S, nb)
     ctx = cache.context_tables(stack, nb * bs).build(positions, q_slots=positions, keys=nb * bs)
     wanted = (torch.tensor(want_rows, **as_long), torch.tensor(want_cols, **as_long))
     return PagedInputs(ids, positions, ctx, where, wanted)
+
+
+def _layout(tables: list[list[int]], chunks: list[Chunk], scratch: int, B: int, S: int, nb: int, bs: int,
+            as_long: dict) -> tuple[Tensor, Tensor]:
+    """One group's slots [B * S] and tables [B * nb] for the chunks' block tables (-1 and padding -> scratch)."""
+    slots, flat = [], []
+    for c, table in zip(chunks, tables):
+        pad = S - len(c.tokens)
+        slots += [(scratch if table[p // bs] < 0 else table[p // bs]) * bs + p % bs
+                  for p in range(c.start, c.start + len(c.tokens))]
+        slots += [scratch * bs + j % bs for j in range(pad)]
+        row = [scratch if b < 0 else b for b in table[:nb]]
+        flat += row + [scratch] * (nb - len(row))
+    for _ in range(B - len(chunks)):
+        slots += [scratch * bs + j % bs for j in range(S)]
+        flat += [scratch] * nb
+    return torch.tensor(slots, **as_long), torch.tensor(flat, **as_long)
+
+
+def windowed_layers(config: ModelConfig) -> tuple[bool, ...]:
+    """Which cached layers attend through a sliding window (their blocks can go once out of it)."""
+    return tuple(config.layer_window(i) is not None for i in range(config.cached_layers))
