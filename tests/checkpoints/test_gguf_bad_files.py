@@ -165,7 +165,7 @@ BAD_METADATA = {
     "missing embedding length": ({}, ("llama.embedding_length",), "llama.embedding_length=None"),
     "unsupported architecture": ({"general.architecture": (STRING, "mamba")}, (),
                                  "supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma, gemma2, gemma3, smollm3, "
-                                 "gpt-oss, phi3, gpt2"),
+                                 "gpt-oss, phi3, deepseek2, gpt2"),
     "bos id outside the vocabulary": ({"tokenizer.ggml.bos_token_id": (UINT32, 12)}, (),
                                       "tokenizer.ggml.bos_token_id"),
     "negative eps": ({"llama.attention.layer_norm_rms_epsilon": (FLOAT32, -1.0)}, (), "layer_norm_rms_epsilon"),

@@ -118,6 +118,8 @@ def part_shape(part: Part, shape: torch.Size) -> tuple[int, ...]:
     """The shape (torch order) of the GGUF tensor `part` of one of our tensors of `shape`."""
     if part.experts:
         return (part.experts, part.rows, *shape[2:])
+    if part.per_head:
+        return (part.per_head, shape[-1], part.rows) if part.transposed else (part.per_head, part.rows, shape[-1])
     return (part.rows, *shape[1:])
 
 
@@ -134,8 +136,8 @@ def _short(names: list[str], n: int = 6) -> str:
 
 
 def _assemble(f: GGUFFile, parts: list[Part], shape: torch.Size, dtype: torch.dtype) -> Tensor:
-    """One of our tensors from its GGUF parts: fused along rows (of each expert), rotary row order
-    undone, Gemma's 1 + w back to w."""
+    """One of our tensors from its GGUF parts: fused along rows (of each expert, or of each head), rotary
+    row order undone, Gemma's 1 + w back to w."""
     if len(parts) == 1 and not parts[0].heads:
         t = f.tensors[parts[0].name]
         x = dequantize(f.raw(t.name), t.type, t.shape).reshape(shape)  # float types stay a view of the file
@@ -146,6 +148,9 @@ def _assemble(f: GGUFFile, parts: list[Part], shape: torch.Size, dtype: torch.dt
         t = f.tensors[p.name]
         if p.experts:  # [E, rows, C] fills rows row..row+rows of every expert
             out[:, row:row + p.rows] = dequantize(f.raw(p.name), t.type, t.shape)
+        elif p.per_head:  # [H, rows, C] (or [H, C, rows]) fills rows row..row+rows of every head's group
+            x = dequantize(f.raw(p.name), t.type, t.shape)
+            out.view(p.per_head, -1, shape[-1])[:, row:row + p.rows] = x.transpose(1, 2) if p.transposed else x
         else:
             dequantize(part_bytes(f.raw(p.name), p), t.type, t.shape, out=out[row:row + p.rows])
         row += p.rows
@@ -197,7 +202,11 @@ def _entry(full: Tensor, part: Part, row: int, type_name: str) -> TensorEntry:
     shape = part_shape(part, full.shape)
 
     def data() -> Any:
-        x = (full[:, row:row + part.rows] if part.experts else full[row:row + part.rows]).detach().float()
+        if part.per_head:
+            x = full.view(part.per_head, -1, full.shape[-1])[:, row:row + part.rows]
+            x = (x.transpose(1, 2) if part.transposed else x).detach().float().contiguous()
+        else:
+            x = (full[:, row:row + part.rows] if part.experts else full[row:row + part.rows]).detach().float()
         if part.heads:
             x = to_gguf_rows(x, part.heads)
         if part.offset:

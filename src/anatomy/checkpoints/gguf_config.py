@@ -67,6 +67,7 @@ ARCHITECTURES: dict[str, Architecture] = {
                                     "swiglu_limit": 7.0, "swiglu_alpha": 1.702},
                             experts="renormalized", window="pattern", period=2, sliding="main"),
     "phi3": Architecture(fields=_LLAMA_LIKE),
+    "deepseek2": Architecture(fields={**_LLAMA_LIKE, "rope_interleaved": True}, experts="plain"),
     "gpt2": Architecture(
         fields={"norm": "layernorm", "ffn": "mlp", "activation": "gelu_tanh", "position": "learned",
                 "qkv_bias": True, "attn_out_bias": True, "ffn_bias": True},
@@ -144,6 +145,8 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
     if spec.nope:
         nope = tuple(i for i in range(values["n_layers"]) if (i + 1) % spec.nope == 0)
         values["nope_layers"] = nope or None
+    if a == "deepseek2":
+        values.update(_deepseek2(f, values))
     return _build(f, a, values)
 
 
@@ -266,6 +269,38 @@ def _gemma3(f: GGUFFile, values: dict[str, Any], plain_head_dim: int) -> dict[st
     return out
 
 
+def _deepseek2(f: GGUFFile, values: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V2/V3 as llama.cpp's deepseek2 runs them: latent attention (the file's one KV head of
+    kv_lora_rank + RoPE dims is the cached latent; the heads are `*_mla` wide), RoPE on interleaved pairs,
+    YaRN's gain on the scores only, and the routing its expert keys give (dense leading layers: no router)."""
+    a = "deepseek2"
+    head_dim = _size(f, f"{a}.attention.key_length_mla")
+    out: dict[str, Any] = dict(
+        n_kv_heads=values["n_heads"], head_dim=head_dim, v_head_dim=_size(f, f"{a}.attention.value_length_mla"),
+        kv_lora_rank=_size(f, f"{a}.attention.kv_lora_rank"),
+        q_lora_rank=f.tensors["blk.0.attn_q_a.weight"].shape[0] if "blk.0.attn_q_a.weight" in f.tensors else 0)
+    s, scale = values.get("rope_scaling"), head_dim ** -0.5
+    if s is not None and s.kind == "yarn":
+        log_mul = float(str(np.float32(_get(f, f"{a}.rope.scaling.yarn_log_multiplier", _FLOAT_TYPES))))
+        scale *= yarn_mscale(s.factor, log_mul / 0.1) ** 2  # the converter writes 0.1 x mscale_all_dim
+    out["attn_scale"] = scale
+    if not values.get("n_experts"):
+        return out
+    gating = _get(f, f"{a}.expert_gating_func", _INT_TYPES, 1)
+    if gating not in (1, 2):
+        raise f.fail(f"{a}.expert_gating_func", gating, "must be 1 (softmax) or 2 (sigmoid)")
+    first = values["moe_layers"][0] if values.get("moe_layers") else 0
+    shared = _get(f, f"{a}.expert_shared_count", _INT_TYPES, 0)
+    out.update(router_scoring="softmax" if gating == 1 else "sigmoid",
+               moe_renormalize=bool(_get(f, f"{a}.expert_weights_norm", {ValueType.BOOL}, False)),
+               routed_scaling=_positive_float(f, f"{a}.expert_weights_scale", default=1.0),
+               router_groups=_size(f, f"{a}.expert_group_count", default=1),
+               router_topk_groups=_size(f, f"{a}.expert_group_used_count", default=1),
+               router_score_bias=f"blk.{first}.exp_probs_b.bias" in f.tensors,
+               d_ff_shared_expert=shared * values["d_ff_expert"] if shared > 0 else None)
+    return out
+
+
 def _build(f: GGUFFile, arch: str, values: dict[str, Any]) -> ModelConfig:
     try:
         return ModelConfig(**values)
@@ -362,13 +397,19 @@ def _rope(f: GGUFFile, arch: str, head_dim: int, theta: float, context: int) -> 
 def _yarn(f: GGUFFile, arch: str, context: int) -> RopeScaling:
     """YaRN as llama.cpp runs it: correction dims floored and ceiled (HF's truncate), beta 32 / 1, the
     angles scaled by (1 + 0.1 ln factor) x `rope.scaling.attn_factor`; its YaRN keys beyond those are
-    not read by llama.cpp, and a log multiplier (DeepSeek's) is refused."""
-    if _get(f, f"{arch}.rope.scaling.yarn_log_multiplier", _FLOAT_TYPES, 0.0):
-        raise f.fail(f"{arch}.rope.scaling.yarn_log_multiplier", f.metadata[f"{arch}.rope.scaling.yarn_log_multiplier"],
-                     "YaRN with a log multiplier is not supported")
+    not read by llama.cpp. A log multiplier is deepseek2's only (its angles unscaled, _deepseek2)."""
+    key = f"{arch}.rope.scaling.yarn_log_multiplier"
+    log_mul = _get(f, key, _FLOAT_TYPES, 0.0)
+    if log_mul and arch != "deepseek2":
+        raise f.fail(key, log_mul, "YaRN with a log multiplier is DeepSeek's: llama.cpp reads it for deepseek2 only")
+    if not log_mul and arch == "deepseek2":
+        raise f.fail(key, None, "deepseek2's YaRN needs its log multiplier (0.1 x mscale_all_dim, as llama.cpp's "
+                                "converter writes it)")
     factor = _positive_float(f, f"{arch}.rope.scaling.factor", default=1.0)
     original = _size(f, f"{arch}.rope.scaling.original_context_length", default=context)
     gain = _positive_float(f, f"{arch}.rope.scaling.attn_factor", default=1.0)
+    if arch == "deepseek2":  # llama.cpp leaves its angles unscaled: the gain is on the scores (_deepseek2)
+        gain = 1.0 / yarn_mscale(factor)
     return RopeScaling(kind="yarn", factor=factor, original_max_seq_len=original, truncate=True,
                        attention_factor=yarn_mscale(factor) * gain)
 
@@ -472,7 +513,8 @@ _OFF = {"qk_norm": False, "norm_unit_offset": False, "embedding_scale": False, "
         "attn_softcap": None, "logit_softcap": None, "attn_scale": None, "lm_head_bias": False, "final_norm": True,
         "norm_position": "pre", "embedding_norm": False, "type_vocab_size": 0, "ffn_bias": False,
         "sliding_rope_theta": None, "nope_layers": None, "attn_sinks": False, "router_bias": False,
-        "swiglu_limit": None, "swiglu_alpha": 1.0}
+        "swiglu_limit": None, "swiglu_alpha": 1.0, "kv_lora_rank": 0, "rope_interleaved": False,
+        "router_scoring": "softmax", "router_groups": 1, "router_score_bias": False, "routed_scaling": 1.0}
 # what llama.cpp's architectures set themselves (checked by _rope_problems / _nope_problems instead)
 _OWN = {"gemma2": ("attn_softcap", "logit_softcap", "attn_scale"),
         "gemma3": ("logit_softcap", "attn_scale", "sliding_rope_theta"), "smollm3": ("nope_layers",)}

@@ -14,6 +14,9 @@ here but smollm3 (qwen2, qwen3, qwen2moe, qwen3moe, gemma, gemma2, gemma3, phi3)
 HF does: their rows are stored as they are.
 
 Gemma's norms scale by (1 + w): llama.cpp's converter stores 1 + w (`Part.offset`).
+
+Latent attention's kv_b [H (n + v), R] (deepseek2) is two GGUF tensors split per head: `attn_k_b` [H, R, n]
+(each head's W_k transposed) and `attn_v_b` [H, v, R] (`Part.per_head`, `Part.transposed`).
 """
 
 from __future__ import annotations
@@ -44,24 +47,32 @@ _TOP = {"stack.embed.tokens": "token_embd", "stack.embed.positions": "position_e
 _BLOCK = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn.out": "attn_output",
           "ffn.down": "ffn_down", "ffn.up": "ffn_up", "attn.q_norm": "attn_q_norm", "attn.k_norm": "attn_k_norm",
           "attn_out_norm": "post_attention_norm", "ffn_out_norm": "post_ffw_norm", "ffn.router": "ffn_gate_inp",
-          "ffn.shared.down": "ffn_down_shexp", "ffn.shared_gate": "ffn_gate_inp_shexp"}
+          "ffn.shared.down": "ffn_down_shexp", "ffn.shared_gate": "ffn_gate_inp_shexp",
+          # latent attention (deepseek2)
+          "attn.q": "attn_q", "attn.q_a": "attn_q_a", "attn.q_a_norm": "attn_q_a_norm", "attn.q_b": "attn_q_b",
+          "attn.kv_a": "attn_kv_a_mqa", "attn.kv_a_norm": "attn_kv_a_norm"}
 _BLOCK_NAME = re.compile(r"stack\.blocks\.(\d+)\.(.+)\.(weight|bias)")
 _EXPERTS_NAME = re.compile(r"stack\.blocks\.(\d+)\.ffn\.(gate_up|down)(_bias)?")  # stacked experts, no suffix
 _SINKS_NAME = re.compile(r"stack\.blocks\.(\d+)\.attn\.sinks")
+_LATENT_KV_NAME = re.compile(r"stack\.blocks\.(\d+)\.attn\.kv_b")
+_SCORE_BIAS_NAME = re.compile(r"stack\.blocks\.(\d+)\.ffn\.score_bias")
 _TOP_NAME = re.compile(r"(.+)\.(weight|bias)")
 
 
 @dataclass(frozen=True)
 class Part:
     """GGUF tensor `name` fills the next `rows` rows of one of our tensors (of each expert's block
-    when `experts`); `heads` > 0 means its rows are in llama.cpp's rotary order over that many heads;
-    the file holds our values + `offset`."""
+    when `experts`; of each of `per_head` heads' groups of rows when that is set, each head's block stored
+    [C, rows] when `transposed`); `heads` > 0 means its rows are in llama.cpp's rotary order over that
+    many heads; the file holds our values + `offset`."""
 
     name: str
     rows: int
     heads: int = 0
     experts: int = 0
     offset: float = 0.0
+    per_head: int = 0
+    transposed: bool = False
 
 
 def tensor_parts(shapes: dict[str, torch.Size], config: ModelConfig, arch: str) -> dict[str, list[Part]]:
@@ -77,6 +88,15 @@ def _parts(name: str, shape: torch.Size, config: ModelConfig, arch: str) -> list
     sinks = _SINKS_NAME.fullmatch(name)
     if sinks is not None:
         return [Part(f"blk.{sinks.group(1)}.attn_sinks.weight", shape[0])]
+    score_bias = _SCORE_BIAS_NAME.fullmatch(name)
+    if score_bias is not None:
+        return [Part(f"blk.{score_bias.group(1)}.exp_probs_b.bias", shape[0])]
+    latent = _LATENT_KV_NAME.fullmatch(name)
+    if latent is not None:
+        H, n = config.n_heads, config.head_dim - config.rotary_dim
+        prefix = f"blk.{latent.group(1)}."
+        return [Part(f"{prefix}attn_k_b.weight", n, per_head=H, transposed=True),
+                Part(f"{prefix}attn_v_b.weight", config.v_head_dim or config.head_dim, per_head=H)]
     rows = shape[0]
     offset = 1.0 if arch in NORM_PLUS_ONE and _is_norm(name) else 0.0
     block = _BLOCK_NAME.fullmatch(name)

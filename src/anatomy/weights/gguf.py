@@ -39,8 +39,8 @@ def matrix_formats(f: GGUFFile) -> dict[str, WeightFormat]:
 
 
 def plain_matrix(parts: list[Part]) -> bool:
-    """Parts that are rows of one matrix, as stored (not stacked experts, not values kept with an offset)."""
-    return not any(p.experts or p.offset for p in parts)
+    """Parts that are rows of one matrix, as stored (not stacked experts or heads, not values kept with an offset)."""
+    return not any(p.experts or p.per_head or p.offset for p in parts)
 
 
 def lossless_format(f: GGUFFile, parts: list[Part], K: int, *, label: str) -> WeightFormat | None:
