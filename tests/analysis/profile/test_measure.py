@@ -250,3 +250,30 @@ def test_named_hardware_prediction(reports):
     out = named_prediction(llama().config, BUILTIN["h100-sxm"], Shape(1, o["prompt_len"], o["context"]), "f32",
                            reports["llama"]["phases"])
     assert out["decode"]["bound"] == "memory" and math.isfinite(out["decode"]["tok_per_s"])
+
+
+def test_the_2026_families_place_latent_attention_sinks_and_windows():
+    """DeepSeek's latent attention: its absorbed up-projections (einsum) are GEMMs, its attention over the
+    cached latent is attention, the latent's write is the KV cache, and the timed FLOPs are the analytic
+    decode step's; gpt-oss's sinks (a column of the eager softmax) and Gemma 3's windowed layers are attention."""
+    from ...inference.conftest import deepseek_tiny, gemma3_tiny, gpt_oss_tiny
+
+    torch.manual_seed(0)
+    latent = deepseek_tiny()
+    report = profile(latent, options=OPTIONS, machine=MACHINE, name="deepseek")
+    o, ops = report["options"], report["phases"]["decode"]["ops"]
+    where = {(r["module"], r["op"]): r["position"] for r in ops}
+    attn = "stack.blocks.*.attn (experts)"
+    assert where[(attn, "einsum")] == "qkv_ffn_gemm"
+    assert where[(attn, "scaled_dot_product_attention")] == "rope_attention"
+    assert where[(attn, "index_copy_")] == "kv_cache"
+    assert where[("stack.blocks.*.attn.kv_a (experts)", "linear")] == "qkv_ffn_gemm"
+    assert sum(r["flops"] or 0 for r in ops) == flops.decode_flops(latent.config, batch=1, context=o["context"],
+                                                                    source_len=o["prompt_len"]).total
+    sinks = profile(gpt_oss_tiny(), options=OPTIONS, machine=MACHINE, name="gpt-oss")["phases"]["decode"]["ops"]
+    assert {r["position"] for r in sinks if r["op"] == "softmax" and r["module"].startswith("stack.blocks.*.attn ")} \
+        == {"rope_attention"}
+    windows = profile(gemma3_tiny(), options=OPTIONS, machine=MACHINE, name="gemma3")["phases"]["decode"]["ops"]
+    assert {r["position"] for r in windows
+            if r["module"] == "stack.blocks.*.attn (window 4)" and r["op"] == "scaled_dot_product_attention"} \
+        == {"rope_attention"}

@@ -14,7 +14,9 @@
                       (a tensor- or pipeline-parallel run)         stages' sends: NVLink, InfiniBand, NCCL
 
 The KV cache is *read* inside the attention kernel, so its reads are timed (and counted in bytes)
-at rope_attention; kv_cache holds the writes. A module's position follows from its class and its
+at rope_attention; kv_cache holds the writes. Latent attention's absorbed up-projections (q_n W_k and
+the attended latent times W_v, its `einsum`s) are the GEMMs of kv_b, so they sit at qkv_ffn_gemm;
+attention sinks are a column of the softmax (rope_attention), a window a mask (the same). A module's position follows from its class and its
 place, never from its name: a linear inside a block is a GEMM, one outside the blocks a head.
 
 A parallel run's modules (parallel/layers.py, stages.py) issue their collectives inside an
@@ -30,6 +32,7 @@ from torch import nn
 
 from anatomy.layers.attention import Attention
 from anatomy.layers.block import Block
+from anatomy.layers.latent_attention import LatentAttention
 from anatomy.layers.ffn import GLU, MLP
 from anatomy.layers.moe import MoE
 from anatomy.kernels.norm import NativeRMSNorm
@@ -53,6 +56,8 @@ POSITIONS: dict[str, tuple[str, str]] = {
 }
 COMMUNICATION = "engine:communication"  # the range parallel/collectives.py puts every collective in
 KV_WRITES = ("index_copy_", "index_copy", "copy_", "index_put_")
+ABSORBED_PRODUCTS = ("einsum",)  # an attention module's own GEMMs: latent attention's absorbed kv_b
+_ATTENTIONS = (Attention, LatentAttention, PositionContext)
 _NORMS = (LayerNorm, RMSNorm, NativeRMSNorm, nn.LayerNorm)
 _FFNS = (GLU, MLP, MoE)
 
@@ -97,7 +102,7 @@ def _position(module: nn.Module, ancestors: list[nn.Module]) -> str:
 
     if isinstance(module, Embeddings) or inside(Embeddings) or isinstance(module, nn.Embedding):
         return "embedding"
-    if isinstance(module, (Attention, PositionContext)) or inside((Attention, PositionContext)):
+    if isinstance(module, _ATTENTIONS) or inside(_ATTENTIONS):
         return "qkv_ffn_gemm" if _is_linear(module) else "rope_attention"
     if isinstance(module, _FFNS) or inside(_FFNS):
         return "qkv_ffn_gemm"
@@ -125,4 +130,6 @@ def position_of(owner: str, op: str, modules: dict[str, str]) -> str:
     position = modules.get(owner, "decode_loop")
     if position == "rope_attention" and op in KV_WRITES:
         return "kv_cache"
+    if position == "rope_attention" and op in ABSORBED_PRODUCTS:
+        return "qkv_ffn_gemm"
     return position
