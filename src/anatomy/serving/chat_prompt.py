@@ -1,9 +1,10 @@
 """A chat request's prompt: its messages (and tools) through the model's chat template, to token ids.
 
 A template that renders `tools` itself (Qwen2.5/3, Llama 3.1+, Mistral, Hermes; found by rendering a
-probe conversation with and without a tool) gets them as HF transformers passes them: `tools` a list
+probe conversation with a tool) gets them as HF transformers passes them: `tools` a list
 of OpenAI tool objects, assistant `tool_calls` with their arguments as objects (as Llama 3's template
-expects; vLLM does the same), `tool` messages with `tool_call_id`.
+expects; vLLM does the same), `tool` messages with `tool_call_id`, an assistant turn's reasoning
+(`reasoning_content`; gpt-oss's template keeps it before a call).
 
 A template without tool support (SmolLM2's, Gemma's, Phi-3's) gets what vLLM's and llama-server's
 generic handling gives such models: the tool definitions and the Hermes calling convention in the
@@ -19,7 +20,7 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from anatomy.inference.generate import encode_prompt
+from anatomy.text.chat_template import REASONING_FIELDS
 
 TOOL_SYSTEM_PROMPT = """# Tools
 
@@ -42,6 +43,15 @@ _PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool_support", "d
 def chat_ids(tokenizer: Any, messages: list, *, tools: list | None = None, add_generation_prompt: bool = True,
              variables: dict[str, Any] | None = None) -> list[int]:
     """Token ids of the conversation (the template's special tokens are in its text: none added)."""
+    text = chat_text(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                     variables=variables)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def chat_text(tokenizer: Any, messages: list, *, tools: list | None = None, add_generation_prompt: bool = True,
+              variables: dict[str, Any] | None = None) -> str:
+    """The prompt text of the conversation: its messages (and tools) through the chat template, with
+    `variables` (the request's chat_template_kwargs) passed to the template."""
     variables = dict(variables or {})
     tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
     has_calls = any(m.role == "tool" or m.tool_calls for m in messages)
@@ -51,10 +61,7 @@ def chat_ids(tokenizer: Any, messages: list, *, tools: list | None = None, add_g
         rendered = [_native(m) for m in messages]
         if tool_dicts:
             variables["tools"] = tool_dicts
-    if add_generation_prompt and not variables:
-        return encode_prompt(rendered, tokenizer)
-    text = tokenizer.apply_chat_template(rendered, add_generation_prompt=add_generation_prompt, **variables)
-    return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.apply_chat_template(rendered, add_generation_prompt=add_generation_prompt, **variables)
 
 
 def renders_tools(tokenizer: Any) -> bool:
@@ -66,11 +73,10 @@ def renders_tools(tokenizer: Any) -> bool:
 def _renders_tools(template: Any) -> bool:
     probe = [{"role": "user", "content": "hello"}]
     try:
-        plain = template.render(probe, add_generation_prompt=True)
         with_tools = template.render(probe, add_generation_prompt=True, tools=[_PROBE_TOOL])
     except Exception:  # a template that refuses tools does not render them
         return False
-    return with_tools != plain and "probe_tool_support" in with_tools
+    return "probe_tool_support" in with_tools
 
 
 def _native(message: Any) -> dict[str, Any]:
@@ -83,6 +89,9 @@ def _native(message: Any) -> dict[str, Any]:
                              for c in message.tool_calls]
     if message.tool_call_id:
         out["tool_call_id"] = message.tool_call_id
+    for key in REASONING_FIELDS:  # an assistant turn's reasoning, sent back as vLLM takes it
+        if isinstance((message.model_extra or {}).get(key), str):
+            out[key] = message.model_extra[key]
     return out
 
 

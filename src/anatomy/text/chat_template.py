@@ -2,9 +2,10 @@
 
 A chat template is untrusted code shipped with a checkpoint, so it runs in jinja2's immutable
 sandbox. The environment matches HF's `apply_chat_template`: `trim_blocks` and `lstrip_blocks`
-on, the `loopcontrols` extension, a `tojson` filter that does not HTML-escape, and the globals
-`raise_exception(message)` and `strftime_now(format)`. The template sees `messages`,
-`add_generation_prompt` and the special-token strings (`bos_token`, `eos_token`, ...).
+on, the `loopcontrols` extension, `{% generation %}` blocks, a `tojson` filter that does not
+HTML-escape, and the globals `raise_exception(message)` and `strftime_now(format)`. The template
+sees `messages` (as HF passes them: None values dropped, reasoning also as `thinking`),
+`add_generation_prompt`, `tools` and `documents` (None unless given) and the special-token strings.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from anatomy.errors import CheckpointError, InputError
+
+# the names a message's reasoning may come under; the template gets it as the first two (HF's aliases)
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
 class ChatTemplate:
@@ -40,10 +44,10 @@ class ChatTemplate:
                **variables: Any) -> str:
         """The prompt string for `messages` (a list of {"role": ..., "content": ...} dicts)."""
         check_messages(messages)
-        context = {**self.special_tokens, **variables}
+        context = {"tools": None, "documents": None, **self.special_tokens, **variables}
         try:
-            return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                         **context)
+            return self._template.render(messages=[_as_hf_passes(m) for m in messages],
+                                         add_generation_prompt=add_generation_prompt, **context)
         except (jinja2.TemplateError, TypeError) as exc:
             raise InputError(f"chat template ({self.source}) refused the messages: {exc}") from None
 
@@ -62,10 +66,36 @@ def check_messages(messages: Any) -> None:
             raise InputError(f"chat message {i}: 'role' must be a string, got {message['role']!r:.80}")
 
 
+def _as_hf_passes(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The message as HF's apply_chat_template hands it over: keys whose value is None dropped (a
+    tool call's `content: None`), and its reasoning under both `reasoning_content` and `thinking`
+    (gpt-oss's template reads the latter)."""
+    out = {key: value for key, value in message.items() if value is not None}
+    reasoning = next((out[key] for key in REASONING_FIELDS if key in out), None)
+    if reasoning is not None:
+        out = {"thinking": reasoning, **out, "reasoning_content": reasoning}
+    return out
+
+
+class _GenerationBlock(jinja2.ext.Extension):
+    """HF's `{% generation %}...{% endgeneration %}`: marks the assistant's text for training masks;
+    a prompt renders its body unchanged."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Any) -> str:
+        return caller()
+
+
 @lru_cache(maxsize=16)
 def _compile(text: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+                                        extensions=[jinja2.ext.loopcontrols, _GenerationBlock])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
