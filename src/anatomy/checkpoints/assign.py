@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from anatomy.errors import CheckpointError
 from anatomy.weights.choice import install
 from anatomy.weights.formats import WeightFormat
-from anatomy.weights.modules import compact_modules, inside_compact
+from anatomy.weights.modules import compact_modules, dense_name, inside_compact
 
 
 def expected_shapes(model: nn.Module) -> dict[str, torch.Size]:
@@ -29,7 +29,7 @@ def expected_shapes(model: nn.Module) -> dict[str, torch.Size]:
     for name, module in compact.items():
         if id(module.compact) not in seen:
             seen.add(id(module.compact))
-            shapes[f"{name}.weight"] = torch.Size(module.compact.shape)
+            shapes[dense_name(name, module)] = torch.Size(module.compact.shape)
     return shapes
 
 

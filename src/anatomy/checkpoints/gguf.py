@@ -38,7 +38,7 @@ from anatomy.config import ModelConfig
 from anatomy.errors import InputError
 from anatomy.models import build_model
 from anatomy.weights.choice import compact_formats, parse_weights
-from anatomy.weights.gguf import lossless_format, plain_matrix
+from anatomy.weights.gguf import expert_formats, lossless_format, plain_matrix
 from anatomy.weights.modules import float_state_dict
 
 SAVE_DTYPES = {"f32": ("F32", 0), "f16": ("F16", 1)}  # tensor type, general.file_type (ALL_F32, MOSTLY_F16)
@@ -67,11 +67,17 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, weights: 
     _check_parts(f, parts_of, shapes)
     compact = compact_formats(
         model, parse_weights(weights), dtype=dtype,
-        lossless=lambda name: _released(f, parts_of[name], lossless_format(f, parts_of[name], shapes[name][1], label=name)
-                                        if plain_matrix(parts_of[name]) else None),
+        lossless=lambda name: _released(f, parts_of[name], _lossless(f, parts_of[name], shapes[name], name)),
         dense=lambda name: _released(f, parts_of[name], _assemble(f, parts_of[name], shapes[name], torch.float32)))
     tensors = {name: _assemble(f, parts, shapes[name], dtype) for name, parts in parts_of.items() if name not in compact}
     return assign_tensors(model, _own_small_views(f, tensors), source=f.path, dtype=dtype, compact=compact)
+
+
+def _lossless(f: GGUFFile, parts: list[Part], shape: torch.Size, name: str):
+    """The file's own exact format of one of our matrices (a stacked expert tensor: each expert's), or None."""
+    if len(shape) == 3:
+        return expert_formats(f, parts, tuple(shape), label=name)
+    return lossless_format(f, parts, shape[1], label=name) if plain_matrix(parts) else None
 
 
 def _released(f: GGUFFile, parts: list[Part], value: T) -> T:

@@ -64,7 +64,7 @@ class LatentAttention(nn.Module):
         c, k_r = self.kv_a(x).split([self.rank, self.rope_dim], dim=-1)  # [B, S, R], [B, S, r]
         c = self.kv_a_norm(c)
         q_r, k_r = self._rotate(q_r, rope), self._rotate(k_r[:, :, None], rope)  # k_r [B, S, 1, r]
-        w = self.kv_b.view(H, n + self.v_dim, self.rank)
+        w = self.kv_b.to(q.dtype).view(H, n + self.v_dim, self.rank)  # the branch dtype of the planned layers
         w_k, w_v = w[:, :n], w[:, n:]  # [H, n, R], [H, v, R]
         q_abs = torch.einsum("bshn,hnr->bhsr", q_n, w_k)  # [B, H, S, R]
         query = torch.cat([q_abs, q_r.transpose(1, 2)], dim=-1)  # [B, H, S, R + r]

@@ -4,7 +4,8 @@
     out[t] = sum_j weights[t, j] * expert_{experts[t, j]}(x[t])          (+ shared expert(x[t]))
 
 The experts are stored stacked, as GGUF does (`blk.N.ffn_{gate,up,down}_exps`): `gate_up`
-[E, 2F, D] (rows: gate, up; [E, F, D] `up` for a plain MLP) and `down` [E, D, F]. Two ways
+[E, 2F, D] (rows: gate, up; [E, F, D] `up` for a plain MLP) and `down` [E, D, F] (or, kept compact,
+one linear module per expert in their place: weights/modules.py's CompactExperts). Two ways
 compute the same sum (gpt-oss's experts also have biases, `gate_up_bias` [E, 2F] and `down_bias` [E, D]):
 
 - "loop", the reference: for each expert, the tokens that chose it (HF transformers does this);
@@ -76,13 +77,13 @@ class MoE(nn.Module):
     def expert(self, e: int, x: Tensor) -> Tensor:
         """Expert e on its tokens x [n, D] -> [n, D]."""
         biased = self.gate_up_bias is not None
-        h = F.linear(x, self.gate_up[e], self.gate_up_bias[e] if biased else None)  # [n, 2F]
+        h = _product(self.gate_up[e], x, self.gate_up_bias[e] if biased else None)  # [n, 2F]
         if self.glu:
             gate, up = h.split(self.d_ff, dim=-1)
             h = self.gated(gate, up)
         else:
             h = self.act(h)
-        return F.linear(h, self.down[e], self.down_bias[e] if biased else None)  # [n, D]
+        return _product(self.down[e], h, self.down_bias[e] if biased else None)  # [n, D]
 
     def _loop(self, flat: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
         """Reference: expert by expert, the tokens (and which of their k choices) that picked it."""
@@ -90,7 +91,7 @@ class MoE(nn.Module):
         for e in range(self.n_experts):
             token, choice = torch.where(experts == e)  # [n] each
             if token.numel():
-                y = self.expert(e, flat[token]) * weights[token, choice, None]
+                y = self.expert(e, flat[token]).to(flat.dtype) * weights[token, choice, None]
                 out = out.index_add(0, token, y)
         return out
 
@@ -101,7 +102,7 @@ class MoE(nn.Module):
         token = order // k  # [N*k] the token of each sorted pair
         counts = self._counts(experts)  # tokens per expert
         slices = flat[token].split(counts)  # E x [n_e, D]
-        y = torch.cat([self.expert(e, xs) for e, xs in enumerate(slices) if len(xs)])  # [N*k, D]
+        y = torch.cat([self.expert(e, xs) for e, xs in enumerate(slices) if len(xs)]).to(flat.dtype)  # [N*k, D]
         y = y * weights.flatten()[order, None]
         return torch.zeros_like(flat).index_add(0, token, y)
 
@@ -113,6 +114,15 @@ class MoE(nn.Module):
             pairs, E = experts.numel(), self.n_experts
             return [pairs // E + (e < pairs % E) for e in range(E)]
         return torch.bincount(experts.flatten(), minlength=self.n_experts).tolist()
+
+
+def _product(weight: Tensor | nn.Module, x: Tensor, bias: Tensor | None) -> Tensor:
+    """x @ W^T + b for an expert's matrix: a slice of the stacked tensor, or a module holding it
+    compact (weights/modules.py's CompactExperts: a CompactLinear, or the kernel plan's layer)."""
+    if isinstance(weight, nn.Module):
+        y = weight(x)
+        return y + bias.to(y.dtype) if bias is not None else y
+    return F.linear(x, weight, bias)
 
 
 @dataclass(frozen=True)

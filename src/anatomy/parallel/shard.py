@@ -106,6 +106,9 @@ def _tensors(model: nn.Module, shell: nn.Module, place: Place) -> tuple[dict[str
         elif source.endswith(".weight") and module in compact:
             fmt = compact[module].compact
             formats[name] = cut_format(fmt, cuts[source], label=source) if source in cuts else fmt
+        elif source in compact:  # a mixture's compact experts: each rank's slice of them, dense
+            stacked = compact[source].compact.dequantize(model.stack.embed.dtype)
+            tensors[name] = cut_tensor(stacked, cuts[source]) if source in cuts else stacked
         else:
             tensors[name] = cut_tensor(full[source], cuts[source]) if source in cuts else full[source]
     return tensors, formats

@@ -8,7 +8,7 @@ The same mapping as checkpoints.gguf's loader (tensor_parts: which GGUF tensors 
 except that the blocks are kept, not dequantized: rows are whole blocks, so fusing and the
 rotary row reordering move raw bytes. `lossless_format` is the format of one of the model's
 matrices when every part of it has one and they have one in common (gguf_blocks.format_from_gguf,
-one_format), else None.
+one_format), else None; `expert_formats` the same for each expert of a stacked expert tensor.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from anatomy.errors import CheckpointError
 from anatomy.models import build_model
 from anatomy.weights.formats import Int4Weight, Int5Weight, WeightFormat
 from anatomy.weights.gguf_blocks import format_from_gguf, has_lossless_format
+from anatomy.weights.modules import StackedFormats
 
 
 def matrix_formats(f: GGUFFile) -> dict[str, WeightFormat]:
@@ -52,6 +53,35 @@ def lossless_format(f: GGUFFile, parts: list[Part], K: int, *, label: str) -> We
     if fmts is None:
         return None
     return fmts[0] if len(fmts) == 1 else WeightFormat.cat_rows(fmts, label=label)
+
+
+def expert_formats(f: GGUFFile, parts: list[Part], shape: tuple[int, int, int], *, label: str) -> StackedFormats | None:
+    """Each expert's matrix [N, K] of a stacked expert tensor [E, N, K] made of `parts` (GGUF `ffn_*_exps`
+    [E, rows, K], fused along rows) in the format that holds it exactly, or None when a part's type has
+    none (the experts are then dequantized)."""
+    if not parts or not all(p.experts and not p.offset for p in parts):
+        return None
+    if not all(has_lossless_format(f.tensors[p.name].type) for p in parts):
+        return None
+    E, _, K = shape
+    per_expert = []
+    for e in range(E):
+        fmts = one_format([_expert_part_format(f, p, e, K) for p in parts])
+        if fmts is None:
+            return None
+        per_expert.append(fmts[0] if len(fmts) == 1 else WeightFormat.cat_rows(fmts, label=f"{label}.{e}"))
+    return StackedFormats(per_expert, label=label)
+
+
+def _expert_part_format(f: GGUFFile, part: Part, e: int, K: int) -> WeightFormat:
+    """Expert e's rows of a stacked GGUF tensor [E, rows, K]: its bytes are the e-th of E equal runs."""
+    t = f.tensors[part.name]
+    if t.shape != (part.experts, part.rows, K):
+        raise CheckpointError(f"{f.path}: {part.name} has shape {list(t.shape)}, the model needs "
+                              f"{[part.experts, part.rows, K]}")
+    size = t.type.nbytes(part.rows * K)
+    return format_from_gguf(f.raw(part.name)[e * size:(e + 1) * size], t.type, (part.rows, K),
+                            label=f"{part.name}[{e}]")
 
 
 def one_format(fmts: list[WeightFormat]) -> list[WeightFormat] | None:

@@ -3,16 +3,20 @@ nn.Linear or a token nn.Embedding.
 
     CompactLinear(fmt, bias)   y = x @ W^T + b, W = fmt.dequantize(x.dtype)         (the reference product)
     CompactEmbedding(fmt)      rows of W for the ids, dequantized (only the rows read)
+    CompactExperts(stacked)    a mixture's stacked gate_up / down [E, N, K]: experts[e] a CompactLinear
+                               (so the kernel plan runs each expert as any compact linear layer)
 
 A tied model's LM head and token table hold the same format object, as nn.Linear and nn.Embedding
 share one Parameter. Parameter names: a CompactLinear at `lm_head` stores `lm_head.compact.codes`,
 `lm_head.compact.scale`, ...; `float_state_dict` gives the float `lm_head.weight` the file formats
-and the name maps know.
+and the name maps know (a CompactExperts at `...ffn.gate_up`: `...ffn.gate_up.experts.3.compact.codes`,
+given back as the stacked `...ffn.gate_up`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +43,52 @@ class CompactLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class StackedFormats:
+    """E formats of one shape [N, K] standing for a stacked tensor [E, N, K] (a mixture's experts)."""
+
+    def __init__(self, formats: list[WeightFormat], *, label: str = "experts") -> None:
+        if not formats or len({fmt.shape for fmt in formats}) != 1:
+            raise ValueError(f"{label}: the experts' formats must be one or more of one shape")
+        self.formats, self.label = list(formats), label
+        self.shape = (len(formats), *formats[0].shape)
+
+    @property
+    def name(self) -> str:
+        """The formats' name ("int4"), or their names joined ("int4+int8g") where experts differ."""
+        return "+".join(sorted({fmt.name for fmt in self.formats}))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(fmt.nbytes for fmt in self.formats)
+
+    def buffers(self) -> Iterator[Tensor]:
+        for fmt in self.formats:
+            yield from fmt.buffers()
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """The stacked tensor [E, N, K] the formats stand for."""
+        return torch.stack([fmt.dequantize(dtype) for fmt in self.formats])
+
+
+class CompactExperts(nn.Module):
+    """A mixture's stacked matrix as one CompactLinear per expert: experts[e](x) = x @ W_e^T."""
+
+    def __init__(self, stacked: StackedFormats) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(CompactLinear(fmt) for fmt in stacked.formats)
+        self.compact = stacked  # a plain attribute: the formats are registered once, under `experts`
+        self.shape = stacked.shape
+
+    def __getitem__(self, e: int) -> nn.Module:
+        return self.experts[e]
+
+    def __len__(self) -> int:
+        return len(self.experts)
+
+    def extra_repr(self) -> str:
+        return f"experts={self.shape[0]}, shape={list(self.shape[1:])}, format={self.compact.name}"
+
+
 class CompactEmbedding(nn.Module):
     """A token table [V, D] kept as a WeightFormat: a lookup dequantizes the rows it reads, in `dtype`."""
 
@@ -55,9 +105,19 @@ class CompactEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, dtype={self.dtype}"
 
 
-def compact_modules(model: nn.Module) -> dict[str, CompactLinear | CompactEmbedding]:
-    """The model's compact modules by name."""
-    return {name: m for name, m in model.named_modules() if isinstance(m, (CompactLinear, CompactEmbedding))}
+def compact_modules(model: nn.Module) -> dict[str, CompactLinear | CompactEmbedding | CompactExperts]:
+    """The model's compact modules by name (a CompactExperts once, not its experts' CompactLinears)."""
+    out: dict[str, nn.Module] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, (CompactLinear, CompactEmbedding, CompactExperts)) and not inside_compact(name + ".", out):
+            out[name] = m
+    return out
+
+
+def dense_name(name: str, module: nn.Module) -> str:
+    """The name a dense model gives the tensor compact module `name` holds: `lm_head.weight`, or a
+    mixture's stacked `...ffn.gate_up`."""
+    return name if isinstance(module, CompactExperts) else f"{name}.weight"
 
 
 def weights_held(model: nn.Module) -> bool:
@@ -76,13 +136,14 @@ def float_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict
         if id(module.compact) in seen:
             continue
         seen.add(id(module.compact))
-        state[f"{name}.weight"] = module.compact.dequantize(dtype or torch.float32)
+        state[dense_name(name, module)] = module.compact.dequantize(dtype or torch.float32)
     return state
 
 
 def inside_compact(key: str, modules: dict[str, nn.Module]) -> bool:
     """Is state-dict entry `key` a stored part of one of the compact `modules` ({name: module})?"""
-    return any(key.startswith(f"{name}.compact.") for name in modules)
+    return any(key.startswith(f"{name}.experts." if isinstance(m, CompactExperts) else f"{name}.compact.")
+               for name, m in modules.items())
 
 
 def stored_bytes(model: nn.Module) -> int:
