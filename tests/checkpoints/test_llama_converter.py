@@ -1,11 +1,11 @@
 """GGUF files as llama.cpp's own converter writes them (convert_hf_to_gguf.py from the llama.cpp sources
 `make test` unpacks), from small random HF checkpoints of the 2026 families with SmolLM2's tokenizer:
 Gemma 3 (5 windowed layers with their own RoPE base, linear x4 on the global one), SmolLM3 (no RoPE
-on layer 3), DeepSeek-V3 (latent attention with a q bottleneck, YaRN x4 with its log multiplier, sigmoid
+on layer 3), gpt-oss (sinks, 4 experts with biases, a window of 8 on every other layer), DeepSeek-V3 (latent attention with a q bottleneck, YaRN x4 with its log multiplier, sigmoid
 routing in groups, a shared expert) and DeepSeek-V2-Lite's shape (27 layers, no q bottleneck, softmax
 routing). anatomy reads each file into HF's logits (fp32, 1e-4; 2e-4 over V2-Lite's 27 layers, where anatomy's
 absorbed latent products and HF's expanded keys sum in different orders), and llama.cpp's logits on the same
-file are anatomy's (SmolLM3 and DeepSeek-V3 1e-4, V2-Lite 3e-4; Gemma 3 5e-3: llama.cpp's GELU reads an f16
+file are anatomy's (SmolLM3, gpt-oss and DeepSeek-V3 1e-4, V2-Lite 3e-4; Gemma 3 5e-3: llama.cpp's GELU reads an f16
 table)."""
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ def _configs(tokenizer) -> dict:
                             rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0, "mscale": 1.0,
                                              "mscale_all_dim": 1.0, "original_max_position_embeddings": 64})
     v2_lite = T.DeepseekV2Config(**latent, num_hidden_layers=27, q_lora_rank=None, n_shared_experts=2)
+    gpt_oss = T.GptOssConfig(**small, num_hidden_layers=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                             sliding_window=8, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
     return {"gemma3": (T.Gemma3ForCausalLM, gemma3, 5e-3), "smollm3": (T.SmolLM3ForCausalLM, smollm3, 1e-4),
+            "gpt-oss": (T.GptOssForCausalLM, gpt_oss, 1e-4),
             "deepseek-v3": (T.DeepseekV3ForCausalLM, v3, 1e-4), "deepseek-v2-lite": (T.DeepseekV2ForCausalLM, v2_lite, 3e-4)}
 
 
@@ -54,7 +57,7 @@ def hf_tokenizer(smollm2_gguf_path):
     return transformers.AutoTokenizer.from_pretrained(str(smollm2_gguf_path.parent), gguf_file=smollm2_gguf_path.name)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "smollm3", "deepseek-v3", "deepseek-v2-lite"])
+@pytest.mark.parametrize("family", ["gemma3", "smollm3", "gpt-oss", "deepseek-v3", "deepseek-v2-lite"])
 @torch.no_grad()
 def test_the_converters_file_gives_hfs_and_llama_cpps_logits(tmp_path, hf_tokenizer, family):
     cls, config, tol = _configs(hf_tokenizer)[family]
