@@ -1,12 +1,13 @@
 """GGUF files as llama.cpp's own converter writes them (convert_hf_to_gguf.py from the llama.cpp sources
 `make test` unpacks), from small random HF checkpoints of the 2026 families with SmolLM2's tokenizer:
-Gemma 3 (5 windowed layers with their own RoPE base, linear x4 on the global one), SmolLM3 (no RoPE
-on layer 3), gpt-oss (sinks, 4 experts with biases, a window of 8 on every other layer), DeepSeek-V3 (latent attention with a q bottleneck, YaRN x4 with its log multiplier, sigmoid
-routing in groups, a shared expert) and DeepSeek-V2-Lite's shape (27 layers, no q bottleneck, softmax
-routing). anatomy reads each file into HF's logits (fp32, 1e-4; 2e-4 over V2-Lite's 27 layers, where anatomy's
-absorbed latent products and HF's expanded keys sum in different orders), and llama.cpp's logits on the same
-file are anatomy's (SmolLM3, gpt-oss and DeepSeek-V3 1e-4, V2-Lite 3e-4; Gemma 3 5e-3: llama.cpp's GELU reads an f16
-table)."""
+Gemma 3 (5 windowed layers with their own RoPE base, linear x4 on the global one), SmolLM3 (no RoPE on
+layer 3), gpt-oss (sinks, 4 experts with biases, a window of 8 on every other layer), DeepSeek-V3 (latent
+attention with a q bottleneck, YaRN x4 with its log multiplier, sigmoid routing in groups, a shared
+expert) and DeepSeek-V2-Lite's shape (27 layers, no q bottleneck, softmax routing). anatomy reads each
+file into HF's logits (fp32, 1e-4; 2e-4 over V2-Lite's 27 layers, where anatomy's absorbed latent
+products and HF's expanded keys sum in different orders), and llama.cpp's logits on the same file are
+anatomy's (SmolLM3, gpt-oss and DeepSeek-V3 1e-4, V2-Lite 3e-4; Gemma 3 5e-3: llama.cpp's GELU reads
+an f16 table)."""
 
 from __future__ import annotations
 
