@@ -38,7 +38,7 @@ COMMANDS = {
     "train": "train or fine-tune a model (causal LM, masked LM, seq2seq)",
     "plot": "draw the training and validation loss curves of runs to a PNG",
     "presets": "list the named model configurations with their parameter counts",
-    "serve": "serve a model over the OpenAI API (continuous batching, paged KV cache)",
+    "serve": "serve a model over the OpenAI and Anthropic APIs (continuous batching, paged KV cache)",
     "bench-serve": "load-test an OpenAI-compatible server: throughput, TTFT, TPOT, latency percentiles",
     "doctor": "what this installation runs (torch, native kernels, plans, models) and the command that fixes "
               "what is missing",

@@ -1,5 +1,5 @@
 """`anatomy serve --api-key` on the default weights: every path but /health and /metrics needs the
-key; the start-up report names the weights and their kernels; and the app's loading state (503) on
+key (as a Bearer token or Anthropic's x-api-key); the start-up report names the weights and their kernels; and the app's loading state (503) on
 a server whose model never arrives."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import asyncio
 import re
 import threading
 
+import anthropic
 import openai
 import pytest
 
@@ -42,6 +43,20 @@ def test_the_key_is_required(server):
     assert r.usage.completion_tokens == 2
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="all-minilm-l6-v2", input="x")
+
+
+@pytest.mark.slow
+def test_anthropics_x_api_key_is_taken_and_401_is_in_anthropics_shape(server):
+    body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    status, answer = server.post("/v1/messages", body)
+    assert status == 401 and answer["type"] == "error" and answer["error"]["type"] == "authentication_error"
+    assert server.post("/v1/messages", body, headers={"x-api-key": "wrong"})[0] == 401
+    status, answer = server.post("/v1/messages", body, headers={"x-api-key": KEY})
+    assert status == 200 and answer["usage"]["output_tokens"] <= 2
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0).messages.create(**body)
+    r = anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0).messages.create(**body)
+    assert r.content[0].type == "text" and r.usage.output_tokens <= 2
 
 
 @pytest.mark.slow

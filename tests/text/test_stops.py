@@ -29,6 +29,12 @@ def test_text_is_cut_before_the_first_stop_string(pieces, stop, text):
     assert "".join(deltas) == text == f.text
 
 
+def test_the_stop_string_that_matched_is_named():
+    assert run(["xSTO", "Py"], ("STOP", "TOP"))[1].matched == "STOP", "the earliest match"
+    assert run(["Hello", " wor", "ld\nUs", "er: hi"], ("zz", "\nUser:"))[1].matched == "\nUser:"
+    assert run(["no stop"], ("zz",))[1].matched is None
+
+
 def test_no_delta_ever_holds_part_of_a_stop_string():
     deltas, _ = run(["Hello\n", "U", "s", "e", "r", ":"], ("\nUser:",))
     assert deltas[0] == "Hello" and all(d == "" for d in deltas[1:])

@@ -36,9 +36,10 @@ DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "serve", help="serve a model over the OpenAI API (continuous batching, paged KV cache)",
+        "serve", help="serve a model over the OpenAI and Anthropic APIs (continuous batching, paged KV cache)",
         description="Serve a decoder model over the OpenAI HTTP API (/v1/chat/completions, /v1/completions, "
-                    "/v1/responses, /v1/embeddings, /v1/models; tools, structured outputs, echo and logprobs) with "
+                    "/v1/responses, /v1/embeddings, /v1/models; tools, structured outputs, echo and logprobs) and "
+                    "Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens) with "
                     "continuous batching over a paged KV cache with prefix caching; /health, /metrics (Prometheus), "
                     "/tokenize, /detokenize, /tokenizer_info.",
         formatter_class=DefaultsHelpFormatter)  # unset defaults unshown: never a key from the environment
@@ -46,8 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="TCP port")
     p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on every request but /health and /metrics "
-                        "(default: $ANATOMY_API_KEY, else none)")
+                   help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every request but /health and "
+                        "/metrics (default: $ANATOMY_API_KEY, else none)")
     p.add_argument("--embedding-model", default=None,
                    help=f"encoder model for /v1/embeddings ('none' to turn it off; default: {DEFAULT_EMBEDDING_MODEL} "
                         "if installed)")
@@ -118,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
                               name="anatomy-loader", daemon=True)
     loader.start()
     host, port = sock.getsockname()[:2]
-    print(f"anatomy serve: listening on http://{host}:{port} (OpenAI API under /v1; /health, /metrics); "
-          f"loading {args.model}", file=sys.stderr, flush=True)
+    print(f"anatomy serve: listening on http://{host}:{port} (OpenAI API under /v1, Anthropic's at /v1/messages; "
+          f"/health, /metrics); loading {args.model}", file=sys.stderr, flush=True)
     try:
         server.run(sockets=[sock])
     finally:

@@ -2,13 +2,15 @@
 
     POST /v1/chat/completions, /v1/completions   generation (SSE when "stream": true)
     POST /v1/responses                           the Responses API on the same loop (responses_api.py)
+    POST /v1/messages, /v1/messages/count_tokens Anthropic's Messages API on the same loop (messages_api.py)
     POST /v1/embeddings                          sentence embeddings from the encoder model
     GET  /v1/models, /health, /metrics           what is served, readiness (200 / 503 loading), Prometheus
     POST /tokenize, /detokenize                  the served model's tokenizer (vLLM's shapes)
     GET  /tokenizer_info                         its special tokens and chat template (vLLM's)
 
-Every error is OpenAI's JSON, {"error": {"message", "type", "param", "code"}}: 400 for bad input,
-401 for a wrong or missing key (when the server has one; /health and /metrics stay open), 404
+Every error is OpenAI's JSON, {"error": {"message", "type", "param", "code"}} (Anthropic's under
+/v1/messages): 400 for bad input, 401 for a wrong or missing key (when the server has one, sent as
+`Authorization: Bearer` or `x-api-key`; /health and /metrics stay open), 404
 for an unknown model or path, 413 for a body over the limit, 429 (with Retry-After) past the
 admission limit, 503 while loading or shutting down, 500 for a bug.
 A client that goes away (a closed connection) has its sequences cancelled at once: the loop
@@ -32,7 +34,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from anatomy.errors import InputError
-from anatomy.serving import responses, responses_api
+from anatomy.serving import messages_api, responses, responses_api
 from anatomy.serving.chat_prompt import chat_ids
 from anatomy.serving.generation import chat_inputs, generate
 from anatomy.serving.loop import ServingLoop
@@ -73,6 +75,12 @@ def create_app(state: ServerState) -> Starlette:
 
     async def responses_endpoint(request: Request) -> Response:
         return await responses_api.handle(state, request, await read_body(request, state.max_body_bytes))
+
+    async def messages(request: Request) -> Response:
+        return await messages_api.handle(state, request, await read_body(request, state.max_body_bytes))
+
+    async def count_tokens(request: Request) -> Response:
+        return await messages_api.count_tokens(state, request, await read_body(request, state.max_body_bytes))
 
     async def tokenizer_info(request: Request) -> Response:
         loop = state.serving()
@@ -125,6 +133,8 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/responses", responses_endpoint, methods=["POST"]),
+        Route(messages_api.PATH, messages, methods=["POST"]),
+        Route(f"{messages_api.PATH}/count_tokens", count_tokens, methods=["POST"]),
         Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
@@ -203,30 +213,36 @@ def window_gauges(window) -> dict[str, tuple[str, float]]:
 
 
 def error_json(status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> JSONResponse:
+               code: str | None = None, path: str = "") -> JSONResponse:
+    """An error in OpenAI's JSON, or in Anthropic's for a path of the Messages API."""
+    if path.startswith(messages_api.PATH):
+        return messages_api.error_json(status, message)
     return JSONResponse({"error": {"message": message, "type": type, "param": param, "code": code}},
                         status_code=status)
 
 
 async def _request_error(request: Request, exc: Exception) -> Response:
+    path = request.url.path
     if isinstance(exc, RequestError):
-        response = error_json(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code)
+        response = error_json(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code, path=path)
         response.headers.update(exc.headers or {})
         return response
-    return error_json(400, str(exc), param=getattr(exc, "param", None))
+    return error_json(400, str(exc), param=getattr(exc, "param", None), path=path)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
+    path = request.url.path
     if exc.status_code == 404:
-        return error_json(404, f"no such endpoint: {request.method} {request.url.path}", code="not_found")
+        return error_json(404, f"no such endpoint: {request.method} {path}", code="not_found", path=path)
     if exc.status_code == 405:
-        return error_json(405, f"{request.method} is not allowed on {request.url.path}", code="method_not_allowed")
-    return error_json(exc.status_code, str(exc.detail))
+        return error_json(405, f"{request.method} is not allowed on {path}", code="method_not_allowed", path=path)
+    return error_json(exc.status_code, str(exc.detail), path=path)
 
 
 async def _bug(request: Request, exc: Exception) -> Response:
     traceback.print_exception(exc, file=sys.stderr)
-    return error_json(500, "internal server error (a bug in anatomy; see the server's log)", type="server_error")
+    return error_json(500, "internal server error (a bug in anatomy; see the server's log)", type="server_error",
+                      path=request.url.path)
 
 
 def _key_middleware(key: str):
@@ -236,18 +252,19 @@ def _key_middleware(key: str):
 
 
 class KeyCheck:
-    """401 for requests without `Authorization: Bearer <key>` (constant-time compare); /health and
-    /metrics stay open."""
+    """401 for requests without `Authorization: Bearer <key>` or (Anthropic's) `x-api-key: <key>`
+    (constant-time compares); /health and /metrics stay open."""
 
     def __init__(self, app, *, key: str) -> None:
-        self.app, self.expected = app, f"Bearer {key}".encode()
+        self.app, self.key = app, key.encode()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                response = error_json(401, "invalid or missing API key (send Authorization: Bearer <key>)",
-                                      code="invalid_api_key")
+            headers = dict(scope["headers"])
+            bearer = hmac.compare_digest(headers.get(b"authorization", b""), b"Bearer " + self.key)
+            if not (hmac.compare_digest(headers.get(b"x-api-key", b""), self.key) or bearer):
+                response = error_json(401, "invalid or missing API key (send Authorization: Bearer <key> or "
+                                      "x-api-key: <key>)", code="invalid_api_key", path=scope["path"])
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

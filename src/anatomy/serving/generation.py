@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from anatomy.serving import responses
-from anatomy.serving.chat_prompt import chat_ids
+from anatomy.serving.chat_prompt import chat_text
 from anatomy.serving.grammar import GrammarError, GrammarSpec
 from anatomy.serving.protocol import ChatRequest, CompletionRequest, RequestError
 from anatomy.serving.sequence import Event
@@ -49,12 +49,14 @@ async def generate(state: ServerState, request: Request, req: ChatRequest | Comp
     return JSONResponse(gathered.result())
 
 
-def chat_inputs(tokenizer: Any, req: ChatRequest) -> tuple[list[int], GrammarSpec | None]:
-    """A chat request's prompt ids (its tools in it unless tool_choice is "none") and the grammar its
-    output must follow (response_format and the like, or tool_choice required / named), if any."""
+def chat_inputs(tokenizer: Any, req: ChatRequest, prefill: str = "") -> tuple[list[int], GrammarSpec | None]:
+    """A chat request's prompt ids (its tools in it unless tool_choice is "none"; `prefill`, the start
+    of the answer, after it) and the grammar its output must follow (response_format and the like, or
+    tool_choice required / named), if any."""
     tools = req.tools if req.tool_choice_name != "none" else None
-    ids = chat_ids(tokenizer, req.messages, tools=tools, add_generation_prompt=req.add_generation_prompt,
-                   variables=req.chat_template_kwargs)
+    text = chat_text(tokenizer, req.messages, tools=tools, add_generation_prompt=req.add_generation_prompt,
+                     variables=req.chat_template_kwargs)
+    ids = tokenizer.encode(text + prefill, add_special_tokens=False)
     spec = req.structure() or choice_grammar(req.tools or [], req.tool_choice_name, parallel=req.parallel_tool_calls)
     return ids, spec
 

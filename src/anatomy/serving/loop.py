@@ -304,7 +304,8 @@ class ServingLoop:
             reason = "length"
         kept = token not in seq.stop_ids
         _deliver(seq, Event(token, text, logprob if kept else None, reason,
-                            prompt_logprobs=seq.prompt_entries if first and seq.prompt_logprobs is not None else None))
+                            prompt_logprobs=seq.prompt_entries if first and seq.prompt_logprobs is not None else None,
+                            stop_string=seq.text.stops.matched if reason else None))
         if reason is not None:
             self.scheduler.finish(seq)
             self.metrics.finish(reason, now - seq.arrival)

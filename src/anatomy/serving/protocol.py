@@ -429,6 +429,16 @@ def parse(model: type[_Body], body: bytes, *, strict: bool = False) -> Any:
     return request
 
 
+def validated(model: type[_Body], fields: dict[str, Any]) -> Any:
+    """The checked request of `fields` (one request rewritten as another), or a RequestError."""
+    try:
+        request = model.model_validate(fields)
+    except ValidationError as exc:
+        raise _request_error(exc) from None
+    request.check()
+    return request
+
+
 def ignored_fields(value: Any, path: str = "") -> list[str]:
     """The dotted paths of the unknown fields of a parsed request (nested models and lists included)."""
     found = []

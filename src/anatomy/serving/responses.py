@@ -25,7 +25,7 @@ import torch
 
 from anatomy.serving.protocol import ChatRequest, CompletionRequest, RequestError
 from anatomy.serving.sequence import Event, TokenLogprob
-from anatomy.serving.tools import Call, ToolStream, parse_output
+from anatomy.serving.tools import Call, ToolStream, parse_output, read_pieces
 
 
 def sse(obj: Any) -> bytes:
@@ -154,8 +154,7 @@ class ChatRender(_Render):
     def _deltas(self, index: int, event: Event, fresh: list) -> list[dict]:
         if self.tool_streams is None:
             return super()._deltas(index, event, fresh)
-        stream = self.tool_streams[index]
-        pieces = stream.push(event.text) + (stream.finish() if event.finish_reason is not None else [])
+        pieces = read_pieces(self.tool_streams[index], event.text, last=event.finish_reason is not None)
         out = []
         for kind, value in pieces:
             if kind == "content":

@@ -26,13 +26,14 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal, Union
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from anatomy.serving.generation import chat_inputs, generate
-from anatomy.serving.protocol import ChatRequest, RequestError, TextPart, _Body, _request_error
+from anatomy.serving.one_choice import OneChoice
+from anatomy.serving.protocol import ChatRequest, RequestError, TextPart, _Body, validated
 from anatomy.serving.responses import DONE, sse
 from anatomy.serving.sequence import Event
-from anatomy.serving.tools import Call, ToolStream, parse_output
+from anatomy.serving.tools import Call
 
 
 class InputMessage(_Body):
@@ -123,12 +124,7 @@ class ResponsesRequest(_Body):
         if fmt is not None and fmt.type != "text":
             body["response_format"] = {"type": fmt.type} if fmt.type == "json_object" else \
                 {"type": "json_schema", "json_schema": {"name": fmt.name or "output", "schema": fmt.schema_}}
-        try:
-            request = ChatRequest.model_validate(body)
-        except ValidationError as exc:
-            raise _request_error(exc) from None
-        request.check()
-        return request
+        return validated(ChatRequest, body)
 
     def _messages(self) -> list[dict[str, Any]]:
         messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
@@ -161,34 +157,22 @@ async def handle(state: Any, request: Any, body: bytes) -> Any:
     return await generate(state, request, chat, [ids], chat=True, spec=spec, render=render)
 
 
-class ResponsesRender:
+class ResponsesRender(OneChoice):
     """One choice's events -> a `response` object, or its stream of events."""
 
     def __init__(self, req: ResponsesRequest, chat: ChatRequest, *, prompt_tokens: int) -> None:
+        super().__init__(chat)
         self.req = req
         self.id = f"resp_{uuid.uuid4().hex}"
         self.message_id = f"msg_{uuid.uuid4().hex}"
         self.created = time.time()
         self.prompt_tokens = prompt_tokens
-        self.mode = chat.tool_choice_name if chat.tools else "none"
-        self.names = {t.function.name for t in chat.tools or []}
-        self.text, self.tokens, self.finish = [], 0, None
         self.seq = 0
 
     # -- whole -------------------------------------------------------------------------------------
 
-    def _account(self, event: Event) -> None:
-        if event.error is not None:
-            raise RequestError(event.error, status=500, type="server_error")
-        self.tokens += event.token is not None
-        self.text.append(event.text)
-        self.finish = event.finish_reason or self.finish
-
     async def collect(self, events: AsyncIterator[tuple[int, Event]]) -> dict[str, Any]:
-        async for _, event in events:
-            self._account(event)
-        text = "".join(self.text)
-        content, calls = parse_output(text, self.mode, self.names) if self.mode != "none" else (text, [])
+        content, calls = await self.answer(events)
         output = [self._message(content)] if content else []
         return self._response("completed", output + [_function_item(c, "completed") for c in calls])
 
@@ -224,18 +208,12 @@ class ResponsesRender:
     async def stream(self, events: AsyncIterator[tuple[int, Event]]) -> AsyncIterator[bytes]:
         yield self._event("response.created", response=self._response("in_progress", []))
         yield self._event("response.in_progress", response=self._response("in_progress", []))
-        tools = ToolStream(self.mode, self.names) if self.mode != "none" else None
         self.output: list[dict] = []
         self.open_text: str | None = None  # the message's text so far, while it is open
         try:
-            async for _, event in events:
-                self._account(event)
-                pieces = tools.push(event.text) if tools else [("content", event.text)]
-                if event.finish_reason is not None and tools:
-                    pieces += tools.finish()
-                for kind, value in pieces:
-                    for chunk in self._piece(kind, value):
-                        yield chunk
+            async for kind, value in self.pieces(events):
+                for chunk in self._piece(kind, value):
+                    yield chunk
         except RequestError as exc:
             yield self._event("error", code=exc.code or exc.type, message=exc.message, param=None)
             yield DONE

@@ -42,7 +42,7 @@ class Event:
     """What a sequence reports after each of its steps that sampled a token: the token, the text it
     completes (stop strings held back), its log-probabilities if asked for (None for a token that
     is not part of the text, such as the EOS), and, on its last event, why it ended ("stop",
-    "length", or "error" with a message)."""
+    "length", or "error" with a message) and the stop string that ended it, if one did."""
 
     token: int | None
     text: str
@@ -50,6 +50,7 @@ class Event:
     finish_reason: str | None = None
     error: str | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first event, when asked: per prompt token
+    stop_string: str | None = None
 
 
 @dataclass(eq=False)

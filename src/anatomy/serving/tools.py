@@ -151,6 +151,14 @@ class ToolStream:
         return [("call", c) for c in calls]
 
 
+def read_pieces(stream: ToolStream | None, text: str, *, last: bool) -> list[tuple[str, Any]]:
+    """The pieces of one event's text: as `stream` reads it (all it holds back, at the `last` event),
+    or all content when the request has no tools (`stream` None)."""
+    if stream is None:
+        return [("content", text)]
+    return stream.push(text) + (stream.finish() if last else [])
+
+
 def _partial_marker(text: str, marker: str) -> int:
     """Length of the longest end of `text` that is a proper prefix of `marker`."""
     for n in range(min(len(marker) - 1, len(text)), 0, -1):

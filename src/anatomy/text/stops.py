@@ -12,7 +12,8 @@ from typing import Any
 
 
 class StopStringFilter:
-    """push(piece) -> the delta that is safe to show now; `stopped` once a stop string appears."""
+    """push(piece) -> the delta that is safe to show now; `stopped` once a stop string appears (`matched`:
+    which one)."""
 
     def __init__(self, stop: tuple[str, ...] = ()) -> None:
         self.stop = tuple(stop)
@@ -20,14 +21,16 @@ class StopStringFilter:
         self.text = ""  # everything pushed, up to the stop string once found
         self.emitted = 0  # characters of self.text already returned
         self.stopped = False
+        self.matched: str | None = None
 
     def push(self, piece: str) -> str:
         if self.stopped:
             return ""
         start = max(0, len(self.text) - self.longest + 1)  # a new match must end in the new piece
         self.text += piece
-        cut = self._first_stop(start)
-        if cut is not None:
+        found = self._first_stop(start)
+        if found is not None:
+            cut, self.matched = found
             self.text, self.stopped = self.text[:cut], True
             return self._emit(cut)
         return self._emit(len(self.text) - self._held_back())
@@ -41,9 +44,9 @@ class StopStringFilter:
         self.emitted = max(self.emitted, end)
         return delta
 
-    def _first_stop(self, start: int) -> int | None:
-        found = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
-        return min(found) if found else None
+    def _first_stop(self, start: int) -> tuple[int, str] | None:
+        """(where, which) of the first stop string in the text from `start`, or None."""
+        return min(((i, s) for s in self.stop if (i := self.text.find(s, start)) >= 0), default=None)
 
     def _held_back(self) -> int:
         """Length of the longest end of the text that is a proper prefix of some stop string."""

@@ -1,0 +1,47 @@
+"""One choice's events as the single-choice APIs (Responses, Messages) read them: its text, tokens,
+finish reason and stop string gathered, the text read for tool calls (tools.py) whole or as it
+arrives."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from anatomy.serving.protocol import ChatRequest, RequestError
+from anatomy.serving.sequence import Event
+from anatomy.serving.tools import Call, ToolStream, parse_output, read_pieces
+
+
+class OneChoice:
+    """What a render of one choice of `chat` has read so far."""
+
+    def __init__(self, chat: ChatRequest) -> None:
+        self.mode = chat.tool_choice_name if chat.tools else "none"
+        self.names = {t.function.name for t in chat.tools or []}
+        self.text: list[str] = []
+        self.tokens = 0
+        self.finish: str | None = None
+        self.stop: str | None = None  # the stop string that ended it
+
+    def account(self, event: Event) -> None:
+        if event.error is not None:
+            raise RequestError(event.error, status=500, type="server_error")
+        self.tokens += event.token is not None
+        self.text.append(event.text)
+        self.finish = event.finish_reason or self.finish
+        self.stop = event.stop_string or self.stop
+
+    async def answer(self, events: AsyncIterator[tuple[int, Event]]) -> tuple[str | None, list[Call]]:
+        """The whole answer: its content (None when there are only calls) and its tool calls."""
+        async for _, event in events:
+            self.account(event)
+        text = "".join(self.text)
+        return parse_output(text, self.mode, self.names) if self.mode != "none" else (text, [])
+
+    async def pieces(self, events: AsyncIterator[tuple[int, Event]]) -> AsyncIterator[tuple[str, Any]]:
+        """The answer as it arrives: ToolStream's pieces (only "content" when there are no tools)."""
+        tools = ToolStream(self.mode, self.names) if self.mode != "none" else None
+        async for _, event in events:
+            self.account(event)
+            for piece in read_pieces(tools, event.text, last=event.finish_reason is not None):
+                yield piece
