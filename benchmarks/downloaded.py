@@ -7,7 +7,9 @@ prefill 512, 8 sequences) against `llama-bench` tg128 / pp512 and
 `llama-batched-bench` (8 sequences), and each side's peak RSS: `anatomy generate` answering a question
 in a fresh process (its kernel plan already measured) against `llama-bench -n 64` on the same file,
 both under one meter (ru_maxrss). Sizes: SmolLM2-135M (the shipped model's own weights) and a
-1B-class decoder of Llama-3.2-1B's shape with random weights (llama.cpp's Llama 3 vocabulary).
+1B-class decoder of Llama-3.2-1B's shape with random weights (llama.cpp's Llama 3 vocabulary); the
+2026 families (`python -m benchmarks families`): Gemma 3 1B's shape and a 1B-class Qwen3-MoE (32
+experts, 4 per token), random weights, the same vocabulary.
 """
 
 from __future__ import annotations
@@ -25,9 +27,13 @@ from anatomy.checkpoints.registry import resolve
 from benchmarks.llama_cpp import batched_bench, built_tools, llama_bench, llama_tool
 
 PROMPT, NEW, PREFILL, BATCH = 128, 128, 512, 8
-TYPES = {"SmolLM2-135M": ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"), "1B (Llama-3.2-1B's shape)": ("Q4_K_M", "Q8_0")}
-TARGETS = {"SmolLM2-135M": {"decode": 1.25, "prefill": 1.5, "batch": 2.0},
-           "1B (Llama-3.2-1B's shape)": {"decode": 1.1, "prefill": 1.25, "batch": 1.5}}
+SMALL, LARGE, GEMMA3, MOE = ("SmolLM2-135M", "1B (Llama-3.2-1B's shape)", "Gemma 3 1B's shape",
+                             "1B MoE (Qwen3-MoE's shape, 32 experts)")
+TYPES = {SMALL: ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"), LARGE: ("Q4_K_M", "Q8_0"), GEMMA3: ("Q4_K_M",),
+         MOE: ("Q4_K_M",)}
+FAMILIES = (GEMMA3, MOE)
+_ONE_B = {"decode": 1.1, "prefill": 1.25, "batch": 1.5}
+TARGETS = {SMALL: {"decode": 1.25, "prefill": 1.5, "batch": 2.0}, LARGE: _ONE_B, GEMMA3: _ONE_B, MOE: _ONE_B}
 RSS_FACTOR, RSS_EXTRA = 1.15, 300 * 2 ** 20  # anatomy's peak RSS <= 1.15x llama.cpp's + 300 MiB
 QUESTION = "What is the capital of France?"
 METER = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
@@ -57,20 +63,31 @@ def small_source(folder: Path) -> Path:
     return out
 
 
-def large_source(folder: Path) -> Path:
-    """A decoder of Llama-3.2-1B's shape with random weights (the model's own initialisation) as an F16
-    GGUF, with the Llama 3 vocabulary llama.cpp ships in its sources (models/ggml-vocab-llama-bpe.gguf)."""
+def large_source(folder: Path, size: str = LARGE) -> Path:
+    """A 1B-class decoder with random weights (the model's own initialisation) as an F16 GGUF, with the
+    Llama 3 vocabulary llama.cpp ships in its sources (models/ggml-vocab-llama-bpe.gguf)."""
     found = sorted(built_tools().parents[1].glob("llama_cpp_python-*/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf"))
     if not found:
         raise RuntimeError(f"no ggml-vocab-llama-bpe.gguf in the llama.cpp sources beside {built_tools()}")
     torch.manual_seed(0)
-    model = anatomy.build_model(anatomy.get_preset("llama-3.2-1b"), dtype=torch.float16)
+    model = anatomy.build_model(_config(size), dtype=torch.float16)
     vocab = found[-1]
-    out = folder / "llama-1b-f16.gguf"
+    out = folder / "large-f16.gguf"
     anatomy.save(model, out, dtype="f16", tokenizer=anatomy.load_tokenizer(vocab))
     del model
     gc.collect()
     return out
+
+
+def _config(size: str):
+    """The config of a 1B-class size (the Llama 3 vocabulary's 128,256 tokens)."""
+    if size == GEMMA3:
+        return anatomy.get_preset("gemma-3-1b", vocab_size=128256, bos_token_id=128000, eos_token_id=128001)
+    if size == MOE:
+        return anatomy.get_preset("qwen3-8b", vocab_size=128256, d_model=1024, n_layers=16, n_heads=16, n_kv_heads=4,
+                                  head_dim=128, n_experts=32, n_experts_per_token=4, d_ff_expert=512,
+                                  moe_renormalize=True, bos_token_id=128000, eos_token_id=128001)
+    return anatomy.get_preset("llama-3.2-1b")
 
 
 def peak_rss(argv: list[str]) -> int:
@@ -112,12 +129,12 @@ def file_row(path: Path, vocab: int) -> dict[str, float]:
     return row
 
 
-def measure(folder: Path, sizes: tuple[str, ...] = tuple(TYPES)) -> dict[str, dict[str, dict[str, float]]]:
+def measure(folder: Path, sizes: tuple[str, ...] = (SMALL, LARGE)) -> dict[str, dict[str, dict[str, float]]]:
     """{size: {type: row}} for each size's TYPES, the files made in `folder`."""
     out = {}
     for size in sizes:
-        source = small_source(folder) if size.startswith("SmolLM2") else large_source(folder)
-        vocab = 40000 if size.startswith("SmolLM2") else 120000
+        source = small_source(folder) if size == SMALL else large_source(folder, size)
+        vocab = 40000 if size == SMALL else 120000
         out[size] = {}
         for kind in progress.track(TYPES[size], f"files people download: {size}"):
             path = quantized(source, kind)
