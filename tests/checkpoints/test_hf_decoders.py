@@ -264,3 +264,33 @@ def test_gemma3_multimodal_checkpoints_give_their_language_model(tmp_path):
     assert _max_diff(reloaded(ids).logits, ours(ids), None) <= TOL
     with pytest.raises(ConfigError, match="gemma3 text_config=None must be an object"):
         config_from_hf({"model_type": "gemma3"})
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "smollm3", "gpt_oss", "deepseek_v3", "deepseek_v2"])
+@torch.no_grad()
+def test_the_2026_families_give_hfs_64_greedy_tokens(tmp_path, family):
+    """HF's greedy generate from a 12-token prompt (past every window of 5), 64 new tokens, equals anatomy's
+    greedy decode through its static KV cache (rings of window + slack for the windowed layers), and each
+    cached step's logits are those of one full forward over the whole sequence within 1e-5."""
+    cls, config = _configs()[family]
+    config.max_position_embeddings = 128
+    torch.manual_seed(3)
+    hf = cls(config).eval()
+    for p in hf.parameters():
+        p.add_(torch.randn_like(p) * 0.05)
+    hf.generation_config.eos_token_id = None  # 64 tokens whatever they are
+    hf.save_pretrained(tmp_path)
+    ours = anatomy.load(tmp_path)
+    prompt = torch.randint(3, V - 1, (1, 12), generator=torch.Generator().manual_seed(4))
+    expected = hf.generate(prompt, max_new_tokens=64, do_sample=False, pad_token_id=0)[0, 12:].tolist()
+    cache = KVCache(ours.config, batch=1, max_len=12 + 64)
+    windowed = any(layer.ring < cache.max_len for layer in cache if hasattr(layer, "ring"))
+    assert windowed == (ours.config.sliding_window is not None)
+    steps = [ours(prompt, cache=cache, input_pos=torch.arange(12))[:, -1]]
+    tokens: list[int] = []
+    for t in range(64):
+        tokens.append(int(steps[-1].argmax(-1)))
+        steps.append(ours(torch.tensor([[tokens[-1]]]), cache=cache, input_pos=torch.tensor([12 + t]))[:, -1])
+    assert tokens == expected
+    full = ours(torch.cat([prompt, torch.tensor([tokens])], 1))[0, 11:]
+    assert (torch.cat(steps) - full).abs().max() <= 1e-5
