@@ -90,10 +90,10 @@ class ParallelEngine(DecoderEngine):
         raise InputError("a tensor- or pipeline-parallel engine gives no hidden states apart from its logits "
                          "(the head runs on every rank): use engine.logits(ids)")
 
-    def paged_cache(self, *, num_blocks: int, block_size: int) -> PagedKVCache:
-        cache = super().paged_cache(num_blocks=num_blocks, block_size=block_size)
+    def paged_cache(self, *, num_blocks: int, block_size: int, window_blocks: int | None = None) -> PagedKVCache:
+        cache = super().paged_cache(num_blocks=num_blocks, block_size=block_size, window_blocks=window_blocks)
         cache.parallel_id = next(self._cache_ids)
-        self.channel.send("paged_cache", cache.parallel_id, num_blocks, block_size)
+        self.channel.send("paged_cache", cache.parallel_id, num_blocks, block_size, window_blocks)
         return cache
 
     def step(self, cache: PagedKVCache, chunks: list[Chunk]) -> Tensor:

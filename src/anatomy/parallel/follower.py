@@ -43,8 +43,9 @@ class Follower:
     def logits(self, ids: list[list[int]], mask: list[list[int]] | None) -> None:
         self.engine.logits(self._tensor(ids), attention_mask=None if mask is None else self._tensor(mask))
 
-    def paged_cache(self, cache_id: int, num_blocks: int, block_size: int) -> None:
-        self.caches[cache_id] = self.engine.paged_cache(num_blocks=num_blocks, block_size=block_size)
+    def paged_cache(self, cache_id: int, num_blocks: int, block_size: int, window_blocks: int | None = None) -> None:
+        self.caches[cache_id] = self.engine.paged_cache(num_blocks=num_blocks, block_size=block_size,
+                                                        window_blocks=window_blocks)
 
     def step(self, cache_id: int, chunks) -> None:
         self.engine.step(self.caches[cache_id], chunks)
