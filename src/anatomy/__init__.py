@@ -12,6 +12,7 @@ FLOP and byte visible.
     anatomy.inspect(model) / compare(...)  the anatomy report; renders as a page in a notebook
     anatomy.attention(model, text, ...)   attention weights per layer and head over the real tokens
     anatomy.profile(model, ...)           the run measured: time per op and per position, against the roofs
+    anatomy.apply_lora(model, adapter)    a LoRA adapter (PEFT directory) run unmerged; merge_lora merges it
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ _LAZY = {
     "compare": "anatomy.analysis.inspection",
     "attention": "anatomy.analysis.attention_maps",
     "profile": "anatomy.analysis.profile",
+    "apply_lora": "anatomy.lora",
+    "merge_lora": "anatomy.lora",
+    "load_adapter": "anatomy.lora",
+    "save_adapter": "anatomy.lora",
 }
 
 

@@ -22,6 +22,7 @@ from anatomy.atomic import write_errors_named
 from anatomy.checkpoints.source import as_path, find_model, resolve_path
 from anatomy.config import ModelConfig
 from anatomy.errors import CheckpointError, InputError
+from anatomy.lora.layer import LoRALinear
 from anatomy.presets import get_preset
 
 __all__ = ["load", "save", "load_config", "stored_weights", "resolve_path"]
@@ -79,6 +80,9 @@ def save(model: nn.Module, path: str | Path, *, dtype: str | torch.dtype | None 
     path = as_path(path)
     if not isinstance(model, nn.Module):
         raise InputError(f"save() writes an anatomy model (from anatomy.load or build_model), got {type(model).__name__}")
+    if any(isinstance(m, LoRALinear) for m in model.modules()):
+        raise InputError("the model holds LoRA layers: anatomy.save_adapter(model, path) writes the adapter, "
+                         "anatomy.merge_lora(model) merges it into the weights to save")
     if path.suffix == ".gguf":
         from anatomy.checkpoints.gguf import SAVE_DTYPES, save_gguf
 
