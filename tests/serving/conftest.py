@@ -13,6 +13,24 @@ def tiny(request):
     return {"llama": llama_tiny, "gpt2": gpt2_tiny}[request.param]()
 
 
+@pytest.fixture(scope="module")
+def vocab_model(smollm2_tokenizer):
+    """A tiny random LLaMA-style decoder of SmolLM2's vocabulary (for grammars and tags on its tokenizer)."""
+    from anatomy import build_model, get_preset
+
+    torch.manual_seed(0)
+    return build_model(get_preset("llama-7b", vocab_size=smollm2_tokenizer.vocab_size, d_model=32, n_heads=2,
+                                  n_kv_heads=1, d_ff=64, n_layers=1, max_seq_len=512)).eval()
+
+
+@pytest.fixture(scope="module")
+def grammars(smollm2_tokenizer):
+    from anatomy.serving.grammar import GrammarEngine
+
+    return GrammarEngine(smollm2_tokenizer, vocab_size=smollm2_tokenizer.vocab_size,
+                         stop_ids=smollm2_tokenizer.eos_ids)
+
+
 def random_prompts(n: int, *, vocab: int = 97, longest: int = 40, seed: int = 1) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab, (int(torch.randint(1, longest, (1,), generator=g)),), generator=g).tolist()

@@ -14,7 +14,7 @@ import torch
 
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.sampling import SamplingParams
-from anatomy.serving.grammar import GrammarEngine, GrammarError, GrammarSpec, apply_bitmask
+from anatomy.serving.grammar import GrammarError, GrammarSpec, apply_bitmask
 from anatomy.serving.loop import ServingLoop
 
 from .conftest import run_all
@@ -24,21 +24,6 @@ SCHEMA = {"type": "object", "properties": {
     "role": {"enum": ["admin", "user"]}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 8},
                                                    "maxItems": 3}},
     "required": ["name", "age", "role", "tags"], "additionalProperties": False}
-
-
-@pytest.fixture(scope="module")
-def vocab_model(smollm2_tokenizer):
-    from anatomy import build_model, get_preset
-
-    torch.manual_seed(0)
-    return build_model(get_preset("llama-7b", vocab_size=smollm2_tokenizer.vocab_size, d_model=32, n_heads=2,
-                                  n_kv_heads=1, d_ff=64, n_layers=1, max_seq_len=512)).eval()
-
-
-@pytest.fixture(scope="module")
-def grammars(smollm2_tokenizer):
-    return GrammarEngine(smollm2_tokenizer, vocab_size=smollm2_tokenizer.vocab_size,
-                         stop_ids=smollm2_tokenizer.eos_ids)
 
 
 def texts(events) -> str:

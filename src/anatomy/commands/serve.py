@@ -76,6 +76,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strict-fields", action="store_true",
                    help="refuse unknown request fields with 400, as OpenAI does (default: ignored and logged, as vLLM "
                         "does)")
+    p.add_argument("--reasoning-parser", default=None, choices=PARSERS,
+                   help="read a chat answer's <think>...</think> block into reasoning_content (streamed as "
+                        "reasoning_content deltas; a Responses `reasoning` item, an Anthropic `thinking` block), as "
+                        "vLLM's parsers of these names do (DeepSeek-R1, Qwen3, SmolLM3; a template that opens the "
+                        "block in the prompt is recognized); default: the answer's text as it is")
+    p.add_argument("--reasoning-budget", type=int, default=-1,
+                   help="most tokens a thinking block may take before the server closes it (\\n</think>\\n\\n is "
+                        "appended and the answer follows); a request's thinking_budget overrides it (-1: no limit; "
+                        "needs --reasoning-parser; a sequence with a budget does not speculate)")
     add_speculative_options(p, served=True)
     add_quiet_option(p)
     add_parallel_options(p)
@@ -290,13 +299,16 @@ def _check_args(args: argparse.Namespace) -> None:
     for name, value, low in (("--port", args.port, 0), ("--block-size", args.block_size, 1),
                              ("--batch-size", args.batch_size, 1), ("--max-step-tokens", args.max_step_tokens, 1),
                              ("--max-body-bytes", args.max_body_bytes, 1), ("--max-queue", args.max_queue, -1),
-                             ("--shutdown-timeout", args.shutdown_timeout, 0)):
+                             ("--shutdown-timeout", args.shutdown_timeout, 0),
+                             ("--reasoning-budget", args.reasoning_budget, -1)):
         if value < low:
             raise InputError(f"{name} {value} must be >= {low}")
     if args.port > 65535:
         raise InputError(f"--port {args.port} must be <= 65535")
     if args.api_key is not None and not args.api_key.strip():
         raise InputError("--api-key must not be empty")
+    if args.reasoning_budget >= 0 and args.reasoning_parser is None:
+        raise InputError("--reasoning-budget needs --reasoning-parser (which names how thinking blocks are written)")
     check_speculative_options(args)
 
 

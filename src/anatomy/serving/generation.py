@@ -1,6 +1,6 @@
 """One request's generation on the serving loop: its sequences (n per prompt) submitted with their
-grammar constraints and logit bias, their events gathered into a response or streamed as SSE, the
-client's disconnect cancelling them; and the shutdown's drain of the requests in flight."""
+grammar constraints, logit bias and thinking budget, their events gathered into a response or streamed
+as SSE, the client's disconnect cancelling them; and the shutdown's drain of the requests in flight."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from anatomy.serving.grammar import GrammarError, GrammarSpec
 from anatomy.serving.protocol import ChatRequest, CompletionRequest, RequestError
 from anatomy.serving.sequence import Event
 from anatomy.serving.state import ServerState
+from anatomy.serving.thinking import Thinking, thinking_for
 from anatomy.serving.tools import choice_grammar
 
 
@@ -27,15 +28,21 @@ async def generate(state: ServerState, request: Request, req: ChatRequest | Comp
     """Run the prompts (n choices each) on the loop; the response whole, or streamed as SSE."""
     loop = state.serving()
     limits = [token_limit(len(ids), req.token_limit, loop.context, chat=chat) for ids in prompts]
+    thinking = thinking_of(state, req, prompts[0]) if chat else None
+    if req.priority and loop.scheduler.policy != "priority":  # as vLLM refuses it
+        raise RequestError(f"priority {req.priority} needs a server started with --scheduling-policy priority",
+                           param="priority")
     count = len(prompts) * req.n
     state.admit(count)
     constraints = await compile_constraints(state, spec, count)
     bias = req.bias(loop.engine.config.vocab_size)
-    run = RequestRun(state, prompts, req, limits, constraints=constraints, bias=bias)
+    run = RequestRun(state, prompts, req, limits, constraints=constraints, bias=bias, thinking=thinking)
     if render is None:
         render = responses.ChatRender(req, state.tokenizer, usage_prompt=sum(map(len, prompts)), choices=count) \
             if chat else responses.CompletionRender(req, state.tokenizer, usage_prompt=sum(map(len, prompts)),
                                                     choices=count, prompts=echoed(state.tokenizer, req, prompts))
+    if thinking is not None:
+        render.read_thinking(opened=thinking.opened)
     if req.stream:
         return EventStream(render.stream(run.events()), on_disconnect=run.cancel)
     gathered = asyncio.ensure_future(render.collect(run.events()))
@@ -59,6 +66,19 @@ def chat_inputs(tokenizer: Any, req: ChatRequest, prefill: str = "") -> tuple[li
     ids = tokenizer.encode(text + prefill, add_special_tokens=False)
     spec = req.structure() or choice_grammar(req.tools or [], req.tool_choice_name, parallel=req.parallel_tool_calls)
     return ids, spec
+
+
+def thinking_of(state: ServerState, req: ChatRequest, prompt: list[int]) -> Thinking | None:
+    """A chat request's thinking block, read when the server has a --reasoning-parser (else None), with
+    the request's budget or the server's."""
+    asked = req.thinking_budget
+    if state.reasoning_parser is None:
+        if asked is not None:
+            raise RequestError("thinking_budget needs a server started with --reasoning-parser",
+                               param="thinking_budget")
+        return None
+    budget = state.reasoning_budget if asked is None else asked
+    return thinking_for(state.tokenizer, prompt, None if budget < 0 else budget)
 
 
 async def compile_constraints(state: ServerState, spec: GrammarSpec | None, count: int) -> list:
@@ -115,7 +135,8 @@ class RequestRun:
     it runs it is in state.runs (the admission limit counts its open choices; shutdown aborts it)."""
 
     def __init__(self, state: ServerState, prompts: list[list[int]], req: ChatRequest | CompletionRequest,
-                 limits: list[int], *, constraints: list, bias: dict[int, float]) -> None:
+                 limits: list[int], *, constraints: list, bias: dict[int, float],
+                 thinking: Thinking | None = None) -> None:
         self.state, self.loop = state, state.loop
         self.queue: asyncio.Queue[tuple[int, Event] | None] = asyncio.Queue()
         aio = asyncio.get_running_loop()
@@ -129,7 +150,7 @@ class RequestRun:
                     ids, req.sampling(limit, choice=j), sink, logprobs=req.logprob_count,
                     prompt_logprobs=prompt_logprobs, constraint=constraints[index], bias=bias,
                     min_tokens=req.min_tokens, generate=limit > 0, speculative_tokens=req.speculative_n_max,
-                    speculative_min=req.speculative_n_min))
+                    speculative_min=req.speculative_n_min, thinking=thinking, priority=req.priority))
         self.open = len(self.seqs)
         self.cancelled = False
         self.aborted: str | None = None

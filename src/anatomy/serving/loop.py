@@ -10,6 +10,7 @@
                 logprobs are asked: prompt_logprobs.py)
              -> logit_bias, min_tokens, grammar masks (processors.py) -> sample (or keep the agreed part
                 of a draft) -> the grammar accepts -> detokenize, stop strings -> sink(Event) per token
+             -> a thinking block past its budget is closed: the close appended as if sampled (thinking.py)
              -> finished sequences leave
 
 The loop runs the model only through the engine's public API: `engine.paged_cache` (blocks in the
@@ -44,6 +45,7 @@ from anatomy.serving.prompt_logprobs import PromptLogprobStore, record, wants_pr
 from anatomy.serving.scheduler import Scheduler
 from anatomy.serving.sequence import Event, Sequence, TokenLogprob
 from anatomy.serving.drafting import Drafter
+from anatomy.serving.thinking import Thinking, ThinkingState
 from anatomy.serving.window_blocks import WindowBlocks
 from anatomy.serving.speculation import DRAFTED, ServedSpeculation, accept
 
@@ -92,16 +94,22 @@ class ServingLoop:
     def submit(self, prompt: list[int], params: SamplingParams, sink: Callable[[Event], Any], *,
                logprobs: int | None = None, prompt_logprobs: int | None = None, constraint: Any = None,
                bias: dict[int, float] | None = None, min_tokens: int = 0, generate: bool = True,
-               speculative_tokens: int | None = None, speculative_min: int = 0) -> Sequence:
+               speculative_tokens: int | None = None, speculative_min: int = 0,
+               thinking: Thinking | None = None, priority: int = 0) -> Sequence:
         """Queue a sequence; `sink` gets one Event per sampled token (from the loop's thread).
         `prompt_logprobs` (k) asks for each prompt token's logprob and top k (on the first event);
         `constraint` (a grammar.Constraint) and `bias` ({token id: logit bias}) shape every next token;
         `generate=False` runs the prompt only (one event, finish_reason "length").
         `speculative_tokens`: at most this many proposals per round (0: none; None: the server's
         default; a server without speculation verifies n-gram proposals for a request that asks),
-        verified only when at least `speculative_min` are proposed."""
+        verified only when at least `speculative_min` are proposed. `thinking`: its thinking block is read
+        (each event says whether its token was inside) and held to its budget (a sequence with a budget
+        does not speculate). `priority`: lower runs first, under the "priority" policy only."""
         if not prompt:
             raise InputError("the prompt is empty")
+        if priority and self.scheduler.policy != "priority":
+            raise InputError(f"priority {priority} needs the priority scheduling policy (this loop's is "
+                             f"{self.scheduler.policy})")
         if len(prompt) + params.max_new_tokens * generate > self.context:
             raise InputError(f"the prompt has {len(prompt)} tokens and max_new_tokens={params.max_new_tokens}: "
                              f"{len(prompt) + params.max_new_tokens} tokens, more than the context of {self.context}")
@@ -113,15 +121,18 @@ class ServingLoop:
                        generator=make_generator(params.seed, self.engine.device),
                        bias=logit_bias(bias or {}, self.engine.device), constraint=constraint, min_tokens=min_tokens,
                        score_only=not generate, prompt_logprobs=prompt_logprobs,
-                       prompt_entries=[None] * len(prompt) if prompt_logprobs is not None else [])
+                       prompt_entries=[None] * len(prompt) if prompt_logprobs is not None else [], priority=priority)
         if params.repetition_penalty != 1.0:
             seq.seen = torch.zeros(vocab, dtype=torch.bool, device=self.engine.device)
             seq.seen[torch.tensor(prompt, device=self.engine.device)] = True
         if params.presence_penalty or params.frequency_penalty:
             seq.counts = torch.zeros(vocab, dtype=torch.long, device=self.engine.device)
+        if thinking is not None and self.tokenizer is not None:
+            seq.thinking = ThinkingState(thinking, self.tokenizer.decode_stream(),
+                                         lambda text: self.tokenizer.encode(text, add_special_tokens=False))
         speculation = self.speculation or (ServedSpeculation(num_speculative_tokens=speculative_tokens)
                                            if speculative_tokens else None)
-        if speculation is not None:
+        if speculation is not None and (thinking is None or thinking.budget is None):
             seq.speculation = speculation.for_sequence(prompt, params, speculative_tokens, speculative_min)
         self._inbox.put(("add", seq))
         self._wake.set()
@@ -280,9 +291,34 @@ class ServingLoop:
             self._emit(seq, token, self._logprobs(logits[i:i + 1], [token], seq.logprobs)[0])
 
     def _emit(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
+        """A sampled token joins the sequence; a thinking block whose budget is spent is closed instead
+        (the block opened in the prompt with a budget of 0) or after it."""
+        if not self._close_thinking(seq):
+            self._append(seq, token, logprob)
+            if not seq.finished:
+                self._close_thinking(seq)
+
+    def _close_thinking(self, seq: Sequence) -> bool:
+        """Append the close of seq's thinking block if its budget is spent (whether it was); a grammar
+        that does not allow the close ends the sequence ("length": the budget is what ended it)."""
+        close = list(seq.thinking.due()) if seq.thinking is not None else []
+        if not close:
+            return False
+        if seq.constraint is not None and seq.constraint.valid_prefix(close) < len(close):
+            self._end(seq, "length")
+            return True
+        for token in close:
+            self._append(seq, token, None, forced=True)
+            if seq.finished:
+                break
+        return True
+
+    def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None, *, forced: bool = False) -> None:
+        """Add one token (a `forced` one was not sampled: no latency is recorded) and deliver its event."""
         now = time.perf_counter()
         first = seq.first_token_at is None
-        self.metrics.token(first=first, latency=now - (seq.arrival if first else seq.last_token_at))
+        if not forced:
+            self.metrics.token(first=first, latency=now - (seq.arrival if first else seq.last_token_at))
         seq.first_token_at = seq.first_token_at or now
         seq.last_token_at = now
         seq.tokens.append(token)
@@ -303,12 +339,19 @@ class ServingLoop:
             text += seq.text.finish("length")
             reason = "length"
         kept = token not in seq.stop_ids
+        inside = seq.thinking.observe(token) if seq.thinking is not None else False
         _deliver(seq, Event(token, text, logprob if kept else None, reason,
                             prompt_logprobs=seq.prompt_entries if first and seq.prompt_logprobs is not None else None,
-                            stop_string=seq.text.stops.matched if reason else None))
+                            stop_string=seq.text.stops.matched if reason else None, reasoning=inside))
         if reason is not None:
             self.scheduler.finish(seq)
             self.metrics.finish(reason, now - seq.arrival)
+
+    def _end(self, seq: Sequence, reason: str) -> None:
+        """End a sequence between tokens: what its text held back, and `reason`."""
+        _deliver(seq, Event(None, seq.text.finish(reason), finish_reason=reason))
+        self.scheduler.finish(seq)
+        self.metrics.finish(reason, time.perf_counter() - seq.arrival)
 
     def _emit_prompt_only(self, seq: Sequence) -> None:
         """A sequence that generates nothing (max_tokens 0) ends once its prompt has run."""

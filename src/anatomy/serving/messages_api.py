@@ -7,6 +7,8 @@ max_tokens | stop_sequence | tool_use | model_context_window_exceeded, "stop_seq
 streamed as Anthropic's events: message_start, ping, content_block_start / content_block_delta
 (text_delta, input_json_delta) / content_block_stop per block, message_delta, message_stop; a failure
 is an `error` event. Errors are Anthropic's JSON, {"type": "error", "error": {"type", "message"}}.
+On a server with --reasoning-parser the thinking block comes first, as a `thinking` block (streamed as
+thinking_delta; its `signature` empty: nothing is signed here).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from anatomy.serving.tools import Call
 
 PATH = "/v1/messages"
 EMPTY_TEXT = {"type": "text", "text": ""}  # a text block as it starts
+EMPTY_THINKING = {"type": "thinking", "thinking": "", "signature": ""}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 
@@ -100,7 +103,8 @@ class MessageRender(OneChoice):
     async def collect(self, events: AsyncIterator[tuple[int, Event]]) -> dict[str, Any]:
         content, calls = await self.answer(events)
         self.calls = len(calls)
-        blocks = [{"type": "text", "text": content}] if content else []
+        blocks = [dict(EMPTY_THINKING, thinking=self.reasoning)] if self.reasoning else []
+        blocks += [{"type": "text", "text": content}] if content else []
         return self._message(blocks + [dict(_tool_use(c), input=_input(c.arguments)) for c in calls],
                              self._stop_reason())
 
@@ -124,7 +128,10 @@ class MessageRender(OneChoice):
         yield event("message_stop")
 
     def _piece(self, kind: str, value: Any) -> list[bytes]:
-        """The events of one piece of ToolStream's: text, a whole call, a call's start or its arguments."""
+        """The events of one piece: reasoning, or ToolStream's text, a whole call, a call's start or its
+        arguments."""
+        if kind == "reasoning":
+            return self._open("thinking", EMPTY_THINKING) + [self._delta({"type": "thinking_delta", "thinking": value})]
         if kind == "content":
             return self._open("text") + [self._delta({"type": "text_delta", "text": value})] if value else []
         if kind == "arguments":
@@ -136,8 +143,9 @@ class MessageRender(OneChoice):
         return out
 
     def _open(self, kind: str, block: dict | None = None) -> list[bytes]:
-        """Start a block of `kind` (text goes on in an open text block); `block` as content_block_start has it."""
-        if self.open == "text" and kind == "text":
+        """Start a block of `kind` (text and thinking go on in an open block of theirs); `block` as
+        content_block_start has it."""
+        if self.open == kind and kind in ("text", "thinking"):
             return []
         out = self._close()
         self.open = kind

@@ -23,7 +23,7 @@ import json
 import re
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from anatomy.errors import InputError
 from anatomy.inference.sampling import SamplingParams
@@ -276,6 +276,9 @@ class ChatRequest(_Sampling):
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra variables for the chat template
     add_generation_prompt: bool = True
+    # the most tokens generated inside a thinking block (-1: no limit; unset: the server's --reasoning-budget)
+    thinking_budget: int | None = Field(default=None, ge=-1,
+                                        validation_alias=AliasChoices("thinking_budget", "thinking_token_budget"))
     # OpenAI fields not implemented here: refused if set
     functions: Any = None
     function_call: Any = None

@@ -10,6 +10,11 @@ Tool calls (chat with tools): the text is read by tools.ToolStream; a call is se
 it, a delta {"tool_calls": [{"index", "id", "type": "function", "function": {"name", "arguments": ""}}]}
 then the arguments; finish_reason "tool_calls". Completions with echo put the prompt (its text, and
 with logprobs its tokens, the first one's logprob null as OpenAI's) before the generated text.
+
+Reasoning (a server with --reasoning-parser): a chat answer's thinking block goes to
+message.reasoning_content (null when it does not think), streamed as {"reasoning_content": ...}
+deltas before the content ones (vLLM's shape); usage.completion_tokens_details.reasoning_tokens counts
+the tokens generated inside it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 import torch
 
 from anatomy.serving.protocol import ChatRequest, CompletionRequest, RequestError
+from anatomy.serving.reasoning import ThinkSplitter, read, split
 from anatomy.serving.sequence import Event, TokenLogprob
 from anatomy.serving.tools import Call, ToolStream, parse_output, read_pieces
 
@@ -53,11 +59,16 @@ class _Render:
         self.finish: list[str | None] = [None] * choices
         self.logprobs: list[list[tuple[int, TokenLogprob]]] = [[] for _ in range(choices)]
         self.prompt_logprobs: list[list[TokenLogprob | None] | None] = [None] * choices
+        self.reasoning_tokens = 0
+        self.splitters: list[ThinkSplitter] | None = None  # per choice, once read_thinking is called
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         completion = sum(self.tokens)
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": self.prompt_tokens + completion}
+        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+                 "total_tokens": self.prompt_tokens + completion}
+        if self.splitters is not None:
+            usage["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return usage
 
     def _account(self, index: int, event: Event) -> None:
         if event.error is not None:
@@ -66,6 +77,7 @@ class _Render:
             self.prompt_logprobs[index] = event.prompt_logprobs
         if event.token is not None:
             self.tokens[index] += 1
+        self.reasoning_tokens += event.reasoning
         if event.logprob is not None:
             self.logprobs[index].append((event.token, event.logprob))
         self.texts[index].append(event.text)
@@ -104,10 +116,13 @@ class _Render:
         return sse(body)
 
     def _deltas(self, index: int, event: Event, fresh: list) -> list[dict]:
-        """The streamed choices one event gives: its text (and logprobs), then its finish_reason."""
-        out = [self._delta(index, event.text, fresh, None)] if event.text or fresh else []
-        if event.finish_reason is not None:
-            out.append(self._delta(index, "", [], event.finish_reason))
+        return self._text_deltas(index, event.text, fresh, event.finish_reason)
+
+    def _text_deltas(self, index: int, text: str, fresh: list, finish: str | None) -> list[dict]:
+        """The streamed choices of one event's text: the text (and logprobs), then its finish_reason."""
+        out = [self._delta(index, text, fresh, None)] if text or fresh else []
+        if finish is not None:
+            out.append(self._delta(index, "", [], finish))
         return out
 
     def _token_text(self, token: int) -> str:
@@ -130,10 +145,19 @@ class ChatRender(_Render):
         self.tool_mode, self.tool_names = mode, {t.function.name for t in req.tools or []}
         self.tool_streams = [ToolStream(mode, self.tool_names) for _ in range(choices)] if mode != "none" else None
         self.calls = [0] * choices
+        self.opened = False
+
+    def read_thinking(self, *, opened: bool) -> None:
+        """Read each choice's thinking block out of its text (`opened`: the prompt opened it)."""
+        self.opened = opened
+        self.splitters = [ThinkSplitter(opened=opened) for _ in self.texts]
 
     def _choice(self, index: int) -> dict:
         text, finish = "".join(self.texts[index]), self.finish[index]
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self.splitters is not None:
+            message["reasoning_content"], text = split(text, opened=self.opened)
+            message["content"] = text
         if self.tool_streams is not None:
             message["content"], calls = parse_output(text, self.tool_mode, self.tool_names)
             if calls:
@@ -152,9 +176,21 @@ class ChatRender(_Render):
                 "logprobs": self._logprobs(logprobs) if logprobs else None, "finish_reason": finish}
 
     def _deltas(self, index: int, event: Event, fresh: list) -> list[dict]:
-        if self.tool_streams is None:
+        """Its thinking block's text first (with the event's logprobs), then the rest as content."""
+        if self.splitters is None:
             return super()._deltas(index, event, fresh)
-        pieces = read_pieces(self.tool_streams[index], event.text, last=event.finish_reason is not None)
+        reasoning, text = read(self.splitters[index], event.text, last=event.finish_reason is not None)
+        out = []
+        if reasoning:
+            out.append({"index": index, "delta": {"reasoning_content": reasoning},
+                        "logprobs": self._logprobs(fresh) if fresh else None, "finish_reason": None})
+            fresh = []
+        return out + self._text_deltas(index, text, fresh, event.finish_reason)
+
+    def _text_deltas(self, index: int, text: str, fresh: list, finish: str | None) -> list[dict]:
+        if self.tool_streams is None:
+            return super()._text_deltas(index, text, fresh, finish)
+        pieces = read_pieces(self.tool_streams[index], text, last=finish is not None)
         out = []
         for kind, value in pieces:
             if kind == "content":
@@ -166,8 +202,8 @@ class ChatRender(_Render):
                 out += self._call_deltas(index, value, with_arguments=kind == "call")
         if fresh:
             out.append(self._delta(index, "", fresh, None))
-        if event.finish_reason is not None:
-            finish = "tool_calls" if self.calls[index] and event.finish_reason == "stop" else event.finish_reason
+        if finish is not None:
+            finish = "tool_calls" if self.calls[index] and finish == "stop" else finish
             out.append(self._delta(index, "", [], finish))
         return out
 

@@ -17,6 +17,11 @@ response.content_part.added, response.output_text.delta ..., response.output_tex
 response.content_part.done, response.output_item.done (function calls: output_item.added,
 function_call_arguments.delta / .done, output_item.done), then response.completed (or
 response.incomplete when max_output_tokens ended it). A failure is an "error" event.
+
+On a server with --reasoning-parser the thinking block comes first, as a `reasoning` item
+({"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text"}]}; streamed:
+output_item.added, content_part.added, response.reasoning_text.delta ..., .done, content_part.done,
+output_item.done), and usage.output_tokens_details.reasoning_tokens counts its tokens.
 """
 
 from __future__ import annotations
@@ -165,6 +170,7 @@ class ResponsesRender(OneChoice):
         self.req = req
         self.id = f"resp_{uuid.uuid4().hex}"
         self.message_id = f"msg_{uuid.uuid4().hex}"
+        self.reasoning_id = f"rs_{uuid.uuid4().hex}"
         self.created = time.time()
         self.prompt_tokens = prompt_tokens
         self.seq = 0
@@ -173,13 +179,14 @@ class ResponsesRender(OneChoice):
 
     async def collect(self, events: AsyncIterator[tuple[int, Event]]) -> dict[str, Any]:
         content, calls = await self.answer(events)
-        output = [self._message(content)] if content else []
+        output = [self._reasoning(self.reasoning)] if self.reasoning else []
+        output += [self._message(content)] if content else []
         return self._response("completed", output + [_function_item(c, "completed") for c in calls])
 
     def _response(self, status: str, output: list[dict]) -> dict[str, Any]:
         incomplete = self.finish == "length" and status == "completed"
         usage = {"input_tokens": self.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
-                 "output_tokens": self.tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                 "output_tokens": self.tokens, "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
                  "total_tokens": self.prompt_tokens + self.tokens}
         req = self.req
         return {"id": self.id, "object": "response", "created_at": self.created,
@@ -198,6 +205,10 @@ class ResponsesRender(OneChoice):
         parts = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text is not None else []
         return {"type": "message", "id": self.message_id, "status": status, "role": "assistant", "content": parts}
 
+    def _reasoning(self, text: str, status: str = "completed") -> dict[str, Any]:
+        parts = [{"type": "reasoning_text", "text": text}] if text is not None else []
+        return {"type": "reasoning", "id": self.reasoning_id, "summary": [], "content": parts, "status": status}
+
     # -- streamed ----------------------------------------------------------------------------------
 
     def _event(self, kind: str, **fields: Any) -> bytes:
@@ -210,6 +221,7 @@ class ResponsesRender(OneChoice):
         yield self._event("response.in_progress", response=self._response("in_progress", []))
         self.output: list[dict] = []
         self.open_text: str | None = None  # the message's text so far, while it is open
+        self.open_reasoning: str | None = None  # the reasoning item's text so far, while it is open
         try:
             async for kind, value in self.pieces(events):
                 for chunk in self._piece(kind, value):
@@ -218,15 +230,23 @@ class ResponsesRender(OneChoice):
             yield self._event("error", code=exc.code or exc.type, message=exc.message, param=None)
             yield DONE
             return
-        for chunk in self._close_text() + self._close_call():
+        for chunk in self._close_reasoning() + self._close_text() + self._close_call():
             yield chunk
         final = self._response("completed", self.output)
         yield self._event("response.incomplete" if final["status"] == "incomplete" else "response.completed",
                           response=final)
 
     def _piece(self, kind: str, value: Any) -> list[bytes]:
+        if kind == "reasoning":
+            return self._reasoning_delta(value)
+        if not value:
+            return []
+        out = self._close_reasoning()  # the thinking block comes before everything else
+        return out + self._answer_piece(kind, value)
+
+    def _answer_piece(self, kind: str, value: Any) -> list[bytes]:
         if kind == "content":
-            return self._text_delta(value) if value else []
+            return self._text_delta(value)
         if kind == "arguments":
             index = len(self.output) - 1
             self.output[index]["arguments"] += value
@@ -238,8 +258,35 @@ class ResponsesRender(OneChoice):
         self.output.append(item)
         out.append(self._event("response.output_item.added", output_index=len(self.output) - 1, item=dict(item)))
         if kind == "call":
-            out += self._piece("arguments", value.arguments) + self._close_call()
+            out += self._answer_piece("arguments", value.arguments) + self._close_call()
         return out
+
+    def _reasoning_delta(self, text: str) -> list[bytes]:
+        out = []
+        if self.open_reasoning is None:
+            self.open_reasoning = ""
+            self.output.append(self._reasoning(None, "in_progress"))
+            index = len(self.output) - 1
+            out.append(self._event("response.output_item.added", output_index=index,
+                                   item=self._reasoning(None, "in_progress")))
+            out.append(self._event("response.content_part.added", item_id=self.reasoning_id, output_index=index,
+                                   content_index=0, part={"type": "reasoning_text", "text": ""}))
+        self.open_reasoning += text
+        out.append(self._event("response.reasoning_text.delta", item_id=self.reasoning_id,
+                               output_index=len(self.output) - 1, content_index=0, delta=text))
+        return out
+
+    def _close_reasoning(self) -> list[bytes]:
+        if self.open_reasoning is None:
+            return []
+        index, text = len(self.output) - 1, self.open_reasoning
+        self.open_reasoning = None
+        self.output[index] = item = self._reasoning(text)
+        return [self._event("response.reasoning_text.done", item_id=self.reasoning_id, output_index=index,
+                            content_index=0, text=text),
+                self._event("response.content_part.done", item_id=self.reasoning_id, output_index=index,
+                            content_index=0, part=item["content"][0]),
+                self._event("response.output_item.done", output_index=index, item=item)]
 
     def _text_delta(self, text: str) -> list[bytes]:
         out = []

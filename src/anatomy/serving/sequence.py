@@ -51,6 +51,7 @@ class Event:
     error: str | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first event, when asked: per prompt token
     stop_string: str | None = None
+    reasoning: bool = False  # the token was generated inside a thinking block (serving/thinking.py)
 
 
 @dataclass(eq=False)
@@ -87,6 +88,7 @@ class Sequence:
     prompt_entries: list[TokenLogprob | None] = field(default_factory=list)  # per prompt position
     speculation: Any = None  # its SequenceSpeculation (serving/speculation.py), None: it does not speculate
     draft: list[int] = field(default_factory=list)  # the tokens it proposes to verify in the next step
+    thinking: Any = None  # its ThinkingState (serving/thinking.py), None: its thinking block is not read
 
     @property
     def remaining(self) -> int:

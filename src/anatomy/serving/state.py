@@ -41,6 +41,8 @@ class ServerState:
     warned: set = field(default_factory=set)  # unknown field names already logged
     grammar_engine: GrammarEngine | None = None
     grammar_lock: threading.Lock = field(default_factory=threading.Lock)
+    reasoning_parser: str | None = None  # chat answers' <think> blocks go to reasoning_content (reasoning.py)
+    reasoning_budget: int = -1  # tokens a thinking block may take unless a request says (-1: no limit)
 
     def serving(self) -> ServingLoop:
         if self.load_error is not None:

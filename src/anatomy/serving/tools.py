@@ -131,7 +131,7 @@ class ToolStream:
                     pieces.append(("content", self.buffer[:start]))
                 self.buffer, self.inside = self.buffer[start + len(HERMES_OPEN):], True
                 continue
-            keep = _partial_marker(self.buffer, HERMES_OPEN)
+            keep = partial_marker(self.buffer, HERMES_OPEN)
             if len(self.buffer) > keep:
                 pieces.append(("content", self.buffer[:len(self.buffer) - keep]))
                 self.buffer = self.buffer[len(self.buffer) - keep:]
@@ -159,7 +159,7 @@ def read_pieces(stream: ToolStream | None, text: str, *, last: bool) -> list[tup
     return stream.push(text) + (stream.finish() if last else [])
 
 
-def _partial_marker(text: str, marker: str) -> int:
+def partial_marker(text: str, marker: str) -> int:
     """Length of the longest end of `text` that is a proper prefix of `marker`."""
     for n in range(min(len(marker) - 1, len(text)), 0, -1):
         if marker.startswith(text[-n:]):
