@@ -4,6 +4,8 @@
         --d-model 128 --d-ff 512 --seq-len 64 --batch-size 12 --steps 2000 --out runs/shakespeare
     anatomy train ... --out runs/shakespeare --resume           # continue from the latest checkpoint
     anatomy train ... --nproc 2 --strategy fsdp                 # torchrun with 2 ranks, FSDP2
+    anatomy train --data notes.txt --tokenizer smollm2-135m-instruct --model smollm2-135m-instruct \
+        --lora --lora-rank 8 --lora-targets q,k,v,o --out runs/notes   # a LoRA adapter, the base frozen
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from anatomy.atomic import write_errors_named
 from anatomy.commands.common import MODEL_FORMS, add_model_option, add_old_name, add_quiet_option
 from anatomy.errors import InputError
+from anatomy.lora.config import DEFAULT_TARGETS, TARGETS, LoraConfig
 from anatomy.models import set_activation_checkpointing
 from anatomy.training import checkpoint as ckpt
 from anatomy.training.data import check_size, prepare
@@ -36,6 +39,7 @@ from anatomy.training.setup import (
     check_fit,
     check_memory,
     estimated_bytes,
+    model_for_lora,
     model_for_training,
 )
 
@@ -61,7 +65,11 @@ RULES = {
     "keep": ("an integer >= 0 (0: all)", lambda v: v >= 0),
     "max_nonfinite": ("a positive integer", lambda v: v >= 1),
     "nproc": ("a positive integer", lambda v: v >= 1),
+    "lora_rank": ("a positive integer", lambda v: v >= 1),
+    "lora_alpha": ("a positive number", lambda v: 0 < v < math.inf),
+    "lora_dropout": ("in [0, 1)", lambda v: 0 <= v < 1),
 }
+LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -100,9 +108,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", default="ddp", choices=STRATEGIES)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute block activations in backward")
+    add_lora_options(p)
     add_quiet_option(p)
     add_old_name(p, "--no-progress", new="--quiet", dest="quiet", flag=True)
     p.set_defaults(run=run)
+
+
+def add_lora_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("LoRA", "train a low-rank adapter over a checkpoint's frozen weights; each checkpoint "
+                                     "is then an HF PEFT adapter directory")
+    g.add_argument("--lora", action="store_true", help="train a LoRA adapter instead of every weight")
+    g.add_argument("--lora-rank", type=int, default=None, help="r, the adapter's rank (default 8)")
+    g.add_argument("--lora-alpha", type=float, default=None, help="the update is scaled by alpha / r (default 16)")
+    g.add_argument("--lora-dropout", type=float, default=None, help="dropout on the adapter's input (default 0)")
+    g.add_argument("--lora-targets", default=None,
+                   help=f"projections adapted, of {', '.join(TARGETS)} or all (default {','.join(DEFAULT_TARGETS)})")
+
+
+def lora_config(args: argparse.Namespace) -> LoraConfig | None:
+    """The adapter the options ask for (None without --lora)."""
+    if not args.lora:
+        return None
+    values = {"rank": args.lora_rank, "alpha": args.lora_alpha, "dropout": args.lora_dropout,
+              "targets": args.lora_targets}
+    try:
+        return LoraConfig(**{k: v for k, v in values.items() if v is not None})
+    except InputError as exc:
+        raise InputError(f"--lora-targets: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,6 +153,10 @@ def check_options(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and not ok(value):
             raise InputError(f"--{name.replace('_', '-')} {value} must be {rule}")
+    given = next((name for name in LORA_OPTIONS if getattr(args, name) is not None), None)
+    if given is not None and not args.lora:
+        raise InputError(f"--{given.replace('_', '-')} shapes a LoRA adapter: add --lora")
+    lora_config(args)
 
 
 def _without_nproc(argv: list[str]) -> list[str]:
@@ -178,8 +214,9 @@ def _train(args: argparse.Namespace, info: Dist) -> int:
     state = train(run_, settings, state)
     if info.is_main:
         val = f", val loss {state.val_loss:.4f}" if state.val_loss is not None else ""
+        what = "adapter (an HF PEFT directory)" if args.lora else "checkpoint"
         print(f"done: {state.step} steps, {state.tokens:,} tokens{val}, {state.nonfinite_total} non-finite step(s) "
-              f"skipped; checkpoint {ckpt.latest_checkpoint(out)}")
+              f"skipped; {what} {ckpt.latest_checkpoint(out)}")
     return 0
 
 
@@ -200,6 +237,11 @@ def _dataset(args: argparse.Namespace, info: Dist, out: Path):
 
 def _model(args: argparse.Namespace, tok, resume_dir: Path | None):
     overrides = {k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None}
+    if args.lora:  # the base from --model, also when resuming (a checkpoint holds the adapter alone)
+        if overrides:
+            raise InputError(f"--lora keeps the model's architecture; drop "
+                             f"{', '.join('--' + k.replace('_', '-') for k in overrides)}")
+        return model_for_lora(args.model, lora_config(args))
     if resume_dir is None:
         return model_for_training(args.model, overrides=overrides, tok=tok, seq_len=args.seq_len)
     from anatomy.models import build_model

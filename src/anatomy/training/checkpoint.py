@@ -11,6 +11,10 @@
         rng-rank{r}.json       python, numpy and torch RNG states of rank r
     <run>/checkpoints/latest.json -> {"step": 100, "dir": "step-000100"}
 
+A LoRA run (its base frozen) writes the adapter instead of the weights: adapter_config.json +
+adapter_model.safetensors, a directory HF PEFT loads as it is (anatomy/lora/peft.py); resuming
+loads the base from --model again.
+
 A checkpoint is written into a hidden temporary directory, every file fsynced, then renamed into
 place with os.replace, then latest.json is replaced the same way: a crash at any moment leaves the
 previous checkpoint and pointer intact. No pickle anywhere (safetensors + JSON). State dicts are
@@ -42,13 +46,18 @@ from torch.distributed.checkpoint.state_dict import (
 
 from anatomy.checkpoints.assign import tied_aliases
 from anatomy.config import ModelConfig
-from anatomy.errors import AnatomyError, CheckpointError, ConfigError
+from anatomy.errors import AnatomyError, CheckpointError, ConfigError, InputError
+from anatomy.lora.adapter import Adapter, adapter_state, lora_config_of
+from anatomy.lora.config import LoraConfig
+from anatomy.lora.peft import read_peft, write_peft
 from anatomy.text.tokenizer import Tokenizer
 from anatomy.training.distributed import Dist, all_reduce_sum, barrier
 
 ADAMW_STATE = ("step", "exp_avg", "exp_avg_sq")
 _GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)
+_GATHER_TRAINED = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
 _SCATTER = StateDictOptions(full_state_dict=True)
+_SCATTER_TRAINED = StateDictOptions(full_state_dict=True, strict=False)  # a LoRA run: the adapter's tensors
 
 
 def checkpoint_root(run_dir: Path) -> Path:
@@ -64,7 +73,8 @@ def save_checkpoint(run_dir: Path, *, wrapped: nn.Module, model: nn.Module, opti
     finite = torch.tensor(float(all(torch.isfinite(_local(p)).all() for p in model.parameters())), device=info.device)
     if all_reduce_sum(finite, info).item() < info.world:
         return None
-    weights = get_model_state_dict(wrapped, options=_GATHER)
+    lora = lora_config_of(model)
+    weights = get_model_state_dict(wrapped, options=_GATHER if lora is None else _GATHER_TRAINED)
     optim = get_optimizer_state_dict(wrapped, optimizer, options=_GATHER)
     root = checkpoint_root(run_dir)
     final = root / f"step-{trainer['step']:06d}"
@@ -92,7 +102,11 @@ def _local(p: Tensor) -> Tensor:
 
 def _write_main_files(tmp: Path, *, model: nn.Module, weights: dict[str, Tensor], optim: dict[str, Any],
                       trainer: dict[str, Any], tokenizer: Tokenizer) -> None:
-    _write_weights(tmp, model, weights)
+    lora = lora_config_of(model)
+    if lora is None:
+        _write_weights(tmp, model, weights)
+    else:
+        write_peft(tmp, Adapter(config=lora, weights=weights), model.config)
     _write_json(tmp / "anatomy_config.json", model.config.to_dict())
     tokenizer.save(tmp)
     optim_tensors = {f"{name}::{key}": _as_tensor(value).contiguous()
@@ -254,13 +268,18 @@ def load_checkpoint(directory: Path, *, wrapped: nn.Module, model: nn.Module, op
     """Check every file and tensor against the model first, then load weights, optimizer state and
     this rank's RNG state. Nothing is written. Returns trainer.json."""
     trainer = read_trainer(directory)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in tied_aliases(model)}
-    weights = _read_weights(directory, expected)
+    lora = lora_config_of(model)
+    if lora is None:
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in tied_aliases(model)}
+        weights = _read_weights(directory, expected)
+    else:
+        expected = {k: tuple(v.shape) for k, v in adapter_state(model).items()}
+        weights = _read_adapter(directory, model, lora)
     optim_state = _read_optimizer(directory / "optimizer.safetensors", expected)
     _check_groups(directory / "trainer.json", trainer["optimizer_groups"], optimizer, model)
     rng_path = directory / f"rng-rank{info.rank}.json"
     rng = _read_json(rng_path) if rng_path.is_file() else None
-    set_model_state_dict(wrapped, weights, options=_SCATTER)
+    set_model_state_dict(wrapped, weights, options=_SCATTER if lora is None else _SCATTER_TRAINED)
     optim = {"state": optim_state, "param_groups": trainer["optimizer_groups"]}
     set_optimizer_state_dict(wrapped, optimizer, optim, options=_SCATTER)
     if rng is not None:
@@ -304,6 +323,21 @@ def _read_weights(directory: Path, expected: dict[str, tuple[int, ...]]) -> dict
         aliases = tied_aliases(loaded)
         tensors = {k: v for k, v in loaded.state_dict().items() if k not in aliases}
     return _checked(path, tensors, expected)
+
+
+def _read_adapter(directory: Path, model: nn.Module, lora: LoraConfig) -> dict[str, Tensor]:
+    """The LoRA tensors of a LoRA run's checkpoint, its adapter the one this run trains."""
+    try:
+        adapter = read_peft(directory, model.config)
+    except InputError as exc:
+        raise CheckpointError(str(exc)) from None
+    path = directory / "adapter_config.json"
+    for field in ("rank", "alpha", "dropout", "targets", "rslora", "layers", "base_model"):
+        have, want = getattr(adapter.config, field), getattr(lora, field)
+        if have != want:
+            raise CheckpointError(f"{path}: the checkpoint's adapter has {field}={have!r}, this run's {want!r} "
+                                  "(resume with the options and --model the run started with)")
+    return adapter.weights
 
 
 def _checked(path: Path, tensors: dict[str, Tensor], expected: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:

@@ -5,6 +5,7 @@ whether a micro-batch fits in memory."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from anatomy.analysis.memory import training_activations, training_state
 from anatomy.checkpoints.hf_config import config_from_hf
 from anatomy.config import ModelConfig
 from anatomy.errors import ConfigError, InputError
+from anatomy.lora import LoraConfig, apply_lora
 from anatomy.models import build_model
 from anatomy.presets import PRESETS, get_preset
 from anatomy.text_file import read_text
@@ -38,6 +40,20 @@ def model_for_training(spec: str, *, overrides: dict[str, Any], tok: Tokenizer, 
         raise InputError(f"--model {spec}: a checkpoint keeps its architecture; "
                          f"drop {', '.join('--' + k.replace('_', '-') for k in overrides)}")
     return _loaded(spec)
+
+
+def model_for_lora(spec: str, lora: LoraConfig) -> tuple[ModelConfig, nn.Module]:
+    """A checkpoint to fine-tune with LoRA: its weights loaded in f32 and frozen, fresh LoRA pairs
+    (B = 0) on the targets, the adapter naming the checkpoint as its base model."""
+    from anatomy.checkpoints.source import find_model
+
+    source = find_model(spec)
+    if source.kind in ("preset", "config"):
+        raise InputError(f"--lora trains an adapter over a checkpoint's frozen weights; --model {spec} is a "
+                         f"{source.kind} without weights")
+    config, model = _loaded(spec)
+    base = source.installed or str(Path(source.path).resolve())
+    return config, apply_lora(model, replace(lora, base_model=base))
 
 
 def _fresh_config(spec: str, path: Path | None, *, overrides: dict[str, Any], tok: Tokenizer, seq_len: int
@@ -96,10 +112,13 @@ def estimated_bytes(model: nn.Module, config: ModelConfig, *, rows: int, seq_len
     """(activations of one micro-batch, weights + gradients + AdamW state) in bytes, as
     analysis.memory measures and counts them for this run: activations in the compute dtype (f32
     on the CPU, bf16 under autocast on a GPU), every block's or only the checkpointed ones';
-    the state of f32 parameters (autocast leaves them f32), sharded over the ranks by FSDP."""
+    the state of f32 parameters (autocast leaves them f32), sharded over the ranks by FSDP; a frozen
+    parameter (LoRA's base) only its weights."""
     activations = training_activations(config, batch=rows, seq=seq_len, dtype=compute_dtype(device),
                                        backend="sdpa", head="mlm")
-    state = training_state(sum(p.numel() for p in model.parameters()), dtype="f32").total
+    trained = training_state(sum(p.numel() for p in model.parameters() if p.requires_grad), dtype="f32").total
+    frozen = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)  # LoRA's base
+    state = trained + frozen
     saved = activations.checkpointed if activation_checkpointing else activations.total
     return float(saved), state / (world if sharded else 1)
 
