@@ -18,6 +18,8 @@ def tables(report: dict[str, Any]) -> list[TableSpec]:
         out.append(_speculative(report["speculative"], report["roofline"]["hardware"]["name"]))
     if "parallel" in report:
         out += parallel_tables(report["parallel"])
+    if "lora" in report:
+        out.append(_lora(report["lora"], report["options"]))
     for phase in ("prefill", "decode"):
         rows = [r for r in report["trace"] if r["phase"] == phase]
         if rows:
@@ -138,6 +140,23 @@ def _training(tr: dict[str, Any]) -> TableSpec:
         ["total FLOPs with attention (3 x forward)", f"{tr['total_flops_with_attention']:.3g}"],
         [f"days on {tr['gpus']} GPUs with attention", f"{tr['wall_days_with_attention']:.3g}"],
     ]
+    return t
+
+
+def _lora(lo: dict[str, Any], o: dict[str, Any]) -> TableSpec:
+    t = TableSpec(f"LoRA adapter: rank {lo['rank']} on {', '.join(lo['targets'])} of {lo['layers']} layers",
+                  ["quantity", "value", ""])
+    t.rows = [[f"parameters: {k}", count(v), ""] for k, v in lo["params_by_target"].items()]
+    t.rows += [
+        ["parameters (trainable)", count(lo["params"]), f"{100 * lo['fraction_of_model']:.3g}% of the model"],
+        ["adapter file (f32)", nbytes(lo["bytes_f32"]), ""],
+        ["FLOPs per token added (forward)", count(lo["flops_per_token"]), si(lo["flops_per_token"], "FLOP")],
+        ["training state, full fine-tune", nbytes(lo["training_state_full_bytes"]), ""],
+        [f"training state, LoRA (base frozen in {o['dtype']})", nbytes(lo["training_state_lora_bytes"]), ""],
+        ["saving", nbytes(lo["training_state_saving_bytes"]), f"{lo['training_state_ratio']:.3g}x less"],
+    ]
+    t.notes.append("training state: weights, gradients and AdamW moments (16 B per trained parameter); the "
+                   "activations, about the same either way, are not counted")
     return t
 
 

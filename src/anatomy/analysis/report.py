@@ -29,6 +29,7 @@ class Options:
     layout: Any = None  # a parallel.Layout of several ranks: the per-rank anatomy and communication
     interconnect: Any = None  # a hardware.Interconnect, with a layout: between the ranks of a stage
     stage_interconnect: Any = None  # ... and between the stages (default: the same)
+    lora: Any = None  # a lora.LoraConfig: the adapter's parameters, bytes, FLOPs and training-state saving
 
     @property
     def compute_dtype(self) -> str:
@@ -69,6 +70,11 @@ def build_report(config: ModelConfig, *, name: str, options: Options, hardware: 
                                              compute_dtype=options.compute_dtype,
                                              stage_link=options.stage_interconnect)
         report["options"]["interconnect"] = report["parallel"]["interconnect"]["name"]
+    if options.lora is not None:
+        from anatomy.analysis.lora import lora_report
+
+        report["lora"] = lora_report(config, options.lora, total_params=ledger.total, dtype=options.dtype,
+                                     compute_dtype=options.compute_dtype)
     if stored is not None:  # the real bytes of a checkpoint or loaded model, next to the analytic ones
         report["memory"]["stored_weights"] = stored
     return report

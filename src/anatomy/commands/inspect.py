@@ -22,6 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_size_options(p)
     add_prediction_options(p)
     add_parallel_options(p)
+    add_lora_options(p)
     add_report_options(p, docs="docs/anatomy.md", plot="the parameter breakdown and roofline chart",
                        html="diagram, ledger, shape trace, FLOPs, memory, roofline")
     p.add_argument("--mermaid", action="store_true", help="print only the block as a Mermaid flowchart")
@@ -72,6 +73,29 @@ def add_parallel_options(p: argparse.ArgumentParser) -> None:
                    help=f"the link between the ranks: {', '.join(INTERCONNECTS)} (default nvlink4 with N or M > 1); "
                         "a second name after a comma is the link between the pipeline stages (nvlink4,ib-ndr400: "
                         "stages on different machines)")
+
+
+def add_lora_options(p: argparse.ArgumentParser) -> None:
+    from anatomy.lora.config import DEFAULT_TARGETS, TARGETS
+
+    g = p.add_argument_group("LoRA (docs/training.md): an adapter's parameters, bytes and training-state saving")
+    g.add_argument("--lora-rank", type=int, default=None, metavar="R", help="the adapter's rank")
+    g.add_argument("--lora-targets", default=None,
+                   help=f"projections adapted, of {', '.join(TARGETS)} or all (default {','.join(DEFAULT_TARGETS)})")
+
+
+def lora_options(args: argparse.Namespace):
+    """--lora-rank R [--lora-targets ...] -> LoraConfig (None without --lora-rank)."""
+    from anatomy.lora.config import LoraConfig
+
+    rank, targets = getattr(args, "lora_rank", None), getattr(args, "lora_targets", None)
+    if rank is None:
+        if targets is not None:
+            raise InputError("--lora-targets needs --lora-rank R")
+        return None
+    if rank < 1:
+        raise InputError(f"--lora-rank {rank} must be a positive integer")
+    return LoraConfig(rank=rank, **({"targets": targets} if targets is not None else {}))
 
 
 def parallel_options(args: argparse.Namespace, config: ModelConfig) -> tuple:
@@ -161,7 +185,7 @@ def options_from_args(args: argparse.Namespace, config: ModelConfig):
     layout, interconnect, stage_interconnect = parallel_options(args, config)
     return Options(batch=args.batch_size, seq=seq, context=context, dtype=dtype, kv_dtype=kv_dtype,
                    tokens=args.tokens, gpus=args.gpus, mfu=args.mfu, speculative=speculative, layout=layout,
-                   interconnect=interconnect, stage_interconnect=stage_interconnect)
+                   interconnect=interconnect, stage_interconnect=stage_interconnect, lora=lora_options(args))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -48,25 +48,28 @@ class Site:
         return {"A": (rank, self.in_features), "B": (self.out_features, rank)}
 
 
-def all_sites(config: ModelConfig) -> list[Site]:
-    """Every target of every block a decoder of this config has, in block then TARGETS order."""
+def all_sites(config: ModelConfig, *, hf_names: bool = True) -> list[Site]:
+    """Every target of every block a decoder of this config has, in block then TARGETS order
+    (hf_names=False: without their HF names, for a config HF has no class for)."""
     model = build_model(config, device="meta")
     if not isinstance(model, DecoderLM):
         raise InputError(f"LoRA adapters are made for decoder LMs; this model is a {config.architecture}")
-    links = {link.ours.removesuffix(".weight"): link for link in tensor_links(model, family_of(model))}
+    links = {link.ours.removesuffix(".weight"): link for link in tensor_links(model, family_of(model))} \
+        if hf_names else {}
     out = []
     for layer, block in enumerate(model.stack.blocks):
         for target, (path, start, stop, in_features) in block_targets(block).items():
             module = f"stack.blocks.{layer}.{path}"
-            hf_module, unnamed = _hf_module(links[module], target, start, stop)
+            hf_module, unnamed = _hf_module(links[module], target, start, stop) if hf_names else (None, "")
             out.append(Site(module=module, target=target, layer=layer, start=start, stop=stop,
                             in_features=in_features, hf_module=hf_module, unnamed=unnamed))
     return out
 
 
-def sites(config: ModelConfig, lora: LoraConfig) -> list[Site]:
-    """The sites an adapter of `lora` has on a model of `config`; every target and layer must exist."""
-    every = all_sites(config)
+def sites(config: ModelConfig, lora: LoraConfig, *, hf_names: bool = True) -> list[Site]:
+    """The sites an adapter of `lora` has on a model of `config`; every target and layer must exist
+    (and, with hf_names, have a PEFT name)."""
+    every = all_sites(config, hf_names=hf_names)
     n_layers = 1 + max((s.layer for s in every), default=-1)
     bad = next((i for i in lora.layers or () if not 0 <= i < n_layers), None)
     if bad is not None:
@@ -76,7 +79,7 @@ def sites(config: ModelConfig, lora: LoraConfig) -> list[Site]:
         has = sorted({s.target for s in every}, key=TARGETS.index)
         raise InputError(f"LoRA target {missing!r} is not in this model (its blocks have {', '.join(has)})")
     chosen = [s for s in every if s.target in lora.targets and (lora.layers is None or s.layer in lora.layers)]
-    unnamed = next((s for s in chosen if s.hf_module is None), None)
+    unnamed = next((s for s in chosen if s.hf_module is None), None) if hf_names else None
     if unnamed is not None:
         raise InputError(f"LoRA target {unnamed.target!r}: {unnamed.unnamed}; PEFT has no module of this target alone")
     return chosen
