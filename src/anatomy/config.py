@@ -136,6 +136,7 @@ class ModelConfig:
     lm_head_bias: bool = False  # a bias on the output logits (Marian's final_logits_bias)
     type_vocab_size: int = 0  # BERT segment embeddings; 0: none
     pooler: bool = False  # BERT pooler (dense + tanh on the first token)
+    n_labels: int = 0  # > 0: a sequence-classification head on the pooler (BERT cross-encoders); encoder only
     dropout: float = 0.0
 
     pad_token_id: int | None = None
@@ -317,6 +318,8 @@ def _validate(c: ModelConfig) -> None:
         raise ConfigError(f"n_decoder_layers={c.n_decoder_layers} is only for architecture='encoder-decoder'")
     if c.type_vocab_size < 0:
         raise ConfigError(f"type_vocab_size={c.type_vocab_size} must be >= 0")
+    if c.n_labels < 0 or (c.n_labels and not (c.architecture == "encoder" and c.pooler)):
+        raise ConfigError(f"n_labels={c.n_labels} must be 0, or > 0 for architecture='encoder' with pooler=True")
     if not 0.0 <= c.dropout < 1.0:
         raise ConfigError(f"dropout={c.dropout} must be in [0, 1)")
     if not c.norm_eps > 0:
@@ -517,7 +520,7 @@ def _check_choice(c: ModelConfig, name: str, choices: tuple[str, ...]) -> None:
 
 def _check_types(c: ModelConfig) -> None:
     """Values read from JSON may be of any type: refuse the wrong ones before comparing them."""
-    for name in ("n_decoder_layers", "type_vocab_size"):
+    for name in ("n_decoder_layers", "type_vocab_size", "n_labels"):
         value = getattr(c, name)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{name}={value!r} must be an integer")

@@ -26,6 +26,8 @@ def free_port() -> int:
     (["serve", "--model", "smollm-135m"], "--model: 'smollm-135m' is neither an existing file"),
     (["serve", "--embedding-model", "nonesuch-encoder"], "--embedding-model: 'nonesuch-encoder' is neither"),
     (["serve", "--api-key", " "], "--api-key must not be empty"),
+    (["serve", "--rerank-model", "nonesuch-ranker"], "--rerank-model: 'nonesuch-ranker' is neither"),
+    (["serve", "--embedding-pooling", "max"], "argument --embedding-pooling: invalid choice: 'max'"),
     (["serve", "--kv-dtype", "q4_0"], "--kv-dtype 'q4_0' is not one of f32, f16, bf16, int8"),
     (["serve", "--num-speculative-tokens", "3"], "--num-speculative-tokens needs --speculative ngram or draft"),
     (["serve", "--speculative", "draft"], "--speculative draft needs a draft: --draft-model NAME"),

@@ -5,6 +5,7 @@
             the LLaMA-like decoders (checkpoints/hf_decoders.py: one table entry each)
     gpt2    GPT2LMHeadModel                   Pre-LN, GELU (tanh), learned positions, Conv1D layout
     bert    BertModel / BertForMaskedLM       Post-LN, GELU, learned + segment positions, embedding LN
+            / BertForSequenceClassification   (a cross-encoder: the pooler, then a logit per label)
     marian  MarianMTModel                     Post-LN encoder-decoder, sinusoidal (sin | cos halves),
                                               shared embeddings, final_logits_bias, no final norm
 
@@ -29,9 +30,10 @@ DECODERS = tuple(FAMILIES)
 SUPPORTED = (*DECODERS, "gemma3", "gpt2", "bert", "marian")
 
 # The HF layouts anatomy reads and writes, and the HF class of each: a layout is a model_type,
-# except BERT's two (the base model, with its pooler, and the masked-LM model).
+# except BERT's three (the base model, with its pooler, the masked-LM model and the classifier).
 ARCHITECTURES = {**{family: spec.hf_class for family, spec in FAMILIES.items()}, "gpt2": "GPT2LMHeadModel",
-                 "bert": "BertModel", "bert-mlm": "BertForMaskedLM", "marian": "MarianMTModel",
+                 "bert": "BertModel", "bert-mlm": "BertForMaskedLM", "bert-cls": "BertForSequenceClassification",
+                 "marian": "MarianMTModel",
                  "gemma3": "Gemma3ForConditionalGeneration"}
 # Layouts read for their language model only, and the layout that model is written as
 LANGUAGE_MODEL_OF = {"gemma3": "gemma3_text"}
@@ -87,8 +89,17 @@ def _from_bert(hf: dict[str, Any]) -> ModelConfig:
         max_seq_len=hf.get("max_position_embeddings", 512), qkv_bias=True, attn_out_bias=True, ffn_bias=True,
         tie_embeddings=bool(hf.get("tie_word_embeddings", True)), type_vocab_size=hf.get("type_vocab_size", 2),
         pooler="BertForMaskedLM" not in architectures, dropout=hf.get("hidden_dropout_prob", 0.1),
+        n_labels=_labels(hf) if "BertForSequenceClassification" in architectures else 0,
         **_token_ids(hf, ("pad_token_id", "bos_token_id", "eos_token_id")),
     )
+
+
+def _labels(hf: dict[str, Any]) -> int:
+    """A classifier's labels: num_labels, else id2label's size, else HF's default of 2."""
+    if "num_labels" in hf:
+        return hf["num_labels"]
+    labels = hf.get("id2label")
+    return len(labels) if isinstance(labels, dict) and labels else 2
 
 
 def _from_marian(hf: dict[str, Any]) -> ModelConfig:
@@ -201,14 +212,23 @@ def hf_family(config: ModelConfig) -> str:
 
 
 def hf_architecture(config: ModelConfig) -> str:
-    family = hf_family(config)
-    return ARCHITECTURES["bert-mlm" if family == "bert" and not config.pooler else family]
+    return ARCHITECTURES[bert_layout(config, hf_family(config))]
+
+
+def bert_layout(config: ModelConfig, family: str) -> str:
+    """The layout of a config of `family`: BERT's by its head (classifier, pooler or masked-LM)."""
+    if family != "bert":
+        return family
+    return "bert-cls" if config.n_labels else "bert" if config.pooler else "bert-mlm"
 
 
 def layout_of(hf: dict[str, Any]) -> str:
     """The layout (key of ARCHITECTURES) of a config.json dict that config_from_hf accepted."""
     if hf["model_type"] == "bert":
-        return "bert-mlm" if "BertForMaskedLM" in (hf.get("architectures") or []) else "bert"
+        architectures = hf.get("architectures") or []
+        if "BertForSequenceClassification" in architectures:
+            return "bert-cls"
+        return "bert-mlm" if "BertForMaskedLM" in architectures else "bert"
     return hf["model_type"]
 
 
@@ -217,7 +237,7 @@ def config_to_hf(config: ModelConfig, family: str | None = None) -> dict[str, An
     as `family` (a model_type; default: the one the fields choose)."""
     family = family or hf_family(config)
     _check_representable(config, family)
-    architecture = ARCHITECTURES["bert-mlm" if family == "bert" and not config.pooler else family]
+    architecture = ARCHITECTURES[bert_layout(config, family)]
     hf = {"model_type": family, "architectures": [architecture], **_WRITERS[family](config)}
     hf.update({name: getattr(config, name) for name in ("pad_token_id", "bos_token_id", "eos_token_id")})
     hf["tie_word_embeddings"] = config.tie_embeddings
@@ -239,6 +259,8 @@ def _to_bert(c: ModelConfig) -> dict[str, Any]:
         "max_position_embeddings": c.max_seq_len, "type_vocab_size": c.type_vocab_size, "layer_norm_eps": c.norm_eps,
         "position_embedding_type": "absolute", "hidden_dropout_prob": c.dropout,
         "attention_probs_dropout_prob": c.dropout,
+        **({"id2label": {str(i): f"LABEL_{i}" for i in range(c.n_labels)},
+            "label2id": {f"LABEL_{i}": i for i in range(c.n_labels)}} if c.n_labels else {}),
     }
 
 
@@ -302,5 +324,5 @@ def _problems(c: ModelConfig, family: str) -> list[str]:
 def _check_representable(c: ModelConfig, family: str) -> None:
     found = _problems(c, family)
     if found:
-        arch = ARCHITECTURES["bert-mlm" if family == "bert" and not c.pooler else family]
+        arch = ARCHITECTURES[bert_layout(c, family)]
         raise ConfigError(f"HF {arch} cannot express this config: {'; '.join(found)}")

@@ -25,10 +25,11 @@ from anatomy.checkpoints.assign import expected_shapes
 from anatomy.config import ModelConfig
 from anatomy.errors import ConfigError, InputError
 from anatomy.checkpoints.hf_config import ARCHITECTURES, DECODERS, hf_family
-from anatomy.models import DecoderLM, Encoder, EncoderDecoder, MaskedLM
+from anatomy.models import DecoderLM, Encoder, EncoderDecoder, MaskedLM, SequenceClassifier
 
 # HF checkpoints of the same family are saved with or without the base model's prefix.
-OPTIONAL_PREFIX = {"gpt2": "transformer.", "bert": "bert.", "bert-mlm": "bert.", "gemma3": "language_model."}
+OPTIONAL_PREFIX = {"gpt2": "transformer.", "bert": "bert.", "bert-mlm": "bert.", "bert-cls": "bert.",
+                   "gemma3": "language_model."}
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ def family_of(model: nn.Module) -> str:
     """The HF family a model is read from and written as, by its class and config fields."""
     if isinstance(model, MaskedLM):
         return "bert-mlm"
+    if isinstance(model, SequenceClassifier):
+        return "bert-cls"
     if isinstance(model, Encoder):
         return "bert"
     if isinstance(model, EncoderDecoder):
@@ -107,6 +110,7 @@ def ignorable(family: str, config: ModelConfig) -> re.Pattern[str]:
         "gpt2": [r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias"],
         "bert": [r"(bert\.)?embeddings\.position_ids"],
         "bert-mlm": [r"(bert\.)?embeddings\.position_ids", r"cls\.predictions\.decoder\.bias"],
+        "bert-cls": [r"(bert\.)?embeddings\.position_ids"],
         "marian": [r"model\.(encoder|decoder)\.embed_positions\.weight",
                    r"model\.(encoder|decoder)\.embed_tokens\.weight"],
         "gemma3": [r"vision_tower\..*", r"multi_modal_projector\..*"],  # the language model is what is read
@@ -261,6 +265,10 @@ def _bert_mlm(c: ModelConfig) -> list[Link]:
     ]
 
 
+def _bert_cls(c: ModelConfig) -> list[Link]:
+    return _bert_encoder(c, "encoder.", "bert.") + [Link("classifier", ("classifier",))]
+
+
 def _marian_block(c: ModelConfig, o: str, h: str, *, cross: bool) -> list[Link]:
     links = [
         Link(o + "attn.qkv", tuple(h + f"self_attn.{x}_proj" for x in "qkv"), sizes=(c.q_dim, c.kv_dim, c.kv_dim)),
@@ -295,4 +303,5 @@ def _decoder_links(family: str):
 
 
 _LINKS = {**{family: _decoder_links(family) for family in DECODERS}, "gemma3": _decoder_links("gemma3_text"),
-          "gpt2": _gpt2, "bert": _bert, "bert-mlm": _bert_mlm, "marian": _marian}
+          "gpt2": _gpt2, "bert": _bert, "bert-mlm": _bert_mlm, "bert-cls": _bert_cls,
+          "marian": _marian}

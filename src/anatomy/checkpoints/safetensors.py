@@ -170,7 +170,7 @@ def save_hf(model: nn.Module, path: str | Path, *, dtype: torch.dtype | None = N
     family = layout or getattr(model, "hf_layout", None) or family_of(model)
     if family not in ARCHITECTURES:
         raise ConfigError(f"layout={family!r} is not one of {', '.join(ARCHITECTURES)}")
-    hf = config_to_hf(model.config, "bert" if family == "bert-mlm" else family)
+    hf = config_to_hf(model.config, "bert" if family.startswith("bert") else family)
     tensors = _to_hf_names(model, family, dtype)
     hf["architectures"] = [ARCHITECTURES[family]]
     hf["dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")

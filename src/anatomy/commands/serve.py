@@ -28,6 +28,9 @@ from anatomy.commands.speculative_options import (
 from anatomy.commands.parallel_options import (
     add_parallel_options, check_parallel, is_follower, launched, layout_of, rank_engine, start_ranks)
 from anatomy.errors import InputError
+from anatomy.serving.pooling import POOLINGS
+from anatomy.serving.reasoning import PARSERS
+from anatomy.serving.rerank import INSTRUCTION
 from anatomy.sizes import parse_bytes
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -50,8 +53,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every request but /health and "
                         "/metrics (default: $ANATOMY_API_KEY, else none)")
     p.add_argument("--embedding-model", default=None,
-                   help=f"encoder model for /v1/embeddings ('none' to turn it off; default: {DEFAULT_EMBEDDING_MODEL} "
-                        "if installed)")
+                   help=f"encoder model for /v1/embeddings ('self': the served decoder, pooled by --embedding-pooling; "
+                        f"'none' to turn it off; default: {DEFAULT_EMBEDDING_MODEL} if installed)")
+    p.add_argument("--embedding-pooling", default="last", choices=POOLINGS,
+                   help="with --embedding-model self: the decoder's final hidden state of the last token, or the mean "
+                        "over the tokens (normalized)")
+    p.add_argument("--rerank-model", default=None,
+                   help="the scorer of /v1/rerank and /v1/score: a cross-encoder (an HF BertForSequenceClassification "
+                        "checkpoint of one label), or 'self': the served decoder scored by its yes/no tokens after "
+                        "Qwen3-Reranker's prompt (default: none)")
+    p.add_argument("--rerank-instruction", default=INSTRUCTION,
+                   help="with --rerank-model self: the instruction in its prompt (a request's `instruction` "
+                        "overrides it)")
     p.add_argument("--weights", default="auto", help=f"{WEIGHTS_HELP} (named at start-up)")
     p.add_argument("--dtype", default="f32",
                    help="the model's other tensors (norms, biases, dense matrices) and its residual stream: f32, "
@@ -105,8 +118,11 @@ def run(args: argparse.Namespace) -> int:
     args.kv_dtype = parse_kv_dtype(args.kv_dtype, option="--kv-dtype")
     from anatomy.serving.app import ServerState, create_app
 
-    embedding = _embedding_name(args.embedding_model)
+    embedding = args.model if args.embedding_model == "self" else _embedding_name(args.embedding_model)
+    reranker = args.model if args.rerank_model == "self" else args.rerank_model
     _resolve(args.model, "--model", "serving")
+    if reranker is not None and reranker != args.model:
+        _resolve(reranker, "--rerank-model", "reranking")
     if args.draft_model is not None:
         _resolve(args.draft_model, "--draft-model", "serving")
     layout = layout_of(args)
@@ -119,8 +135,9 @@ def run(args: argparse.Namespace) -> int:
             return 0  # followed rank 0's calls until it stopped
     sock = _listen(args.host, args.port)
     state = ServerState(model_name=args.model, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
-                        embedding_name=embedding, strict_fields=args.strict_fields,
-                        max_queue=None if args.max_queue < 0 else args.max_queue)
+                        embedding_name=embedding, rerank_name=reranker, strict_fields=args.strict_fields,
+                        max_queue=None if args.max_queue < 0 else args.max_queue,
+                        reasoning_parser=args.reasoning_parser, reasoning_budget=args.reasoning_budget)
     server = _uvicorn(create_app(state), state, args.shutdown_timeout)
     failures: list[BaseException] = []
     ranks = contextlib.ExitStack()  # a parallel run's engine and process group, left when the server stops
@@ -158,8 +175,7 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
         else:
             loop = ServingLoop(engine, tokenizer, speculation=_speculation(args, tokenizer), **options)
             loop.capture_decode()  # the first requests replay their decode steps (vLLM captures CUDA graphs so)
-        if state.embedding_name is not None:
-            state.embedder = _embedder(state.embedding_name)
+        _pooling(state, args, engine, tokenizer)
         loop.start()
         state.loop, state.tokenizer = loop, tokenizer
         _report(args, loop, time.perf_counter() - start)
@@ -276,16 +292,19 @@ def _speculation_note(args: argparse.Namespace, loop) -> str:
     return note
 
 
-def _embedder(name: str):
-    from anatomy.inference.embed import embed, load_embedder
+def _pooling(state, args: argparse.Namespace, engine, tokenizer) -> None:
+    """The embedder and the reranker: other models, or the served decoder itself ('self')."""
+    from anatomy.serving.pooling import decoder_embedder, encoder_embedder
+    from anatomy.serving.rerank import CrossEncoder, YesNoReranker
 
-    _, tokenizer, max_length = load_embedder(name)
-
-    def run(texts: list[str]):
-        tokens = sum(len(ids) for ids in tokenizer.encode_batch(texts, max_length=max_length))
-        return embed(name, texts), tokens
-
-    return run
+    if args.embedding_model == "self":
+        state.embedder = decoder_embedder(engine, tokenizer, args.embedding_pooling)
+    elif state.embedding_name is not None:
+        state.embedder = encoder_embedder(state.embedding_name)
+    if args.rerank_model == "self":
+        state.reranker = YesNoReranker(engine, tokenizer, instruction=args.rerank_instruction)
+    elif args.rerank_model is not None:
+        state.reranker = CrossEncoder(args.rerank_model)
 
 
 def parse_memory(text: str) -> int:

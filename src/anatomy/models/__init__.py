@@ -12,6 +12,7 @@ from anatomy.config import ModelConfig
 from anatomy.dtypes import torch_dtype
 from anatomy.errors import InputError
 from anatomy.layers.attention import check_backend
+from anatomy.models.classifier import SequenceClassifier
 from anatomy.models.decoder import DecoderLM
 from anatomy.models.encoder import Encoder, MaskedLM
 from anatomy.models.init import init_weights
@@ -87,8 +88,10 @@ def _model_class(config: ModelConfig, head: str) -> type[nn.Module]:
         return DecoderLM
     if config.is_seq2seq:
         return EncoderDecoder
-    return MaskedLM if head == "mlm" else Encoder
+    if head == "mlm":
+        return MaskedLM
+    return SequenceClassifier if config.n_labels and head == "auto" else Encoder
 
 
-__all__ = ["build_model", "set_activation_checkpointing", "DecoderLM", "Encoder", "MaskedLM", "EncoderDecoder",
-           "Stack", "init_weights"]
+__all__ = ["build_model", "set_activation_checkpointing", "DecoderLM", "Encoder", "MaskedLM", "SequenceClassifier",
+           "EncoderDecoder", "Stack", "init_weights"]

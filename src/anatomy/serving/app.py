@@ -3,7 +3,8 @@
     POST /v1/chat/completions, /v1/completions   generation (SSE when "stream": true)
     POST /v1/responses                           the Responses API on the same loop (responses_api.py)
     POST /v1/messages, /v1/messages/count_tokens Anthropic's Messages API on the same loop (messages_api.py)
-    POST /v1/embeddings                          sentence embeddings from the encoder model
+    POST /v1/embeddings                          sentence embeddings: the encoder model's, or the decoder's pooled
+    POST /v1/rerank, /v1/score                   a cross-encoder's or the decoder's relevance scores (pooling_api.py)
     GET  /v1/models, /health, /metrics           what is served, readiness (200 / 503 loading), Prometheus
     POST /tokenize, /detokenize                  the served model's tokenizer (vLLM's shapes)
     GET  /tokenizer_info                         its special tokens and chat template (vLLM's)
@@ -21,7 +22,6 @@ an error event and [DONE]).
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import sys
 import traceback
@@ -34,12 +34,11 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from anatomy.errors import InputError
-from anatomy.serving import messages_api, responses, responses_api
+from anatomy.serving import messages_api, pooling_api, responses, responses_api
 from anatomy.serving.chat_prompt import chat_ids
 from anatomy.serving.generation import chat_inputs, generate
 from anatomy.serving.loop import ServingLoop
-from anatomy.serving.protocol import (ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest,
-                                      RequestError, TokenizeRequest)
+from anatomy.serving.protocol import ChatRequest, CompletionRequest, DetokenizeRequest, RequestError, TokenizeRequest
 from anatomy.serving.state import MAX_BODY_BYTES, ServerState  # noqa: F401 (the app's state, for its users)
 
 OPEN_PATHS = ("/health", "/metrics")
@@ -55,8 +54,9 @@ def create_app(state: ServerState) -> Starlette:
     async def models(request: Request) -> Response:
         entries = [responses.model_entry(state.model_name, state.created,
                                           state.loop.context if state.ready.is_set() and state.loop else None)]
-        if state.embedding_name:
-            entries.append(responses.model_entry(state.embedding_name, state.created, None))
+        for name in dict.fromkeys((state.embedding_name, state.rerank_name)):
+            if name and name != state.model_name:
+                entries.append(responses.model_entry(name, state.created, None))
         return JSONResponse({"object": "list", "data": entries})
 
     async def chat(request: Request) -> Response:
@@ -87,18 +87,13 @@ def create_app(state: ServerState) -> Starlette:
         return JSONResponse(responses.tokenizer_info(state.tokenizer, loop.context))
 
     async def embeddings(request: Request) -> Response:
-        req = state.parse(EmbeddingRequest, request, await read_body(request, state.max_body_bytes))
-        if state.embedder is None:
-            state.serving()  # 503 while loading
-        state.check_model(req.model, embedding=True)
-        texts = req.texts()
+        return await pooling_api.embeddings(state, request, await read_body(request, state.max_body_bytes))
 
-        def run() -> tuple[Any, int]:
-            with state.embed_lock:
-                return state.embedder(texts)
+    async def rerank(request: Request) -> Response:
+        return await pooling_api.rerank(state, request, await read_body(request, state.max_body_bytes))
 
-        vectors, tokens = await asyncio.to_thread(run)
-        return JSONResponse(responses.embeddings(vectors, req.model, req.encoding_format, tokens))
+    async def score(request: Request) -> Response:
+        return await pooling_api.score(state, request, await read_body(request, state.max_body_bytes))
 
     async def tokenize(request: Request) -> Response:
         req = state.parse(TokenizeRequest, request, await read_body(request, state.max_body_bytes))
@@ -137,6 +132,8 @@ def create_app(state: ServerState) -> Starlette:
         Route(f"{messages_api.PATH}/count_tokens", count_tokens, methods=["POST"]),
         Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
+        *(Route(path, rerank, methods=["POST"]) for path in pooling_api.RERANK_PATHS),
+        *(Route(path, score, methods=["POST"]) for path in pooling_api.SCORE_PATHS),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),

@@ -383,19 +383,19 @@ class CompletionRequest(_Sampling):
 
 class EmbeddingRequest(_Body):
     model: str
-    input: Union[str, list[str]]
+    input: Union[str, list[str], list[int], list[list[int]]]  # texts or token ids, as OpenAI takes them
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    dimensions: int | None = Field(default=None, ge=1)  # Matryoshka: the first d values, normalised again
     user: str | None = None
 
-    def texts(self) -> list[str]:
-        texts = [self.input] if isinstance(self.input, str) else list(self.input)
-        if not texts or any(not t for t in texts):
-            raise RequestError("input must be a non-empty string or a non-empty list of non-empty strings",
-                               param="input")
-        if self.dimensions is not None:
-            raise RequestError("dimensions is not supported by this server", param="dimensions")
-        return texts
+    def inputs(self) -> list[str] | list[list[int]]:
+        """The texts, or the lists of token ids (one list of ints is one input)."""
+        value = self.input
+        inputs = [value] if isinstance(value, str) or (value and isinstance(value[0], int)) else list(value)
+        if not inputs or any(not x for x in inputs):
+            raise RequestError("input must be a non-empty string, a non-empty list of non-empty strings, or "
+                               "token ids (a non-empty list of ints, or a list of such lists)", param="input")
+        return inputs
 
 
 class TokenizeRequest(_Body):

@@ -29,7 +29,9 @@ class ServerState:
     loop: ServingLoop | None = None
     tokenizer: Any = None
     embedding_name: str | None = None
-    embedder: Callable[[list[str]], tuple[Any, int]] | None = None  # texts -> (vectors [N, D], tokens)
+    embedder: Callable[[list], tuple[Any, int]] | None = None  # texts or ids -> (unit vectors [N, D], tokens)
+    rerank_name: str | None = None
+    reranker: Any = None  # /v1/rerank and /v1/score (serving/rerank.py)
     ready: threading.Event = field(default_factory=threading.Event)
     load_error: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
@@ -95,6 +97,6 @@ class ServerState:
         served = self.embedding_name if embedding else self.model_name
         if name != served:
             what = "embedding model" if embedding else "model"
-            choices = ", ".join(repr(n) for n in (self.model_name, self.embedding_name) if n) or "none"
+            choices = ", ".join(repr(n) for n in dict.fromkeys((self.model_name, self.embedding_name)) if n) or "none"
             raise RequestError(f"the {what} {name!r} does not exist here (served: {choices})", param="model",
                                status=404, code="model_not_found")
