@@ -80,6 +80,60 @@ def test_preemption_recomputes_to_the_same_output(tiny):
     assert [tokens_of(e) for e in out] == solo
 
 
+def finishing(loop, lows, high, *, warmup: int) -> tuple[list[int], list[list[int]]]:
+    """Submit the low-priority prompts (priority 1 where the policy ranks, else 0), run `warmup` steps,
+    submit the high-priority one (0); the order in which they finish (the high one is index len(lows))
+    and each one's tokens."""
+    ranked = loop.scheduler.policy == "priority"
+    events, order = [[] for _ in range(len(lows) + 1)], []
+
+    def sink(i):
+        def take(event):
+            events[i].append(event)
+            if event.finish_reason is not None:
+                order.append(i)
+        return take
+
+    for i, prompt in enumerate(lows):
+        loop.submit(prompt, LONG, sink(i), priority=int(ranked))
+    for _ in range(warmup):
+        loop.step()
+    loop.submit(high, SHORT, sink(len(lows)))
+    while loop.step():
+        pass
+    return order, [tokens_of(e) for e in events]
+
+
+LONG, SHORT = SamplingParams(max_new_tokens=24, ignore_eos=True), SamplingParams(max_new_tokens=4, ignore_eos=True)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("full", ["slots", "blocks"])
+def test_a_high_priority_request_into_a_full_loop_finishes_first(tiny, policy, full):
+    """Every batch slot (or every KV block) is held by long low-priority sequences when a short
+    high-priority one arrives: under "priority" the worst-ranked running one is preempted and the new
+    one finishes first; under "fcfs" (the default) it waits its turn and finishes last. Greedy outputs,
+    preempted or not, are each prompt's alone (fp32)."""
+    engine = DecoderEngine(tiny)
+    g = torch.Generator().manual_seed(4)
+    lows, high = [torch.randint(3, 97, (12,), generator=g).tolist() for _ in range(3)], [5, 9, 2, 7, 11]
+    block = PagedKVCache.block_bytes(tiny.config, 4, torch.float32)
+    # blocks: after 8 steps the three hold 20 tokens each, 5 blocks of 4: all 15 of the pool
+    size = dict(max_seqs=3, kv_bytes=10 ** 7) if full == "slots" else dict(max_seqs=8, kv_bytes=15 * block)
+    loop = ServingLoop(engine, block_size=4, max_step_tokens=64, scheduling_policy=policy, **size)
+    order, outputs = finishing(loop, lows, high, warmup=8)
+    assert (order[0] == len(lows)) == (policy == "priority"), order
+    assert (loop.scheduler.preemptions > 0) == (policy == "priority" or full == "blocks")
+    assert outputs == [engine_tokens(engine, p, LONG) for p in lows] + [engine_tokens(engine, high, SHORT)]
+    assert loop.blocks.used == 0
+
+
+def test_a_priority_needs_the_priority_policy(tiny):
+    loop = ServingLoop(DecoderEngine(tiny), kv_bytes=10 ** 7, block_size=4)
+    with pytest.raises(ValueError, match="priority 3 needs the priority scheduling policy"):
+        loop.submit([5, 6, 7], SHORT, lambda e: None, priority=3)
+
+
 def test_penalties_and_seeded_sampling_match_the_engine(tiny):
     engine = DecoderEngine(tiny)
     prompt = random_prompts(1, seed=3)[0]

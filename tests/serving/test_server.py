@@ -312,6 +312,7 @@ GOOD = {"model": MODEL, "messages": FRANCE, "max_tokens": 2}
     ({**GOOD, "tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools.0.function.name",
      "letters, digits"),
     ({"messages": FRANCE}, "model", "required"),
+    ({**GOOD, "priority": 1}, "priority", "--scheduling-policy priority"),  # as vLLM refuses it under fcfs
 ])
 def test_bad_chat_requests_get_400_and_the_server_still_serves(server, body, param, words):
     status, answer = server.post("/v1/chat/completions", body)

@@ -79,6 +79,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="most tokens one step computes (decodes + prefill chunks): long prompts are prefilled in "
                         "chunks of what is left")
     p.add_argument("--no-prefix-cache", action="store_true", help="turn off reusing cached prompt prefixes")
+    p.add_argument("--scheduling-policy", default="fcfs", choices=("fcfs", "priority"),
+                   help="fcfs: requests run in arrival order (a request's non-zero priority gets 400); priority: by "
+                        "the request's priority (lower first, then arrival), a waiting request preempting the "
+                        "lowest-ranked running ones when it finds no slot or no KV blocks, as vLLM's policy does")
     p.add_argument("--max-body-bytes", type=int, default=4 * 2 ** 20, help="larger request bodies get 413")
     p.add_argument("--max-queue", type=int, default=256,
                    help="most sequences that may wait beyond a full batch; past it requests get 429 with Retry-After "
@@ -167,7 +171,8 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
         start = time.perf_counter()
         engine, tokenizer = _engine(args, server, failures, ranks)
         options = dict(kv_bytes=kv_bytes, block_size=args.block_size, max_seqs=args.batch_size,
-                       max_step_tokens=args.max_step_tokens, prefix_caching=not args.no_prefix_cache, name=args.model)
+                       max_step_tokens=args.max_step_tokens, prefix_caching=not args.no_prefix_cache, name=args.model,
+                       scheduling_policy=args.scheduling_policy)
         if args.pipeline_parallel_size > 1:  # one loop per stage: their steps overlap on the stages
             from anatomy.parallel.lanes import Lanes
 
@@ -229,7 +234,8 @@ def _report(args: argparse.Namespace, loop, seconds: float) -> None:
           f"{loop.blocks.block_size} tokens "
           f"= {tokens:,} tokens ({block_bytes // loop.blocks.block_size:,} B per token); context {loop.context:,} "
           f"tokens per sequence, up to {args.batch_size} sequences and {args.max_step_tokens} tokens per step; "
-          f"prefix cache {'off' if args.no_prefix_cache else 'on'}; speculative decoding "
+          f"prefix cache {'off' if args.no_prefix_cache else 'on'}; scheduling {args.scheduling_policy}; "
+          f"speculative decoding "
           f"{_speculation_note(args, loop)}", file=sys.stderr, flush=True)
     if loop.window is not None:
         print(f"anatomy serve: {_window_note(loop, args.block_size)}", file=sys.stderr, flush=True)

@@ -57,11 +57,13 @@ PAD_TOKENS = 32
 
 class ServingLoop:
     """Continuous batching over a paged KV cache of `kv_bytes` bytes (blocks of `block_size` tokens);
-    `speculation` is the server's default speculative decoding (None: only requests that ask for it)."""
+    `speculation` is the server's default speculative decoding (None: only requests that ask for it);
+    `scheduling_policy` "fcfs" or "priority" (scheduler.py)."""
 
     def __init__(self, engine: DecoderEngine, tokenizer: Any = None, *, kv_bytes: int, block_size: int = 16,
                  max_seqs: int = 32, max_step_tokens: int = 512, prefix_caching: bool = True,
-                 name: str = "model", speculation: ServedSpeculation | None = None) -> None:
+                 name: str = "model", speculation: ServedSpeculation | None = None,
+                 scheduling_policy: str = "fcfs") -> None:
         self.engine, self.tokenizer, self.speculation = engine, tokenizer, speculation
         config = engine.config
         num_blocks, window_blocks = split_blocks(config, kv_bytes, block_size, engine.kv_dtype, max_seqs=max_seqs,
@@ -75,7 +77,8 @@ class ServingLoop:
             if window_blocks is not None else None
         self.prompt_store = PromptLogprobStore(block_size)
         self.scheduler = Scheduler(self.blocks, max_seqs=max_seqs, max_step_tokens=max_step_tokens,
-                                   prefix_caching=prefix_caching, prompt_logprobs=self.prompt_store, window=self.window)
+                                   prefix_caching=prefix_caching, prompt_logprobs=self.prompt_store, window=self.window,
+                                   policy=scheduling_policy)
         self.metrics = ServingMetrics(name)
         self.eos_ids = eos_ids(engine.config, tokenizer)
         self._inbox: queue.SimpleQueue[tuple[str, Sequence]] = queue.SimpleQueue()

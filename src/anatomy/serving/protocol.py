@@ -8,8 +8,9 @@ Fields, by what they get:
 
 - OpenAI's fields and the vendor extensions clients send (vLLM's top_k, min_p, min_tokens,
   repetition_penalty, ignore_eos, stream_options.continuous_usage_stats, guided_json /
-  guided_regex / guided_choice / guided_grammar, structured_outputs, chat_template_kwargs): validated
-  and implemented.
+  guided_regex / guided_choice / guided_grammar, structured_outputs, chat_template_kwargs, priority; the
+  thinking budget, `thinking_budget`, also under vLLM's name thinking_token_budget): validated and
+  implemented.
 - Fields that would change the answer and are not implemented (suffix, best_of other than n,
   functions / function_call, audio, prediction, a non-text modality): refused by name (400).
 - Any other field: ignored, as vLLM does, and named in the server's log (once per field name);
@@ -161,6 +162,7 @@ class _Sampling(_Body):
     # round (n_max 0: none); the server verifies prompt-lookup proposals (or its --speculative method)
     speculative_n_max: int | None = Field(default=None, ge=0, le=32, alias="speculative.n_max")
     speculative_n_min: int = Field(default=0, ge=0, le=32, alias="speculative.n_min")
+    priority: int = Field(default=0, ge=-(2 ** 63), lt=2 ** 63)  # vLLM's: lower first (--scheduling-policy priority)
 
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

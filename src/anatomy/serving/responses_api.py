@@ -103,6 +103,7 @@ class ResponsesRequest(_Body):
     user: str | None = None
     previous_response_id: str | None = None
     background: bool | None = None
+    priority: int = Field(default=0, ge=-(2 ** 63), lt=2 ** 63)  # vLLM's, as in chat completions
 
     def check(self) -> None:
         if self.previous_response_id is not None:
@@ -116,7 +117,8 @@ class ResponsesRequest(_Body):
     def chat(self) -> ChatRequest:
         """The same request as a chat completion (validated as one)."""
         body: dict[str, Any] = {"model": self.model, "messages": self._messages(), "temperature": self.temperature,
-                                "top_p": self.top_p, "stream": self.stream, "parallel_tool_calls": self.parallel_tool_calls}
+                                "top_p": self.top_p, "stream": self.stream, "priority": self.priority,
+                                "parallel_tool_calls": self.parallel_tool_calls}
         if self.max_output_tokens is not None:
             body["max_tokens"] = self.max_output_tokens
         if self.tools:

@@ -18,24 +18,36 @@ Each step has a budget of `max_step_tokens` tokens:
 A waiting sequence is admitted only if it leaves one free block per running sequence (a
 watermark), so that admitting it does not preempt the others in the next step.
 
+The policy (vLLM's --scheduling-policy) orders both queues. "fcfs": running by admission, waiting by
+arrival (a preempted sequence first). "priority": both by (priority, arrival), lower first; the
+sequence preempted is the worst-ranked running one, and before each step, while the best waiting
+sequence ranks above the worst running one and finds no slot or no blocks, that one is preempted.
+
 With a windowed cache (window_blocks.py), every block a sequence grows by is one block of each group,
 taken together or not at all, and a sequence gives back its sliding-window blocks as they leave the window.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 
+from anatomy.errors import InputError
 from anatomy.serving.blocks import BlockManager, chain_hashes
 from anatomy.serving.prompt_logprobs import PromptLogprobStore
 from anatomy.serving.sequence import Sequence, Status
 from anatomy.serving.window_blocks import WindowBlocks
 
+POLICIES = ("fcfs", "priority")
+
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, *, max_seqs: int, max_step_tokens: int,
                  prefix_caching: bool = True, prompt_logprobs: PromptLogprobStore | None = None,
-                 window: WindowBlocks | None = None) -> None:
+                 window: WindowBlocks | None = None, policy: str = "fcfs") -> None:
+        if policy not in POLICIES:
+            raise InputError(f"scheduling policy {policy!r} is not one of {', '.join(POLICIES)}")
+        self.policy = policy
         self.blocks, self.block_size, self.window = blocks, blocks.block_size, window
         self.max_seqs, self.max_step_tokens = max_seqs, max_step_tokens
         self.prefix_caching = prefix_caching
@@ -45,7 +57,7 @@ class Scheduler:
         self.preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self._enter(self.waiting, seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -55,6 +67,8 @@ class Scheduler:
     def schedule(self) -> list[tuple[Sequence, int]]:
         """(sequence, number of its next tokens to run) for the next step, blocks reserved for them."""
         budget, scheduled = self.max_step_tokens, {}
+        if self.policy == "priority":
+            self._make_room()
         preemptions = self.preemptions
         for decoding in (True, False):
             for seq in list(self.running):
@@ -63,7 +77,8 @@ class Scheduler:
                 n = min(seq.remaining, budget)
                 if self._reserve(seq, seq.computed + n, scheduled):
                     scheduled[seq] = n
-                    budget -= n
+                # a sequence preempted for seq may have given its tokens back
+                budget = self.max_step_tokens - sum(scheduled.values())
             if decoding:
                 budget = self._drafts(scheduled, budget)
         while (self.waiting and budget > 0 and len(self.running) < self.max_seqs
@@ -73,7 +88,7 @@ class Scheduler:
             if n == 0:
                 break
             self.waiting.popleft()
-            self.running.append(seq)
+            self._enter(self.running, seq)
             scheduled[seq] = n
             budget -= n
         return list(scheduled.items())
@@ -138,13 +153,15 @@ class Scheduler:
         return True
 
     def _reserve(self, seq: Sequence, tokens: int, scheduled: dict[Sequence, int]) -> bool:
-        """Blocks for seq's first `tokens` tokens, preempting running sequences from the most recently
-        admitted one while none are free; False (seq not to run this step) if seq itself was the one
-        preempted, or if the next one to preempt is already part of this step."""
+        """Blocks for seq's first `tokens` tokens, preempting running sequences from the last one
+        (fcfs: the most recently admitted; priority: the worst-ranked) while none are free; False (seq
+        not to run this step) if seq itself was the one preempted, or (fcfs) if the next one to preempt
+        is already part of this step (priority: it leaves the step, as in vLLM)."""
         while not self._grow(seq, tokens):
             victim = self.running[-1]
-            if victim in scheduled:
+            if victim in scheduled and self.policy != "priority":
                 return False
+            scheduled.pop(victim, None)
             self.running.pop()
             self._preempt(victim)
             if victim is seq:
@@ -157,7 +174,26 @@ class Scheduler:
         seq.status = Status.WAITING
         seq.preemptions += 1
         self.preemptions += 1
-        self.waiting.appendleft(seq)
+        self._enter(self.waiting, seq, front=True)
+
+    def _enter(self, queue: deque[Sequence] | list[Sequence], seq: Sequence, *, front: bool = False) -> None:
+        """seq joins the waiting or the running ones: priority: in rank order (the worst last); fcfs: at
+        the back, or the front."""
+        if self.policy == "priority":
+            bisect.insort(queue, seq, key=rank)
+        elif front:
+            queue.appendleft(seq)
+        else:
+            queue.append(seq)
+
+    def _make_room(self) -> None:
+        """Priority: while the best waiting sequence ranks above the worst running one and finds no slot
+        or no blocks for its first chunk, the worst running one is preempted (vLLM's priority preemption)."""
+        while self.waiting and self.running and rank(self.waiting[0]) < rank(self.running[-1]):
+            seq = self.waiting[0]
+            if len(self.running) < self.max_seqs and self._fits(seq, *self._prefix(seq), budget=self.max_step_tokens):
+                return
+            self._preempt(self.running.pop())
 
     def _free(self, seq: Sequence) -> None:
         self.blocks.release(seq.blocks)
@@ -168,6 +204,26 @@ class Scheduler:
     def _admit(self, seq: Sequence, budget: int) -> int:
         """Give a waiting sequence its cached prefix and blocks for its first chunk; the chunk's
         length, or 0 if the blocks (beyond one spare per running sequence) are not there."""
+        cached, hashes = self._prefix(seq)
+        if not self._fits(seq, cached, hashes, budget=budget):
+            return 0
+        start = len(cached) * self.block_size
+        n = min(len(seq.tokens) - start, budget)
+        fresh = self._blocks_for(start + n) - len(cached)
+        if self.prefix_caching:
+            seq.blocks = self.blocks.lookup(hashes, tokens=len(seq.tokens))
+            seq.registered = len(seq.blocks)
+            seq.computed = start
+            if self.window:
+                self.window.lookup(seq, hashes, len(cached))
+        seq.blocks += self.blocks.allocate(fresh)
+        if self.window:
+            self.window.grow(seq, fresh)
+        seq.status = Status.RUNNING
+        return n
+
+    def _prefix(self, seq: Sequence) -> tuple[list[int], list[bytes]]:
+        """The cached blocks a waiting sequence may start from, and their keys (nothing taken yet)."""
         cached: list[int] = []
         hashes: list[bytes] = []
         if self.prefix_caching:
@@ -182,23 +238,20 @@ class Scheduler:
             if self.window:  # the sliding-window layers' blocks of the prefix's last window are needed too
                 cached = cached[:self.window.usable(hashes, len(cached))]
                 hashes = hashes[:len(cached)]
+        return cached, hashes
+
+    def _fits(self, seq: Sequence, cached: list[int], hashes: list[bytes], *, budget: int) -> bool:
+        """Whether the blocks of seq's first chunk (after its cached prefix) leave one spare per running
+        sequence, in every group."""
         start = len(cached) * self.block_size
-        n = min(len(seq.tokens) - start, budget)
-        fresh = self._blocks_for(start + n) - len(cached)
+        fresh = self._blocks_for(start + min(len(seq.tokens) - start, budget)) - len(cached)
         taken_from_free = fresh + sum(1 for b in cached if self.blocks.ref_count[b] == 0)
         if self.blocks.free - taken_from_free < len(self.running):
-            return 0
-        if self.window and (self.window.manager.free - self.window.needed_from_free(hashes, len(cached), fresh)
-                            < len(self.running)):
-            return 0
-        if self.prefix_caching:
-            seq.blocks = self.blocks.lookup(hashes, tokens=len(seq.tokens))
-            seq.registered = len(seq.blocks)
-            seq.computed = start
-            if self.window:
-                self.window.lookup(seq, hashes, len(cached))
-        seq.blocks += self.blocks.allocate(fresh)
-        if self.window:
-            self.window.grow(seq, fresh)
-        seq.status = Status.RUNNING
-        return n
+            return False
+        return not self.window or (self.window.manager.free - self.window.needed_from_free(hashes, len(cached), fresh)
+                                   >= len(self.running))
+
+
+def rank(seq: Sequence) -> tuple[int, float]:
+    """The priority policy's order: lower priority values first, then earlier arrivals."""
+    return seq.priority, seq.arrival

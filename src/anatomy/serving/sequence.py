@@ -66,6 +66,7 @@ class Sequence:
     logprobs: int | None = None  # None: none asked; k: the chosen token's and the k most likely
     stop_ids: frozenset[int] = frozenset()  # token ids that end it (EOS unless ignored, and params.stop_ids)
     arrival: float = field(default_factory=time.perf_counter)
+    priority: int = 0  # the priority policy runs lower values first (vLLM's request priority)
     status: Status = Status.WAITING
     computed: int = 0
     blocks: list[int] = field(default_factory=list)
