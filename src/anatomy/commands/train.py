@@ -70,6 +70,7 @@ RULES = {
     "lora_dropout": ("in [0, 1)", lambda v: 0 <= v < 1),
 }
 LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
+QLORA_FORMATS = ("int4", "int8")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -118,6 +119,8 @@ def add_lora_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("LoRA", "train a low-rank adapter over a checkpoint's frozen weights; each checkpoint "
                                      "is then an HF PEFT adapter directory")
     g.add_argument("--lora", action="store_true", help="train a LoRA adapter instead of every weight")
+    g.add_argument("--qlora", nargs="?", const="int4", default=None, choices=QLORA_FORMATS,
+                   help="--lora over a base kept in int4 (default) or int8 blocks, as QLoRA keeps it in 4 bits")
     g.add_argument("--lora-rank", type=int, default=None, help="r, the adapter's rank (default 8)")
     g.add_argument("--lora-alpha", type=float, default=None, help="the update is scaled by alpha / r (default 16)")
     g.add_argument("--lora-dropout", type=float, default=None, help="dropout on the adapter's input (default 0)")
@@ -126,8 +129,8 @@ def add_lora_options(p: argparse.ArgumentParser) -> None:
 
 
 def lora_config(args: argparse.Namespace) -> LoraConfig | None:
-    """The adapter the options ask for (None without --lora)."""
-    if not args.lora:
+    """The adapter the options ask for (None without --lora or --qlora)."""
+    if not lora_run(args):
         return None
     values = {"rank": args.lora_rank, "alpha": args.lora_alpha, "dropout": args.lora_dropout,
               "targets": args.lora_targets}
@@ -135,6 +138,10 @@ def lora_config(args: argparse.Namespace) -> LoraConfig | None:
         return LoraConfig(**{k: v for k, v in values.items() if v is not None})
     except InputError as exc:
         raise InputError(f"--lora-targets: {exc}") from None
+
+
+def lora_run(args: argparse.Namespace) -> bool:
+    return args.lora or args.qlora is not None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -154,7 +161,7 @@ def check_options(args: argparse.Namespace) -> None:
         if value is not None and not ok(value):
             raise InputError(f"--{name.replace('_', '-')} {value} must be {rule}")
     given = next((name for name in LORA_OPTIONS if getattr(args, name) is not None), None)
-    if given is not None and not args.lora:
+    if given is not None and not lora_run(args):
         raise InputError(f"--{given.replace('_', '-')} shapes a LoRA adapter: add --lora")
     lora_config(args)
 
@@ -214,7 +221,7 @@ def _train(args: argparse.Namespace, info: Dist) -> int:
     state = train(run_, settings, state)
     if info.is_main:
         val = f", val loss {state.val_loss:.4f}" if state.val_loss is not None else ""
-        what = "adapter (an HF PEFT directory)" if args.lora else "checkpoint"
+        what = "adapter (an HF PEFT directory)" if lora_run(args) else "checkpoint"
         print(f"done: {state.step} steps, {state.tokens:,} tokens{val}, {state.nonfinite_total} non-finite step(s) "
               f"skipped; {what} {ckpt.latest_checkpoint(out)}")
     return 0
@@ -237,11 +244,11 @@ def _dataset(args: argparse.Namespace, info: Dist, out: Path):
 
 def _model(args: argparse.Namespace, tok, resume_dir: Path | None):
     overrides = {k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None}
-    if args.lora:  # the base from --model, also when resuming (a checkpoint holds the adapter alone)
+    if lora_run(args):  # the base from --model, also when resuming (a checkpoint holds the adapter alone)
         if overrides:
             raise InputError(f"--lora keeps the model's architecture; drop "
                              f"{', '.join('--' + k.replace('_', '-') for k in overrides)}")
-        return model_for_lora(args.model, lora_config(args))
+        return model_for_lora(args.model, lora_config(args), weights=args.qlora or "f32")
     if resume_dir is None:
         return model_for_training(args.model, overrides=overrides, tok=tok, seq_len=args.seq_len)
     from anatomy.models import build_model

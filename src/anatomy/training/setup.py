@@ -42,16 +42,17 @@ def model_for_training(spec: str, *, overrides: dict[str, Any], tok: Tokenizer, 
     return _loaded(spec)
 
 
-def model_for_lora(spec: str, lora: LoraConfig) -> tuple[ModelConfig, nn.Module]:
-    """A checkpoint to fine-tune with LoRA: its weights loaded in f32 and frozen, fresh LoRA pairs
-    (B = 0) on the targets, the adapter naming the checkpoint as its base model."""
+def model_for_lora(spec: str, lora: LoraConfig, *, weights: str = "f32") -> tuple[ModelConfig, nn.Module]:
+    """A checkpoint to fine-tune with LoRA: its weights loaded and frozen, in f32 or (QLoRA) in a
+    compact format ("int4", "int8": anatomy.load's weights=), fresh LoRA pairs (B = 0) on the
+    targets, the adapter naming the checkpoint as its base model."""
     from anatomy.checkpoints.source import find_model
 
     source = find_model(spec)
     if source.kind in ("preset", "config"):
         raise InputError(f"--lora trains an adapter over a checkpoint's frozen weights; --model {spec} is a "
                          f"{source.kind} without weights")
-    config, model = _loaded(spec)
+    config, model = _loaded(spec, weights=weights)
     base = source.installed or str(Path(source.path).resolve())
     return config, apply_lora(model, replace(lora, base_model=base))
 
@@ -81,12 +82,13 @@ def _config_file(path: Path) -> ModelConfig:
     return ModelConfig.from_dict(values) if "d_model" in values else config_from_hf(values)
 
 
-def _loaded(spec: str) -> tuple[ModelConfig, nn.Module]:
+def _loaded(spec: str, *, weights: str = "f32") -> tuple[ModelConfig, nn.Module]:
     """A checkpoint to fine-tune, every matrix dequantized to f32: training updates dense weights (a
-    GGUF file's quantized blocks, which anatomy.load keeps by default, have none to update)."""
+    GGUF file's quantized blocks, which anatomy.load keeps by default, have none to update); a
+    frozen base (QLoRA) may keep compact ones."""
     from anatomy.checkpoints.loader import load
 
-    model = load(spec, weights="f32", dtype="f32")
+    model = load(spec, weights=weights, dtype="f32")
     return model.config, model
 
 

@@ -37,10 +37,26 @@ class CompactLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         bias = self.bias.to(x.dtype) if self.bias is not None else None
+        if torch.is_grad_enabled() and x.requires_grad:  # training through frozen compact weights (QLoRA)
+            return _FrozenLinear.apply(x, self.compact, bias)
         return F.linear(x, self.compact.dequantize(x.dtype), bias)  # [..., K] -> [..., N]
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class _FrozenLinear(torch.autograd.Function):
+    """x @ W^T + b whose backward dequantizes W again rather than keeping the float W from the
+    forward: the gradient of x alone (W is frozen), at the memory of the compact format (QLoRA)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, fmt: WeightFormat, bias: Tensor | None) -> Tensor:
+        ctx.fmt = fmt
+        return F.linear(x, fmt.dequantize(x.dtype), bias)  # [..., K] -> [..., N]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        return grad @ ctx.fmt.dequantize(grad.dtype), None, None  # [..., N] -> [..., K]
 
 
 class StackedFormats:
