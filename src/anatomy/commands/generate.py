@@ -18,6 +18,7 @@ from anatomy.commands.parallel_options import (
 from anatomy.commands.speculative_options import (
     add_speculative_options, check_speculative_options, speculative_options, takes_weights)
 from anatomy.errors import InputError
+from anatomy.inference.engine.backend import NAMES as BACKENDS
 from anatomy.kv_format import parse_kv_dtype
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -61,6 +62,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--truncate", action="store_true",
                    help="keep the end of a prompt longer than the model's context instead of failing")
     add_kv_dtype_option(p)
+    p.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="the operators the engine runs: cpu (the measured kernel plan, native operators, captured "
+                        "steps) or torch (torch's own, what a GPU runs); default: the device's")
     add_quiet_option(p)
 
 
@@ -159,7 +163,7 @@ def print_stats(gen: Any, *, verbose: bool = False) -> None:
     per_step = r.speculative.tokens_per_forward if r.speculative is not None else 1.0  # tokens per weight read
     rate = f" -> {read * r.tokens_per_s / per_step / 1e9:.1f} GB/s of weights" if r.tokens_per_s > 0 and per_step else ""
     print(f"[residual stream {dtypes.name_of(engine.dtype)}, branches {dtypes.name_of(engine.branch_dtype)}, "
-          f"KV cache {engine.kv_dtype}; "
+          f"KV cache {engine.kv_dtype}; {engine.backend.name} backend; "
           f"{'; '.join(engine.kernel_summary())}; "
           f"a decode step reads {read / 1e6:.0f} MB of weights{rate}]", file=sys.stderr, flush=True)
     if verbose and engine.plan is not None:
@@ -188,7 +192,7 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
         named = load_named(args.model, args.dtype, args.weights)
         config = named.model.config
         if config.is_decoder or config.is_seq2seq:
-            options = {"compile": args.compile, "kv_dtype": args.kv_dtype,
+            options = {"compile": args.compile, "kv_dtype": args.kv_dtype, "backend": args.backend,
                        "take_weights": takes_weights(args)} if config.is_decoder else {}
             return named.engine(**options), named.tokenizer
         return named.model, named.tokenizer  # generation refuses it, naming its architecture

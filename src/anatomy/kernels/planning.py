@@ -50,16 +50,16 @@ HEAD_THRESHOLD = 1e-3
 
 
 def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True,
-              layout_budget: int | None = None, take_weights: bool = False) -> KernelPlan | None:
+              layout_budget: int | None = None, take_weights: bool = False, dense: bool = False) -> KernelPlan | None:
     """Measure (or load) the kernel plan of the view's linear layers and swap them for PlannedLinear
     layers giving the branch dtype (the LM head: the model's). `layout_budget`: bytes for second
     layouts (None: plan.layout_budget()). `take_weights`: each compact format's memory is given back
     as soon as its layer's layouts are built (WeightFormat.release), so that the process never holds
-    the model twice. Returns the plan; None on a GPU, where every layer is a dense product in the
-    model's dtype (dense_kernels)."""
+    the model twice. Returns the plan; None with `dense` or on a GPU, where every layer is a dense
+    product in the model's dtype (dense_kernels: the torch backend's)."""
     layers = linear_layers(view)
     keep = shared_storages(view, layers) if take_weights else set()
-    if next(view.parameters()).device.type != "cpu":
+    if dense or next(view.parameters()).device.type != "cpu":
         dense_kernels(view, layers)
         return None
     formats = {name: fmt for name, (fmt, _) in layers.items()}
@@ -124,9 +124,8 @@ def branch_dtype(plan: KernelPlan | None, model_dtype: torch.dtype) -> torch.dty
 
 
 def dense_kernels(view: nn.Module, layers: dict[str, tuple[WeightFormat, torch.Tensor | None]]) -> None:
-    """On a GPU the kernels are the vendor's dense GEMMs: every layer a dense product in the
-    activations' dtype (compact formats dequantized once), nothing measured. Untested here: no GPU
-    was at hand when this was written."""
+    """torch's dense products (a GPU's vendor GEMMs): every layer a dense product in the activations'
+    dtype (compact formats dequantized once), nothing measured."""
     dtype = view.stack.embed.dtype
     kernel = KERNELS_BY_NAME[{torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]]
     for name, (fmt, bias) in layers.items():
@@ -147,7 +146,7 @@ def linear_layers(model: nn.Module) -> dict[str, tuple[WeightFormat, torch.Tenso
 def kernel_summary(plan: KernelPlan | None) -> list[str]:
     """Per phase, the kernels chosen and for how many layers, e.g. 'decode: int4pack x120, int8g/int4x2 x1'."""
     if plan is None:
-        return ["every phase: the accelerator's dense GEMM (not measured)"]
+        return ["every phase: torch's dense products (the torch backend; not measured)"]
     lines = []
     for phase in plan.phases:
         counts: Counter[str] = Counter()

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from anatomy import dtypes, kv_format
 from anatomy.errors import InputError
+from anatomy.inference.engine.backend import backend_for
 from anatomy.inference.engine.capture import Captured, capture_paged, capture_static, signature
 from anatomy.inference.engine.kv_cache import KVCache
 from anatomy.inference.engine.paged import Chunk, PagedKVCache, paged_inputs
@@ -67,23 +68,29 @@ class DecoderEngine:
     else none: one compact layout per weight). `take_weights=True` gives each compact weight's memory
     back as soon as its layouts are built, so the process holds the weights once (a layout is a copy
     in the kernels' order); the caller's model is then empty (its formats raise InputError): for a
-    model nothing else will use, as `anatomy generate` and `anatomy serve` load theirs.
+    model nothing else will use, as `anatomy generate` and `anatomy serve` load theirs. `backend`
+    ("cpu" or "torch", backend.py; default: the device's) is which operators the steps run: the
+    measured plan and native operators, or torch's own (what a GPU runs).
     """
 
     def __init__(self, model: nn.Module, *, compile: bool = False, capture: bool = True, plan_cache: bool = True,
                  attention: str | None = None, kv_dtype: str | None = None, native_blocks: bool = True,
-                 layout_budget: int | str | None = None, take_weights: bool = False) -> None:
+                 layout_budget: int | str | None = None, take_weights: bool = False,
+                 backend: str | None = None) -> None:
         if not getattr(getattr(model, "config", None), "is_decoder", False):
             raise InputError(f"DecoderEngine needs a decoder-only anatomy model, got {type(model).__name__}")
-        self.model = engine_view(model, attention=attention, native_norms=not compile)
+        self.backend = backend_for(next(model.parameters()).device, backend)
+        native_ops = self.backend.native
+        self.model = engine_view(model, attention=attention, native_norms=native_ops and not compile)
         if self.device.type == "cpu":
             _warn_if_threads_sleep()
-        fusing = native_blocks and not compile  # each decode block as one native operator (kernels/decode_block.py)
+        # each decode block as one native operator (kernels/decode_block.py)
+        fusing = native_blocks and native_ops and not compile
         formats = {name: fmt for name, (fmt, _) in linear_layers(self.model).items()} if fusing else {}
         budget = layout_budget if layout_budget is None or isinstance(layout_budget, int) else \
             kernel_plan.layout_budget(layout_budget)
         self.plan = plan_view(self.model, compile=compile, cache=plan_cache, layout_budget=budget,
-                              take_weights=take_weights)
+                              take_weights=take_weights, dense=not native_ops)
         self._plan_cache = plan_cache  # where the kept decisions (kernels/decisions.py) are read and kept
         self.native_blocks = fuse_blocks(self.model, self.plan, formats, cache=plan_cache) if fusing else 0
         self.branch_dtype = branch_dtype(self.plan, self.dtype)  # RoPE and attention compute in it
@@ -91,12 +98,13 @@ class DecoderEngine:
         self.kv_dtype = kv  # what the caches hold (a name: f32, bf16, int8, ...)
         self._codes = kv if kv in kv_format.CODES else None
         self._cache_dtype = self.branch_dtype if self._codes else dtypes.torch_dtype(kv)
-        self._reader = native.read_cache if self._codes and native.loaded() else None
-        if self._codes is None and self.device.type == "cpu" and not compile:  # SDPA or the native reader, measured
+        self._reader = native.read_cache if self._codes and native_ops and native.loaded() else None
+        if self._codes is None and native_ops and not compile:  # SDPA or the native reader, measured
             self._read_float_caches(decode_reader(self.config, self._cache_dtype, cache=plan_cache))
         self.compiled = compile
-        self.captured = capture and not compile and self.device.type == "cpu"
-        self._compiled_step = torch.compile(self._eager_step, dynamic=False) if compile else None
+        self.captured = self.backend.captures(capture, compile)
+        self._compiled_step = torch.compile(self._eager_step, dynamic=False,
+                                            mode=self.backend.compile_mode(self.device)) if compile else None
         self._caches: dict[tuple[int, int], list[KVCache]] = {}  # (batch, length) -> caches lent to runs
         self._bodies: dict[tuple, Captured | None] = {}  # (cache, shape, Context fields) -> the captured blocks
         self._seen_shapes: dict[tuple, int] = {}  # paged decode shapes -> steps run eagerly so far
@@ -225,7 +233,7 @@ class DecoderEngine:
         (`window_blocks`: the sliding-window layers' own group of blocks, paged.py); attention reads a
         float one's blocks in place where that measures faster than gathering them."""
         reader = self._reader
-        if self._codes is None and self.device.type == "cpu" and not self.compiled:
+        if self._codes is None and self.backend.native and not self.compiled:
             reader = paged_reader(self.config, self._cache_dtype, cache=self._plan_cache)
         return PagedKVCache(self.config, num_blocks=num_blocks, block_size=block_size, dtype=self._cache_dtype,
                             device=self.device, codes=self._codes, reader=reader, window_blocks=window_blocks)

@@ -9,7 +9,7 @@ fingerprint of its weights, the identity and version counter of every parameter 
 in-place change (`p.add_(...)`, `load_state_dict`), a new tensor put in place, a module swapped in
 makes the next call build a new engine on the new weights. Engines of one model are kept per set of
 engine options (`compile`, `capture`, `attention`, `plan_cache`, `kv_dtype`, `native_blocks`,
-`take_weights`; an encoder-decoder's: `attention`).
+`take_weights`, `backend`; an encoder-decoder's: `attention`).
 Safe to share between threads.
 """
 
@@ -59,7 +59,7 @@ class KeptEngines:
 
 
 DECODER_OPTIONS = {"compile": False, "capture": True, "attention": None, "plan_cache": True, "kv_dtype": None,
-                   "native_blocks": True, "take_weights": False}
+                   "native_blocks": True, "take_weights": False, "backend": None}
 SEQ2SEQ_OPTIONS = {"attention": None}
 
 
@@ -91,5 +91,5 @@ kept_engines = KeptEngines()
 def engine_for(model: nn.Module, **options: Any):
     """The engine kept for `model` (a DecoderEngine, or a Seq2SeqEngine for an encoder-decoder model),
     made on first use; `options` are DecoderEngine's (compile, capture, attention, plan_cache, kv_dtype,
-    native_blocks, take_weights)."""
+    native_blocks, take_weights, backend)."""
     return kept_engines.get(model, **options)
