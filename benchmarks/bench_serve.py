@@ -1,7 +1,7 @@
 """Serving throughput and latency: `anatomy serve` against llama.cpp's own server (`llama-server`,
 continuous batching, one slot per concurrent request) and llama-cpp-python's server
 (`python -m llama_cpp.server`), on the same GGUF file (the embedded SmolLM2-135M-Instruct Q4_1),
-with the same prompts and the same client (anatomy.serving.bench, vLLM's serving metrics).
+with the same prompts and the same client (anatomy.loadgen, vLLM's serving metrics).
 
 Three scenarios, each server started once and warmed up, the servers measured in turn:
 
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from anatomy.serving.bench import BenchResult, make_prompts, run_benchmark
+from anatomy.loadgen import BenchResult, make_prompts, run_benchmark
 from benchmarks.llama_cpp import llama_tool
 from benchmarks.provenance import anatomy_lines, llama_lines, print_provenance
 

@@ -38,6 +38,8 @@ MOVED = {
     "anatomy.inference.view": "anatomy.inference.engine.view",
     "anatomy.inference.steps": "anatomy.inference.engine.run",
     "anatomy.serving.paged": "anatomy.inference.engine.paged",
+    # the load generator is a client of servers, not part of one
+    "anatomy.serving.bench": "anatomy.loadgen",
     # the profiler, a package
     "anatomy.analysis.profiling": "anatomy.analysis.profile.api",
     **{f"anatomy.analysis.profile_{part}": f"anatomy.analysis.profile.{part}"

@@ -359,7 +359,7 @@ def test_bad_input_through_the_client(client):
 
 
 def test_bench_serve_measures_the_server(server):
-    from anatomy.serving.bench import make_prompts, run_benchmark
+    from anatomy.loadgen import make_prompts, run_benchmark
 
     generated = server.metric("anatomy_generation_tokens_total")
     start = time.perf_counter()

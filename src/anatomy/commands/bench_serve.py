@@ -39,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from anatomy.serving.bench import make_prompts, run_benchmark
+    from anatomy.loadgen import make_prompts, run_benchmark
 
     for name, value in (("--requests", args.requests), ("--input-words", args.input_words),
                         ("--max-tokens", args.max_tokens)):

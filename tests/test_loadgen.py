@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from anatomy.errors import InputError
-from anatomy.serving.bench import RequestResult, check_url, make_prompts, percentile, summarize
+from anatomy.loadgen import RequestResult, check_url, make_prompts, percentile, summarize
 
 
 def test_percentile_is_numpys_linear_interpolation():
