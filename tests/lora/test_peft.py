@@ -93,3 +93,18 @@ def test_a_fresh_adapter_changes_nothing_and_only_it_trains(base, tmp_path):
         anatomy.save(model, tmp_path / "saved")
     with pytest.raises(anatomy.InputError, match="already holds LoRA layers"):
         apply_lora(model, LoraConfig())
+
+
+def test_generate_runs_an_adapter_unmerged_as_merged(base, tmp_path):
+    torch.manual_seed(3)
+    reference = peft.get_peft_model(_hf(base), peft.LoraConfig(r=4, lora_alpha=16, init_lora_weights=False,
+                                                                target_modules=["q_proj", "v_proj", "up_proj"]))
+    reference.save_pretrained(tmp_path / "adapter")
+    prompt = [3, 17, 42, 5]
+
+    def tokens(model) -> list[int]:
+        return anatomy.generate(model.eval(), prompt, max_new_tokens=12, temperature=0).token_ids
+
+    unmerged = tokens(apply_lora(_ours(base), tmp_path / "adapter"))
+    assert unmerged == tokens(merge_lora(_ours(base), tmp_path / "adapter"))
+    assert unmerged != tokens(_ours(base))

@@ -40,11 +40,14 @@ class LoRALinear(nn.Module):
             nn.init.zeros_(b)
 
     def forward(self, x: Tensor) -> Tensor:
+        """The base's product (an engine's planned kernel may give it in its own dtype: the sum keeps
+        that dtype) plus each target's."""
         y = self.base(x)  # [..., N]
         if len(self._pieces) == 1:
-            return y + self.product(self._pieces[0][0], x)
+            return y + self.product(self._pieces[0][0], x).to(y.dtype)
         pieces = y.split([size for _, size in self._pieces], dim=-1)
-        return torch.cat([p if t is None else p + self.product(t, x) for (t, _), p in zip(self._pieces, pieces)], -1)
+        return torch.cat([p if t is None else p + self.product(t, x).to(p.dtype)
+                          for (t, _), p in zip(self._pieces, pieces)], -1)
 
     def product(self, target: str, x: Tensor) -> Tensor:
         """scale * B (A dropout(x)) of one target: x [..., K] -> [..., stop - start]."""
