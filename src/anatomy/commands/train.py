@@ -4,8 +4,9 @@
         --d-model 128 --d-ff 512 --seq-len 64 --batch-size 12 --steps 2000 --out runs/shakespeare
     anatomy train ... --out runs/shakespeare --resume           # continue from the latest checkpoint
     anatomy train ... --nproc 2 --strategy fsdp                 # torchrun with 2 ranks, FSDP2
-    anatomy train --data notes.txt --tokenizer smollm2-135m-instruct --model smollm2-135m-instruct \
+    anatomy train --data notes.txt --tokenizer smollm2-135m-instruct --model smollm2-135m-instruct \\
         --lora --lora-rank 8 --lora-targets q,k,v,o --out runs/notes   # a LoRA adapter, the base frozen
+    anatomy train ... --qlora --out runs/notes-q                    # the same over an int4 base
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from anatomy.config import ModelConfig
 from anatomy.errors import InputError
 from anatomy.lora.config import LoraConfig
 from anatomy.lora.layer import LoRALinear
@@ -25,7 +26,7 @@ class Adapter:
     weights: dict[str, Tensor]  # by parameter name (param_name)
     source: str = field(default="", compare=False)  # the file it was read from, for errors
 
-    def pairs(self, model_config) -> list[tuple[Site, Tensor, Tensor]]:
+    def pairs(self, model_config: ModelConfig) -> list[tuple[Site, Tensor, Tensor]]:
         """(site, A, B) of every site of this adapter on a model of `model_config`, each checked."""
         where = self.source or "the adapter"
         out = []
