@@ -85,6 +85,11 @@ def test_resume_is_bit_exact_and_checks_the_adapter(setup, tmp_path, capsys):
     assert _train(setup, tmp_path / "b", *dropout, "--steps", "8", "--resume", "--lora-alpha", "16") == 2
     assert "adapter_config.json: the checkpoint's adapter has alpha=8.0, this run's 16.0" in capsys.readouterr().err
 
+    weights = tmp_path / "b" / "checkpoints" / "step-000006" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-64])  # truncated
+    assert _train(setup, tmp_path / "b", *dropout, "--steps", "8", "--resume") == 2
+    assert f"{weights}: " in capsys.readouterr().err
+
 
 @pytest.mark.parametrize("args, message", [
     (["--lora-rank", "4"], "--lora-rank shapes a LoRA adapter: add --lora"),

@@ -41,9 +41,9 @@ def peft_key(site: Site, part: str) -> str:
     return f"{PREFIX}{site.hf_module}.lora_{part}.weight"
 
 
-def load_adapter(path: str | Path, model_config: ModelConfig) -> Adapter:
-    """The PEFT adapter directory `path`, checked against a model of `model_config`."""
-    return read_peft(path, model_config)
+def load_adapter(path: str | Path, model: nn.Module | ModelConfig) -> Adapter:
+    """The PEFT adapter directory `path`, checked against `model` (or a model of that config)."""
+    return read_peft(path, model if isinstance(model, ModelConfig) else model.config)
 
 
 def save_adapter(model_or_adapter: nn.Module | Adapter, path: str | Path, *,
