@@ -48,7 +48,8 @@ def _truncate(adapter: Path) -> None:
 
 
 BAD = {
-    "wrong rank": (lambda a: _edit_config(a, r=8), r"adapter_model\.safetensors: tensor '.*lora_A\.weight' has rank 4, the adapter's r is 8"),
+    "wrong rank": (lambda a: _edit_config(a, r=8),
+                   r"adapter_model\.safetensors: tensor '.*lora_A\.weight' has rank 4, the adapter's r is 8"),
     "wrong shape": (lambda a: _edit_tensors(a, lambda t: t.update({f"{Q0}.lora_A.weight": torch.zeros(4, 16)})),
                     rf"adapter_model\.safetensors: tensor '{Q0}\.lora_A\.weight' has shape \(4, 16\), the model needs \(4, 32\)"),
     "unknown target": (lambda a: _edit_config(a, target_modules=["q_proj", "c_attn"]),

@@ -5,10 +5,9 @@
     adapter_model.safetensors    base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight [r, K]
                                  base_model.model.model.layers.3.self_attn.q_proj.lora_B.weight [rows, r]
 
-Reading trusts nothing: every field of the config and every tensor's presence, rank, shape and
-values are checked against the model's config, and the first problem is one InputError naming the
-file and the field or tensor. Options that change what an adapter computes and anatomy does not
-run (DoRA, biases, rank patterns, extra trained modules) are refused by name.
+Reading checks every field and every tensor's presence, rank, shape and values against the model's
+config: the first problem is one InputError naming the file and the field or tensor. PEFT options
+anatomy does not run (DoRA, biases, rank patterns, extra trained modules) are refused by name.
 """
 
 from __future__ import annotations
@@ -65,7 +64,8 @@ def write_peft(directory: str | Path, adapter: Adapter, model_config: ModelConfi
         directory.mkdir(parents=True, exist_ok=True)
     pairs = adapter.pairs(model_config)
     chosen = [s for s, _, _ in pairs]
-    tensors = {peft_key(s, part): t.detach().contiguous().cpu() for s, a, b in pairs for part, t in (("A", a), ("B", b))}
+    tensors = {peft_key(s, part): t.detach().contiguous().cpu()
+               for s, a, b in pairs for part, t in (("A", a), ("B", b))}
     write_tensors(directory / WEIGHTS_FILE, tensors, metadata={"format": "pt"})
     with atomic_file(directory / CONFIG_FILE) as f:
         f.write(json.dumps(peft_config(adapter.config, chosen), indent=2).encode())

@@ -7,8 +7,7 @@ anatomy fuses projections that HF keeps apart, so a target is a range of a modul
     gate, up  stack.blocks.N.ffn.gate_up  rows [0, F), [F, 2F)    (an MLP: up is stack.blocks.N.ffn.up)
     down      stack.blocks.N.ffn.down
 
-The HF names come from the checkpoint name maps (checkpoints/hf_names.py): q of block 3 of a LLaMA
-is `model.layers.3.self_attn.q_proj`.
+The HF names come from checkpoints/hf_names.py: q of block 3 of a LLaMA is `model.layers.3.self_attn.q_proj`.
 """
 
 from __future__ import annotations
