@@ -1,27 +1,13 @@
 """A decode step's blocks captured as one graph: on a CPU, what CUDA graphs are on a GPU.
 
-An eager decode step of a small model is bound by the host, not the kernels: SmolLM2-135M's 30
-blocks dispatch ~1,200 operators per token, and the Python around each one (module calls, the
-planned layer's routing, RoPE, the cache write) costs more than the matrix products it feeds.
-Recording the step once with `torch.jit.trace` (then `torch.jit.freeze`, which inlines the
-weights as constants and drops the attribute lookups) turns it into a graph that TorchScript's C++
-interpreter replays: the same operators on the same tensors in the same order (the outputs are
-bit-identical to the eager step's, which the tests check), without the Python between them.
-
     body = capture_static(stack, cache, ids, positions, ctx)   # once per (batch, cache length)
     hidden = body(ids, positions, ctx)                         # [B, D]: the last position's hidden state
-    body = capture_paged(stack, paged_cache, inputs)           # once per (batch, blocks read)
-    hidden = body.paged(inputs)                                # [B, D]
+    body = capture_paged(stack, paged_cache, inputs)           # once per (batch, blocks read): body.paged(inputs)
 
-A trace is a recording, so it holds only for what it saw: the shapes (one trace per batch size
-and cache length, the cache it was recorded on) and the decisions Python made on them, which in a
-decode step depend only on shapes and on which Context fields are present (part of the key).
-A mixture-of-experts layer routes tokens by value (which expert gets which token), so a stack
-with one is never captured; neither is a stack whose layers hold something a trace cannot
-(then capture returns None and the step stays eager). torch.jit is deprecated in favour of
-torch.compile, which fuses more but takes tens of seconds to start; tracing takes a fraction of
-a second. The LM head stays eager: its kernel (FBGEMM's packed fp16 here) is an object a trace
-cannot hold as a constant.
+Why: a small model's eager decode step is bound by the Python around its operators. `torch.jit.trace`
+then `torch.jit.freeze` record the step once; TorchScript replays the same operators bit for bit
+without that Python. A trace holds only for the shapes it saw, so a mixture of experts (routing by
+value) or a layer a trace cannot hold is not captured (None), and the LM head stays eager.
 """
 
 from __future__ import annotations
@@ -65,15 +51,17 @@ def context_of(names: tuple[str, ...], tensors: tuple[Tensor, ...]) -> Context:
 
 class StaticBody(nn.Module):
     """The blocks of one decode step over one static cache: (ids [B, 1], positions [B, 1], the
-    Context's tensors) -> the last position's final-normed hidden state [B, D]."""
+    Context's tensors) -> the last position's final-normed hidden state [B, D], or with `head` (the
+    model, whose `logits` is its LM head) the logits [B, V]."""
 
-    def __init__(self, stack: Stack, cache: nn.Module, names: tuple[str, ...]) -> None:
+    def __init__(self, stack: Stack, cache: nn.Module, names: tuple[str, ...], head: nn.Module | None = None) -> None:
         super().__init__()
-        self.stack, self.cache, self.names = stack, cache, names
+        self.stack, self.cache, self.names, self.head = stack, cache, names, head
 
     def forward(self, ids: Tensor, positions: Tensor, *tensors: Tensor) -> Tensor:
         ctx = context_of(self.names, tensors)
-        return self.stack.run(ids, ctx, position_ids=positions, cache=self.cache)[:, -1]
+        hidden = self.stack.run(ids, ctx, position_ids=positions, cache=self.cache)[:, -1]
+        return hidden if self.head is None else self.head.logits(hidden)
 
 
 class PagedBody(nn.Module):
@@ -92,14 +80,15 @@ class PagedBody(nn.Module):
 
 
 class Captured:
-    """A traced body, called with a Context (and a paged step's inputs) instead of its tensors."""
+    """A traced body, called with a Context (and a paged step's inputs) instead of its tensors;
+    `logits`: it gives the LM head's logits (else the final hidden states)."""
 
-    def __init__(self, traced: torch.jit.ScriptModule) -> None:
-        self.traced = traced
+    def __init__(self, traced: torch.jit.ScriptModule, *, logits: bool = False) -> None:
+        self.traced, self.logits = traced, logits
 
     def __call__(self, ids: Tensor, positions: Tensor, ctx: Context) -> Tensor:
-        # replayed as recorded: the graph executor's profiling and optimising passes cost ~0.4 s on
-        # the first two calls and gain nothing here (no fuser runs on a CPU by default)
+        # replayed as recorded: the graph executor's profiling and optimising passes cost time on
+        # the first calls and gain nothing on a CPU (no fuser runs there by default)
         with torch.jit.optimized_execution(False):
             return self.traced(ids, positions, *arguments(ctx))
 
@@ -113,13 +102,18 @@ def capturable(stack: Stack, ctx: Context) -> bool:
     return not any(block.moe for block in stack.blocks) and ctx.router_logits is None
 
 
-def capture_static(stack: Stack, cache: nn.Module, ids: Tensor, positions: Tensor, ctx: Context) -> Captured | None:
-    """Trace the blocks of a decode step over `cache` on these example inputs. Tracing runs the
-    step (writing its cache slot, which the real step then writes again with the same values).
-    None when the stack cannot be captured."""
+def capture_static(stack: Stack, cache: nn.Module, ids: Tensor, positions: Tensor, ctx: Context, *,
+                   head: nn.Module | None = None) -> Captured | None:
+    """Trace the blocks of a decode step over `cache` on these example inputs, and `head` (the model:
+    its LM head) after them where a trace can hold it. Tracing runs the step (writing its cache slot,
+    which the real step then writes again with the same values). None when the stack cannot be captured."""
     if not capturable(stack, ctx):
         return None
-    return _trace(StaticBody(stack, cache, signature(ctx)), (ids, positions, *arguments(ctx)))
+    example = (ids, positions, *arguments(ctx))
+    if head is not None and (body := _trace(StaticBody(stack, cache, signature(ctx), head), example)) is not None:
+        body.logits = True
+        return body
+    return _trace(StaticBody(stack, cache, signature(ctx)), example)
 
 
 def capture_paged(stack: Stack, cache: nn.Module, inputs) -> Captured | None:

@@ -1,26 +1,12 @@
 """DecoderEngine: the one way to run a decoder-only model.
 
 It owns the engine's view of the model (the caller's model is never changed), its measured kernel
-plan, its captured decode steps and the LM head, and every caller goes through its public API:
-
-    engine = DecoderEngine(model)                  # or anatomy.engine_for(model): the one kept for it
-    for tokens in engine.tokens(prompts, params):  # [B] per step, up to params.max_new_tokens times
-        ...
-    run = engine.start(prompts, params)            # the step API (run.py): prefill, decode, verify, rewind
-    logits = engine.logits(ids)                    # [B, S, V]: one full pass, no cache (NLL, prompt logprobs)
-    cache = engine.paged_cache(num_blocks=N, block_size=16)
-    logits = engine.step(cache, chunks)            # [R, V]: a batch of chunks over a paged cache (serving)
-    engine.capture_decode(cache, batches=range(1, 17))  # record those decode steps now (a server's start)
-
-    prompts (lists of ids, any lengths)
-      -> left-padded ids [B, P]; cache [B, H_kv, T, d_h] per layer with T = P + max_new_tokens
-      -> prefill: one forward over [B, P] at slots 0..P-1, logits of the last position only
-      -> decode: one forward over [B, 1] at slot P+j per step, attending over all T slots
-
-Everything a decode step needs has the same shape at every step, so on a CPU its blocks are captured
-as a graph once per shape (capture.py) and replayed without Python in between; `compile=True`
-compiles the step instead. A static cache is kept per (batch, length rounded up to BUCKET), a
-paged decode step is captured per (batch, blocks) rounded up the same way.
+plan, its captured decode steps and the LM head; every caller goes through its public API:
+`tokens` (a generation's steps), `start` (the step API, run.py), `logits` (one full pass),
+`paged_cache` and `step` (a batch of chunks over a paged cache: serving) and `capture_decode`.
+Every decode step has the same shapes, so its blocks are captured once per shape (capture.py) and
+replayed; static caches are kept per (batch, length rounded up to BUCKET).
+The API with shapes: docs/inference.md, "The engine API".
 """
 
 from __future__ import annotations
@@ -33,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from anatomy import dtypes, kv_format
+from anatomy.deprecation import deprecated
 from anatomy.errors import InputError
 from anatomy.inference.engine.backend import backend_for
 from anatomy.inference.engine.capture import Captured, capture_paged, capture_static, signature
@@ -189,19 +176,26 @@ class DecoderEngine:
             yield token
 
     @torch.inference_mode()
-    def decode_hidden(self, ids: Tensor, positions: Tensor, ctx, cache: KVCache, *, record: bool) -> Tensor:
-        """One decode step's blocks, nothing checked (a Run's own tokens): ids [B, 1] at the Context's
-        slot -> final hidden states [B, D]. Compiled, captured (recorded now when `record` and not yet),
-        or eager."""
-        if self._compiled_step is not None:
-            return self._compiled_step(ids, positions, ctx, cache)
-        if self.captured:
+    def decode_logits(self, ids: Tensor, positions: Tensor, ctx, cache: KVCache, *, record: bool) -> Tensor:
+        """One decode step, nothing checked (a Run's own tokens): ids [B, 1] at the Context's slot ->
+        the next token's logits [B, V]. Compiled, captured with its LM head (recorded now when `record`
+        and not yet), or eager."""
+        if self._compiled_step is None and self.captured:
             key = (id(cache), signature(ctx))  # the cache fixes the batch and length (it is kept in self._caches)
             if key not in self._bodies and record:
-                self._bodies[key] = capture_static(self.model.stack, cache, ids, positions, ctx)
+                self._bodies[key] = capture_static(self.model.stack, cache, ids, positions, ctx, head=self.model)
             if (body := self._bodies.get(key)) is not None:
-                return body(ids, positions, ctx)
-        return self._eager_step(ids, positions, ctx, cache)
+                out = body(ids, positions, ctx)
+                return out if body.logits else self.head(out)
+        step = self._compiled_step or self._eager_step
+        return self.head(step(ids, positions, ctx, cache))
+
+    def decode_hidden(self, ids: Tensor, positions: Tensor, ctx, cache: KVCache, *, record: bool) -> Tensor:
+        """Deprecated: the final hidden states [B, D] of one decode step, eagerly; decode_logits is the
+        step (captured with its LM head)."""
+        deprecated("DecoderEngine.decode_hidden is deprecated; use decode_logits (the step with its LM head)")
+        with torch.inference_mode():
+            return (self._compiled_step or self._eager_step)(ids, positions, ctx, cache)
 
     def _eager_step(self, ids: Tensor, positions: Tensor, ctx, cache) -> Tensor:
         return self.model.stack.run(ids, ctx, position_ids=positions, cache=cache)[:, -1]  # [B, D]
@@ -284,8 +278,8 @@ class DecoderEngine:
 
 
 def _warn_if_threads_sleep() -> None:
-    """A CPU decode step runs ~150 parallel regions (each block's products and attention); with
-    OMP_WAIT_POLICY=PASSIVE OpenMP's threads sleep between them, and decode measured ~3x slower."""
+    """A CPU decode step runs many short parallel regions (each block's products and attention); with
+    OMP_WAIT_POLICY=PASSIVE OpenMP's threads sleep between them and decode slows down severalfold."""
     if os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE":
         warnings.warn("OMP_WAIT_POLICY=PASSIVE: OpenMP's threads sleep between the ~150 parallel regions of a "
                       "decode step (measured ~3x slower decode); unset it or set it to ACTIVE", RuntimeWarning,

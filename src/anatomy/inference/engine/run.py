@@ -3,16 +3,11 @@
     run = engine.start(prompts, params)  # ids left-padded to [B, P]; a cache of T >= P + max_new_tokens slots
     logits = run.prefill()               # [B, V]: the prompts at slots 0..P-1 -> the last position's logits
     token = run.choose(logits)           # [B]: greedy or sampled, with this run's penalties and generator
-    logits = run.decode(token)           # [B, V]: token [B] written at slot `run.slot`, which moves on by 1
-    logits = run.verify(tokens)          # [B, S, V]: tokens [B, S] at slots slot..slot+S-1 in one forward
-    run.rewind(slot)                     # the next write goes to `slot`: what lies beyond is never attended to
-    run.observe(tokens)                  # tokens [B, n] another rule emitted (speculative acceptance): the
-                                         # penalties count them as generated
+    logits = run.decode(token)           # [B, V] (run.verify(tokens [B, S]): [B, S, V] in one forward)
+    run.rewind(slot); run.observe(tokens)  # move the write slot back; count tokens another rule emitted
 
-Left padding keeps every row's newest token in the same slot, so one write position serves the
-whole batch: the Context of a step (models/context.py) hides each row's padding slots and gives each
-row the positions it would have alone. A decode step's blocks are replayed from a captured graph
-once the run has made CAPTURE_AFTER decode steps (engine.py); prefill and spans run eagerly.
+Left padding keeps every row's newest token in one slot, so one write position serves the batch
+(the Context hides the padding). Decode steps replay a captured graph after CAPTURE_AFTER steps.
 """
 
 from __future__ import annotations
@@ -30,7 +25,7 @@ from anatomy.models.context import ContextTables
 from anatomy.models.embedding import check_input_ids
 
 CAPTURE_AFTER = 32  # eager decode steps of a run before its shape is captured: a short answer does not
-                    # pay for the recording (~0.7 s for SmolLM2, ~140 steps' worth of the gain)
+                    # pay for the recording, which costs many steps' worth of the gain
 
 
 @dataclass(frozen=True)
@@ -104,11 +99,11 @@ class Run:
         slot = torch.tensor([self.slot], device=self.engine.device)
         ctx, positions = self._context(slot)
         ids = token[:, None]  # [B, 1]
-        hidden = self.engine.decode_hidden(ids, positions, ctx, self.cache,
-                                           record=self.decodes >= CAPTURE_AFTER)  # [B, D]
+        logits = self.engine.decode_logits(ids, positions, ctx, self.cache,
+                                           record=self.decodes >= CAPTURE_AFTER)  # [B, V]
         self.slot += 1
         self.decodes += 1
-        return self.engine.head(hidden)  # [B, V]
+        return logits
 
     @torch.inference_mode()
     def verify(self, tokens: Tensor) -> Tensor:
