@@ -77,12 +77,16 @@ def native_fact() -> Fact:
 
 
 def plans_fact() -> Fact:
-    from anatomy.kernels.cache import cache_dir
+    from anatomy.kernels.cache import cache_dir, noisy_plans
 
     folder = cache_dir() / "plans"
     count = len(list(folder.glob("*.json"))) if folder.is_dir() else 0
+    noisy = len(noisy_plans())
     summary = f"{count} plan{'s' if count != 1 else ''} in {folder} (a model's first engine here measures its own)"
-    return Fact("kernel plans", True, summary, {"directory": str(folder), "plans": count})
+    if noisy:
+        summary += f"; {noisy} measured while the machine was busy"
+    return Fact("kernel plans", True, summary, {"directory": str(folder), "plans": count, "noisy": noisy},
+                "anatomy doctor --replan  (on a quiet machine: the next start measures them again)" if noisy else "")
 
 
 def guidance_fact() -> Fact:

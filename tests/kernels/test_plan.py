@@ -203,10 +203,29 @@ def test_cache_directory_default_and_overrides(tmp_path, monkeypatch):
     assert _plan(cache=False).path is None
 
 
-def test_noisy_plan_is_not_cached(monkeypatch):
+def test_a_noisy_plan_is_kept_named_and_forgotten_on_asking(monkeypatch, capsys, tmp_path):
+    """Every start of the same machine and model takes the same path: a plan measured under noise is
+    kept and reused; `anatomy doctor` names it and `anatomy doctor --replan` forgets it."""
+    from anatomy import installation
+    from anatomy.cli import main
+    from anatomy.kernels.cache import CACHE_ENV, noisy_plans
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))  # --replan forgets this test's plans only
+    quiet = _plan(linears=_linears(5))
+    monkeypatch.setattr(plan_record, "NOISE_LIMIT", float("inf"))
+    assert quiet.path is not None and noisy_plans() == [] and installation.plans_fact().fix == ""
     monkeypatch.setattr(plan_record, "NOISE_LIMIT", -1.0)
     plan = _plan()
-    assert plan.path is None and "too noisy to cache" in plan.describe()[-1]
+    assert plan.path is not None and "measured under noise" in plan.describe()[-1]
+    again = _plan()
+    assert again.from_cache and again.path == plan.path
+    assert {k: w.choices for k, w in again.weights.items()} == {k: w.choices for k, w in plan.weights.items()}
+    assert plan.path in noisy_plans() and quiet.path in noisy_plans(), "every plan is noisy under a limit of -1"
+    fact = installation.plans_fact()
+    assert fact.details["noisy"] == 2 and "--replan" in fact.fix
+    assert main(["doctor", "--replan"]) == 0
+    assert not plan.path.exists() and not quiet.path.exists() and noisy_plans() == []
+    assert "forgot" in capsys.readouterr().err
 
 
 def test_bad_phases_and_layers_raise():

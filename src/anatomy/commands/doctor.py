@@ -17,12 +17,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--build", action="store_true",
                    help="compile the native kernels now where they are missing (retrying a failed build)")
+    p.add_argument("--replan", action="store_true",
+                   help="forget the kernel plans measured while the machine was busy, so that the next start "
+                        "measures them again (run it on a quiet machine)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.build:
         _build()
+    if args.replan:
+        _replan()
     facts = installation.report()
     if args.json:
         print(json.dumps({"installation": installation.platform_line(), **installation.python_details(),
@@ -35,6 +40,16 @@ def run(args: argparse.Namespace) -> int:
         if fact.fix:
             print(f"  {'':8} {'':{width}}  fix: {fact.fix}")
     return 0
+
+
+def _replan() -> None:
+    from anatomy.kernels.cache import noisy_plans
+
+    forgotten = noisy_plans()
+    for path in forgotten:
+        path.unlink(missing_ok=True)
+    print(f"forgot {len(forgotten)} kernel plan{'s' if len(forgotten) != 1 else ''} measured under noise",
+          file=sys.stderr)
 
 
 def _build() -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from anatomy.atomic import atomic_file
+from anatomy.kernels import record
 from anatomy.kernels.cache_dir import CACHE_ENV, cache_dir  # noqa: F401 (CACHE_ENV: the name tests set)
 
 PLAN_VERSION = 3  # 2: accuracy checked on real activations (kernels/calibration.py); 3: FBGEMM's padded bytes
@@ -101,3 +102,17 @@ def save_entry(path: Path, key: dict[str, Any], plan: dict[str, Any]) -> None:
     text = json.dumps({"version": PLAN_VERSION, "key": key, "plan": plan}, indent=1, sort_keys=True)
     with atomic_file(path) as f:
         f.write(text.encode())
+
+
+def noisy_plans(directory: Path | None = None) -> list[Path]:
+    """The kept kernel plans measured while the machine was busy (noise above record.NOISE_LIMIT)."""
+    folder = (directory or cache_dir()) / "plans"
+    out = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        try:
+            plan = json.loads(path.read_text()).get("plan")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            continue
+        if isinstance(plan, dict) and isinstance(plan.get("noise"), (int, float)) and plan["noise"] > record.NOISE_LIMIT:
+            out.append(path)
+    return out

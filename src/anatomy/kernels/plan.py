@@ -78,8 +78,8 @@ def make_plan(linears: Mapping[str, WeightFormat], *, model_id: str, weights: st
               repeats: int = REPEATS, cache: bool | str | Path = True,
               thresholds: Mapping[str, float] | None = None) -> KernelPlan:
     """The kernel plan for `linears` ({layer name: its weight format}), from the cache when a plan
-    with the same key is stored there, else measured now (and stored unless cache=False or the
-    measurement was too noisy to trust later).
+    with the same key is stored there, else measured now and stored (unless cache=False), noisy or
+    not: every later start takes the same path (`anatomy doctor --replan` measures noisy ones again).
 
     model_id: identifies the model's weights (e.g. name + file digest); weights: the weights choice
     ("gguf", "f16", ...). phases_of: {layer name: names of the phases it sees} for layers that do
@@ -104,7 +104,7 @@ def make_plan(linears: Mapping[str, WeightFormat], *, model_id: str, weights: st
             return plan
     plan = measure_plan(groups, phases=phases, kernels=kernels, threshold=threshold, budget=budget,
                         samples=samples() if callable(samples) else samples, repeats=repeats)
-    if path is not None and plan.trusted:
+    if path is not None:
         plan_cache.save_entry(path, key, plan.to_json())
         plan.path = path
     return plan

@@ -10,7 +10,7 @@ from typing import Any
 from anatomy.errors import InputError
 from anatomy.kernels.timing import Measurement, Phase
 
-NOISE_LIMIT = 0.5  # a plan whose typical measurement spread exceeds this is used but not cached
+NOISE_LIMIT = 0.5  # a plan whose typical measurement spread exceeds this is kept, and named noisy by `anatomy doctor`
 
 
 @dataclass
@@ -71,7 +71,8 @@ class KernelPlan:
 
     @property
     def trusted(self) -> bool:
-        """Measured quietly enough to be cached (typical spread between rounds at most NOISE_LIMIT)."""
+        """Measured quietly (typical spread between rounds at most NOISE_LIMIT); a noisy plan is kept
+        too, and `anatomy doctor` names it."""
         return self.noise <= NOISE_LIMIT
 
     def phases_of(self, w: WeightPlan) -> list[Phase]:
@@ -88,7 +89,8 @@ class KernelPlan:
         lines.append(f"second layouts: {mib:.1f} MiB of a {self.budget_bytes / 2 ** 20:.0f} MiB budget; measured in "
                      f"{self.measure_seconds:.1f} s, typical spread between rounds {self.noise:.0%}"
                      + (f"; loaded from {self.path}" if self.from_cache else "")
-                     + ("" if self.trusted else "; too noisy to cache (is something else running?)"))
+                     + ("" if self.trusted else "; measured under noise (is something else running?): kept, so "
+                        "every start takes the same path; `anatomy doctor --replan` measures it again"))
         return lines
 
     def to_json(self) -> dict[str, Any]:
