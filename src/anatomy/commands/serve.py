@@ -79,6 +79,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="most tokens one step computes (decodes + prefill chunks): long prompts are prefilled in "
                         "chunks of what is left")
     p.add_argument("--no-prefix-cache", action="store_true", help="turn off reusing cached prompt prefixes")
+    p.add_argument("--kv-offload-bytes", default="0",
+                   help="host memory for full KV blocks evicted from the pool (2GiB, 512MB, a fraction 0.1): a prompt "
+                        "that needs them again has them copied back instead of computed; past it they go to "
+                        "--kv-offload-dir")
+    p.add_argument("--kv-offload-dir", default=None,
+                   help="a directory for full KV blocks: those evicted past --kv-offload-bytes, and every cached block "
+                        "when the server stops; a server started again with it restores them (each file checked: "
+                        "another model's, format's or block size's, or a damaged one, is ignored)")
     p.add_argument("--scheduling-policy", default="fcfs", choices=("fcfs", "priority"),
                    help="fcfs: requests run in arrival order (a request's non-zero priority gets 400); priority: by "
                         "the request's priority (lower first, then arrival), a waiting request preempting the "
@@ -172,7 +180,8 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
         engine, tokenizer = _engine(args, server, failures, ranks)
         options = dict(kv_bytes=kv_bytes, block_size=args.block_size, max_seqs=args.batch_size,
                        max_step_tokens=args.max_step_tokens, prefix_caching=not args.no_prefix_cache, name=args.model,
-                       scheduling_policy=args.scheduling_policy)
+                       scheduling_policy=args.scheduling_policy, offload_dir=args.kv_offload_dir,
+                       offload_bytes=parse_bytes(args.kv_offload_bytes, option="--kv-offload-bytes"))
         if args.pipeline_parallel_size > 1:  # one loop per stage: their steps overlap on the stages
             from anatomy.parallel.lanes import Lanes
 
@@ -239,6 +248,11 @@ def _report(args: argparse.Namespace, loop, seconds: float) -> None:
           f"{_speculation_note(args, loop)}", file=sys.stderr, flush=True)
     if loop.window is not None:
         print(f"anatomy serve: {_window_note(loop, args.block_size)}", file=sys.stderr, flush=True)
+    if getattr(loop, "offload", None) is not None:
+        offload = loop.offload
+        print(f"anatomy serve: evicted KV blocks kept in {offload.host_bytes / 2 ** 20:,.0f} MiB of host memory"
+              f"{f', then in {offload.directory} (also every cached block at shutdown)' if offload.directory else ''}",
+              file=sys.stderr, flush=True)
     layout = getattr(engine, "layout", None)
     if layout is not None:
         print(f"anatomy serve: {layout.describe()}: the weights, kernels and KV cache above are rank 0's shard; "
@@ -335,6 +349,10 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.reasoning_budget >= 0 and args.reasoning_parser is None:
         raise InputError("--reasoning-budget needs --reasoning-parser (which names how thinking blocks are written)")
     check_speculative_options(args)
+    offload = args.kv_offload_dir is not None or parse_bytes(args.kv_offload_bytes, option="--kv-offload-bytes")
+    if offload and (args.tensor_parallel_size > 1 or args.pipeline_parallel_size > 1):
+        raise InputError("--kv-offload-bytes and --kv-offload-dir serve one rank only (not with "
+                         "--tensor-parallel-size or --pipeline-parallel-size)")
 
 
 def _embedding_name(option: str | None) -> str | None:

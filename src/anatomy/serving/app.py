@@ -196,6 +196,16 @@ def gauges(loop: ServingLoop) -> dict[str, tuple[str, float]]:
         "prefix_cache_hits_total": ("Prompt tokens found in the prefix cache", blocks.hit_tokens),
         "prefix_cache_hit_rate": ("Prefix-cache hits / queries, in tokens", blocks.hit_rate),
         "preemptions_total": ("Sequences preempted (recomputed later)", scheduler.preemptions),
+        **(offload_counters(loop.offload) if getattr(loop, "offload", None) else {}),
+    }
+
+
+def offload_counters(offload) -> dict[str, tuple[str, float]]:
+    """The KV blocks kept beyond the pool (serving/offload.py)."""
+    return {
+        "kv_offload_saved_blocks_total": ("KV blocks evicted from the pool into host memory", offload.saved),
+        "kv_offload_written_blocks_total": ("KV blocks written to --kv-offload-dir", offload.written),
+        "kv_offload_restored_blocks_total": ("KV blocks copied back instead of computed", offload.restored),
     }
 
 

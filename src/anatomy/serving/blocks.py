@@ -6,7 +6,8 @@
                              of everything before them (the prefix cache)
     empty                    free blocks holding nothing worth keeping: handed out first
     evictable (LRU)          free blocks that are still in `cached`: handed out (and forgotten)
-                             only when `empty` is exhausted, least recently freed first
+                             only when `empty` is exhausted, least recently freed first (and
+                             handed to `on_evict` first, if set: serving/offload.py keeps them)
 
 A block's hash chains its parent's: hash(parent hash, its token ids), so equal hashes mean equal
 tokens *and* equal prefixes, and a hit at block i implies hits at blocks 0..i-1. The hash is a
@@ -19,7 +20,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 def block_hash(parent: bytes | None, tokens: Sequence[int]) -> bytes:
@@ -30,13 +31,13 @@ def block_hash(parent: bytes | None, tokens: Sequence[int]) -> bytes:
 
 
 def chain_hashes(tokens: Sequence[int], block_size: int, *, start: list[bytes] | None = None,
-                 limit: int | None = None) -> list[bytes]:
+                 limit: int | None = None, salt: bytes = b"") -> list[bytes]:
     """The keys of the full blocks of `tokens` (extending the keys `start` already holds), at most
-    `limit` of them."""
+    `limit` of them; a `salt` (a LoRA adapter's digest) is the first block's parent."""
     hashes = list(start or [])
     n = len(tokens) // block_size if limit is None else min(limit, len(tokens) // block_size)
     for i in range(len(hashes), n):
-        hashes.append(block_hash(hashes[-1] if hashes else None, tokens[i * block_size:(i + 1) * block_size]))
+        hashes.append(block_hash(hashes[-1] if hashes else salt or None, tokens[i * block_size:(i + 1) * block_size]))
     return hashes
 
 
@@ -52,6 +53,7 @@ class BlockManager:
         self.evictable: OrderedDict[int, None] = OrderedDict()
         self.queried_tokens = 0  # prefix-cache lookups, in tokens
         self.hit_tokens = 0
+        self.on_evict: Callable[[int, bytes], None] | None = None  # (block, hash) of a cached block about to be reused
 
     @property
     def free(self) -> int:
@@ -73,6 +75,8 @@ class BlockManager:
             block = self.empty.popleft()
         else:
             block, _ = self.evictable.popitem(last=False)  # the least recently freed
+            if self.on_evict is not None:
+                self.on_evict(block, self.hash_of[block])
             del self.cached[self.hash_of[block]]
             self.hash_of[block] = None
         self.ref_count[block] = 1

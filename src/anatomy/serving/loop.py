@@ -40,6 +40,7 @@ from anatomy.inference.sampling import SamplingParams, make_generator, next_toke
 from anatomy.text.stops import StopStringFilter, TextRow
 from anatomy.serving.blocks import BlockManager
 from anatomy.serving.metrics import ServingMetrics
+from anatomy.serving.offload import KVOffload, identity
 from anatomy.serving.processors import logit_bias, processed, processed_draft
 from anatomy.serving.prompt_logprobs import PromptLogprobStore, record, wants_prompt_logits
 from anatomy.serving.scheduler import Scheduler
@@ -58,12 +59,13 @@ PAD_TOKENS = 32
 class ServingLoop:
     """Continuous batching over a paged KV cache of `kv_bytes` bytes (blocks of `block_size` tokens);
     `speculation` is the server's default speculative decoding (None: only requests that ask for it);
-    `scheduling_policy` "fcfs" or "priority" (scheduler.py)."""
+    `scheduling_policy` "fcfs" or "priority" (scheduler.py); `offload_bytes` of host memory and `offload_dir`
+    keep full blocks evicted from the pool, and the directory those cached when the loop stops (offload.py)."""
 
     def __init__(self, engine: DecoderEngine, tokenizer: Any = None, *, kv_bytes: int, block_size: int = 16,
                  max_seqs: int = 32, max_step_tokens: int = 512, prefix_caching: bool = True,
                  name: str = "model", speculation: ServedSpeculation | None = None,
-                 scheduling_policy: str = "fcfs") -> None:
+                 scheduling_policy: str = "fcfs", offload_bytes: int = 0, offload_dir: str | None = None) -> None:
         self.engine, self.tokenizer, self.speculation = engine, tokenizer, speculation
         config = engine.config
         num_blocks, window_blocks = split_blocks(config, kv_bytes, block_size, engine.kv_dtype, max_seqs=max_seqs,
@@ -76,9 +78,10 @@ class ServingLoop:
         self.window = WindowBlocks(BlockManager(window_blocks, block_size), config.sliding_window) \
             if window_blocks is not None else None
         self.prompt_store = PromptLogprobStore(block_size)
+        self.offload = self._offload(offload_bytes, offload_dir, block_size)
         self.scheduler = Scheduler(self.blocks, max_seqs=max_seqs, max_step_tokens=max_step_tokens,
                                    prefix_caching=prefix_caching, prompt_logprobs=self.prompt_store, window=self.window,
-                                   policy=scheduling_policy)
+                                   policy=scheduling_policy, offload=self.offload)
         self.metrics = ServingMetrics(name)
         self.eos_ids = eos_ids(engine.config, tokenizer)
         self._inbox: queue.SimpleQueue[tuple[str, Sequence]] = queue.SimpleQueue()
@@ -86,6 +89,17 @@ class ServingLoop:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.steps = 0
+
+    def _offload(self, host_bytes: int, directory: str | None, block_size: int) -> KVOffload | None:
+        """The offload store of evicted blocks (None: none asked), fed by the block manager's evictions."""
+        if not host_bytes and directory is None:
+            return None
+        if self.window is not None or self.drafter is not None:
+            raise InputError("keeping KV blocks beyond the pool (--kv-offload-bytes, --kv-offload-dir) is not "
+                             "supported with a sliding-window cache or a draft model")
+        offload = KVOffload(self.cache, identity(self.engine, block_size), host_bytes=host_bytes, directory=directory)
+        self.blocks.on_evict = offload.save
+        return offload
 
     def capture_decode(self) -> int:
         """Record the decode steps of every batch up to max_seqs now (before serving: engine.capture_decode);
@@ -98,7 +112,7 @@ class ServingLoop:
                logprobs: int | None = None, prompt_logprobs: int | None = None, constraint: Any = None,
                bias: dict[int, float] | None = None, min_tokens: int = 0, generate: bool = True,
                speculative_tokens: int | None = None, speculative_min: int = 0,
-               thinking: Thinking | None = None, priority: int = 0) -> Sequence:
+               thinking: Thinking | None = None, priority: int = 0, adapter: Any = None) -> Sequence:
         """Queue a sequence; `sink` gets one Event per sampled token (from the loop's thread).
         `prompt_logprobs` (k) asks for each prompt token's logprob and top k (on the first event);
         `constraint` (a grammar.Constraint) and `bias` ({token id: logit bias}) shape every next token;
@@ -107,7 +121,8 @@ class ServingLoop:
         default; a server without speculation verifies n-gram proposals for a request that asks),
         verified only when at least `speculative_min` are proposed. `thinking`: its thinking block is read
         (each event says whether its token was inside) and held to its budget (a sequence with a budget
-        does not speculate). `priority`: lower runs first, under the "priority" policy only."""
+        does not speculate). `priority`: lower runs first, under the "priority" policy only. `adapter`: the
+        LoRA adapter it runs with (an AdapterRef of engine.lora; None: the base model)."""
         if not prompt:
             raise InputError("the prompt is empty")
         if priority and self.scheduler.policy != "priority":
@@ -124,7 +139,10 @@ class ServingLoop:
                        generator=make_generator(params.seed, self.engine.device),
                        bias=logit_bias(bias or {}, self.engine.device), constraint=constraint, min_tokens=min_tokens,
                        score_only=not generate, prompt_logprobs=prompt_logprobs,
-                       prompt_entries=[None] * len(prompt) if prompt_logprobs is not None else [], priority=priority)
+                       prompt_entries=[None] * len(prompt) if prompt_logprobs is not None else [], priority=priority,
+                       adapter=adapter)
+        if adapter is not None:
+            self.engine.lora.hold(adapter, seq)  # its slot stays its adapter's until it finishes
         if params.repetition_penalty != 1.0:
             seq.seen = torch.zeros(vocab, dtype=torch.bool, device=self.engine.device)
             seq.seen[torch.tensor(prompt, device=self.engine.device)] = True
@@ -155,6 +173,8 @@ class ServingLoop:
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
+        if self.offload is not None:  # what the pool caches outlives the process
+            self.offload.flush(self.blocks.cached)
 
     def _run(self) -> None:
         while not self._stopping:
@@ -227,7 +247,7 @@ class ServingLoop:
             return self._verify(group)
         chunks = [Chunk(seq.tokens[seq.computed:seq.computed + n], seq.computed, seq.blocks,
                         logits=n if wants_prompt_logits(seq, n) else int(seq.computed + n == len(seq.tokens)),
-                        window_blocks=self._window_table(seq))
+                        window_blocks=self._window_table(seq), adapter=seq.adapter_slot)
                   for seq, n in group]
         logits = self.engine.step(self.cache, chunks)  # [sum of chunk.logits, V]
         prompt_tokens, row, ends = 0, 0, []
@@ -252,7 +272,7 @@ class ServingLoop:
         """One forward over each row's last token and draft -> the agreed tokens emitted one by one, the
         cache advanced past them (what lies beyond, the rejected guesses, is written over later)."""
         chunks = [Chunk(seq.tokens[seq.computed:] + seq.draft, seq.computed, seq.blocks, logits=n,
-                        window_blocks=self._window_table(seq)) for seq, n in group]
+                        window_blocks=self._window_table(seq), adapter=seq.adapter_slot) for seq, n in group]
         logits = self.engine.step(self.cache, chunks).split([n for _, n in group])  # per row [1 + k, V]
         self.metrics.step(0, len(group))
         for (seq, n), rows in zip(group, logits):

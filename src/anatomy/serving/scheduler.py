@@ -16,7 +16,9 @@ Each step has a budget of `max_step_tokens` tokens:
        prompt's logprobs, the prefix whose logprobs are kept too, less one block: prompt_logprobs.py)
 
 A waiting sequence is admitted only if it leaves one free block per running sequence (a
-watermark), so that admitting it does not preempt the others in the next step.
+watermark), so that admitting it does not preempt the others in the next step. With an offload
+store (offload.py), the prompt's blocks it keeps after the cached prefix are copied into the
+sequence's fresh blocks at admission rather than computed.
 
 The policy (vLLM's --scheduling-policy) orders both queues. "fcfs": running by admission, waiting by
 arrival (a preempted sequence first). "priority": both by (priority, arrival), lower first; the
@@ -34,6 +36,7 @@ from collections import deque
 
 from anatomy.errors import InputError
 from anatomy.serving.blocks import BlockManager, chain_hashes
+from anatomy.serving.offload import KVOffload
 from anatomy.serving.prompt_logprobs import PromptLogprobStore
 from anatomy.serving.sequence import Sequence, Status
 from anatomy.serving.window_blocks import WindowBlocks
@@ -44,10 +47,10 @@ POLICIES = ("fcfs", "priority")
 class Scheduler:
     def __init__(self, blocks: BlockManager, *, max_seqs: int, max_step_tokens: int,
                  prefix_caching: bool = True, prompt_logprobs: PromptLogprobStore | None = None,
-                 window: WindowBlocks | None = None, policy: str = "fcfs") -> None:
+                 window: WindowBlocks | None = None, policy: str = "fcfs", offload: KVOffload | None = None) -> None:
         if policy not in POLICIES:
             raise InputError(f"scheduling policy {policy!r} is not one of {', '.join(POLICIES)}")
-        self.policy = policy
+        self.policy, self.offload = policy, offload
         self.blocks, self.block_size, self.window = blocks, blocks.block_size, window
         self.max_seqs, self.max_step_tokens = max_seqs, max_step_tokens
         self.prefix_caching = prefix_caching
@@ -98,7 +101,8 @@ class Scheduler:
         seq.computed += n
         full = seq.computed // self.block_size
         if self.prefix_caching and full > seq.registered:
-            seq.hashes = chain_hashes(seq.tokens, self.block_size, start=seq.hashes, limit=full)
+            seq.hashes = chain_hashes(seq.tokens, self.block_size, start=seq.hashes, limit=full,
+                                      salt=seq.cache_salt)
             for i in range(seq.registered, full):
                 self.blocks.register(seq.blocks[i], seq.hashes[i])
                 if self.window:
@@ -191,7 +195,9 @@ class Scheduler:
         or no blocks for its first chunk, the worst running one is preempted (vLLM's priority preemption)."""
         while self.waiting and self.running and rank(self.waiting[0]) < rank(self.running[-1]):
             seq = self.waiting[0]
-            if len(self.running) < self.max_seqs and self._fits(seq, *self._prefix(seq), budget=self.max_step_tokens):
+            cached, hashes = self._prefix(seq)
+            if len(self.running) < self.max_seqs and self._fits(seq, cached, hashes, self._kept(seq, cached),
+                                                                budget=self.max_step_tokens):
                 return
             self._preempt(self.running.pop())
 
@@ -205,9 +211,10 @@ class Scheduler:
         """Give a waiting sequence its cached prefix and blocks for its first chunk; the chunk's
         length, or 0 if the blocks (beyond one spare per running sequence) are not there."""
         cached, hashes = self._prefix(seq)
-        if not self._fits(seq, cached, hashes, budget=budget):
+        kept = self._kept(seq, cached)
+        if not self._fits(seq, cached, hashes, kept, budget=budget):
             return 0
-        start = len(cached) * self.block_size
+        start = (len(cached) + kept) * self.block_size
         n = min(len(seq.tokens) - start, budget)
         fresh = self._blocks_for(start + n) - len(cached)
         if self.prefix_caching:
@@ -220,6 +227,27 @@ class Scheduler:
         if self.window:
             self.window.grow(seq, fresh)
         seq.status = Status.RUNNING
+        return self._restore(seq, len(cached), kept, budget) if kept else n
+
+    def _kept(self, seq: Sequence, cached: list[int]) -> int:
+        """Blocks of seq's prompt right after its cached prefix that the offload store keeps."""
+        if self.offload is None or not self.prefix_caching or seq.prompt_logprobs is not None or self.window:
+            return 0
+        return self.offload.count(seq.hashes[len(cached):(len(seq.tokens) - 1) // self.block_size])
+
+    def _restore(self, seq: Sequence, first: int, kept: int, budget: int) -> int:
+        """Copy the offload store's blocks into seq's fresh blocks first .. first + kept - 1 (in the prefix
+        cache from now on); the length of its first chunk after those restored (one that cannot be read,
+        and those after it, are computed: the blocks past that chunk are given back)."""
+        got = self.offload.restore(seq.hashes[first:first + kept], seq.blocks[first:first + kept])
+        for i in range(first, first + got):
+            self.blocks.register(seq.blocks[i], seq.hashes[i])
+        seq.registered = first + got
+        seq.computed = seq.registered * self.block_size
+        n = min(len(seq.tokens) - seq.computed, budget)
+        keep = self._blocks_for(seq.computed + n)
+        self.blocks.release(seq.blocks[keep:])
+        del seq.blocks[keep:]
         return n
 
     def _prefix(self, seq: Sequence) -> tuple[list[int], list[bytes]]:
@@ -229,7 +257,8 @@ class Scheduler:
         if self.prefix_caching:
             # at least the last token is computed again: its logits give the first new token
             limit = (len(seq.tokens) - 1) // self.block_size
-            seq.hashes = chain_hashes(seq.tokens, self.block_size, start=seq.hashes, limit=limit)
+            seq.hashes = chain_hashes(seq.tokens, self.block_size, start=seq.hashes, limit=limit,
+                                      salt=seq.cache_salt)
             hashes = seq.hashes[:limit]
             cached = self.blocks.peek(hashes)
             if seq.prompt_logprobs is not None:  # only blocks whose prompt logprobs are known too
@@ -240,10 +269,10 @@ class Scheduler:
                 hashes = hashes[:len(cached)]
         return cached, hashes
 
-    def _fits(self, seq: Sequence, cached: list[int], hashes: list[bytes], *, budget: int) -> bool:
-        """Whether the blocks of seq's first chunk (after its cached prefix) leave one spare per running
-        sequence, in every group."""
-        start = len(cached) * self.block_size
+    def _fits(self, seq: Sequence, cached: list[int], hashes: list[bytes], kept: int, *, budget: int) -> bool:
+        """Whether the blocks of seq's first chunk (after its cached prefix and the `kept` blocks restored
+        after it) leave one spare per running sequence, in every group."""
+        start = (len(cached) + kept) * self.block_size
         fresh = self._blocks_for(start + min(len(seq.tokens) - start, budget)) - len(cached)
         taken_from_free = fresh + sum(1 for b in cached if self.blocks.ref_count[b] == 0)
         if self.blocks.free - taken_from_free < len(self.running):
