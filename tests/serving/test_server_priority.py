@@ -13,7 +13,7 @@ import pytest
 from .conftest import Server
 
 MODEL = "smollm2-135m-instruct"
-LOW = dict(max_tokens=120, temperature=0, extra_body={"ignore_eos": True, "priority": 5})
+LOW = dict(max_tokens=80, temperature=0, extra_body={"ignore_eos": True, "priority": 5})
 
 pytestmark = pytest.mark.slow
 
