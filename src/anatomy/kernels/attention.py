@@ -3,13 +3,12 @@
     reader = decode_reader(config, dtype)     native.read_cache, or None (SDPA stays)
     reader = paged_reader(config, dtype)      the same over a paged pool (Pages), or None (gather + SDPA)
 
-A decode step's attention is a few query rows over the whole cache: torch's SDPA on a CPU spends most
-of it outside the arithmetic (~40 us a layer for SmolLM2 at 256 slots). anatomy::decode_attention
-(kernels/native/attention.cpp) reads the cache as stored, float32, bfloat16 or float16 alike. Which is faster
-depends on the machine, so both are timed once per machine on the model's decode shape (one query
-position, BUCKET slots, the cache in the branches' dtype; kept by kernels/decisions.py) and the native
-kernel is used only where it wins; without the native library, SDPA stays. Over a paged pool the choice is between reading the
-blocks where they lie and gathering each row's blocks into a copy for SDPA: timed the same way.
+A decode step's attention is a few query rows over the whole cache, where torch's SDPA on a CPU spends
+most of its time outside the arithmetic. anatomy::decode_attention (kernels/native/attention.cpp) reads
+the cache as stored (float32, bfloat16 or float16). Which is faster depends on the machine, so both are
+timed once on the model's decode shape (kept by kernels/decisions.py) and the native kernel is used
+only where it wins. Over a paged pool the race is between reading the blocks where they lie and
+gathering each row's blocks into a copy for SDPA. Figures: docs/inference.md, "The measured kernel plan".
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def _capability() -> str:
 
 def file_identity(path: str | Path) -> str:
     """A model_id for a checkpoint file or directory: its resolved path, size and modification time
-    (a rewritten or replaced file gets a new plan; hashing ~100 MB on every load would cost more)."""
+    (a rewritten or replaced file gets a new plan; hashing the whole file on every load would cost more)."""
     path = Path(path).resolve()
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     stats = [(p.stat().st_size, p.stat().st_mtime_ns) for p in files]

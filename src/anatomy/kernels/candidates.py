@@ -1,39 +1,13 @@
 """The candidate implementations of y = x @ W^T for each weight format.
 
-A `Form` is a layout built from a WeightFormat when a model is prepared for inference: torch's
-packed int4 (its CPU layout depends on the machine's vector width, so it is never saved), a dense
-f16 copy, FBGEMM's packed fp16, oneDNN's reordered bf16. A `Kernel` runs on one form and takes
-activations of one dtype; `kernel.bind(prepared)` gives the function `x [M, K] -> y [M, N]`
-(output in the kernel's activation dtype; bias not included) that a PlannedLinear calls.
+A `Form` is a layout built from a WeightFormat when a model is prepared for inference (torch's
+packed int4, a dense f16 copy, FBGEMM's packed fp16, oneDNN's reordered bf16, anatomy's native
+rows and tiles). A `Kernel` runs on one form with activations of one dtype; `kernel.bind(prepared)`
+gives the function `x [M, K] -> y [M, N]` (no bias) that a PlannedLinear calls.
 
-    kernel          form         activations  what runs
-    f32 / f16 / bf16  dense      same         F.linear (MKL or oneDNN GEMM / GEMV)
-    */chunked       dense        same         one bmm over c row chunks of W, a thread each (few rows only)
-    bf16/onednn     onednn-bf16  bf16         oneDNN's linear on a weight reordered for it
-    f16/fbgemm      fbgemm-f16   f32          FBGEMM's fp16-weight GEMM (quantized.linear_dynamic_fp16)
-    int4pack        int4pack     bf16         torch's _weight_int4pack_mm_for_cpu, group-wise scale and zero
-    int8g/int4x2    int4x2       bf16         Q8_0-style int8 split exactly into two int4 halves, one int4pack call
-    int8pack        int8pack     bf16         torch's _weight_int8pack_mm, per-channel scale
-    q4x             q4x          any          anatomy's own (kernels/native): int4 groups x activations
-                                              quantized to int8 per 32, VNNI dot products, up to 16 rows
-    q8x             q8x          any          the same for int8 groups (GGUF Q8_0)
-    q5x             q5x          any          the same for int5 groups (GGUF Q5_0, Q5_1, Q5_K): q4x's layout
-                                              and its codes' fifth bits (kernels/native/q5.cpp)
-    q6x             q6x          any          the same for int6 (GGUF Q6_K's 256-input super-blocks, q6k.cpp)
-    q4f / q8f       q4x / q8x    any          the same layouts, weights decoded to float32 in registers and
-                                              multiplied with the activations as they are: the float product
-    q5f             q5x          any          the same for int5 groups
-    q6f             q6x          any          the same for int6 (Q6_K): an LM head's accuracy at 210 bytes per 256
-    q6s             q6x          any          int6 times x quantized to int16 per 256 inputs (vpmaddwd, ~3e-5):
-                                              an LM head's accuracy at int arithmetic's speed, AVX-512 only
-    q4t / q4t16     q4t          any          int4 groups on 16 output rows interleaved (tiles.cpp), x
-                                              quantized to int8 / int16 per 32, AVX-512 VNNI only
-    q8t16           q8t          any          int8 groups (Q8_0) the same way, x quantized to int16 per 32
-
-`candidates(fmt)` lists the kernels available for a format on this machine; which one is fastest
-is never assumed here: inference.plan measures them. COMPILABLE_KERNELS are those that work inside
-torch.compile (the oneDNN and FBGEMM ones do not: pass kernels=COMPILABLE_KERNELS to the plan of
-a model whose decode step is compiled).
+`candidates(fmt)` lists the kernels available for a format on this machine; which is fastest is
+never assumed here: kernels.plan measures them. COMPILABLE_KERNELS are those that work inside
+torch.compile. The table of kernels: docs/inference.md, "The candidate kernels".
 """
 
 from __future__ import annotations

@@ -1,34 +1,13 @@
 """A decode step's blocks as one native operator each (kernels/native/block.cpp).
 
-    fuse_blocks(view, plan, formats)   each LLaMA-style block of the engine's view becomes a NativeBlock,
-                                       when the native library runs here and measured faster (once per
-                                       machine, model and plan: kernels/decisions.py)
+    fuse_blocks(view, plan, formats)      each LLaMA-style block becomes a NativeBlock where the native
+                                          library runs and the operator measured faster (kernels/decisions.py)
+    NativeBlock(x [B, 1, D], ctx, cache)  a decode step of up to `max_rows` rows in one operator -> [B, 1, D];
+                                          anything else (prefill, a span, an 8-bit cache) runs the block as it is
 
-A decode step of a small model is bound by the host: SmolLM2-135M's block runs ~35 torch operators
-around its four products (norms, RoPE, the cache write, GQA views, SwiGLU, residual adds, the casts to
-and from the kernels' dtypes), each a few microseconds of dispatch for a few hundred floats of work.
-`anatomy::decode_block` does the same arithmetic in one call: the four products through anatomy's
-own kernels on their native layouts (the layer's q4/q5/q6/q8 layout or q4/q8 tiles when the plan
-already holds one, built from its format otherwise, unless an engine took the weights), everything
-between them a loop over the rows in float32.
-
-    NativeBlock(x [B, 1, D], ctx, cache)  a decode step (one new token per row, B <= max_rows, RoPE, no
-                                          ALiBi, a float static or paged cache): one operator -> [B, 1, D]
-                                          anything else (more rows, prefill, a span, 8-bit caches,
-                                          attention weights asked for): the block as it is
-
-Which of the operator and the block is faster depends on the rows (the plan picks other kernels for
-a batch than for one row): `max_rows` is the largest of 1, 2, 4, 8, 16 rows up to which the operator
-still measured faster; a decode step of more rows runs as the block.
-
-A product quantizes its input to int8 per group of 32 (VNNI, q4x/q8x/q5x/q6x) where the plan's accuracy
-check passed that kernel for the layer, and reads it as float32 (q4f/q8f/q5f; int6: q6s's int16 where
-AVX-512 runs, else q6f) otherwise; where AVX-512 VNNI runs,
-an int4 product's weights are q4 tiles (16 output rows interleaved: kernels/native/tiles.cpp) and its
-input is rounded to int16 per group of 32 (INT16_ERROR). Only blocks the
-operator covers exactly are swapped: pre-norm, RMSNorm, one fused QKV projection with full-width
-RoPE (the stack's main angles, not NoPE), SwiGLU (unclamped), no biases, no QK norm, no soft cap, no
-sinks, no sliding window, no experts, no latent attention.
+Why: a small model's decode step is bound by the host, dozens of torch operators per block around
+its four products; `anatomy::decode_block` does the same arithmetic in one call. Only blocks it
+covers exactly are swapped; which ones, and the products' activations: docs/inference.md, "Speed".
 """
 
 from __future__ import annotations
@@ -58,11 +37,9 @@ from anatomy.weights.formats import WeightFormat
 
 LINEARS = ("attn.qkv", "attn.out", "ffn.gate_up", "ffn.down")  # in the operator's order
 INT8_KERNELS = ("q4x", "q8x", "q5x", "q6x")  # int8 activations on each native layout (q4f/q8f/q5f/q6s share it)
-# On q4 tiles (AVX-512 VNNI) a product takes its activations rounded to int16 (tiles.cpp), where its
-# error, int8's measured one times this (the rounding step's ratio), is within the plan's bound: int8
-# activations (llama.cpp's Q8) err ~5e-3 on SmolLM2's products and flip a near-tie of a README prompt's
-# greedy answer (0.0095 of 25.8 in fp32: "ancient" / "sacred", token 12); int16 keeps fp32's tokens for
-# 64 on both, at ~5% of a one-row step and ~12% of an 8-row one here (2026-12-04)
+# On q4 tiles (AVX-512 VNNI) a product takes its activations rounded to int16 (tiles.cpp): its error is
+# int8's times this ratio (the rounding steps'), within the plan's bound, and int16 keeps near-ties of a
+# greedy answer that int8 activations flip, for a small cost per step (docs/inference.md, "Speed")
 INT16_ERROR = 127 / 32767
 CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ROWS = (1, 2, 4, 8, 16)  # the decode batches the operator is timed on against the block

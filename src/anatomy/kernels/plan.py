@@ -1,22 +1,13 @@
 """The measured kernel plan: which kernel computes each linear layer's product, per phase.
 
-    plan = make_plan(formats, model_id="smollm2-135m-instruct:<file digest>", weights="gguf",
-                     phases_of={"embed.tokens.weight": ["decode", "batch"]})    # formats: {layer: WeightFormat}
-    print("\\n".join(plan.describe()))   # decode int4[960,576]g32 x30: int4pack (0.040 ms, err 3e-03) beat f16 ...
+    plan = make_plan(formats, model_id="<model>:<file digest>", weights="gguf")  # formats: {layer: WeightFormat}
     layer = PlannedLinear.from_plan(plan, "blocks.0.attn.qkv.weight", formats["blocks.0.attn.qkv.weight"])
 
-Weights of the same signature (format, shape, group) are measured once, on the first of them.
-For each phase (decode: 1 row, batch: 8, prefill: 128 by default; `phases_of` limits a layer to
-some of them, e.g. an LM head that only ever sees the last position) every candidate kernel of the
-format is checked against the float64 product (relative error at most `threshold`, else it is
-never chosen) and timed (plan_timing). Per signature one compact layout (about the format's bytes) is held: the one serving all its phases
-best together (the least summed slowdown against each phase's fastest kernel); kernels within TIE
-of the fastest count as tied, and the most accurate of them is chosen. A later phase whose fastest kernel
-needs another layout (e.g. a bf16 copy for prefill GEMMs next to int4 for decode) gets it only when
-that is at least MIN_GAIN faster and the extra bytes fit the memory budget: none by default
-(LAYOUT_BUDGET_ENV or `memory_budget` give one; the largest gains per byte are served first). Every decision is recorded with the timings and
-errors behind it, and the plan is cached on disk (plan_cache) so that a model loads without
-measuring again on the same machine.
+Weights of one signature (format, shape, group) are measured once. For each phase (decode, batch,
+prefill) every candidate is checked against the float64 product (`threshold`) and timed; per
+signature one compact layout serving all phases best is held (ties within TIE go to the most
+accurate), a second only when MIN_GAIN faster and within the memory budget. Every decision keeps
+its timings and errors, and the plan is cached on disk (plan_cache). docs/inference.md has the rules.
 """
 
 from __future__ import annotations
@@ -42,8 +33,8 @@ from anatomy.kernels.candidates import KERNELS, Kernel
 from anatomy.kernels.record import KernelPlan, WeightPlan, by_kernel
 from anatomy.kernels.timing import Measurement, Phase, measure_weight
 
-# torch's int4pack kernel dequantizes its weights once per block of 4 rows: 1-4 rows cost alike, 5-8
-# about twice that, and from ~12 rows a GEMM on a dense bf16 copy is faster (bench_kernels)
+# torch's int4pack kernel dequantizes its weights once per block of 4 rows, so 1-4 rows cost alike and
+# decode's phase ends there; many rows favour a GEMM on a dense copy (bench_kernels measures where)
 DECODE = Phase("decode", rows=1, max_rows=4)
 BATCH = Phase("batch", rows=8, max_rows=8)
 PREFILL = Phase("prefill", rows=128, max_rows=None)

@@ -3,18 +3,11 @@
     layer = PlannedLinear.from_plan(plan, "blocks.0.attn.qkv.weight", fmt)   # fmt: the layer's WeightFormat
     y = layer(x)                                                          # x [..., K] -> y [..., N]
 
-Dtype contract: x may be any float dtype; it is cast to the chosen kernel's activation dtype
-(int4pack and oneDNN: bfloat16, FBGEMM fp16: float32, dense f16: float16) only when it differs,
-and y comes back in the layer's `dtype` (float32 unless given), cast only when the kernel's output
-differs. A model whose activations already are the decode kernel's dtype (and `dtype` the same)
-makes no casts at all. The bias, when there is one, is added in `dtype`.
-
-forward does no host synchronisation and little Python: the number of rows picks one of at most
-a few routes (phase by phase, the last phase taking any larger count), each a function bound to its
-prepared layout. The layouts (torch's packed int4, oneDNN's reordered bf16, ...) are machine-specific
-and built from the format when the layer is made, but for a prefill-only layout, built on the first
-long prompt (a chat's short prompts never pay its time or memory): they are not in the state dict;
-save the format, not this module. CPU only.
+x is cast to the chosen kernel's activation dtype and y to the layer's `dtype` only when they differ,
+so a model already in the kernel's dtype makes no casts. forward does no host synchronisation: the
+number of rows picks one of a few routes, each bound to its prepared layout. The layouts are
+machine-specific (built when the layer is made, a prefill-only one at the first long prompt) and not
+in the state dict: save the format, not this module. CPU only.
 """
 
 from __future__ import annotations

@@ -2,22 +2,12 @@
 
     plan = plan_view(view)      # view: the engine's own copy of the model (inference/view.py)
 
-1. Every linear layer's weight is read as a format (a dense nn.Linear's weight as a FloatWeight view,
-   a CompactLinear's as its own format); the LM head sees only the last positions (decode and batch
-   rows), and its kernels must be ten times as accurate as the blocks' (its products are the logits).
-2. kernels.plan measures the candidate kernels on these shapes (once per machine, model shapes
-   and weights: then the plan cache answers) and chooses per phase; each kernel's accuracy is
-   checked on the layer's real inputs in one forward of the model (kernels/calibration.py).
-3. Each linear layer becomes a PlannedLinear over its format, casting its input to the dtype its
-   kernel takes (torch's int4 and int8 kernels and oneDNN's take bf16) only when it differs.
-4. The branches compute in the kernels' dtype: when every block linear's kernels take one dtype
-   (`branch_dtype`), the layers give their output in it, and RoPE, the KV cache and attention work
-   in it too; the products come out of the kernel in that dtype anyway, so casting them back
-   would add ops, not precision. The residual stream and the norms keep the model's dtype (a bf16
-   residual stream flips near-ties: SmolLM2's first answer token to "What is the capital of
-   France?" is one), and so do the LM head's logits; `x + branch(x)` promotes to it.
-
-The caller's model is not touched: the view's modules are its own.
+Every linear weight is read as a format; kernels.plan measures its candidate kernels on the model's
+shapes and checks their accuracy on the layer's real inputs (the LM head's ten times tighter: its
+products are the logits); each layer becomes a PlannedLinear. When every block linear's kernels take
+one dtype (`branch_dtype`) the branches compute in it; the residual stream, the norms and the logits
+keep the model's dtype, since a low-precision residual stream flips near-ties of the next token.
+The caller's model is not touched. The steps in full: docs/inference.md, "The measured kernel plan".
 """
 
 from __future__ import annotations
@@ -42,10 +32,9 @@ from anatomy.weights.modules import CompactEmbedding, CompactLinear
 
 HEAD_LAYERS = {"lm_head.weight", "lm_head.local.weight"}  # the latter: a vocabulary-parallel shard's (parallel/)
 HEAD_PHASES = ("decode", "batch")  # the LM head computes the last position of each row only
-# its products are the logits, and near-ties between tokens are decided there: SmolLM2's first answer
-# token to "What is the capital of France?" leads by 0.08 of ~25 (0.3%); int8 activations per group of
-# 32 (llama.cpp's Q8 x Q8_0 product, anatomy's q8x: ~7e-3 on that hidden state) flip it, an fp16 copy
-# (~5e-4) and the int8 weights decoded in float32 (q8f, ~1e-7, half the fp16 copy's bytes) do not
+# its products are the logits, where near-ties between tokens are decided: int8 activations per group
+# of 32 (llama.cpp's Q8 product, anatomy's q8x) can flip a greedy answer's token, an fp16 copy and the
+# int8 weights decoded in float32 (q8f) do not (docs/inference.md, "The measured kernel plan")
 HEAD_THRESHOLD = 1e-3
 
 

@@ -1,18 +1,11 @@
 """Checking and timing the candidate kernels of one weight, the measurements a kernel plan is made of.
 
-For each phase (a number of rows), every candidate first computes the product on sample
-activations and is compared with the float64 product on the dequantized weight: one whose relative
-error exceeds the threshold, or that raises, is recorded with the reason and never timed. The
-others are timed in interleaved rounds (the machine's noise falls on all of them alike) and the
-fastest round's time per call is kept: other work on the machine can only slow a round down, so
-the fastest is the closest to what the kernel costs.
-
-A decode step reads each weight once, after ~200 other weights have gone through the cache, so
-at few rows (at most POOL_ROWS) a candidate is timed cycling through a pool of copies of its
-layout that together exceed the last-level cache (bounded by MAX_COPIES): timing one small weight
-over and over would measure the cache, not the memory. Products of many rows are compute-bound
-and are timed on the one layout. A candidate several times slower than the fastest in the first
-pass is not timed further (its first-pass time is kept, marked "pruned").
+Per phase, each candidate's product is compared with the float64 product on the dequantized weight:
+one above the threshold, or that raises, is recorded with the reason and never timed. The others are
+timed in interleaved rounds and the fastest round kept (other work can only slow a round down).
+Few-row products cycle through copies of the layout larger than the last-level cache (POOL_ROWS,
+MAX_COPIES), as a decode step reads each weight cold; many-row products are timed on one layout.
+A candidate several times slower than the fastest in the first pass is "pruned".
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
-"""anatomy's own kernels (gemv.cpp, gemv_avx2.cpp, ...): few-row products on int4, int5 and int8 groups and on
-GGUF Q6_K (q6k.cpp) through AVX-512 (VNNI) or AVX2, decode attention, RMSNorm and a whole decode block as
-one operator.
+"""anatomy's own kernels (gemv.cpp, tiles.cpp, ...): few-row products on int4/5/6/8 groups through
+AVX-512 (VNNI) or AVX2, decode attention, RMSNorm and a whole decode block as one operator.
 
-    loaded()         the library of this source and torch version is found (library.py: built with the
-                     package, or compiled into the per-user cache on first use) and loaded:
-                     torch.ops.anatomy.q4_linear, q8_linear, pack_q4, pack_q8, isa, ...
-    why_not()        why it is not loaded, or why no vector path runs ("" when they run)
-    isa()            the vector code they run: "avx512-vnni", "avx512", "avx2" or "portable"
-    available()      loaded, and a vector path runs (AVX2 at least): the kernel plan then measures them
-                     against torch's kernels like any other candidate
-    limited(name)    a context in which they run at most that code (the tests' way to run the AVX2 and
-                     portable paths on an AVX-512 machine); $ANATOMY_NATIVE_ISA sets the same limit
-                     for a whole process, e.g. to see what a machine without AVX-512 would choose
+    loaded() / why_not()   the library of this source and torch version loaded (else why not, or "")
+    isa()                  the vector code they run: "avx512-vnni", "avx512", "avx2" or "portable"
+    available()            loaded with a vector path: the kernel plan then measures them like any candidate
+    limited(name)          a context running at most that code ($ANATOMY_NATIVE_ISA: the same per process)
 
-They are an option, never a requirement: without the library (no compiler, a failed build) or a vector
-path (a CPU without AVX2, any but x86-64) the candidates are not offered, and the first call that finds
-so says it once per process (a RuntimeWarning naming why and the speed at stake).
+They are an option, never a requirement: without them the candidates are not offered, and the
+first call that finds so says why once per process (a RuntimeWarning).
 """
 
 from __future__ import annotations
