@@ -1,7 +1,7 @@
 """Attention maps: run a real model on a text and keep every layer's attention weights, per head,
 over the actual tokens.
 
-    maps = anatomy.attention("smollm2-135m-instruct", "The cat sat on the mat.")
+    maps = anatomy.attention("<model>", "The cat sat on the mat.")
     maps.groups[0].weights          # [L, H, S, S]: softmax(Q K^T / sqrt(d_h) + mask) of each layer
     maps.save_html("attention.html")   # grid of L x H heatmaps + one enlarged, token-to-token on hover
     maps                            # in Jupyter: that page, inline
@@ -25,8 +25,7 @@ from torch import Tensor, nn
 
 from anatomy.errors import InputError
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
-MAX_TOKENS = 128  # the page stores L*H*S^2 weights: 128 tokens of SmolLM2 are 8.8 MB before encoding
+MAX_TOKENS = 128  # the page stores L*H*S^2 weights, so its size grows with the square of the tokens
 TARGET_TOKENS = 16  # an encoder-decoder's target, when none is given: its own greedy output
 
 
@@ -126,7 +125,7 @@ def attention(model: str | os.PathLike[str] | nn.Module, text: str | Sequence[in
     """Run `model` on `text` and keep its attention weights (see the module docstring).
 
     model: a loaded model, or a name or path for `anatomy.load` (its tokenizer is loaded too, when
-    it has one; DEFAULT_MODEL is the command line's default). text: a string, or token ids. Text longer than the model's context or than
+    it has one). text: a string, or token ids. Text longer than the model's context or than
     max_tokens raises InputError unless truncate=True (the first tokens are kept). `layer` and
     `head` restrict the maps to one layer and/or one head; for an encoder-decoder, `target` is the
     decoder's input (default: the model's own greedy output, up to max_new_tokens tokens).

@@ -1,26 +1,11 @@
 """The collectives of one step of a tensor- and pipeline-parallel decoder, and what they cost on a link.
 
-For B rows of S new tokens each (prefill: the prompt; decode: S = 1), with the residual stream
-x [B, S, D] whole on every rank (parallel/ issues exactly these; tests check it against a run):
-
-    tensor parallel, N ranks per stage
-      the token table              all-reduce [B, S, D]         (first stage)
-      each block: attention out    all-reduce [B, S, D]
-      each block: FFN down         all-reduce [B, S, D]         (a mixture: one all-reduce of its output)
-      the LM head                  gather [R, V/N] to the stage's first rank (R: the rows whose logits are
-                                   wanted: B when generating, B x S for a full pass)
-    pipeline parallel, M stages
-      each stage boundary          send [B, S, D] from every rank of stage s to its peer of stage s + 1
-      the logits                   send [R, V] from the last stage to rank 0 (which samples)
-
-Time on an interconnect (hardware.Interconnect), NCCL's alpha-beta model with a ring:
-
-    all-reduce   base + 2 (N - 1) * step + 2 (N - 1) / N * M / bandwidth     (reduce-scatter + all-gather)
-    gather       base + (N - 1) * step + (N - 1) * M / bandwidth               (the root takes N - 1 parts)
-    send         base + step + M / bandwidth
-
-These are on the critical path of every step (a block cannot start before its all-reduce is done;
-nothing here overlaps them with compute), so they add to the roofline's time.
+Tensor parallel: an all-reduce [B, S, D] after the token table, each block's attention output and
+FFN down, and a gather of the LM head's vocabulary shards; pipeline parallel: a send [B, S, D] at
+each stage boundary and of the logits to rank 0 (parallel/ issues exactly these; tests check it).
+Each is timed by NCCL's alpha-beta model with a ring on a hardware.Interconnect. They sit on the
+critical path of every step (nothing here overlaps them with compute), so they add to the
+roofline's time. The list and the formulas: docs/parallel.md, "The anatomy of communication".
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Analytic matmul FLOPs of a forward pass, and their reconciliation with FlopCounterMode.
 
-A matmul [m, k] @ [k, n] costs 2*m*k*n FLOPs (one multiply and one add per term); that is the
-convention of FlopCounterMode and of the 6N rule. Per layer, for B sequences of S queries against
-S_k keys (S_k = S in prefill and training, S_k = T when decoding one token against T positions):
-
-    Q/K/V projection   2*B*S*D*(H + 2*H_kv)*d_h     (= 6*B*S*D^2 for MHA with d_h = D/H)
-    scores  Q K^T      2*B*H*S*S_k*d_h
-    values  A V        2*B*H*S*S_k*d_h
-    output projection  2*B*S*H*d_h*D                 (= 2*B*S*D^2)
-    FFN                2*B*S*D*F*2 (MLP) or 2*B*S*D*F*3 (GLU: 16*D^2 per token at F = 8D/3)
-
-so MHA attention is 8*B*S*D^2 + 4*B*S^2*D in prefill. A causal mask leaves S*(S+1)/2 of the S^2
-query-key pairs: dense kernels (and FlopCounterMode) compute all S^2, a kernel that skips masked
-tiles computes about half; both figures are given. A sliding window of W leaves each query at
-most W keys: the skipping figure counts those, and a decode step (`windowed`) reads only the W
-positions a window-capped KV cache holds. Elementwise work (norms, softmax, activations, RoPE,
-residual adds) is O(B*S*D) and not counted, as in FlopCounterMode.
-
-A mixture-of-experts FFN costs, per token, the router (2*D*E) and k experts (2*D*F_e*3 each for
-a GLU), plus the shared expert: a token's FLOPs follow its k of E experts, not all E. Stacks whose
-layers differ (dense and mixture FFNs, windowed and full attention) sum their layers one by one.
+A matmul [m, k] @ [k, n] costs 2*m*k*n FLOPs, the convention of FlopCounterMode and of the 6N rule;
+each layer's Q/K/V, scores, values, output and FFN products are counted from the config, for B
+sequences of S queries against S_k keys. A causal mask's skippable half and a sliding window's
+limit are given as a second figure; a mixture of experts counts the router and the k experts a
+token uses; elementwise work is not counted, as in FlopCounterMode. Stacks whose layers differ sum
+them one by one. The formulas: docs/anatomy.md, "What each section computes".
 """
 
 from __future__ import annotations

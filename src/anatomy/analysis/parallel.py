@@ -2,20 +2,11 @@
 what the ranks say to each other, and where a step's time goes once the talking is counted.
 
     report = parallel_report(config, Layout(tp=8), hardware=get_hardware("h100-sxm"),
-                             link=get_interconnect("nvlink4"), batch=1, seq=512, context=2048,
-                             weight_dtype="bf16", kv_dtype="bf16", compute_dtype="bf16")
+                             link=get_interconnect("nvlink4"), batch=1, seq=512, context=2048)
 
-Per rank: its blocks, heads, kv heads, vocabulary rows, the bytes of the weights it holds (counted
-on its shard's structure built on the meta device: parallel/layout.shard_config) and of its KV cache.
-
-Per step (prefill of B x S, decode of B at context T): each rank's FLOPs and bytes (its heads, its
-FFN columns, its vocabulary rows, its blocks), its roofline time max(FLOPs / peak, bytes /
-bandwidth) and the communication time of the step's collectives on the link (communication.py):
-
-    tensor parallel:   step = max over ranks of (roofline time) + communication
-    pipeline parallel: one token passes every stage: latency = sum of the stages' times + the sends;
-                       with M sequences in flight (serving) the stages overlap and a step's throughput
-                       is set by the slowest stage
+Per rank: its blocks, heads, vocabulary rows and the bytes of its weights and KV cache. Per step:
+each rank's roofline time plus the step's collectives (communication.py); a pipeline's latency sums
+its stages, its throughput is set by the slowest. docs/parallel.md, "The anatomy of communication".
 """
 
 from __future__ import annotations

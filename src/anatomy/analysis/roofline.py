@@ -1,19 +1,10 @@
 """The roofline of prefill and decode: is a step limited by compute or by memory traffic?
 
-A step doing F FLOPs and moving M bytes takes at least max(F / peak, M / bandwidth). Its
-arithmetic intensity F / M against the hardware's ridge point peak / bandwidth says which bound
-binds. Bytes moved are the weights read once per step (tables read by index, like an untied token
-embedding, are not read whole) plus the KV cache: written in prefill, read in every decode step.
-Activations are assumed to stay on chip, so these are lower bounds on time.
-
-Decode of B sequences does B times the FLOPs of one but reads the weights once, so its intensity
-grows with B until the KV cache reads (which grow with B as well) take over; the batch where
-it crosses the ridge point is where decode turns compute-bound.
-
-Two of the new parts change what a step reads. A mixture-of-experts layer keeps all E experts
-resident but a step reads only the experts its tokens are routed to: k for one token, and for n
-tokens routed independently and evenly E * (1 - (1 - k/E)^n) of them on average. A sliding-window
-layer reads at most its window of cached positions.
+A step doing F FLOPs and moving M bytes takes at least max(F / peak, M / bandwidth); its intensity
+F / M against the hardware's ridge point says which bound binds. Bytes are the weights read once
+per step plus the KV cache (activations assumed on chip: lower bounds). Decode's intensity grows
+with the batch until the KV reads take over; a mixture of experts reads only the experts its tokens
+use, a sliding-window layer at most its window. docs/anatomy.md, "What each section computes".
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Speculative decoding on the roofline: what verifying k proposed tokens in one forward should gain.
 
-A plain decode step of one sequence reads all the weights W and its KV cache to make one token.
-A verification round runs the target once over k + 1 rows (the last token and k proposals): the
-FLOPs grow k + 1 times, the weight and KV bytes do not. If each proposal is kept with probability
-a (given the ones before it were), a round emits
-
-    E(a, k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a)   tokens,
-
-and a draft model adds k decode steps of its own, so
+A verification round runs the target once over k + 1 rows: its FLOPs grow k + 1 times, its weight
+and KV bytes do not. With each proposal kept with probability a, a round emits
+E(a, k) = (1 - a^(k+1)) / (1 - a) tokens, so
 
     speedup = E(a, k) * t_step / (t_verify(k + 1) + k * t_draft)
 
-with every t = max(FLOPs / peak, bytes / bandwidth) on the chosen hardware. While the verification
-is memory-bound t_verify ~ t_step, and the target's weight bytes per emitted token fall to W / E.
-The n-gram proposer costs no model step (t_draft = 0). `--stats` of `anatomy generate` reports the
-measured counterparts: acceptance (kept / proposed, and the per-token a), tokens per target forward.
+with every t = max(FLOPs / peak, bytes / bandwidth) on the chosen hardware (t_draft = 0 for n-gram).
+`anatomy generate --stats` reports the measured counterparts (docs/speculative.md, "The prediction").
 """
 
 from __future__ import annotations

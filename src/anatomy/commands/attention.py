@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from anatomy.analysis.attention_maps import DEFAULT_MODEL, MAX_TOKENS, TARGET_TOKENS
+from anatomy.analysis.attention_maps import MAX_TOKENS, TARGET_TOKENS
 from anatomy.commands.common import add_quiet_option, forms_text
+from anatomy.commands.generate import DEFAULT_MODEL
 from anatomy.errors import InputError
 
 TOP = 3  # key tokens listed per query token in the terminal

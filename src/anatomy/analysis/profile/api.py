@@ -1,6 +1,6 @@
 """`anatomy.profile(model)`: the report of `anatomy profile` as a Python object.
 
-    report = anatomy.profile("smollm2-135m-instruct", sweep=["batch=1,2,4,8"])
+    report = anatomy.profile("<model>", sweep=["batch=1,2,4,8"])
     report["phases"]["decode"]["positions"]   # the dict `anatomy profile --json` prints
     print(report.markdown())
     report                                    # in Jupyter: the page (_repr_html_)

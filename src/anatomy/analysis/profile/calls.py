@@ -1,19 +1,10 @@
 """A profiled step, taken apart: which range each op ran in, and the time between ops.
 
-The profiler's events of one step form a tree of intervals (analysis/profile/run.py names them):
-
-    anatomy.step:decode                         the step; time here outside any child: unattributed
-      aten::add ...                             an op outside every module: the engine's own work
-      anatomy.module:stack.blocks.0             a module call
-        anatomy.module:stack.blocks.0.attn_norm
-          aten::rms_norm                        its op (the op's own children are part of its time)
-        aten::add                               the block's own op: the residual add
-        (the rest of the block's interval)      the block's Python between its ops and children
-
-`calls(step)` flattens that into one Call per range: the range's own ops (top-level aten ops
-only: an op's nested ops are inside its time) and its Python, the interval left when its ops and
-child ranges are taken out. Summed over the calls, ops + Python + the step's own gap is the
-step's duration exactly.
+The profiler's events of one step form a tree of intervals (run.py names them): the step, the
+module calls nested in it, and their aten ops. `calls(step)` flattens that into one Call per range:
+its own top-level ops and its Python, the interval left when its ops and child ranges are taken out.
+Summed over the calls, ops + Python + the step's own gap (time outside every range: unattributed)
+is the step's duration exactly.
 """
 
 from __future__ import annotations

@@ -2,23 +2,12 @@
 
     report = profile(model, options=ProfileOptions(batch=1, prompt_len=128, new_tokens=16))
     report["phases"]["decode"]["positions"]     # seconds per step at each position of seed 003's map
-    report["phases"]["decode"]["ops"]           # per op: shapes, FLOPs, bytes, time, roofline, verdict
 
-For each phase (prefill, decode) the real steps run twice over, without and with torch.profiler
-(analysis/profile/run.py); every timed op is put under its module and matched to its row of the
-shape trace `anatomy inspect` prints (profile/match.py); FLOPs and bytes come from those rows, the
-roofs from this machine measured in the same run (analysis/hardware.measure_local), and each op
-gets its roofline time and verdict (profile/rows.py).
-
-Reconciliation: a profiled step's time = the ops' rows (the modules' Python between their ops
-included, as rows of their own) + `unattributed_s` (the step's time outside every module and
-op: the engine's Python between them). The profiler's own cost is the profiled step against the
-same step unprofiled; tok/s is measured unprofiled.
-
-The prediction: every row a roof bounds at its roofline time; the rest of the step (the `overhead`
-rows, which no roof predicts: dispatch, Python, small-op latency; and the unattributed time) as
-measured, unprofiled. So the prediction misses by exactly the time the bound rows spend above their
-roofs, and `miss` lists the rows that carry most of it.
+Each phase's real steps run without and with torch.profiler (run.py); each timed op is matched to
+its row of the shape trace (match.py), which gives its FLOPs and bytes, and gets its roofline time
+and verdict against this machine's roofs measured in the same run (rows.py). The step's time is
+reconciled exactly with its rows plus `unattributed_s`, and predicted (docs/profile.md,
+"Reconciliation, the profiler's cost, the prediction").
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """The positions of seed 003's map of a decoder, and which module (or op) of a model sits at each.
 
-    position          where                                       the engineering that serves it
-    embedding         token table lookup (+ positions, segments)  -
-    qkv_ffn_gemm      Q/K/V, output, FFN (and expert) linears      Tensor Cores, quantization, tensor parallelism
-    rope_attention    RoPE, the attention kernel, q/k norms        kernel fusion, FlashAttention
-    kv_cache          writing the new K/V into the cache           PagedAttention, GQA/MQA, KV quantization
-    residual_norm     residual adds and the norms                  fused residual + norm kernels
-    blocks            the stack's own work between blocks          pipeline parallelism, activation recomputation
-    lm_head           the output head (LM head, pooler, MLM head)  -
-    sampling          choosing the next token                      -
-    decode_loop       the engine's own ops around the model        continuous batching, speculative decoding
-    communication     the collectives between devices              tensor parallelism's all-reduces, pipeline
-                      (a tensor- or pipeline-parallel run)         stages' sends: NVLink, InfiniBand, NCCL
-
-The KV cache is *read* inside the attention kernel, so its reads are timed (and counted in bytes)
-at rope_attention; kv_cache holds the writes. Latent attention's absorbed up-projections (q_n W_k and
-the attended latent times W_v, its `einsum`s) are the GEMMs of kv_b, so they sit at qkv_ffn_gemm;
-attention sinks are a column of the softmax (rope_attention), a window a mask (the same). A module's position follows from its class and its
-place, never from its name: a linear inside a block is a GEMM, one outside the blocks a head.
-
-A parallel run's modules (parallel/layers.py, stages.py) issue their collectives inside an
-`anatomy.engine:communication` range: every op and the waiting in it is `communication`. Such a
-module (it says `communicates`) has no row of its own: the one module it wraps (a row-parallel
-linear's local product, a reduced mixture's experts) takes the wrapper's path, so that it meets its
-row of the shape trace (`profiled_paths`).
+The positions: embedding, qkv_ffn_gemm, rope_attention, kv_cache, residual_norm, blocks, lm_head,
+sampling, decode_loop and communication (docs/profile.md, "The positions of the map", says what
+sits where). A module's position follows from its class and its place, never from its name: a
+linear inside a block is a GEMM, one outside the blocks a head. A parallel module that
+`communicates` has no row of its own: the module it wraps takes its path, so that it meets its row
+of the shape trace (`profiled_paths`).
 """
 
 from __future__ import annotations

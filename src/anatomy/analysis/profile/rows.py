@@ -1,18 +1,11 @@
 """The measured steps of a phase as rows: one per trace row (summed over layers), per op the trace
-does not have, and per module's Python; each with its time per step, its FLOPs and bytes (from the
-shape trace), its roofline time on the measured machine and its verdict.
+does not have, and per module's Python; each with its time per step, FLOPs and bytes (from the
+shape trace), roofline time on the measured machine and verdict.
 
-Steps are noisy on a shared machine; the rows are averaged over the steps whose total time lies in
-the middle half (the interquartile steps): robust against a step another process slowed, and
-still additive, so that the rows of a phase sum to its step time exactly.
-
-A row's verdict: `communication` for the collectives of a parallel run (the transfer and the wait
-for the other ranks); `overhead` when its work per call is too small for a roof to matter, its roofline
-time per call below the time one small op takes on this machine (measured: the dispatch latency),
-and its time is above its roofline time (or it has no FLOPs and bytes to put on a roof: Python,
-views, the engine's glue): dispatch, Python and small-op latency; otherwise `compute` or
-`bandwidth`, the roof that bounds it (FLOPs / peak against bytes / bandwidth), however far above
-it the op runs: a kernel reaching a fraction of its roof is what the prediction misses.
+The rows average the interquartile steps (robust to a step another process slowed, and still
+additive: a phase's rows sum to its step time). Verdicts: `communication` (a parallel run's
+collectives), `overhead` (work per call below what one small op takes, or nothing to put on a
+roof: dispatch, Python, glue), else `compute` or `bandwidth`, the roof that bounds it.
 """
 
 from __future__ import annotations

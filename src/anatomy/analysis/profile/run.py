@@ -4,16 +4,10 @@
     with ranges:                           # each module call is a record_function range
         timed = run_steps(steps, phase="decode", warmup=3, count=12, profiled=True)
 
-A step is one `next()` of an iterator of steps (a prefill, a decode step). Each measured step is
-a record_function range `anatomy.step:<phase>`; inside it the profiler sees
-
-    anatomy.module:<path>        a module's forward (the path as in named_modules(); "(model)" for the root)
-    anatomy.engine:<stage>       an engine stage without a module of its own (sampling)
-    aten::...                    the ops, nested under the innermost range that called them
-
-The hooks are on the engine's view (inference/view.py): the caller's model gets none. The same
-steps also run without the profiler and without hooks, so the profiler's own cost is measured,
-not assumed: `Timed.plain_s` against the profiled steps' durations.
+Each measured step (one `next()` of an iterator of steps) is a range `anatomy.step:<phase>` holding
+`anatomy.module:<path>` and `anatomy.engine:<stage>` ranges and the aten ops under them. The hooks
+are on the engine's view, never the caller's model. The same steps also run unprofiled, so the
+profiler's own cost is measured: `Timed.plain_s`.
 """
 
 from __future__ import annotations

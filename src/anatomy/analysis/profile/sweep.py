@@ -1,18 +1,11 @@
 """`anatomy profile --sweep batch=1,2,4,...` and `--sweep context=...`: the decode step measured at
 each value, next to its prediction.
 
-Each point is a decode-only profile (analysis/profile/measure.py) of B rows at context T: measured tok/s
-(unprofiled), predicted tok/s (the rows at their roofline times, overhead as measured) and the
-pure roofline tok/s of `anatomy inspect`'s decode point on this machine's measured roofs.
-
-The ridge. In a roofline world the decode step's GEMMs take max(W / bandwidth, B * f / peak): flat
-while the weights' reads bound them, then growing with B. The *measured* ridge is where the two
-lines fitted to the measured GEMM time per step meet (a flat line over the first points and a
-line through the origin over the rest, fitted in log space, the split chosen by the fit); the
-*predicted* ridge is roofline.decode_compute_bound_batch with the same measured roofs. A batch
-sweep whose GEMM time never leaves the flat line has no measured ridge inside it (null).
-
-A context sweep shows the attention position and the KV-cache bytes it reads growing with T.
+Each point is a decode-only profile (measure.py) of B rows at context T: measured, predicted and
+pure-roofline tok/s on this machine's measured roofs. A batch sweep gives the measured ridge (where
+two lines fitted in log space to the GEMM time per step meet: flat, then through the origin; null
+when the time never leaves the flat line) against roofline.decode_compute_bound_batch. A context
+sweep shows attention and its KV-cache reads growing with T. docs/profile.md has an example.
 """
 
 from __future__ import annotations
