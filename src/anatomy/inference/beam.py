@@ -1,18 +1,11 @@
 """Sequence-to-sequence decoding for EncoderDecoder: greedy (or sampled) and beam search.
 
-Timings follow inference/metrics.py: greedy's first token is ready after the encoder and one
-decoder step; beam search knows no token before it ends, so its TTFT is its whole time.
-
-The source is encoded once and each decoder layer's cross-attention keys and values of it projected
-once, by the engine's Seq2SeqRun, which every step reuses next to the causal self-attention cache.
-
-Beam search keeps the K best partial targets by summed log-probability. A target that emits EOS
-is set aside with the score  sum(log p) / len ** length_penalty  (len counts its new tokens, EOS
-included; length_penalty > 0 favours longer targets, < 0 shorter ones), but only when it ranks
-among the K best candidates of its step: a low-probability EOS does not end the search. The search
-stops once K targets have ended and the best running beam, scored at its current length, no
-longer beats the worst of them (HF's default heuristic), or at max_new_tokens; it returns the best
-ended target.
+The source is encoded, and each layer's cross-attention keys and values projected, once (the
+engine's Seq2SeqRun). Beam search keeps the K best partial targets by summed log-probability; an
+ended target (EOS among the K best of its step) scores sum(log p) / len ** length_penalty, and the
+search stops once K have ended and no running beam beats the worst of them (HF's heuristic), or at
+max_new_tokens. TTFT follows inference/metrics.py: greedy's first token comes after the encoder and
+one step; beam search knows none before it ends. docs/inference.md has the options.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a caller passed as "the model", made runnable: a name loaded once, a model given its kept engine.
 
-    load_named("smollm2-135m-instruct")   -> LoadedModel(model, tokenizer), kept in anatomy.loaded_models
+    load_named("<model>")                  -> LoadedModel(model, tokenizer), kept in anatomy.loaded_models
     resolve_model(model_or_engine_or_name, tokenizer) -> (the engine's model, the tokenizer, the engine)
 
 A name (an installed model, a .gguf file, an HF directory) is loaded once, with its tokenizer, into

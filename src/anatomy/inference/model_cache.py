@@ -1,7 +1,7 @@
 """Models loaded by name for `anatomy.generate` and `anatomy.embed`, kept for the next call.
 
-    anatomy.generate("smollm2-135m-instruct", "Hi")   # loads the model and its tokenizer, keeps them
-    anatomy.generate("smollm2-135m-instruct", "Ho")   # the same objects again: nothing is loaded
+    anatomy.generate("<model>", "Hi")                 # loads the model and its tokenizer, keeps them
+    anatomy.generate("<model>", "Ho")                 # the same objects again: nothing is loaded
     anatomy.loaded_models.clear()                     # frees them
 
 A call given a model object (or an engine) instead of a name never touches this cache. At most

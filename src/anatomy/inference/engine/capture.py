@@ -1,13 +1,13 @@
 """A decode step's blocks captured as one graph: on a CPU, what CUDA graphs are on a GPU.
 
-    body = capture_static(stack, cache, ids, positions, ctx)   # once per (batch, cache length)
-    hidden = body(ids, positions, ctx)                         # [B, D]: the last position's hidden state
-    body = capture_paged(stack, paged_cache, inputs)           # once per (batch, blocks read): body.paged(inputs)
+    body = capture_static(stack, cache, ids, positions, ctx, head=model)  # once per (batch, cache length)
+    out = body(ids, positions, ctx)          # logits [B, V] (body.logits), else the last hidden state [B, D]
+    body = capture_paged(stack, paged_cache, inputs)   # once per (batch, blocks read): body.paged(inputs)
 
 Why: a small model's eager decode step is bound by the Python around its operators. `torch.jit.trace`
 then `torch.jit.freeze` record the step once; TorchScript replays the same operators bit for bit
 without that Python. A trace holds only for the shapes it saw, so a mixture of experts (routing by
-value) or a layer a trace cannot hold is not captured (None), and the LM head stays eager.
+value) or a layer a trace cannot hold is not captured (None); the LM head joins only where it can.
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
 """The paged KV cache: one pool of fixed-size blocks per layer, read through per-sequence block tables.
 
-    pool (per layer, K and V)   [N + 1, bs, H_kv, d_h]    N blocks of bs token slots; block N is scratch
-    block table of a sequence   [b0, b1, b2, ...]        token at position p lives in block table[p // bs],
-                                                          slot p % bs
-    a step over B rows, S new tokens each (right-padded), T = nb * bs key slots:
-      write    k, v [B, H_kv, S, d_h] -> pool slots table[p // bs] * bs + p % bs   (padding -> scratch)
-      read     pool through tables [B, nb] in place, or gathered -> [B, H_kv, T, d_h]  (missing blocks -> scratch)
-      mask     [B, 1, S, T]: 0 where key position <= the query's position, -inf elsewhere
-
-Key slot j of a row is position j, so the model's attention runs unchanged on a `PagedLayer`, the
-`LayerCache` of one layer for one step: `update` writes the new keys and values and returns the pool
-with the rows' tables (`Pages`, anatomy/kv_format.py). A step of a few query rows with a native
-reader (decode, verification) reads the pool through the tables in place (kernels/native/attention.cpp);
-anything else gathers the rows' blocks, a copy of every row's keys and values per layer per step.
-
-The pools start zeroed and every slot ever gathered is finite (scratch included), so masked keys
-can never turn an attention row into NaN (0 * NaN is NaN, 0 * a finite value is 0).
-
-With `window_blocks`, the sliding-window layers' pools are a second, smaller group of blocks with
-tables of their own (`BlockSlots.window`): a sequence gives back a block of that group once it lies
-wholly outside the window, and its table entry then reads the group's scratch block (masked).
-
-An 8-bit cache's pools hold codes [N + 1, bs, H_kv, d_h] and a float16 scale per token and head
-[N + 1, bs, H_kv] (anatomy/kv_format.py): a block costs about half of bf16's, so the same budget holds
-twice the tokens; the gather copies codes, and attention reads them as they are.
+Token position p of a sequence lives in block table[p // bs], slot p % bs; block N of each pool is
+scratch (padding writes there, missing blocks read it). A `PagedLayer` is one layer's LayerCache for
+one step: `update` writes the new keys and values and returns the pool with the rows' tables
+(`Pages`), which a native reader reads in place and anything else gathers. The pools start zeroed so
+masked keys are always finite. Sliding-window layers can have a smaller block group of their own
+(`window_blocks`), and an 8-bit cache stores codes and a scale per token and head.
+Shapes, masks and a worked step: docs/serving.md, "The paged KV cache".
 """
 
 from __future__ import annotations

@@ -3,17 +3,9 @@
     ids     [B, k+1] = the last emitted token, then the proposal d_1..d_k
     logits  [B, k+1, V]: row i is the target's next-token distribution p_i after ids[:, :i+1]
 
-Greedy: t_i = argmax p_i; keep d_1..d_n while d_{i+1} == t_i, then emit t_n (the target's own
-choice where the proposal went wrong, or a bonus token when all k were kept): the n + 1 tokens
-plain greedy decoding would have produced, one forward instead of n + 1.
-
-Sampling (Leviathan et al. 2023, Chen et al. 2023): d_{i+1} drawn from q_i is kept with
-probability min(1, p_i(d) / q_i(d)); at the first rejection the token is drawn from the residual
-max(0, p_i - q_i) (normalised) and the round ends; when all k are kept a bonus token is drawn
-from p_k. Each emitted token is then distributed exactly as p_i, whatever q is. A deterministic
-proposer (n-gram) has q_i = one-hot(d): d is kept with probability p_i(d), and a rejection draws
-from p_i with d removed.
-
+Greedy keeps proposals while they equal the target's argmax, then emits the target's own token.
+Sampling is rejection sampling (Leviathan et al. 2023, Chen et al. 2023): each emitted token is
+distributed exactly as p_i, whatever the proposer (docs/speculative.md, "How it works").
 Both return (tokens [B, k+1], accepted [B]): row b emits tokens[b, :accepted[b] + 1].
 """
 

@@ -1,23 +1,11 @@
 """The speculative generation loop: propose, verify in one target forward, keep the agreed prefix.
 
-    prefill (target; a draft model prefills too) -> first token
-    each round: k = policy.next_k()
-        k = 0 or nothing proposed: a plain decode step, one token
-        else: ids [B, k+1] = last token + proposal at slots s..s+k -> logits [B, k+1, V] (one forward)
-              -> acceptance keeps n proposals and adds the target's own token: n + 1 tokens, slot s + n + 1
-
-Rejected proposals leave keys and values in the cache beyond the new write position; they are
-never attended to (a query sees only slots up to its own) and the next round writes over them.
-The tokens are yielded one at a time as [B] tensors, like DecoderEngine.tokens, so streaming, stop
-strings and the step clock work unchanged. Everything runs through the target engine's Run (its
-prefill, decode, verify and rewind): the decoder never touches the engine's model or cache itself.
-
-A batch advances together (one write position for all rows, as in the engine): every row keeps
-the fewest proposals any row kept (n = min over rows), followed by its own token at that position
-— for greedy the target's argmax, for sampling the outcome of its own acceptance test there, which
-is distributed as the target's distribution whether that test kept or rejected. Each row's output
-is therefore exactly what it would be alone (greedy), or distributed as it would be (sampling);
-a batch gains only as much as its least predictable row.
+Each round asks the policy for k; k = 0 (or no proposal) is a plain decode step, otherwise the last
+token and k proposals go through the target Run's `verify` in one forward and acceptance keeps
+n + 1 tokens. Rejected proposals' cache entries are never attended to and are written over. Tokens
+are yielded one at a time as [B] tensors, like DecoderEngine.tokens. A batch advances together:
+every row keeps the fewest proposals any row kept, so each row's output is exactly (greedy) or in
+distribution (sampling) what it would be alone. Details: docs/speculative.md, "How it works".
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """How many tokens to propose next: adaptive k, and plain decoding when speculation does not pay.
 
-If each proposed token is kept with probability a (independently), a round proposing k tokens
-emits E(a, k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a) tokens for one target forward over
-k + 1 rows and k proposer steps. The policy picks the k in 0..k_max with the most tokens per second,
-
-    k* = argmax_k  E(a, k) / (t_target(k + 1) + k * t_draft)        (k = 0: a plain decode step)
-
-where a k > 0 must beat the plain step by MARGIN (5%: equal costs measured with noise must not
-look like a gain). Both terms are running estimates: a, kept / tried over the last few proposed
-tokens (older ones weighing less), and the measured seconds of a target forward by number of rows
-and of a draft step. When acceptance falls, k shrinks; once no k beats a plain step, decoding
-falls back to plain steps. An n-gram proposal costs nothing to make, so during the fallback its
-proposals are still scored against the tokens the target then emits (never verified), and
-speculation resumes when they would pay; a draft model's proposals cost forwards, so the fallback
-probes one round after 8 plain steps, then 16, 32, ... while probes keep failing.
-
+A round proposing k tokens, each kept with probability a, emits E(a, k) = (1 - a^(k+1)) / (1 - a)
+tokens; the policy picks the k in 0..k_max with the most tokens per second from running estimates
+of a and of the target's and draft's step times (k > 0 must beat a plain step by MARGIN). When no k
+pays, decoding falls back to plain steps: n-gram proposals are still scored against the emitted
+tokens, a draft model probes again after 8, 16, 32, ... plain steps.
 `FixedK` always proposes k (benchmarks, and tests that need the same rounds every run).
 """
 

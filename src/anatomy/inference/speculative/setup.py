@@ -1,7 +1,7 @@
 """generate()'s speculative options, checked once, as a Speculation.
 
     anatomy.generate(model, prompt, speculative="ngram", num_speculative_tokens=5)
-    anatomy.generate(model, prompt, speculative="draft", draft_model="smollm2-135m-instruct")
+    anatomy.generate(model, prompt, speculative="draft", draft_model="<small model>")
     anatomy.generate(model, prompt, speculative=Speculation(method="ngram", adaptive=False, ngram=(2, 4)))
 
 Bad input is an InputError naming the value and the rule: an unknown method, k < 1 or not below
