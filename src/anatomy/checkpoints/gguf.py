@@ -91,7 +91,7 @@ def _released(f: GGUFFile, parts: list[Part], value: T) -> T:
 def _own_small_views(f: GGUFFile, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     """The tensors, those that are views of the file's mapping copied when they are a small part of it
     (a quantized file's norms): the mapping is then released with the file, instead of keeping every
-    page of it resident (SmolLM2's Q4_1 file: 92 MB of RSS for 0.1 MB of norms). A float file whose
+    page of it resident for a few small tensors (docs/gguf.md, "Load speed and memory"). A float file whose
     tensors are most of it stays mapped (its pages are the weights)."""
     views = {name: t for name, t in tensors.items() if f.holds(t)}
     size = sum(t.nbytes for t in f.tensors.values())

@@ -1,27 +1,9 @@
 """ggml tensor types to torch tensors: float types as zero-copy views, quantized blocks expanded
 to float32 with whole-tensor (vectorized) torch operations.
 
-Block layouts (little-endian; d, m, dmin are float16 scales):
-    Q8_0  32 values: d, int8 q[32]                          x = d * q
-    Q4_0  32 values: d, 16 bytes of nibbles                 x = d * (q - 8)
-    Q4_1  32 values: d, m, 16 bytes of nibbles              x = d * q + m
-    Q5_0  32 values: d, 32 high bits, 16 bytes of nibbles   x = d * (q - 16)
-    Q5_1  32 values: d, m, 32 high bits, 16 bytes nibbles   x = d * q + m
-          (byte j holds value j in its low nibble and value j + 16 in its high nibble)
-    Q4_K  256 values: d, dmin, 12 bytes of packed 6-bit (scale, min) for 8 groups of 32, 128 bytes
-          of nibbles (each 32 bytes: low nibbles are one group, high nibbles the next);
-          x = d * scale_g * q - dmin * min_g
-    Q5_K  as Q4_K, with 32 bytes of high bits (bit g of byte j: value j of group g) before the nibbles
-    Q6_K  256 values: 128 bytes low nibbles, 64 bytes of 2-bit highs, int8 scale per 16 values, d;
-          x = d * scale * (q - 32)
-    Q2_K  256 values: 16 bytes (scale | min << 4) per 16 values, 64 bytes of 2-bit q, d, dmin;
-          x = d * scale * q - dmin * min  (byte j of each 32 holds value j of 4 groups of 32, 2 bits each)
-    Q3_K  256 values: 32 bytes high-bit mask, 64 bytes of 2-bit q (as Q2_K), 12 bytes of 6-bit scales
-          for 16 groups of 16, d; x = d * (scale - 32) * (q - 4 * (1 - high bit))
-    IQ4_NL  32 values: d, 16 bytes of nibbles (as Q4_0)      x = d * IQ4[q]  (IQ4: ggml's 16 int8 levels)
-    IQ4_XS  256 values: d, 2 bytes of the high 2 bits and 4 bytes of the low 4 bits of a 6-bit ls per
-            32 values, 128 bytes of nibbles (as Q4_0, per 32); x = d * (ls - 32) * IQ4[q]
-    MXFP4 32 values: e8m0 byte e, 16 bytes of nibbles (as Q4_0)  x = 2^(e - 128) * FP4[q]  (e2m1 doubled)
+Covers Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4, with
+the arithmetic of llama.cpp's reference dequantization. The block layouts and formulas:
+docs/gguf.md, "Block layouts".
 """
 
 from __future__ import annotations
@@ -47,8 +29,8 @@ def dequantize(raw: np.ndarray, ttype: TensorType, shape: tuple[int, ...], *, ou
     quantized types as new float32 tensors; with `out` (a contiguous tensor of `shape`) the values
     are written into it, straight from the blocks when `out` is float32.
 
-    The block arithmetic is numpy writing into the float32 output (ufuncs with `out=`): on this
-    kind of CPU that is about 3x faster than the same steps in torch on uint8 tensors.
+    The block arithmetic is numpy writing into the float32 output (ufuncs with `out=`), faster than
+    the same steps in torch on uint8 tensors.
     """
     if raw.ctypes.data % 4:
         raw = raw.copy()  # a view of another dtype needs aligned bytes; GGUF's alignment normally gives them

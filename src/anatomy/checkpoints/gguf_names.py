@@ -1,22 +1,11 @@
 """Our parameter names <-> llama.cpp's GGUF tensor names, and llama.cpp's rotary row order.
 
-llama.cpp names tensors `token_embd`, `blk.{i}.attn_q`, `blk.{i}.ffn_gate`, `output_norm`, ...
-and keeps Q, K, V (llama) and gate, up as separate tensors, where our blocks fuse them
-(`attn.qkv` rows: q, k, v; `ffn.gate_up` rows: gate, up). A `Part` is one GGUF tensor filling
-a range of rows of one of our tensors; for stacked experts (our `ffn.gate_up` [E, 2F, D]) a range
-of rows of every expert (GGUF `ffn_gate_exps` [E, F, D] fills rows 0..F-1 of each).
-
-llama.cpp's RoPE for the llama (and smollm3) architecture rotates adjacent pairs (dims 2i, 2i+1) of each head,
-HF's (and ours) rotates dim i with dim i + d_h/2. Its converter therefore reorders the rows of
-every head of q_proj and k_proj: GGUF row 2i + j of a head is HF row j * d_h/2 + i.
-`from_gguf_rows` undoes that, `to_gguf_rows` applies it (for writing). The other architectures
-here but smollm3 (qwen2, qwen3, qwen2moe, qwen3moe, gemma, gemma2, gemma3, phi3) rotate the halves as
-HF does: their rows are stored as they are.
-
-Gemma's norms scale by (1 + w): llama.cpp's converter stores 1 + w (`Part.offset`).
-
-Latent attention's kv_b [H (n + v), R] (deepseek2) is two GGUF tensors split per head: `attn_k_b` [H, R, n]
-(each head's W_k transposed) and `attn_v_b` [H, v, R] (`Part.per_head`, `Part.transposed`).
+A `Part` is one GGUF tensor (`blk.{i}.attn_q`, `ffn_gate`, ...) filling a range of rows of one of
+our fused tensors (`attn.qkv`, `ffn.gate_up`; for stacked experts, of every expert). llama.cpp's
+llama and smollm3 RoPE rotates adjacent pairs, ours (and HF's) halves, so their q/k rows are
+reordered per head: `from_gguf_rows` undoes that, `to_gguf_rows` applies it. A Part can also
+carry Gemma's stored 1 + w (`offset`) and latent attention's per-head, transposed kv_b halves
+(`per_head`, `transposed`). The row order: docs/gguf.md, "Loading".
 """
 
 from __future__ import annotations

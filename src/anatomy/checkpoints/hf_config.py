@@ -1,13 +1,7 @@
 """Hugging Face config.json <-> ModelConfig for the HF families anatomy reads and writes.
 
-    llama, mistral, mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, phi3,
-    gpt_oss, deepseek_v2, deepseek_v3
-            the LLaMA-like decoders (checkpoints/hf_decoders.py: one table entry each)
-    gpt2    GPT2LMHeadModel                   Pre-LN, GELU (tanh), learned positions, Conv1D layout
-    bert    BertModel / BertForMaskedLM       Post-LN, GELU, learned + segment positions, embedding LN
-            / BertForSequenceClassification   (a cross-encoder: the pooler, then a logit per label)
-    marian  MarianMTModel                     Post-LN encoder-decoder, sinusoidal (sin | cos halves),
-                                              shared embeddings, final_logits_bias, no final norm
+The LLaMA-like decoders (checkpoints/hf_decoders.py, one table entry each), GPT-2 (GPT2LMHeadModel),
+BERT (BertModel, BertForMaskedLM, BertForSequenceClassification) and Marian (MarianMTModel).
 
 Reading fills fields a config.json leaves out with the HF class's own defaults; a feature anatomy
 does not implement (an unknown RoPE type, relative positions, ...) is a ConfigError, never

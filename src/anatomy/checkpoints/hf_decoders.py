@@ -1,21 +1,6 @@
-"""HF config.json <-> ModelConfig for the LLaMA-like decoder families HF transformers has classes for.
-
-    llama      LlamaForCausalLM      the base: Pre-RMSNorm, SwiGLU, RoPE (any scaling), GQA, one attention_bias
-    mistral    MistralForCausalLM    + one sliding window on every layer; no biases
-    mixtral    MixtralForCausalLM    + mixture of experts on every layer (top-k renormalised, experts of d_ff)
-    qwen2      Qwen2ForCausalLM      q/k/v biases, no output bias; sliding windows per layer (layer_types)
-    qwen3      Qwen3ForCausalLM      RMSNorm of each q and k head; sliding windows per layer
-    qwen2_moe  Qwen2MoeForCausalLM   Qwen2 + experts (on the layers mlp_only_layers leaves), a gated shared expert
-    qwen3_moe  Qwen3MoeForCausalLM   Qwen3 + experts, no shared expert
-    gemma      GemmaForCausalLM      (1 + w) RMSNorm, embeddings x sqrt(D), GeGLU
-    gemma2     Gemma2ForCausalLM     Gemma + sandwich norms, query_pre_attn_scalar, soft-capping, windows per layer
-    gemma3_text Gemma3ForCausalLM    Gemma 2 + q/k norms, no soft-caps by default, a RoPE base per layer type
-    smollm3    SmolLM3ForCausalLM    Llama + no RoPE on the layers no_rope_layers marks (NoPE), windows on those
-    phi3       Phi3ForCausalLM       fused qkv and gate_up tensors, partial rotary dims, LongRoPE, one window
-    gpt_oss    GptOssForCausalLM     attention sinks, windows on the even layers, experts with biases and a
-                                     clamped SwiGLU (gate/up interleaved), a router bias, YaRN
-    deepseek_v2 DeepseekV2ForCausalLM  latent attention, shared experts, dense first layers, softmax routing
-    deepseek_v3 DeepseekV3ForCausalLM  + sigmoid routing among the best groups with a balancing bias
+"""HF config.json <-> ModelConfig for the LLaMA-like decoder families HF transformers has classes for:
+llama, mistral, mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe, gemma, gemma2, gemma3_text, smollm3,
+phi3, gpt_oss, deepseek_v2 and deepseek_v3 (what each adds: docs/foundation.md, "ModelConfig").
 
 Every family is one table entry (`FAMILIES`): the keys it reads and writes and the field values its
 class hard-codes. A key a config.json leaves out takes the HF class's own default (`defaults`).

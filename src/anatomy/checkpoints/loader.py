@@ -1,6 +1,6 @@
 """anatomy.load / anatomy.save / load_config: one entry point for every kind of checkpoint.
 
-    an installed model name ("smollm2-135m-instruct")  -> registry.resolve -> a path, then:
+    an installed model name ("<model>")                -> registry.resolve -> a path, then:
     a .gguf file                                       -> checkpoints.gguf
     an HF directory (or its config.json / model.safetensors) -> checkpoints.safetensors
     load_config also takes a preset name ("llama-7b") and a config.json (or its directory) without weights.

@@ -1,18 +1,13 @@
 """What a caller names as "the model", told apart before anything is read: the one place every
 command and API call resolves a model name or path.
 
-    find_model("llama-7b")               -> ModelSource(kind="preset", path=None)
-    find_model("dir/config.json")        -> kind="config" (with_weights when model.safetensors is beside it)
-    find_model("dir")                    -> kind="hf" with model.safetensors(.index.json) in it; "config" when
-                                            it holds a config.json and no weights
-    find_model("model.gguf")             -> kind="gguf"
-    find_model("smollm2-135m-instruct")  -> the installed checkpoint's kind and path, installed=the name
-    source.checkpoint("generation")      -> the path anatomy.load reads, or a CheckpointError that names
-                                            the source and the rule when it holds no weights
+    find_model("llama-7b")          -> ModelSource(kind="preset"); "dir/config.json" -> kind="config"
+    find_model("dir")               -> kind="hf" (or "config" when it holds no weights); "x.gguf" -> "gguf"
+    find_model("<model>")           -> an installed checkpoint's kind and path, installed=the name
+    source.checkpoint("generation") -> the path anatomy.load reads, or a CheckpointError naming the rule
 
-A name that is both a preset and an existing path is the path. A path-like text that does not
-exist is an error naming it; any other text is looked up among the installed models
-(checkpoints/registry.py), whose error lists the known names and the close ones.
+A name that is both a preset and an existing path is the path; a missing path-like text is an
+error naming it; other text is looked up among the installed models (checkpoints/registry.py).
 """
 
 from __future__ import annotations

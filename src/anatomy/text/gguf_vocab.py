@@ -1,19 +1,10 @@
 """A HF `tokenizers` tokenizer rebuilt from GGUF metadata (llama.cpp's `tokenizer.ggml.*` keys).
 
-Supported:
-
-- `tokenizer.ggml.model = "gpt2"`, byte-level BPE (GPT-2, LLaMA-3, Qwen, SmolLM, StarCoder...).
-  The GGUF stores the vocabulary (`tokens`, in byte-level form), the `merges` ("left right"), one
-  type per token (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte), and the name
-  of the pre-tokenizer in `tokenizer.ggml.pre`: how text is cut into pieces before BPE runs inside
-  each piece.
-- `tokenizer.ggml.model = "llama"`, SentencePiece BPE (LLaMA 1/2, Mistral, Gemma, Phi-3): pieces
-  with "▁" for spaces and a score each, byte tokens <0x00>..<0xFF>. llama.cpp splits the text
-  (spaces escaped to "▁", one "▁" prefixed unless `add_space_prefix` is false) into characters and
-  repeatedly merges the adjacent pair whose joined piece is in the vocabulary with the highest
-  score (the leftmost on ties); characters left outside the vocabulary become their byte tokens.
-  That is BPE whose merges are every split of every piece into two pieces, ranked by the joined
-  piece's score: the merges are derived from the scores, then HF's BPE (byte fallback on) runs them.
+- `tokenizer.ggml.model = "gpt2"`: byte-level BPE from the stored vocabulary, merges, token types
+  and the pre-tokenizer named by `tokenizer.ggml.pre` (GPT-2, LLaMA-3, Qwen, SmolLM, ...).
+- `tokenizer.ggml.model = "llama"`: SentencePiece BPE (LLaMA 1/2, Mistral, Gemma, Phi-3), rebuilt as
+  HF BPE whose merges are derived from the pieces' scores, byte fallback on (docs/gguf.md,
+  "SentencePiece vocabularies", says why that equals llama.cpp's tokenization).
 
 Control tokens become special tokens, user-defined ones added tokens; both are matched in raw text
 before pre-tokenization, as llama.cpp and HF do.

@@ -1,6 +1,6 @@
 """Tokenizers: text <-> token ids, special tokens and the chat template of a model.
 
-    tok = anatomy.load_tokenizer("smollm2-135m-instruct")   # or a .gguf, a model dir, a tokenizer.json
+    tok = anatomy.load_tokenizer("<model>")   # or a .gguf, a model dir, a tokenizer.json
     tok.encode("Hello")                    -> [19556]
     tok.decode([19556])                    -> "Hello"
     tok.apply_chat_template([{"role": "user", "content": "Hi"}])  -> "<|im_start|>system\\n..."

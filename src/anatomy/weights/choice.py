@@ -1,18 +1,12 @@
 """The `weights=` choice of anatomy.load: the format each of a model's matrices is kept in.
 
-    "auto"  GGUF: the file's own blocks where a format holds them exactly (Q4_0/Q4_1/Q4_K -> int4,
-            Q5_0/Q5_1/Q5_K -> int5, Q8_0/IQ4_NL/IQ4_XS/MXFP4 -> int8g, Q6_K -> int6, F16/BF16/F32 as
-            they are), other block types as f16; HF: the file's dtype
-    "f32", "f16", "bf16"   every matrix as that float type
-    "int8"  int8 per output channel (a Q8_0 matrix stays int8g and a Q6_K one int6: each holds the
-            file's values exactly in no more than 8 bits a weight)
-    "int4"  int4, group 32 (Q4_0/Q4_1/Q4_K kept as they are); the token table and LM head as "int8"
-            has them, as llama.cpp's Q4 files keep them at 8 bits (Q4_K_M: at 6)
+"auto" keeps a GGUF file's blocks where a format holds them exactly (other block types as f16) and
+an HF file's dtype; "f32", "f16", "bf16" convert every matrix; "int8" and "int4" quantize (blocks
+already exact in them are kept). The table: docs/inference.md, "Weights that stay small".
 
-The matrices are the weights of every nn.Linear, the token embedding and a mixture's stacked
-experts (one format per expert: modules.CompactExperts); norms, biases and position tables stay
-dense. A matrix whose format would be a dense tensor of the model's own dtype stays a plain
-nn.Linear / nn.Embedding / parameter.
+The matrices are the weights of every nn.Linear, the token embedding and a mixture's stacked experts
+(one format per expert); norms, biases and position tables stay dense. A matrix whose format would
+be a dense tensor of the model's own dtype stays a plain nn.Linear / nn.Embedding / parameter.
 """
 
 from __future__ import annotations

@@ -1,33 +1,12 @@
-"""Compact formats for a linear layer's weight W [N, K] (N outputs, K inputs).
+"""Compact formats for a linear layer's weight W [N, K] (N outputs, K inputs): f32, f16, bf16,
+int8 (per output channel), int8g (GGUF Q8_0), int4 (Q4_0/Q4_1/Q4_K), int5 (Q5_*) and int6 (Q6_K).
 
-Each format is an nn.Module holding its stored tensors as buffers; it knows its `name`, its real
-size in bytes (`nbytes`) and how to give back the float weight it stands for (`dequantize()`,
-exact with respect to what it stores). Kernels (anatomy.kernels.candidates) turn a format into
-whatever layout a matrix-product routine wants; the format itself stays portable.
-
-    name     stored                                              W[n, k]
-    f32      the weight, float32                                 w
-    f16      the weight, float16                                 w
-    bf16     the weight, bfloat16                                w
-    int8     codes int8 [N, K], scale [N]                        codes * scale[n]         (per output channel)
-    int8g    codes int8 [N, K], scale [N, K/g]                   codes * scale[n, k // g] (GGUF Q8_0, g = 32)
-    int4     codes 0..15 [N, K] two per byte, scale and offset   codes * scale[n, k // g] + offset[n, k // g]
-             [N, K/g]                                            (GGUF Q4_0, Q4_1, Q4_K, g = 32)
-    int5     int4's codes (the low 4 bits) and the fifth bits    the same, codes 0..31 (GGUF Q5_0, Q5_1, Q5_K)
-             [N, K/8], scale and offset [N, K/g]
-    int6     GGUF Q6_K's blocks as stored (weights/int6.py)      d[n, k // 256] * scale[n, k // 16] * (q - 32)
-
-int4 and int5 keep ggml's Q4_0/Q4_1 nibble order: per block of 32 values, byte j holds value j in its low
-nibble and value j + 16 in its high one, so a Q4_0/Q4_1 tensor's codes are copied, not unpacked
-and repacked (the layout a kernel wants is built later, once, by the kernel's form); int5's fifth bits
-are Q5_0/Q5_1's: per block of 32 values 4 bytes, bit j (little-endian) that of value j. Scales and
-offsets are kept in float16 when every one of them is exactly a float16 (Q4_0, Q4_1), otherwise float32
-(Q4_K's d * scale needs up to 17 bits): dequantize() computes in float32, the arithmetic
-llama.cpp's reference dequantization (checkpoints.gguf_dequant) does, so a GGUF file carried into
-these formats dequantizes to the same float32 values, bit for bit.
-
-    gguf_blocks.format_from_gguf(raw, ttype, shape)   a GGUF tensor's blocks in the format that holds them
-    Int4Weight.from_float(w)             quantizing (round to nearest, 16 levels from min to max per group)
+Each format is an nn.Module holding its stored tensors as buffers; it knows its `name`, its size
+in bytes (`nbytes`) and the float weight it stands for (`dequantize()`, in float32 as llama.cpp's
+reference does, so a GGUF file's blocks dequantize to the same values bit for bit). Kernels
+(anatomy.kernels.candidates) build the layouts a product wants; the format stays portable. int4 and
+int5 keep ggml's nibble order, so GGUF blocks are copied, not repacked. What each format stores:
+docs/gguf.md, "Weight formats". `gguf_blocks.format_from_gguf` and `Int4Weight.from_float` make them.
 """
 
 from __future__ import annotations
