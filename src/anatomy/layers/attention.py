@@ -1,24 +1,12 @@
 """Multi-head attention: MHA, GQA and MQA, self- and cross-attention, two backends.
 
-    x [B, S, D] --qkv--> q [B, H, S, d_h], k/v [B, H_kv, S_k, d_h]
-                         (optional RMSNorm of each q and k head; RoPE rotates q and k;
-                          a KV cache appends k/v at input_pos)
-    scores = q k^T / sqrt(d_h)      [B, H, S, S_k]   (or x attn_scale; optionally soft-capped
-                                                      cap * tanh(scores / cap); + ALiBi bias,
-                                                      masked to -inf)
-    out    = softmax(scores) v      [B, H, S, d_h] -> [B, S, H*d_h] --out--> [B, S, D]
-             (with sinks, a learned logit per head joins the softmax and takes its share of the
-              weight to no value: gpt-oss)
+    x [B, S, D] --qkv--> q [B, H, S, d_h], k/v [B, H_kv, S_k, d_h]   (optional q/k norm, RoPE, a KV cache)
+    out = softmax(q k^T / sqrt(d_h) [+ ALiBi, soft cap, mask, sinks]) v  --out--> [B, S, D]
 
-With GQA each group of H/H_kv query heads shares one kv head. Rather than copying k/v H/H_kv
-times, the query heads of a group are folded into the sequence axis: q [B, H_kv, (H/H_kv)*S, d_h]
-attends to k/v [B, H_kv, S_k, d_h] directly.
-
+With GQA the query heads of a group are folded into the sequence axis rather than k/v being copied.
 An 8-bit KV cache gives its keys and values as `Codes` (anatomy/kv_format.py): a step of a few query
-rows reads them as they are through the cache's `reader` (kernels/native/attention.cpp), anything
-else (a prefill, ALiBi, a soft cap, attention weights asked for, no reader) turns them into floats.
-A float cache is read the same way when the layer has a `reader` (an engine's view sets it where
-the native kernel measures faster than SDPA: kernels/attention.py).
+rows reads them through the cache's `reader` (kernels/native/attention.cpp), anything else turns
+them into floats; a float cache is read the same way when the layer has a `reader`.
 """
 
 from __future__ import annotations

@@ -4,15 +4,9 @@
              --kv_a--> c [B, S, R] (the latent, RMSNorm'd) and k_r [B, S, r] (one RoPE key, all heads)
     kv_b [H * (n + v), R]: per head W_k [n, R] and W_v [v, R]   (k_n = W_k c, values = W_v c)
 
-The cache holds [c | k_r] per token (R + r values per layer: DeepSeek's 512 + 64 = 576; a GQA cache of the
-same model would hold 2 H (n + r)). Attention runs on the latent with the up-projections absorbed, for
-prefill and decode alike:
-
-    q_abs = q_n W_k   [B, H, S, R]          scores = [q_abs | q_r] . [c | k_r] * scale   (one kv "head")
-    out   = (softmax(scores) c) W_v^T  [B, H, S, v]  --out--> [B, S, D]
-
-which is q_n . k_n + q_r . k_r with k_n never formed. RoPE pairs dims (2i, 2i + 1) when
-rope_interleaved (DeepSeek): the rotated dims are taken apart into halves first, for q and k alike.
+The cache holds [c | k_r] per token (R + r values a layer). Attention runs on the latent with the
+up-projections absorbed (q_abs = q_n W_k, out = (softmax(scores) c) W_v^T), for prefill and decode
+alike, so k_n is never formed. rope_interleaved (DeepSeek) pairs dims (2i, 2i + 1).
 """
 
 from __future__ import annotations

@@ -3,17 +3,10 @@
     x [N, D] --router--> logits [N, E] --softmax, top-k--> weights [N, k], experts [N, k]
     out[t] = sum_j weights[t, j] * expert_{experts[t, j]}(x[t])          (+ shared expert(x[t]))
 
-The experts are stored stacked, as GGUF does (`blk.N.ffn_{gate,up,down}_exps`): `gate_up`
-[E, 2F, D] (rows: gate, up; [E, F, D] `up` for a plain MLP) and `down` [E, D, F] (or, kept compact,
-one linear module per expert in their place: weights/modules.py's CompactExperts). Two ways
-compute the same sum (gpt-oss's experts also have biases, `gate_up_bias` [E, 2F] and `down_bias` [E, D]):
-
-- "loop", the reference: for each expert, the tokens that chose it (HF transformers does this);
-- "grouped": the N*k (token, expert) pairs sorted by expert, so each expert's tokens are one
-  contiguous slice and one matmul; the results are weighted and summed back per token.
-
-Both are differentiable. The router logits of a pass can be collected (a list given to forward)
-for the load-balancing loss of training (`load_balancing_loss`).
+The experts are stored stacked as GGUF does (`gate_up` [E, 2F, D], `down` [E, D, F], optional biases),
+or as one compact linear per expert (weights/modules.py's CompactExperts). Two ways compute the same
+sum: "loop", the reference, per expert; "grouped", the (token, expert) pairs sorted by expert so each
+expert is one matmul. The router logits can be collected for `load_balancing_loss`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """The position machinery of a stack and the one builder of every pass's Context.
 
-Every pass describes its queries and keys by slots, and `build_context` turns that into the
-Context its blocks share: a model's own forward (slots 0..S-1), a prefill into a static cache, a
-decode step, a span of k tokens (speculative verification), a batch of chunks over a paged cache.
-
-    q_slots    [S], or [B, S] when rows differ   the slots the queries are written to (their causal order)
-    k_slots    [T]                              the slots of the keys attended over
-    positions  [B, S]                           the queries' positions (RoPE); a slot minus its row's padding
-    key_valid  bool [B, T] or None              which key slots hold real tokens (left padding excluded)
-
-    mask         [B|1, 1, S, T] additive, in the branches' dtype: 0 where a query may attend a key
-                 (a causal stack: key slot <= query slot; the key real), -inf elsewhere; a causal
-                 query always sees its own slot, so a padding query stays finite
-    window_mask  the same, only keys within the sliding window (q - window < k), for the sliding-window
-                 layers; None when no key of the pass can fall outside the window
-    bias         [B|1, H, S, T] ALiBi: -slope * (q - k) (|q - k| for a bidirectional stack)
-    rope         (cos, sin) [B, S, 1, d]: computed from the positions, or looked up in a table of the
-                 positions 0..n-1 made once (`ContextTables`) for the steps of a generation or a server
-    sliding_rope the same by the sliding-window layers' own RoPE base, where the config gives one
-
-A full pass needs no mask when nothing is padded and no cache is read (attention masks the future
-itself); every other pass gets one.
+Every pass describes its queries and keys by slots (q_slots, k_slots, positions, key_valid), and
+`build_context` turns that into the Context its blocks share: a model's own forward, a prefill into
+a static cache, a decode step, a span of k tokens (speculative verification), a batch of chunks
+over a paged cache. The Context holds the additive mask (and a sliding-window one), the ALiBi bias
+and the RoPE angles (from a table made once, `ContextTables`, for the steps of a generation). A full
+pass needs no mask when nothing is padded and no cache is read; every other pass gets one.
+The fields' shapes: docs/foundation.md, "Models: one Stack, four heads".
 """
 
 from __future__ import annotations
