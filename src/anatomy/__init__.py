@@ -1,18 +1,11 @@
 """anatomy: the Transformer family, runnable on real checkpoints, with every shape, parameter,
 FLOP and byte visible.
 
-    anatomy.load(name_or_path)            a model (HF directory, .gguf file or installed name)
-    anatomy.save(model, path)             HF layout directory, or .gguf
-    anatomy.load_config(name_or_path)     the ModelConfig of a preset, HF config, .gguf or installed name
-    anatomy.load_tokenizer(name_or_path)
-    anatomy.generate(model, prompt, ...)  / anatomy.stream(...)
-    anatomy.embed(model, texts)           sentence embeddings
-    anatomy.loaded_models                 the models loaded by name for generate/embed (LRU; .clear())
-    anatomy.engine_for(model)             the engine kept for a model: its step API (engine.start, .step, ...)
-    anatomy.inspect(model) / compare(...)  the anatomy report; renders as a page in a notebook
-    anatomy.attention(model, text, ...)   attention weights per layer and head over the real tokens
-    anatomy.profile(model, ...)           the run measured: time per op and per position, against the roofs
-    anatomy.apply_lora(model, adapter)    a LoRA adapter (PEFT directory) run unmerged; merge_lora merges it
+    anatomy.load / save / load_config / load_tokenizer    a model, its config, its tokenizer (name or path)
+    anatomy.generate / stream / embed                     text and sentence embeddings (loaded_models: LRU)
+    anatomy.engine_for(model)                             the engine kept for a model: its step API
+    anatomy.inspect / compare / attention / profile       the anatomy report, attention maps, the measured run
+    anatomy.apply_lora(model, adapter)                    a PEFT LoRA adapter run unmerged (merge_lora merges)
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """The one vocabulary of number formats: every dtype anatomy names, its torch dtype and its bits.
 
-    name   bits  torch            where
-    f32    32    torch.float32    weights, activations, KV cache (load, save, generate, train)
-    f16    16    torch.float16
-    bf16   16    torch.bfloat16
-    int8    8    torch.int8       weights whose sizes are computed (inspect, compare); the KV cache
-    int4    4    -
-    fp8_e4m3, fp8_e5m2   8   torch.float8_e4m3fn / float8_e5m2   the KV cache (kv_format.py)
-
+Names: f32, f16, bf16, int8, int4 (sizes only), fp8_e4m3 and fp8_e5m2 (the KV cache: kv_format.py).
 `parse(value, option=..., choices=...)` is the only way a dtype gets in: a canonical name, a
-torch.dtype (the Python API: torch.float16 is "f16"), or an old spelling ("fp32", "float32",
-"fp16", "float16", "half", "bfloat16", ...), which still works for a release with a
-DeprecationWarning naming the new one. Anything else, or a dtype outside `choices`, is an
-InputError naming the option, the value and the choices.
+torch.dtype (torch.float16 is "f16"), or an old spelling ("fp32", "float16", "half", ...), which
+still works for a release with a DeprecationWarning naming the new one. Anything else, or a dtype
+outside `choices`, is an InputError naming the option, the value and the choices.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """Progress of long work on stderr: rich's progress display when stderr is a terminal, nothing when
-it is not, under --quiet, or with ANATOMY_PROGRESS=0.
+it is not, under --quiet, or with ANATOMY_PROGRESS=0 (ANATOMY_PROGRESS=1 shows it anyway).
 
     with progress.task("measuring kernels", total=len(groups)) as bar:
-        for group in groups:
-            ...
-            bar.advance()                     # or bar.update(description=..., info="loss 2.31")
-    with progress.task("loading smollm2"):    # no total: a spinner and the time so far
-        ...
+        bar.advance()                         # or bar.update(description=..., info="loss 2.31")
+    with progress.task("loading a model"):    # no total: a spinner and the time so far
     with progress.quieted(args.quiet):        # the CLI: nothing shown inside when True
-        ...
 
-Tasks opened inside one another share one display (rich allows one live display at a time); it
-appears only once DELAY_S has passed, so work that ends sooner shows nothing, and it is erased
-when the outermost task ends. ANATOMY_PROGRESS=1 shows it even when stderr is not a terminal.
+Nested tasks share one display (rich allows one live display at a time); it appears only after
+DELAY_S, so short work shows nothing, and it is erased when the outermost task ends.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The collectives the parallel layers issue, each one recorded when a caller asks.
 
-    comm = Comm(group, ranks=[0, 1], rank=0)    # a process group and where this rank sits in it
-    comm.all_reduce(y, where="stack.blocks.0.attn.out")            # y [..., D] summed over the group, in place
-    full = comm.gather_last(y, where="lm_head")                     # [..., V_r] -> [..., N * V_r] on the first rank
-    send(x, dst, where=...) / recv(shape, dtype, src, where=...)    # point to point (pipeline stages)
-    with recording() as log:                                        # every collective of this process, as issued
-        ...
-    log.ops  # [Issued(kind="all_reduce", where=..., shape=(1, 5, 64), dtype="f32", bytes=1280, ranks=2), ...]
+    comm = Comm(group, ranks=[0, 1], rank=0)                # a process group and this rank's place in it
+    comm.all_reduce(y, where="stack.blocks.0.attn.out")    # y summed over the group, in place
+    full = comm.gather_last(y, where="lm_head")             # [..., V_r] -> [..., N * V_r] on the first rank
+    send(x, dst, where=...) / recv(shape, dtype, src, where=...)    # pipeline stages
+    with recording() as log: ...                            # log.ops: every collective issued, as Issued
 
-They are torch.distributed's own (gloo on CPUs, NCCL on GPUs): nothing here moves bytes itself.
-A Comm deep-copies as itself, so that the engine's view of a sharded model (a structural copy,
-inference/engine/view.py) calls the same process group. Every collective runs inside a profiler range
-`anatomy.engine:communication` (`communicating()`), which `anatomy profile` puts at the decoder map's
-position of its own (analysis/profile/positions.py): the transfer and the wait for the other ranks.
+They are torch.distributed's own. A Comm deep-copies as itself, so an engine's view of a shard calls
+the same group; each collective runs inside an `anatomy.engine:communication` profiler range.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
-"""ParallelEngine: rank 0's engine. It is a DecoderEngine over rank 0's shard (its planned kernels,
-its KV cache of its own heads and blocks), and every call that runs the model is first sent to the
-other ranks, which make the same call on their own shards' engines (follower.py); the collectives
-inside the shards' modules then meet.
+"""ParallelEngine: rank 0's engine, a DecoderEngine over rank 0's shard whose every call that runs the
+model is first sent to the other ranks, which make the same call on their shards (follower.py).
 
     engine = ParallelEngine(shard, world)        # rank 0; the others run follow(DecoderEngine(shard), world)
-    run = engine.start(prompts, params)          # a MirroredRun: prefill / decode / verify / rewind are
-    logits = run.prefill()                       #   mirrored; choose and observe (sampling) stay on rank 0
+    run = engine.start(prompts, params)          # a MirroredRun: prefill / decode / verify / rewind mirrored
     logits = engine.step(cache, chunks)          # serving: paged_cache and step are mirrored too
-    engine.close()                               # the others leave their loop
 
-A prompt the engine refuses (too long, empty) is refused on rank 0 before any order goes out; a step
-it refuses (past the cache's end) raises the same InputError on every rank, which the others drop
-before waiting for the next order. The decode step runs eagerly on every rank: a traced graph
-cannot hold the collectives' process groups (capture.py).
+Input rank 0 refuses is refused before any order goes out; a step refused on every rank raises the
+same InputError everywhere. The decode step runs eagerly: a traced graph cannot hold the
+collectives' process groups (capture.py).
 """
 
 from __future__ import annotations

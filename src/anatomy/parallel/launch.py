@@ -3,17 +3,10 @@ N x M times under torch's elastic agent (what torchrun runs), one process per ra
 
     code = launch(["generate", "Hi", "--tensor-parallel-size", "2"], world=2, command="generate")
 
-- Rank 0's output is this terminal's; the other ranks' goes to files, shown only when one of them is
-  the rank that failed.
-- The agent watches the ranks: when one dies (an error, a signal, the OOM killer) it stops the
-  others at once, and this process says which rank failed and how, in one line (rank 0's own error
-  it has already printed) and exits with an error; nothing is left running. Ctrl-C stops them all.
-- Every rank watches this process in turn (`watch_parent`): if the launcher itself is killed, the
-  ranks end too instead of waiting on each other.
-- Each rank gets an equal share of the machine's cores (OMP_NUM_THREADS), unless set already.
-
-Under torchrun (`torchrun --nproc-per-node 2 -m anatomy generate ... --tensor-parallel-size 2`, or
-across machines) the same command runs as a rank directly: torchrun is the launcher then.
+Rank 0's output is this terminal's. When a rank dies the agent stops the others and this process
+says which rank failed, in one line; if the launcher itself dies the ranks end too (`watch_parent`).
+Each rank gets an equal share of the cores. Under torchrun the same command runs as a rank directly.
+docs/parallel.md, "Launching, and when a rank dies".
 """
 
 from __future__ import annotations

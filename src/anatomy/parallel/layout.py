@@ -2,18 +2,11 @@
 
     rank = stage * tp + tp_rank          stage 0 holds the embeddings, the last stage the final norm and head
 
-    per stage     blocks [first, last) of the stack: the L blocks split as evenly as they go
-    per tp rank   query heads   [r * H / N, (r + 1) * H / N)
-                  kv heads      [r * H_kv / N, ...) when H_kv >= N; else the one kv head its query heads
-                                share, replicated on N / H_kv ranks (as vLLM does)
-                  FFN columns   [r * F / N, (r + 1) * F / N) of d_ff (and of each expert's d_ff_expert)
-                  vocabulary    rows [r * V_r, (r + 1) * V_r) with V_r = ceil(V / N): the last rank's
-                                shard is padded with copies of the last row (never looked up; their
-                                logits are cut off), so any vocabulary splits
-
-`check_layout` refuses, naming the field, its value and the rule, every split that does not go
-evenly; `local_config` is the config of one rank's shard (its heads, widths and blocks; the full
-vocabulary, which the inputs and the logits keep).
+Each stage holds a contiguous range of blocks; each tp rank a range of query heads, kv heads
+(replicated when H_kv < N, as vLLM does), FFN columns and vocabulary rows (the last shard padded,
+so any vocabulary splits); docs/parallel.md, "What each rank holds". `check_layout` refuses, naming
+the field, its value and the rule, every split that does not go evenly; `local_config` is the
+config of one rank's shard.
 """
 
 from __future__ import annotations

@@ -3,18 +3,11 @@
     shard = shard_model(model, place)      # place: the layout, this rank, its process groups (world.py)
     engine = DecoderEngine(shard)          # planned like any model: each local linear gets its kernels
 
-1. The shard's structure is built on the meta device from the rank's config (layout.local_config:
-   its heads, FFN widths and blocks; its vocabulary shard's rows).
-2. Its tensors are the whole model's, cut (cuts.py) and renumbered to the stage's blocks; compact
-   weights (int4/int8) are cut in their own format (groups whole: a cut through a group is an
-   InputError naming the layer). Everything is put in place by the loaders' own assign_tensors,
-   which checks every name and shape against the shard's structure. Replicated tensors (norms,
-   position tables, the router) are the model's own, not copies; parts another stage holds stay on
-   the meta device until the stage modules replace them.
-3. The parallel modules go where the collectives are (layers.py, stages.py).
-
-Every rank cuts the same way from the same model, so each rank holds ~1/N of the weights (the norms
-and, on a tied model's last stage, a copy of its token table shard are the exceptions).
+The shard's structure is built on the meta device from the rank's config (layout.local_config);
+its tensors are the model's, cut (cuts.py: compact formats in their own groups) and put in place by
+the loaders' assign_tensors, which checks every name and shape; replicated tensors are the model's
+own. The parallel modules then go where the collectives are (layers.py, stages.py). Each rank holds
+about 1/N of the weights (docs/parallel.md, "What each rank holds").
 """
 
 from __future__ import annotations
