@@ -15,6 +15,11 @@ Three scenarios, each server started once and warmed up, the servers measured in
                  open-ended chat prompts, concurrency 1 and 4, against the same f32 server plain
     kv           long prompts (800 words), concurrency 16, a 128 MiB KV budget: anatomy --kv-dtype bf16
                  against --kv-dtype int8 (twice the tokens in the same memory)
+    prefix       one long system prompt (~2,000 tokens) before each user's question, one request at a
+                 time: TTFT cold, with the prefix cached, and after a restart with the same
+                 --kv-offload-dir (the prefix restored from its files)
+    priority     concurrency 16, a quarter of the requests with priority -1: their TTFT and latency
+                 against the others', under --scheduling-policy priority and under fcfs
 
 Every run: REQUESTS x concurrency streamed requests (at least MIN_REQUESTS) behind the concurrency cap,
 MAX_TOKENS new tokens each (EOS ignored: a run whose server gave another count fails the benchmark),
@@ -24,7 +29,7 @@ provenance: anatomy's commit and kernels, the CPU, llama-server's build.
 
     python -m benchmarks serve
         ANATOMY_BENCH_SERVE_REQUESTS=3 (per unit of concurrency), ANATOMY_BENCH_SERVE_MAX_TOKENS=128,
-        ANATOMY_BENCH_SERVE_ROUNDS=3, ANATOMY_BENCH_SERVE_SCENARIOS=plain,speculative,draft,kv
+        ANATOMY_BENCH_SERVE_ROUNDS=3, ANATOMY_BENCH_SERVE_SCENARIOS=plain,speculative,draft,kv,prefix,priority
         LLAMA_SERVER=/path/to/llama-server (else benchmarks/build_llama_cpp.sh builds it, once, ~10-15 min)
 
 Targets (issues 11, 22, 20): concurrency 1 >= 1.0x llama-server's, concurrency 16 >= 1.5x; speculation
@@ -46,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from anatomy.loadgen import BenchResult, make_prompts, run_benchmark
+from anatomy.loadgen import BenchResult, make_prompts, priority_mix, run_benchmark
 from benchmarks.llama_cpp import llama_tool
 from benchmarks.provenance import anatomy_lines, llama_lines, print_provenance
 
@@ -56,7 +61,8 @@ MAX_TOKENS = int(os.environ.get("ANATOMY_BENCH_SERVE_MAX_TOKENS", "128"))
 PROMPT_WORDS, LONG_WORDS = 64, 800
 ROUNDS = max(3, int(os.environ.get("ANATOMY_BENCH_SERVE_ROUNDS", "3")))
 MIN_REQUESTS = 16  # per run: fewer make a median of noise
-SCENARIOS = os.environ.get("ANATOMY_BENCH_SERVE_SCENARIOS", "plain,speculative,draft,kv").split(",")
+SCENARIOS = os.environ.get("ANATOMY_BENCH_SERVE_SCENARIOS", "plain,speculative,draft,kv,prefix,priority").split(",")
+SHARED_WORDS = 2000  # the system prompt every user of the prefix scenario shares (~2,000 tokens)
 SPECULATIVE = {"speculative.n_max": 5}
 PLAIN = {"speculative.n_max": 0}  # on a server that speculates by default: this request does not
 DRAFTED = f"anatomy --weights f32 --speculative draft --draft-model {MODEL} --draft-weights auto"
@@ -151,9 +157,11 @@ class Running:
             raise
 
     def run(self, prompts: list[str], max_tokens: int, concurrency: int, *, chat: bool = False,
-            extra: dict | None = None) -> BenchResult:
+            extra: dict | None = None, priorities: list[int] | None = None,
+            groups: list[int] | None = None) -> BenchResult:
         result = run_benchmark(self.url, model=MODEL, prompts=prompts, max_tokens=max_tokens,
-                               concurrency=concurrency, extra={**self.extra, **(extra or {})}, chat=chat)
+                               concurrency=concurrency, extra={**self.extra, **(extra or {})}, chat=chat,
+                               priorities=priorities, groups=groups)
         if result.failed:
             raise RuntimeError(f"{self.name}: {result.failed} requests failed: {result.errors[:2]}")
         return result
@@ -299,6 +307,45 @@ def kv(threads: int) -> list[str]:
             "the bf16 cache's output tok/s at concurrency 16 (>= 1.0x)"]
 
 
+def prefix(threads: int) -> list[str]:
+    """TTFT of one user's question after a long shared system prompt: cold, cached in the pool, and
+    restored from --kv-offload-dir by a restarted server (SIGTERM writes the cached blocks there)."""
+    prompts = make_prompts(6, 24, seed=7, shared_words=SHARED_WORDS)
+    name = "anatomy --kv-offload-bytes 256MiB --kv-offload-dir {}"
+    with tempfile.TemporaryDirectory() as folder:
+        with Running(name.format(folder), threads) as first:
+            cold = first.run(prompts[:1], 16, 1)
+            cached = first.run(prompts[1:3], 16, 1)
+        with Running(name.format(folder), threads) as second:
+            restored = second.run(prompts[3:4], 16, 1)
+            again = second.run(prompts[4:6], 16, 1)
+    ttft = {kind: r.ttft_ms["median"] for kind, r in
+            (("cold", cold), ("cached", cached), ("restored", restored), ("cached after restart", again))}
+    print("\n".join(f"  {kind}: TTFT {ms:.0f} ms" for kind, ms in ttft.items()) + "\n", flush=True)
+    return [f"prefix (~{cold.input_tokens:,}-token prompts sharing {SHARED_WORDS} words): TTFT cold {ttft['cold']:.0f} ms, "
+            f"cached {ttft['cached']:.0f} ms, restored after a restart {ttft['restored']:.0f} ms = "
+            f"{ttft['restored'] / ttft['cold']:.2f}x cold (<= 0.25x)"]
+
+
+def priority(threads: int) -> list[str]:
+    """A quarter of the requests with priority -1 at concurrency 16, on a server that honors it and on
+    one that runs arrivals in order (the same requests, no priority sent)."""
+    n = max(MIN_REQUESTS, 2 * REQUESTS * 16)
+    prompts, mix = make_prompts(n, PROMPT_WORDS, seed=11), priority_mix(n, 0.25, seed=11)
+    lines = []
+    for policy in ("priority", "fcfs"):
+        with Running(f"anatomy --scheduling-policy {policy} --batch-size 8", threads) as server:
+            r = server.run(prompts, MAX_TOKENS, 16, priorities=mix if policy == "priority" else None, groups=mix)
+        high, low = r.by_group[-1], r.by_group[0]
+        print(f"  {policy}: {r.output_throughput:.1f} output tok/s; TTFT median priority -1 "
+              f"{high['ttft_ms']['median']:.0f} ms, 0 {low['ttft_ms']['median']:.0f} ms", flush=True)
+        lines.append(f"priority ({policy}, 16 at once, 8 slots): TTFT median {high['ttft_ms']['median']:.0f} ms for "
+                     f"priority -1 against {low['ttft_ms']['median']:.0f} ms for the rest; E2E latency median "
+                     f"{high['e2el_ms']['median'] / 1e3:.2f} s against {low['e2el_ms']['median'] / 1e3:.2f} s; "
+                     f"{r.output_throughput:.1f} output tok/s")
+    return lines
+
+
 def main() -> None:
     threads = torch.get_num_threads()
     print(f"{MODEL} ({gguf_path().name}), {MAX_TOKENS} new tokens each (EOS ignored), greedy; {REQUESTS} x "
@@ -307,7 +354,8 @@ def main() -> None:
     lines = []
     for name in SCENARIOS:
         print(f"\n### {name}\n", flush=True)
-        lines += {"plain": plain, "speculative": speculative, "draft": draft, "kv": kv}[name](threads)
+        lines += {"plain": plain, "speculative": speculative, "draft": draft, "kv": kv, "prefix": prefix,
+                  "priority": priority}[name](threads)
     print("\n".join(lines))
 
 

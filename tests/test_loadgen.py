@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from anatomy.errors import InputError
-from anatomy.loadgen import RequestResult, check_url, make_prompts, percentile, summarize
+from anatomy.loadgen import RequestResult, check_url, make_prompts, percentile, priority_mix, summarize
 
 
 def test_percentile_is_numpys_linear_interpolation():
@@ -39,3 +39,22 @@ def test_only_loopback_urls():
 def test_prompts_are_reproducible_and_distinct():
     a, b = make_prompts(5, 10, seed=3), make_prompts(5, 10, seed=3)
     assert a == b and len(set(a)) == 5 and all(len(p.split()) == 10 for p in a)
+
+
+def test_a_shared_prefix_starts_every_prompt():
+    plain, shared = make_prompts(4, 10, seed=2), make_prompts(4, 10, seed=2, shared_words=300)
+    prefix = shared[0].split("\n\n")[0]
+    assert len(prefix.split()) == 300 and all(p == f"{prefix}\n\n{q}" for p, q in zip(shared, plain))
+
+
+def test_priorities_mixed_and_reported_per_priority():
+    mix = priority_mix(8, 0.25, seed=1)
+    assert sorted(mix) == [-1, -1] + [0] * 6 and mix == priority_mix(8, 0.25, seed=1)
+    with pytest.raises(InputError, match="--priority-share"):
+        priority_mix(8, 1.5)
+    results = [RequestResult(True, output_tokens=2, ttft=t, latency=2 * t) for t in (0.1, 0.3, 0.2, 0.4)]
+    s = summarize(results, duration=1.0, concurrency=4, rate=None, groups=[-1, 0, -1, 0])
+    assert s.by_group[-1]["ttft_ms"]["median"] == pytest.approx(150.0)
+    assert s.by_group[0]["e2el_ms"]["median"] == pytest.approx(700.0) and s.by_group[0]["requests"] == 2
+    assert "priority -1 (2 requests)" in s.report()
+    assert summarize(results, duration=1.0, concurrency=4, rate=None).by_group == {}

@@ -4,6 +4,9 @@
               to ignore EOS so every request generates the same number of tokens
     arrivals: all at once behind a fixed concurrency, or Poisson at `rate` requests/s (still capped
               by the concurrency)
+    scenarios: a long shared prefix before every prompt (many users of one system prompt:
+              prefix caching); a share of the requests with a better `priority` (the figures then
+              also per priority)
     per request: TTFT (send -> first content chunk), ITL (gaps between content chunks), TPOT
               ((latency - TTFT) / (output tokens - 1)), end-to-end latency
     totals:   request throughput, output tokens/s (output tokens from the server's usage counts,
@@ -74,6 +77,7 @@ class BenchResult:
     itl_ms: dict[str, float]
     e2el_ms: dict[str, float]
     errors: list[str]
+    by_group: dict[int, dict[str, Any]] = field(default_factory=dict)  # a request label (its priority) -> figures
 
     def report(self) -> str:
         lines = [f"{'Successful requests:':<40}{self.requests - self.failed}",
@@ -92,6 +96,11 @@ class BenchResult:
                                     ("End-to-end Latency", "E2EL", self.e2el_ms)):
             lines.append(f"{title:-^50}")
             lines += [f"{f'{kind.capitalize()} {short} (ms):':<40}{stats[kind]:.2f}" for kind in ("mean", "median", "p99")]
+        for group, figures in sorted(self.by_group.items()):
+            title = f" priority {group} ({figures['requests']} requests) "
+            lines.append(f"{title:-^50}")
+            lines += [f"{f'{kind.capitalize()} {short} (ms):':<40}{figures[key][kind]:.2f}"
+                      for short, key in (("TTFT", "ttft_ms"), ("E2EL", "e2el_ms")) for kind in ("median", "p99")]
         lines += [f"error: {e}" for e in self.errors[:5]]
         return "\n".join(lines)
 
@@ -99,10 +108,21 @@ class BenchResult:
         return asdict(self)
 
 
-def make_prompts(n: int, words: int, *, seed: int = 0) -> list[str]:
-    """n different prompts of `words` ordinary English words each (the same for every server)."""
+def make_prompts(n: int, words: int, *, seed: int = 0, shared_words: int = 0) -> list[str]:
+    """n different prompts of `words` ordinary English words each (the same for every server), each
+    after the same `shared_words`-word prefix when asked (one long system prompt, many users)."""
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(n)]
+    shared = " ".join(random.Random(seed + 1).choice(WORDS) for _ in range(shared_words))
+    prompts = [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(n)]
+    return [f"{shared}\n\n{p}" for p in prompts] if shared_words else prompts
+
+
+def priority_mix(n: int, share: float, *, priority: int = -1, seed: int = 0) -> list[int]:
+    """The priorities of n requests: `share` of them (spread at random) get `priority`, the rest 0."""
+    if not 0 <= share <= 1:
+        raise InputError(f"--priority-share must be in [0, 1], got {share}")
+    chosen = set(random.Random(seed).sample(range(n), round(n * share)))
+    return [priority if i in chosen else 0 for i in range(n)]
 
 
 def check_url(url: str) -> tuple[str, int, str]:
@@ -119,8 +139,11 @@ def check_url(url: str) -> tuple[str, int, str]:
 
 def run_benchmark(url: str, *, model: str, prompts: list[str], max_tokens: int, concurrency: int,
                   rate: float | None = None, chat: bool = False, api_key: str | None = None,
-                  extra: dict[str, Any] | None = None, seed: int = 0, timeout: float = 600.0) -> BenchResult:
-    """Send every prompt once (streamed) and measure; see the module docstring."""
+                  extra: dict[str, Any] | None = None, seed: int = 0, timeout: float = 600.0,
+                  priorities: list[int] | None = None, groups: list[int] | None = None) -> BenchResult:
+    """Send every prompt once (streamed) and measure; see the module docstring. `priorities`: each
+    request's `priority` field (vLLM's); `groups`: a priority class per request, the figures then per
+    class too (default: the priorities; given alone, to compare a server that takes no priorities)."""
     host, port, prefix = check_url(url)
     if not 1 <= len(prompts) <= MAX_REQUESTS:
         raise InputError(f"the number of requests must be in [1, {MAX_REQUESTS}], got {len(prompts)}")
@@ -128,15 +151,21 @@ def run_benchmark(url: str, *, model: str, prompts: list[str], max_tokens: int, 
         raise InputError(f"--concurrency must be in [1, {MAX_CONCURRENCY}], got {concurrency}")
     if rate is not None and not rate > 0:
         raise InputError(f"--rate must be > 0 requests/s, got {rate}")
+    groups = groups if groups is not None else priorities
+    for name, labels in (("priorities", priorities), ("groups", groups)):
+        if labels is not None and len(labels) != len(prompts):
+            raise InputError(f"{len(labels)} {name} for {len(prompts)} prompts")
     path = f"{prefix}/v1/chat/completions" if chat else f"{prefix}/v1/completions"
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
 
-    def one(prompt: str) -> RequestResult:
+    def one(i: int) -> RequestResult:
         body = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
                 "stream_options": {"include_usage": True}, **(extra or {})}
-        body.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
+        body.update({"messages": [{"role": "user", "content": prompts[i]}]} if chat else {"prompt": prompts[i]})
+        if priorities is not None:
+            body["priority"] = priorities[i]
         return stream_request(host, port, path, json.dumps(body).encode(), headers, chat=chat, timeout=timeout)
 
     gaps = random.Random(seed)
@@ -145,15 +174,16 @@ def run_benchmark(url: str, *, model: str, prompts: list[str], max_tokens: int, 
             progress.task("requests", total=len(prompts)) as bar:
         slots = threading.Semaphore(concurrency)
         futures = []
-        for i, prompt in enumerate(prompts):
+        for i in range(len(prompts)):
             if rate is not None and i:
                 time.sleep(gaps.expovariate(rate))
             slots.acquire()
-            future = pool.submit(one, prompt)
+            future = pool.submit(one, i)
             future.add_done_callback(lambda _: (slots.release(), bar.advance()))
             futures.append(future)
         results = [f.result() for f in futures]
-    return summarize(results, duration=time.perf_counter() - start, concurrency=concurrency, rate=rate)
+    return summarize(results, duration=time.perf_counter() - start, concurrency=concurrency, rate=rate,
+                     groups=groups)
 
 
 def stream_request(host: str, port: int, path: str, body: bytes, headers: dict[str, str], *, chat: bool,
@@ -207,8 +237,14 @@ def _read_events(response: http.client.HTTPResponse, sent: float, *, chat: bool)
     return result
 
 
-def summarize(results: list[RequestResult], *, duration: float, concurrency: int, rate: float | None) -> BenchResult:
+def summarize(results: list[RequestResult], *, duration: float, concurrency: int, rate: float | None,
+              groups: list[int] | None = None) -> BenchResult:
     good = [r for r in results if r.ok]
+    by_group = {}
+    for group in sorted(set(groups)) if groups is not None and len(set(groups)) > 1 else []:
+        mine = [r for r, g in zip(results, groups) if g == group and r.ok]
+        by_group[group] = {"requests": len(mine), "ttft_ms": _stats([r.ttft for r in mine]),
+                           "e2el_ms": _stats([r.latency for r in mine])}
     output = sum(r.output_tokens for r in good)
     prompt = sum(r.prompt_tokens for r in good)
     return BenchResult(
@@ -218,7 +254,7 @@ def summarize(results: list[RequestResult], *, duration: float, concurrency: int
         total_throughput=(output + prompt) / duration,
         ttft_ms=_stats([r.ttft for r in good]), tpot_ms=_stats([r.tpot for r in good if r.tpot is not None]),
         itl_ms=_stats([gap for r in good for gap in r.itl]), e2el_ms=_stats([r.latency for r in good]),
-        errors=[r.error for r in results if not r.ok])
+        errors=[r.error for r in results if not r.ok], by_group=by_group)
 
 
 def _stats(seconds: list[float]) -> dict[str, float]:
