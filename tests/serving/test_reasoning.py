@@ -378,3 +378,43 @@ def test_server_thinking_budget(server):
         assert message.reasoning_content is not None
         assert streamed_fields(client, extra_body=body)[:2] == (message.reasoning_content, message.content)
 
+
+
+def test_anthropic_thinking_becomes_the_budget_and_thinking_blocks_the_reasoning():
+    from anatomy.serving.messages_protocol import MessagesRequest
+
+    turns = [{"role": "user", "content": "2 + 2?"},
+             {"role": "assistant", "content": [{"type": "thinking", "thinking": "Add them.", "signature": "s"},
+                                               {"type": "redacted_thinking", "data": "..."},
+                                               {"type": "text", "text": "4."}]},
+             {"role": "user", "content": "And 3 + 3?"}]
+    req = MessagesRequest.model_validate({"model": "m", "max_tokens": 50, "messages": turns,
+                                          "thinking": {"type": "enabled", "budget_tokens": 20}})
+    req.check()
+    chat = req.chat()
+    assert chat.thinking_budget == 20 and chat.chat_template_kwargs == {"enable_thinking": True}
+    assistant = chat.messages[1]
+    assert assistant.text() == "4." and assistant.model_extra["reasoning_content"] == "Add them."
+    off = MessagesRequest.model_validate({"model": "m", "max_tokens": 50, "messages": turns[:1],
+                                          "thinking": {"type": "disabled"}}).chat()
+    assert off.thinking_budget is None and off.chat_template_kwargs == {"enable_thinking": False}
+
+
+@pytest.mark.slow
+def test_the_anthropic_sdk_sends_thinking_and_gets_its_blocks(server):
+    """The SDK's thinking parameter and a history holding its own thinking block, on a server with a
+    parser: the answer comes back (a thinking block first when the model thinks)."""
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+    first = claude.messages.create(model=MODEL, max_tokens=40, thinking={"type": "enabled", "budget_tokens": 8},
+                                   messages=[{"role": "user", "content": "Why is the sky blue?"}])
+    assert first.stop_reason in ("end_turn", "max_tokens") and first.content
+    assert all(b.type in ("thinking", "text") for b in first.content)
+    history = [{"role": "user", "content": "Why is the sky blue?"},
+               {"role": "assistant", "content": [{"type": "thinking", "thinking": "Rayleigh.", "signature": ""},
+                                                 {"type": "text", "text": "Scattering."}]},
+               {"role": "user", "content": "Say more."}]
+    again = claude.messages.create(model=MODEL, max_tokens=20, messages=history,
+                                   thinking={"type": "enabled", "budget_tokens": 4})
+    assert again.content and again.usage.output_tokens <= 20

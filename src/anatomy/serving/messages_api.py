@@ -39,6 +39,9 @@ async def handle(state: Any, request: Any, body: bytes) -> Any:
     it (the answer then ends with model_context_window_exceeded), as Anthropic's API does."""
     req = state.parse(MessagesRequest, request, body)
     state.check_model(req.model)
+    if req.thinking is not None and req.thinking.type == "enabled" and state.reasoning_parser is None:
+        raise RequestError("thinking needs a server started with --reasoning-parser (which reads the model's "
+                           "thinking block)", param="thinking")
     loop = state.serving()
     chat = req.chat()
     ids, spec = chat_inputs(state.tokenizer, chat, req.prefill)

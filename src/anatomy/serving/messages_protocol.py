@@ -1,9 +1,11 @@
 """Anthropic's Messages API request bodies (`POST /v1/messages`, `/v1/messages/count_tokens`), validated,
 and the chat request each one becomes.
 
-Content is a string or a list of blocks: text, tool_use (assistant), tool_result (user; its content
-a string or text blocks, `is_error`). Other block types (image, document, thinking, ...) are refused
-by name (400). A final assistant message is a prefill: the answer continues its text. Tools are
+Content is a string or a list of blocks: text, tool_use and thinking (assistant: its text becomes the
+turn's reasoning_content; redacted_thinking is dropped), tool_result (user; its content a string or
+text blocks, `is_error`). Other block types (image, document, ...) are refused by name (400).
+`thinking` {"type": "enabled", "budget_tokens"} is the thinking budget (and enable_thinking for the
+template); "disabled" turns the template's thinking off. A final assistant message is a prefill: the answer continues its text. Tools are
 Anthropic's custom tools ({"name", "description", "input_schema"}); tool_choice auto / any / tool /
 none becomes chat's auto / required / named / none; output_config.format (a JSON schema) becomes
 chat's response_format. Errors name the field by its Anthropic path.
@@ -19,8 +21,9 @@ from anatomy.serving.protocol import TOOL_NAME, ChatRequest, RequestError, _Body
 
 # Claude Code's attribution system block: a per-request hash that would defeat the prefix cache (vLLM drops it too)
 BILLING_HEADER = "x-anthropic-billing-header"
-BLOCK_FIELDS = {"text": ("text",), "tool_use": ("id", "name", "input"), "tool_result": ("tool_use_id",)}
-ROLE_BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}
+BLOCK_FIELDS = {"text": ("text",), "tool_use": ("id", "name", "input"), "tool_result": ("tool_use_id",),
+                "thinking": ("thinking",), "redacted_thinking": ("data",)}
+ROLE_BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use", "thinking", "redacted_thinking")}
 
 
 def _as_blocks(value: Any) -> Any:
@@ -43,6 +46,9 @@ class Block(_Body):
     tool_use_id: str | None = None
     content: Annotated[list[Block], BeforeValidator(_as_blocks)] | None = None
     is_error: bool = False
+    thinking: str | None = None
+    signature: str | None = None  # accepted, not checked: nothing is signed here
+    data: str | None = None  # a redacted_thinking block's
 
 
 Blocks = Annotated[list[Block], BeforeValidator(_as_blocks)]
@@ -69,6 +75,11 @@ class ToolChoice(_Body):
 class OutputFormat(_Body):
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(alias="schema")
+
+
+class ThinkingConfig(_Body):
+    type: Literal["enabled", "disabled"]
+    budget_tokens: int | None = Field(default=None, ge=1)
 
 
 class OutputConfig(_Body):
@@ -147,16 +158,30 @@ class MessagesRequest(CountRequest):
     top_k: int = Field(default=0, ge=0)
     stream: bool = False
     output_config: OutputConfig | None = None
+    thinking: ThinkingConfig | None = None
     metadata: dict[str, Any] | None = None  # accepted, not used
 
     def check(self) -> None:
         super().check()
         if any(not s for s in self.stop_sequences or []):
             raise RequestError("stop_sequences must not hold an empty string", param="stop_sequences")
+        budget = self.thinking.budget_tokens if self.thinking is not None else None
+        if self.thinking is not None and self.thinking.type == "enabled":
+            if budget is None:
+                raise RequestError("thinking.budget_tokens is required when thinking is enabled",
+                                   param="thinking.budget_tokens")
+            if budget >= self.max_tokens:
+                raise RequestError(f"thinking.budget_tokens ({budget}) must be less than max_tokens "
+                                   f"({self.max_tokens})", param="thinking.budget_tokens")
 
     def _sampling(self) -> dict[str, Any]:
         fields = {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
                   "top_k": self.top_k, "stop": self.stop_sequences, "stream": self.stream}
+        if self.thinking is not None:
+            enabled = self.thinking.type == "enabled"
+            fields["chat_template_kwargs"] = {"enable_thinking": enabled}
+            if enabled:
+                fields["thinking_budget"] = self.thinking.budget_tokens
         fmt = self.output_config.format if self.output_config else None
         if fmt is not None:
             fields["response_format"] = {"type": "json_schema",
@@ -207,7 +232,9 @@ def _user(blocks: list[Block]) -> list[dict[str, Any]]:
 def _assistant(blocks: list[Block]) -> dict[str, Any]:
     calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input}}
              for b in blocks if b.type == "tool_use"]
-    return {"role": "assistant", "content": _text(blocks) or None, **({"tool_calls": calls} if calls else {})}
+    reasoning = "\n".join(b.thinking for b in blocks if b.type == "thinking")
+    return {"role": "assistant", "content": _text(blocks) or None, **({"tool_calls": calls} if calls else {}),
+            **({"reasoning_content": reasoning} if reasoning else {})}
 
 
 def _tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
