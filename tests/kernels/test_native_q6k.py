@@ -14,6 +14,7 @@ import torch
 from anatomy import build_model, get_preset
 from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME
 from anatomy.inference.engine import Chunk, DecoderEngine
+from anatomy.inference.sampling import SamplingParams
 from anatomy.kernels import native
 from anatomy.kernels.candidates import KERNELS_BY_NAME, Q6X, Q8X, candidates, reference_product, relative_error
 from anatomy.kernels.planned_linear import PlannedLinear
@@ -203,3 +204,37 @@ def test_an_engine_decodes_int6_layers_on_q6x(forced_timings):
     logits = torch.stack([engine.step(cache, [Chunk([t], i, [0, 1])])[0] for i, t in enumerate(tokens)])
     # each of the 9 products on a token's path rounds its input to int8 (~0.5% rms): sqrt(9) of them, 2x slack
     assert relative_error(logits, reference.double()) < 2 * 3 * 5e-3
+
+
+def test_the_q6_layout_gives_back_the_rows_exactly():
+    """Form.rows of the q6 layout: W's rows for any ids, bit for bit the format's own ((q - 32) * sc * d)."""
+    fmt = int6(40, 768, seed=3)
+    ids = torch.tensor([0, 7, 39, 7, 21, 1])
+    assert torch.equal(Q6X.rows(Q6X.build(fmt))(ids), fmt.rows(ids))
+
+
+@pytest.mark.skipif(not native.available(), reason="the q6 layout needs the native library on AVX2 or better")
+def test_a_tied_q6_k_table_is_read_from_the_heads_layout_when_the_weights_are_taken(native_forced):
+    """A tied Q6_K table (the Q4_K_M and Q6_K files' embedding) whose head the plan holds in the q6 layout:
+    an engine that took the weights reads the embedding's rows from it and gives the table's format back,
+    holding the matrix once, and computes the logits of an engine over the intact model bit for bit."""
+    from anatomy.inference.engine import held_bytes
+    from anatomy.kernels.layout_embedding import LayoutEmbedding
+
+    def model():
+        torch.manual_seed(0)
+        m = build_model(get_preset("llama-7b", vocab_size=96, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512,
+                                   n_layers=2, max_seq_len=64, tie_embeddings=True)).eval()
+        return install(m, {name: int6(*mod.weight.shape, seed=i) for i, (name, mod) in enumerate(matrices(m).items())},
+                       dtype=torch.float32)
+
+    kept, taken = model(), model()
+    reference, engine = DecoderEngine(kept), DecoderEngine(taken, take_weights=True)
+    assert "q6" in engine.model.lm_head.description
+    assert isinstance(engine.model.token_embedding, LayoutEmbedding) and taken.stack.embed.tokens.compact.released
+    assert held_bytes(reference.model) - held_bytes(engine.model) == kept.stack.embed.tokens.compact.nbytes
+    ids = torch.tensor([[1, 50, 34, 82, 47, 2]])
+    assert torch.equal(engine.logits(ids), reference.logits(ids))
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)  # past the 32 eager steps: the captured step too
+    tokens = [[int(t) for t in e.tokens(ids.tolist(), params)] for e in (engine, reference)]
+    assert tokens[0] == tokens[1] and engine.captured_graphs

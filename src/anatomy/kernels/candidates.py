@@ -215,6 +215,31 @@ def _q8t_rows(p: Prepared) -> Callable[[Tensor], Tensor]:
     return rows
 
 
+def _q6x_rows(p: Prepared) -> Callable[[Tensor], Tensor]:
+    """Rows of W from the q6 layout [N, K/256 * 210] (q6k.cpp: per super-block d float16, 16 int8
+    sub-scales, then the code planes L0, L1 (chunks' low 4 bits, two chunks a byte) and H (each
+    chunk's top 2 bits); input k is byte byte_of(k) of chunk chunk_of(k)): (q - 32) * sc * d, exact.
+    The dtype views and the inputs' order are made here, once."""
+    (layout,) = p
+    N = layout.shape[0]
+    blocks = layout.view(N, -1, 210)
+    d, sc = blocks[..., 0:2].view(torch.float16), blocks[..., 2:18].view(torch.int8)  # [N, S, 1], [N, S, 16]
+    planes = blocks[..., 18:82], blocks[..., 82:146], blocks[..., 146:210]  # L0, L1, H: [N, S, 64] each
+    k = torch.arange(SUPER)
+    order = (k % 32 // 8) * 64 + 4 * (2 * (k // 32) + k % 32 // 4 % 2) + k % 4  # input k -> chunk * 64 + byte
+    shifts = torch.tensor([0, 4, 0, 4], dtype=torch.uint8).view(4, 1), torch.tensor([0, 2, 4, 6], dtype=torch.uint8)
+
+    def rows(ids: Tensor) -> Tensor:
+        low, high, top = (plane[ids] for plane in planes)  # [n, S, 64]
+        lows = torch.stack([low, low, high, high], dim=2) >> shifts[0] & 0x0F  # [n, S, 4 chunks, 64]
+        tops = (top[:, :, None, :] >> shifts[1].view(4, 1)) & 3
+        q = (lows | tops << 4).reshape(ids.shape[0], -1, SUPER)[..., order].float() - 32  # [n, S, 256]
+        scale = (d[ids].float() * sc[ids].float()).repeat_interleave(SUPER // 16, dim=-1)  # [n, S, 256]
+        return (q * scale).reshape(ids.shape[0], -1)
+
+    return rows
+
+
 DENSE = {dt: _dense_form(dt) for dt in (torch.float32, torch.float16, torch.bfloat16)}
 INT4PACK = Form("int4pack", _build_int4pack, lambda f: isinstance(f, Int4Weight) and _int4pack_ok(f),
                 lambda f: _numel(f) // 2 + _numel(f) // f.group * 4)
@@ -233,7 +258,7 @@ Q5X = Form("q5x", _build_q5x, lambda f: isinstance(f, Int5Weight) and f.group % 
 Q8X = Form("q8x", _build_q8x, lambda f: isinstance(f, Int8GroupWeight) and f.group % 32 == 0 and _native_ok(f),
            lambda f: _numel(f) // NATIVE_BLOCK * 72)
 Q6X = Form("q6x", _build_q6x, lambda f: isinstance(f, Int6Weight) and f.shape[1] % SUPER == 0 and _native_ok(f),
-           lambda f: _numel(f) // SUPER * 210)
+           lambda f: _numel(f) // SUPER * 210, rows=_q6x_rows)
 Q4T = Form("q4t", _build_q4t, lambda f: isinstance(f, Int4Weight) and f.group % 32 == 0 and _tiles_ok(f),
            lambda f: _numel(f) // NATIVE_BLOCK * 40)
 Q8T = Form("q8t", _build_q8t, lambda f: isinstance(f, Int8GroupWeight) and f.group % 32 == 0 and _tiles_ok(f),
