@@ -1,20 +1,11 @@
 """A load generator for OpenAI-compatible servers, reporting what vLLM's serving benchmark reports.
 
-    requests: streamed /v1/completions (or /v1/chat/completions), `max_tokens` each, the server asked
-              to ignore EOS so every request generates the same number of tokens
-    arrivals: all at once behind a fixed concurrency, or Poisson at `rate` requests/s (still capped
-              by the concurrency)
-    scenarios: a long shared prefix before every prompt (many users of one system prompt:
-              prefix caching); a share of the requests with a better `priority` (the figures then
-              also per priority)
-    per request: TTFT (send -> first content chunk), ITL (gaps between content chunks), TPOT
-              ((latency - TTFT) / (output tokens - 1)), end-to-end latency
-    totals:   request throughput, output tokens/s (output tokens from the server's usage counts,
-              else one per content chunk), total tokens/s; mean, median and p99 of each latency
-
-Loopback only (127.0.0.1, localhost, ::1), a bounded number of requests: it is a benchmark, not a
-load test of someone else's machine. Plain `http.client` in threads, no dependency: the same client
-measures every server.
+Streamed requests (EOS ignored: each generates `max_tokens`), all at once behind a concurrency or
+Poisson arrivals; optionally one long shared prefix before every prompt, or a share of requests with a
+better `priority`. Per request TTFT, ITL, TPOT and end-to-end latency; in all, request and token
+throughput and the mean, median and p99 of each latency (docs/serving.md, `anatomy bench-serve`).
+Loopback only and a bounded number of requests: a benchmark, not a load test of someone else's
+machine. Plain `http.client` in threads: the same client measures every server.
 """
 
 from __future__ import annotations
