@@ -2,6 +2,7 @@
 
     anatomy serve                                   SmolLM2-135M-Instruct on http://127.0.0.1:8000/v1
     anatomy serve --model x.gguf --port 9000 --api-key KEY --kv-memory 2GiB
+    anatomy serve --lora sql=adapters/sql chat=adapters/chat       LoRA adapters, picked by a request's model
 
 The port is bound before the model loads, so a busy port fails at once; /health answers 503
 while the model loads and 200 once it serves. SIGTERM or SIGINT drains: new requests get 503, those
@@ -110,6 +111,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="most tokens a thinking block may take before the server closes it (\\n</think>\\n\\n is "
                         "appended and the answer follows); a request's thinking_budget overrides it (-1: no limit; "
                         "needs --reasoning-parser; a sequence with a budget does not speculate)")
+    p.add_argument("--lora", nargs="+", action="extend", default=[], metavar="NAME=PATH",
+                   help="serve the LoRA adapter in PEFT directory PATH as model NAME (a request's `model` picks it; "
+                        "rows of different adapters share a batch step, the base product computed once)")
+    p.add_argument("--max-loras", type=int, default=None,
+                   help="most LoRA adapters loaded at once (default: as many as --lora names, 4 with "
+                        "--allow-runtime-lora)")
+    p.add_argument("--max-lora-rank", type=int, default=64, help="an adapter of a higher rank is refused")
+    p.add_argument("--allow-runtime-lora", action="store_true",
+                   help="turn on POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's): a client may "
+                        "then load any PEFT directory the server can read")
     add_speculative_options(p, served=True)
     add_quiet_option(p)
     add_parallel_options(p)
@@ -149,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
     state = ServerState(model_name=args.model, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                         embedding_name=embedding, rerank_name=reranker, strict_fields=args.strict_fields,
                         max_queue=None if args.max_queue < 0 else args.max_queue,
-                        reasoning_parser=args.reasoning_parser, reasoning_budget=args.reasoning_budget)
+                        reasoning_parser=args.reasoning_parser, reasoning_budget=args.reasoning_budget,
+                        runtime_lora=args.allow_runtime_lora)
     server = _uvicorn(create_app(state), state, args.shutdown_timeout)
     failures: list[BaseException] = []
     ranks = contextlib.ExitStack()  # a parallel run's engine and process group, left when the server stops
@@ -178,6 +190,7 @@ def _load(state, args: argparse.Namespace, kv_bytes: int, server, failures: list
     try:
         start = time.perf_counter()
         engine, tokenizer = _engine(args, server, failures, ranks)
+        _adapters(args, engine)
         options = dict(kv_bytes=kv_bytes, block_size=args.block_size, max_seqs=args.batch_size,
                        max_step_tokens=args.max_step_tokens, prefix_caching=not args.no_prefix_cache, name=args.model,
                        scheduling_policy=args.scheduling_policy, offload_dir=args.kv_offload_dir,
@@ -220,7 +233,19 @@ def _engine(args: argparse.Namespace, server, failures: list[BaseException], ran
     if not named.model.config.is_decoder:
         raise InputError(f"{args.model}: serving needs a decoder model, got architecture="
                          f"{named.model.config.architecture!r}")
-    return named.engine(kv_dtype=args.kv_dtype, take_weights=takes_weights(args)), named.tokenizer
+    engine = named.engine(kv_dtype=args.kv_dtype, take_weights=takes_weights(args),
+                          **({"native_blocks": False} if args.max_loras else {}))  # LoRA products need torch blocks
+    return engine, named.tokenizer
+
+
+def _adapters(args: argparse.Namespace, engine) -> None:
+    """The --lora adapters, each read and checked before any request is served (a bad one stops the server)."""
+    if not args.max_loras:
+        return
+    slots = engine.serve_adapters(max_loras=args.max_loras, max_rank=args.max_lora_rank)
+    for name, path in args.lora:
+        ref = slots.load(name, path)
+        print(f"anatomy serve: LoRA adapter {name!r} (rank {ref.rank}) from {path}", file=sys.stderr, flush=True)
 
 
 def _report(args: argparse.Namespace, loop, seconds: float) -> None:
@@ -349,9 +374,33 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.reasoning_budget >= 0 and args.reasoning_parser is None:
         raise InputError("--reasoning-budget needs --reasoning-parser (which names how thinking blocks are written)")
     check_speculative_options(args)
+    _check_lora(args)
     offload = args.kv_offload_dir is not None or parse_bytes(args.kv_offload_bytes, option="--kv-offload-bytes")
     if offload and (args.tensor_parallel_size > 1 or args.pipeline_parallel_size > 1):
         raise InputError("--kv-offload-bytes and --kv-offload-dir serve one rank only (not with "
+                         "--tensor-parallel-size or --pipeline-parallel-size)")
+
+
+def _check_lora(args: argparse.Namespace) -> None:
+    """--lora NAME=PATH as (name, path) pairs, each name once; --max-loras filled in and checked."""
+    pairs = []
+    for item in args.lora:
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise InputError(f"--lora {item!r} must be NAME=PATH (a PEFT adapter directory)")
+        if name == args.model or name in (n for n, _ in pairs):
+            raise InputError(f"--lora {item!r}: the name {name!r} is already {'the model' if name == args.model else 'taken'}")
+        pairs.append((name, path))
+    args.lora = pairs
+    if args.max_loras is None:
+        args.max_loras = max(len(pairs), 4 if args.allow_runtime_lora else 0)
+    if args.max_loras < len(pairs) or args.max_loras < 0 or args.max_lora_rank < 1:
+        raise InputError(f"--max-loras {args.max_loras} must be >= the {len(pairs)} --lora adapters, and "
+                         f"--max-lora-rank {args.max_lora_rank} >= 1")
+    if args.allow_runtime_lora and not args.max_loras:
+        raise InputError("--allow-runtime-lora needs --max-loras >= 1")
+    if args.max_loras and (args.tensor_parallel_size > 1 or args.pipeline_parallel_size > 1):
+        raise InputError("LoRA adapters (--lora, --max-loras) are served on one rank only (not with "
                          "--tensor-parallel-size or --pipeline-parallel-size)")
 
 

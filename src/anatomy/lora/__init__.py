@@ -7,6 +7,8 @@ or merged, and read and written as HF PEFT adapter directories.
     adapter.py  Adapter: a LoraConfig and its tensors, checked
     apply.py    apply_lora, merge_lora
     peft.py     adapter_config.json + adapter_model.safetensors
+    batched.py  BatchedLoRA: rows of different adapters in one step, the base product once
+    slots.py    AdapterSlots: the adapters an engine serves at once, by name (anatomy serve --lora)
 """
 
 from anatomy.lora.adapter import Adapter, adapter_of, lora_layers

@@ -8,6 +8,7 @@
     GET  /v1/models, /health, /metrics           what is served, readiness (200 / 503 loading), Prometheus
     POST /tokenize, /detokenize                  the served model's tokenizer (vLLM's shapes)
     GET  /tokenizer_info                         its special tokens and chat template (vLLM's)
+    POST /v1/load_lora_adapter, /v1/unload_lora_adapter   LoRA adapters at run time (vLLM's; adapters.py)
 
 Every error is OpenAI's JSON, {"error": {"message", "type", "param", "code"}} (Anthropic's under
 /v1/messages): 400 for bad input, 401 for a wrong or missing key (when the server has one, sent as
@@ -34,7 +35,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from anatomy.errors import InputError
-from anatomy.serving import messages_api, pooling_api, responses, responses_api
+from anatomy.serving import adapters, messages_api, pooling_api, responses, responses_api
 from anatomy.serving.chat_prompt import chat_ids
 from anatomy.serving.generation import chat_inputs, generate
 from anatomy.serving.loop import ServingLoop
@@ -52,8 +53,9 @@ def create_app(state: ServerState) -> Starlette:
                             status_code=200 if state.ready.is_set() else 503)
 
     async def models(request: Request) -> Response:
-        entries = [responses.model_entry(state.model_name, state.created,
-                                          state.loop.context if state.ready.is_set() and state.loop else None)]
+        context = state.loop.context if state.ready.is_set() and state.loop else None
+        entries = [responses.model_entry(state.model_name, state.created, context)]
+        entries += adapters.model_entries(state, context)
         for name in dict.fromkeys((state.embedding_name, state.rerank_name)):
             if name and name != state.model_name:
                 entries.append(responses.model_entry(name, state.created, None))
@@ -116,6 +118,12 @@ def create_app(state: ServerState) -> Starlette:
         state.serving()
         return JSONResponse({"prompt": state.tokenizer.decode(req.tokens)})
 
+    async def load_adapter(request: Request) -> Response:
+        return await adapters.load(state, request, await read_body(request, state.max_body_bytes))
+
+    async def unload_adapter(request: Request) -> Response:
+        return await adapters.unload(state, request, await read_body(request, state.max_body_bytes))
+
     async def metrics(request: Request) -> Response:
         if not state.ready.is_set() or state.loop is None:
             return PlainTextResponse("", media_type="text/plain; version=0.0.4")
@@ -137,6 +145,8 @@ def create_app(state: ServerState) -> Starlette:
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/load_lora_adapter", load_adapter, methods=["POST"]),
+        Route("/v1/unload_lora_adapter", unload_adapter, methods=["POST"]),
     ]
     handlers = {HTTPException: _http_error, RequestError: _request_error, InputError: _request_error,
                 Exception: _bug}

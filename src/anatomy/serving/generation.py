@@ -142,6 +142,7 @@ class RequestRun:
         aio = asyncio.get_running_loop()
         self.seqs = []
         prompt_logprobs = getattr(req, "prompt_logprob_count", None)
+        adapter = state.adapter(getattr(req, "model", None))  # a LoRA adapter's name: its rows run with it
         for p, (ids, limit) in enumerate(zip(prompts, limits)):
             for j in range(req.n):
                 index = p * req.n + j
@@ -150,7 +151,8 @@ class RequestRun:
                     ids, req.sampling(limit, choice=j), sink, logprobs=req.logprob_count,
                     prompt_logprobs=prompt_logprobs, constraint=constraints[index], bias=bias,
                     min_tokens=req.min_tokens, generate=limit > 0, speculative_tokens=req.speculative_n_max,
-                    speculative_min=req.speculative_n_min, thinking=thinking, priority=req.priority))
+                    speculative_min=req.speculative_n_min, thinking=thinking, priority=req.priority,
+                    adapter=adapter))
         self.open = len(self.seqs)
         self.cancelled = False
         self.aborted: str | None = None

@@ -420,6 +420,20 @@ class DetokenizeRequest(_Body):
     tokens: list[int]
 
 
+class LoadLoraRequest(_Body):
+    """POST /v1/load_lora_adapter (vLLM's): serve the PEFT adapter directory lora_path as lora_name."""
+
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoraRequest(_Body):
+    """POST /v1/unload_lora_adapter (vLLM's)."""
+
+    lora_name: str
+    lora_int_id: int | None = None  # vLLM's, ignored: the name says which
+
+
 def parse(model: type[_Body], body: bytes, *, strict: bool = False) -> Any:
     """The validated request of JSON `body`, or a RequestError about its first problem. Unknown
     fields are kept in the models' `model_extra` (see ignored_fields), or refused when `strict`."""

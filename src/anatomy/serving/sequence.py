@@ -90,11 +90,22 @@ class Sequence:
     speculation: Any = None  # its SequenceSpeculation (serving/speculation.py), None: it does not speculate
     draft: list[int] = field(default_factory=list)  # the tokens it proposes to verify in the next step
     thinking: Any = None  # its ThinkingState (serving/thinking.py), None: its thinking block is not read
+    adapter: Any = None  # the LoRA adapter it runs with (an AdapterRef, anatomy/lora/slots.py), None: the base
 
     @property
     def remaining(self) -> int:
         """Tokens still to run before the next token can be sampled."""
         return len(self.tokens) - self.computed
+
+    @property
+    def adapter_slot(self) -> int:
+        """The slot of its adapter in the engine (0: none)."""
+        return self.adapter.slot if self.adapter is not None else 0
+
+    @property
+    def cache_salt(self) -> bytes:
+        """What its prefix-cache keys start from: blocks computed with an adapter are that adapter's only."""
+        return self.adapter.salt if self.adapter is not None else b""
 
     @property
     def generated(self) -> int:

@@ -45,6 +45,7 @@ class ServerState:
     grammar_lock: threading.Lock = field(default_factory=threading.Lock)
     reasoning_parser: str | None = None  # chat answers' <think> blocks go to reasoning_content (reasoning.py)
     reasoning_budget: int = -1  # tokens a thinking block may take unless a request says (-1: no limit)
+    runtime_lora: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter are on (serving/adapters.py)
 
     def serving(self) -> ServingLoop:
         if self.load_error is not None:
@@ -93,10 +94,28 @@ class ServerState:
                   f"{', '.join(new)} (logged once per field)", file=sys.stderr, flush=True)
         return req
 
+    def adapters(self) -> Any:
+        """The LoRA adapters the engine serves (anatomy/lora/slots.py AdapterSlots), or None."""
+        return getattr(getattr(self.loop, "engine", None), "lora", None)
+
+    def adapter(self, name: str | None) -> Any:
+        """The loaded LoRA adapter (an AdapterRef) a request's `model` names: None for the base model; a
+        404 naming it for a name that is neither."""
+        if name is None or name == self.model_name:
+            return None
+        slots = self.adapters()
+        ref = slots.get(name) if slots is not None else None
+        if ref is None:
+            self.check_model(name)
+        return ref
+
     def check_model(self, name: str, *, embedding: bool = False) -> None:
         served = self.embedding_name if embedding else self.model_name
-        if name != served:
+        slots = None if embedding else self.adapters()
+        if name != served and (slots is None or slots.get(name) is None):
             what = "embedding model" if embedding else "model"
-            choices = ", ".join(repr(n) for n in dict.fromkeys((self.model_name, self.embedding_name)) if n) or "none"
+            adapters = [ref.name for ref in slots.loaded()] if slots is not None else []
+            choices = ", ".join(repr(n) for n in dict.fromkeys((self.model_name, self.embedding_name, *adapters))
+                                if n) or "none"
             raise RequestError(f"the {what} {name!r} does not exist here (served: {choices})", param="model",
                                status=404, code="model_not_found")

@@ -11,6 +11,7 @@ The API with shapes: docs/inference.md, "The engine API".
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from typing import Iterable, Iterator
@@ -35,6 +36,7 @@ from anatomy.layers.attention import Attention
 from anatomy.kernels.decode_block import fuse_blocks
 from anatomy.kernels.planning import branch_dtype, decode_weight_bytes, kernel_summary, linear_layers, plan_view
 from anatomy.kv_format import parse_kv_dtype
+from anatomy.lora.slots import AdapterSlots
 
 BUCKET = 256  # a compiled or captured step is specialised to its cache length: round it up so few sizes occur
 PAGED_RECORD_AFTER = 32  # paged decode steps of one shape before it is captured
@@ -95,6 +97,7 @@ class DecoderEngine:
         self._caches: dict[tuple[int, int], list[KVCache]] = {}  # (batch, length) -> caches lent to runs
         self._bodies: dict[tuple, Captured | None] = {}  # (cache, shape, Context fields) -> the captured blocks
         self._seen_shapes: dict[tuple, int] = {}  # paged decode shapes -> steps run eagerly so far
+        self.lora: AdapterSlots | None = None  # the LoRA adapters served (serve_adapters)
 
     def _read_float_caches(self, reader) -> None:
         for module in self.model.modules():
@@ -237,15 +240,30 @@ class DecoderEngine:
         """One forward over a batch of chunks (each a sequence's next tokens at its positions, through
         its block table) -> the logits [R, V] of every chunk's last `logits` tokens, chunk after chunk.
         A batch of single tokens (decode) runs on a captured graph of its shape, rounded up."""
-        captured = self.captured and all(len(c.tokens) == 1 for c in chunks)
+        adapters = [c.adapter for c in chunks] if self.lora is not None and any(c.adapter for c in chunks) else None
+        captured = self.captured and adapters is None and all(len(c.tokens) == 1 for c in chunks)
         inputs = paged_inputs(self.model.stack, cache, chunks, rows=_rows_bucket(len(chunks)) if captured else None,
                               blocks_multiple=max(1, BUCKET // cache.block_size) if captured else None)
         if captured:
             hidden = self._paged_decode(cache, inputs)[:len(chunks), None]  # [B, 1, D]
         else:
-            hidden = self.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions,
-                                          cache=cache.layers(inputs.where))  # [B, S, D]
+            with self.lora.rows(adapters) if adapters else contextlib.nullcontext():
+                hidden = self.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions,
+                                              cache=cache.layers(inputs.where))  # [B, S, D]
         return self.head(hidden[inputs.wanted])  # [R, V]
+
+    def serve_adapters(self, *, max_loras: int, max_rank: int) -> AdapterSlots:
+        """Serve up to `max_loras` LoRA adapters of rank <= max_rank at once (lora/slots.py): a chunk's
+        `adapter` slot picks its row's; the base product stays the plan's. A step with adapters runs
+        eagerly (its decode steps are not captured)."""
+        if self.lora is not None:
+            raise InputError("this engine already serves adapters")
+        if self.native_blocks:
+            raise InputError("serving LoRA adapters needs the blocks as torch modules: make the engine with "
+                             "native_blocks=False")
+        self.lora = AdapterSlots(self.model, max_loras=max_loras, max_rank=max_rank, dtype=self.dtype,
+                                 device=self.device)
+        return self.lora
 
     def capture_decode(self, cache: PagedKVCache, batches: Iterable[int]) -> int:
         """Record now the paged decode step of each batch size (rounded up as `step` rounds it) over the

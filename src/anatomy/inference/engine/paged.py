@@ -160,13 +160,15 @@ class Chunk:
     """One row of a step: `tokens` to run at positions start, start+1, ... of a sequence whose block
     table (covering them) is `blocks`; the logits of its last `logits` tokens are wanted (0: none,
     1: the next token's, more: speculative verification or prompt log-probabilities). With a windowed
-    cache, `window_blocks` is its table in the sliding-window layers' group (-1: a block given back)."""
+    cache, `window_blocks` is its table in the sliding-window layers' group (-1: a block given back).
+    `adapter`: the slot of the LoRA adapter the row runs with (0: none; the engine's AdapterSlots)."""
 
     tokens: list[int]
     start: int
     blocks: list[int]
     logits: int = 1
     window_blocks: list[int] | None = None
+    adapter: int = 0
 
 
 @dataclass(frozen=True)
