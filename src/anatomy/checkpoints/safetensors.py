@@ -4,6 +4,7 @@ model.safetensors.index.json), read into anatomy's models and written back for H
 Reading: config.json -> ModelConfig -> the model built on the meta device -> the file's tensors
 (views of a memory map, validated first) renamed by the explicit name maps of hf_names.py ->
 assign_tensors. Only fused projections (q/k/v, gate/up) are concatenated; nothing else is copied.
+gpt-oss's MXFP4 experts are read into compact formats by hf_mxfp4.py.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch import Tensor, nn
 
 from anatomy.checkpoints.assign import assign_tensors
 from anatomy.checkpoints.hf_config import ARCHITECTURES, LANGUAGE_MODEL_OF, config_from_hf, config_to_hf, layout_of
+from anatomy.checkpoints.hf_mxfp4 import packed_experts
 from anatomy.checkpoints.hf_names import OPTIONAL_PREFIX, TensorLink, family_of, ignorable, tensor_links
 from anatomy.checkpoints.safetensors_format import atomic_file, read_tensors, write_tensors
 from anatomy.config import ModelConfig
@@ -53,15 +55,25 @@ def load_hf(path: str | Path, *, dtype: torch.dtype | None = torch.float32, weig
     if family == "bert" and _find("pooler.dense.weight", tensors, family) is None:
         config = config.replace(pooler=False)  # a BertModel saved without its pooler (add_pooling_layer=False)
     model = build_model(config, head="mlm" if family == "bert-mlm" else "auto", device="meta")
-    ours = _from_hf_names(model, family, tensors, files)
-    model = assign_tensors(model, ours, source=directory, dtype=dtype)
+    links = tensor_links(model, family)
+    packed, used = packed_experts(hf, links, tensors, files, config_file=directory / CONFIG_NAME)
+    ours = _from_hf_names(model, family, [link for link in links if link.ours not in packed],
+                          {n: t for n, t in tensors.items() if n not in used}, files)
+    if weights != "auto":  # MXFP4 experts kept by "auto" (and "int8", exactly); widened for the others
+        ours |= {name: fmt.dequantize(dtype or _float_dtype(ours)) for name, fmt in packed.items()}
+    model = assign_tensors(model, ours, source=directory, dtype=dtype, compact=packed if weights == "auto" else None)
     model.hf_layout = LANGUAGE_MODEL_OF.get(family, family)  # save_hf writes it back as the class it came from
     if weights != "auto":
         state = model.state_dict()
         own = next(p.dtype for p in model.parameters() if p.is_floating_point())
-        install(model, compact_formats(model, weights, dtype=own, lossless=lambda name: None,
+        install(model, compact_formats(model, weights, dtype=own, lossless=packed.get,
                                        dense=lambda name: state[name]), dtype=own)
     return model
+
+
+def _float_dtype(tensors: dict[str, Tensor]) -> torch.dtype:
+    """The dtype of a checkpoint's float tensors (what its MXFP4 experts are widened to when it is kept)."""
+    return next((t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)
 
 
 def _read_json(file: Path) -> Any:
@@ -123,9 +135,8 @@ def _find(name: str, available: dict[str, Tensor], family: str) -> str | None:
     return None
 
 
-def _from_hf_names(model: nn.Module, family: str, tensors: dict[str, Tensor],
+def _from_hf_names(model: nn.Module, family: str, links: list[TensorLink], tensors: dict[str, Tensor],
                    files: dict[str, Path]) -> dict[str, Tensor]:
-    links = tensor_links(model, family)
     found = {h: _find(h, tensors, family) for link in links for h in link.hf}
     missing = sorted(h for h, name in found.items() if name is None)
     skip = ignorable(family, model.config)
