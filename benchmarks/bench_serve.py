@@ -20,6 +20,9 @@ Three scenarios, each server started once and warmed up, the servers measured in
                  --kv-offload-dir (the prefix restored from its files)
     priority     concurrency 16, a quarter of the requests with priority -1: their TTFT and latency
                  against the others', under --scheduling-policy priority and under fcfs
+    lora         concurrency 16 on one server holding 8 rank-16 adapters (q, k, v, o, gate, up, down,
+                 random): requests spread over 1, 3 and 8 of them against the same requests to the
+                 base model (the cost of mixing adapters in a batch step)
 
 Every run: REQUESTS x concurrency streamed requests (at least MIN_REQUESTS) behind the concurrency cap,
 MAX_TOKENS new tokens each (EOS ignored: a run whose server gave another count fails the benchmark),
@@ -29,7 +32,7 @@ provenance: anatomy's commit and kernels, the CPU, llama-server's build.
 
     python -m benchmarks serve
         ANATOMY_BENCH_SERVE_REQUESTS=3 (per unit of concurrency), ANATOMY_BENCH_SERVE_MAX_TOKENS=128,
-        ANATOMY_BENCH_SERVE_ROUNDS=3, ANATOMY_BENCH_SERVE_SCENARIOS=plain,speculative,draft,kv,prefix,priority
+        ANATOMY_BENCH_SERVE_ROUNDS=3, ANATOMY_BENCH_SERVE_SCENARIOS=plain,speculative,draft,kv,prefix,priority,lora
         LLAMA_SERVER=/path/to/llama-server (else benchmarks/build_llama_cpp.sh builds it, once, ~10-15 min)
 
 Targets (issues 11, 22, 20): concurrency 1 >= 1.0x llama-server's, concurrency 16 >= 1.5x; speculation
@@ -51,6 +54,7 @@ from pathlib import Path
 
 import torch
 
+import anatomy
 from anatomy.loadgen import BenchResult, make_prompts, priority_mix, run_benchmark
 from benchmarks.llama_cpp import llama_tool
 from benchmarks.provenance import anatomy_lines, llama_lines, print_provenance
@@ -61,7 +65,9 @@ MAX_TOKENS = int(os.environ.get("ANATOMY_BENCH_SERVE_MAX_TOKENS", "128"))
 PROMPT_WORDS, LONG_WORDS = 64, 800
 ROUNDS = max(3, int(os.environ.get("ANATOMY_BENCH_SERVE_ROUNDS", "3")))
 MIN_REQUESTS = 16  # per run: fewer make a median of noise
-SCENARIOS = os.environ.get("ANATOMY_BENCH_SERVE_SCENARIOS", "plain,speculative,draft,kv,prefix,priority").split(",")
+SCENARIOS = os.environ.get("ANATOMY_BENCH_SERVE_SCENARIOS",
+                           "plain,speculative,draft,kv,prefix,priority,lora").split(",")
+ADAPTERS, LORA_RANK = 8, 16
 SHARED_WORDS = 2000  # the system prompt every user of the prefix scenario shares (~2,000 tokens)
 SPECULATIVE = {"speculative.n_max": 5}
 PLAIN = {"speculative.n_max": 0}  # on a server that speculates by default: this request does not
@@ -157,11 +163,11 @@ class Running:
             raise
 
     def run(self, prompts: list[str], max_tokens: int, concurrency: int, *, chat: bool = False,
-            extra: dict | None = None, priorities: list[int] | None = None,
-            groups: list[int] | None = None) -> BenchResult:
+            extra: dict | None = None, fields: list[dict] | None = None,
+            groups: list | None = None) -> BenchResult:
         result = run_benchmark(self.url, model=MODEL, prompts=prompts, max_tokens=max_tokens,
                                concurrency=concurrency, extra={**self.extra, **(extra or {})}, chat=chat,
-                               priorities=priorities, groups=groups)
+                               fields=fields, groups=groups)
         if result.failed:
             raise RuntimeError(f"{self.name}: {result.failed} requests failed: {result.errors[:2]}")
         return result
@@ -335,7 +341,8 @@ def priority(threads: int) -> list[str]:
     lines = []
     for policy in ("priority", "fcfs"):
         with Running(f"anatomy --scheduling-policy {policy} --batch-size 8", threads) as server:
-            r = server.run(prompts, MAX_TOKENS, 16, priorities=mix if policy == "priority" else None, groups=mix)
+            r = server.run(prompts, MAX_TOKENS, 16, groups=mix,
+                           fields=[{"priority": p} for p in mix] if policy == "priority" else None)
         high, low = r.by_group[-1], r.by_group[0]
         print(f"  {policy}: {r.output_throughput:.1f} output tok/s; TTFT median priority -1 "
               f"{high['ttft_ms']['median']:.0f} ms, 0 {low['ttft_ms']['median']:.0f} ms", flush=True)
@@ -343,6 +350,44 @@ def priority(threads: int) -> list[str]:
                      f"priority -1 against {low['ttft_ms']['median']:.0f} ms for the rest; E2E latency median "
                      f"{high['e2el_ms']['median'] / 1e3:.2f} s against {low['e2el_ms']['median'] / 1e3:.2f} s; "
                      f"{r.output_throughput:.1f} output tok/s")
+    return lines
+
+
+def random_adapters(folder: Path, n: int) -> list[str]:
+    """n PEFT adapters of the default model (rank LORA_RANK on every projection, B random, as a trained
+    adapter's is non-zero), written under `folder`; their NAME=PATH options."""
+    from anatomy.lora import LoraConfig, apply_lora, save_adapter
+
+    options = []
+    for i in range(n):
+        torch.manual_seed(i)
+        model = apply_lora(anatomy.load(MODEL, weights="f32"), LoraConfig(rank=LORA_RANK, alpha=2 * LORA_RANK,
+                                                                          targets="all"))
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.02)
+        options.append(f"a{i}={save_adapter(model, folder / f'a{i}')}")
+    return options
+
+
+def lora(threads: int) -> list[str]:
+    n = max(MIN_REQUESTS, REQUESTS * 16)
+    lines = []
+    with tempfile.TemporaryDirectory() as folder:
+        options = random_adapters(Path(folder), ADAPTERS)
+        with Running(f"anatomy --lora {' '.join(options)} --max-loras {ADAPTERS}", threads) as server:
+            runs = {}
+            for k in (0, 1, 3, ADAPTERS):
+                names = [MODEL] if k == 0 else [f"a{i}" for i in range(k)]
+                prompts = make_prompts(n, PROMPT_WORDS, seed=13 + k)  # new ones: no run reuses another's prefixes
+                runs[k] = r = server.run(prompts, MAX_TOKENS, 16, fields=[{"model": names[i % len(names)]}
+                                                                         for i in range(n)])
+                print(f"  {k or 'no'} adapter(s): {r.output_throughput:.1f} output tok/s, TTFT median "
+                      f"{r.ttft_ms['median']:.0f} ms", flush=True)
+    base = runs[0].output_throughput
+    lines += [f"lora (16 at once, rank {LORA_RANK} on every projection): {k} adapter(s) "
+              f"{runs[k].output_throughput:.1f} output tok/s = {runs[k].output_throughput / base:.2f}x the base "
+              f"model's {base:.1f} on the same server" for k in (1, 3, ADAPTERS)]
     return lines
 
 
@@ -355,7 +400,7 @@ def main() -> None:
     for name in SCENARIOS:
         print(f"\n### {name}\n", flush=True)
         lines += {"plain": plain, "speculative": speculative, "draft": draft, "kv": kv, "prefix": prefix,
-                  "priority": priority}[name](threads)
+                  "priority": priority, "lora": lora}[name](threads)
     print("\n".join(lines))
 
 

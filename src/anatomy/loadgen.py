@@ -131,10 +131,10 @@ def check_url(url: str) -> tuple[str, int, str]:
 def run_benchmark(url: str, *, model: str, prompts: list[str], max_tokens: int, concurrency: int,
                   rate: float | None = None, chat: bool = False, api_key: str | None = None,
                   extra: dict[str, Any] | None = None, seed: int = 0, timeout: float = 600.0,
-                  priorities: list[int] | None = None, groups: list[int] | None = None) -> BenchResult:
-    """Send every prompt once (streamed) and measure; see the module docstring. `priorities`: each
-    request's `priority` field (vLLM's); `groups`: a priority class per request, the figures then per
-    class too (default: the priorities; given alone, to compare a server that takes no priorities)."""
+                  fields: list[dict[str, Any]] | None = None, groups: list[Any] | None = None) -> BenchResult:
+    """Send every prompt once (streamed) and measure; see the module docstring. `fields`: each
+    request's own body fields (its `priority`, its `model`: a LoRA adapter's name); `groups`: a label
+    per request (its priority class), the figures then per label too."""
     host, port, prefix = check_url(url)
     if not 1 <= len(prompts) <= MAX_REQUESTS:
         raise InputError(f"the number of requests must be in [1, {MAX_REQUESTS}], got {len(prompts)}")
@@ -142,8 +142,7 @@ def run_benchmark(url: str, *, model: str, prompts: list[str], max_tokens: int, 
         raise InputError(f"--concurrency must be in [1, {MAX_CONCURRENCY}], got {concurrency}")
     if rate is not None and not rate > 0:
         raise InputError(f"--rate must be > 0 requests/s, got {rate}")
-    groups = groups if groups is not None else priorities
-    for name, labels in (("priorities", priorities), ("groups", groups)):
+    for name, labels in (("fields", fields), ("groups", groups)):
         if labels is not None and len(labels) != len(prompts):
             raise InputError(f"{len(labels)} {name} for {len(prompts)} prompts")
     path = f"{prefix}/v1/chat/completions" if chat else f"{prefix}/v1/completions"
@@ -155,8 +154,7 @@ def run_benchmark(url: str, *, model: str, prompts: list[str], max_tokens: int, 
         body = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
                 "stream_options": {"include_usage": True}, **(extra or {})}
         body.update({"messages": [{"role": "user", "content": prompts[i]}]} if chat else {"prompt": prompts[i]})
-        if priorities is not None:
-            body["priority"] = priorities[i]
+        body.update(fields[i] if fields is not None else {})
         return stream_request(host, port, path, json.dumps(body).encode(), headers, chat=chat, timeout=timeout)
 
     gaps = random.Random(seed)

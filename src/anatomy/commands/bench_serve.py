@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     result = run_benchmark(args.url, model=args.model, prompts=prompts,
                            max_tokens=args.max_tokens, concurrency=args.concurrency, rate=args.rate, chat=args.chat,
                            api_key=args.api_key or os.environ.get("ANATOMY_API_KEY"), extra={"ignore_eos": True},
-                           seed=args.seed, priorities=priorities)
+                           seed=args.seed, groups=priorities,
+                           fields=[{"priority": p} for p in priorities] if priorities else None)
     print(json.dumps(result.as_dict(), indent=2) if args.json else result.report())
     if result.failed == result.requests:
         raise InputError(f"every request failed; the first: {result.errors[0]}")
