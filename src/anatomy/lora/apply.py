@@ -18,7 +18,7 @@ from anatomy.errors import InputError
 from anatomy.lora.adapter import Adapter, load_weights, lora_layers, param_name
 from anatomy.lora.config import LoraConfig
 from anatomy.lora.layer import LoRALinear
-from anatomy.lora.peft import read_peft
+from anatomy.lora.read import read_adapter
 from anatomy.lora.sites import Site, sites
 
 
@@ -48,7 +48,7 @@ def apply_lora(model: nn.Module, adapter: Adapter | LoraConfig | str | Path) -> 
 
 
 def merge_lora(model: nn.Module, adapter: Adapter | str | Path | None = None) -> nn.Module:
-    """Add scale * B @ A into the base weights, in place: `adapter`'s (an Adapter or a PEFT directory),
+    """Add scale * B @ A into the base weights, in place: `adapter`'s (an Adapter, a PEFT directory or a GGUF file),
     or, with none, those of the model's own LoRA layers, which are then removed. Returns the model."""
     if adapter is None:
         return _merge_own(model)
@@ -87,7 +87,7 @@ def _add_rows(base: nn.Module, module: str, start: int, delta: Tensor) -> None:
 
 def _adapter(adapter: Adapter | LoraConfig | str | Path, model: nn.Module) -> Adapter | LoraConfig:
     if isinstance(adapter, (str, Path)):
-        return read_peft(adapter, model.config)
+        return read_adapter(adapter, model.config)
     if not isinstance(adapter, (Adapter, LoraConfig)):
         raise InputError(f"an adapter is a PEFT directory, an Adapter or a LoraConfig, got {type(adapter).__name__}")
     return adapter

@@ -40,11 +40,6 @@ def peft_key(site: Site, part: str) -> str:
     return f"{PREFIX}{site.hf_module}.lora_{part}.weight"
 
 
-def load_adapter(path: str | Path, model: nn.Module | ModelConfig) -> Adapter:
-    """The PEFT adapter directory `path`, checked against `model` (or a model of that config)."""
-    return read_peft(path, model if isinstance(model, ModelConfig) else model.config)
-
-
 def save_adapter(model_or_adapter: nn.Module | Adapter, path: str | Path, *,
                  model_config: ModelConfig | None = None) -> Path:
     """Write a model's LoRA layers (or an Adapter, with its model's config) as a PEFT directory."""
@@ -148,10 +143,10 @@ def _targets(path: Path, value: Any, layers: tuple[int, ...] | None, model_confi
             matched += hits
     else:
         raise InputError(f"{path}: target_modules {value!r} is not a list of module names or a regex")
-    return _as_product(path, matched, n_layers=1 + max(s.layer for s in every))
+    return as_product(path, matched, n_layers=1 + max(s.layer for s in every))
 
 
-def _as_product(path: Path, matched: list[Site], n_layers: int) -> tuple[tuple[str, ...], tuple[int, ...] | None]:
+def as_product(path: Path, matched: list[Site], n_layers: int) -> tuple[tuple[str, ...], tuple[int, ...] | None]:
     """The matched sites as targets x layers (anatomy's adapters are that product)."""
     targets = tuple(t for t in TARGETS if any(s.target == t for s in matched))
     layers = tuple(sorted({s.layer for s in matched}))

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from anatomy.errors import InputError
 from anatomy.lora.adapter import Adapter
 from anatomy.lora.batched import BatchedLoRA, Pair
-from anatomy.lora.peft import read_peft
+from anatomy.lora.read import read_adapter
 from anatomy.lora.sites import all_sites
 
 
@@ -72,8 +72,8 @@ class AdapterSlots:
     # -- from any thread ----------------------------------------------------------------------------
 
     def read(self, path: str | Path) -> Adapter:
-        """The PEFT adapter at `path`, checked against the model and max_rank (one InputError naming the problem)."""
-        adapter = read_peft(path, self.config)
+        """The adapter at `path` (a PEFT directory or llama.cpp's GGUF file), checked against the model and max_rank (one InputError naming the problem)."""
+        adapter = read_adapter(path, self.config)
         if adapter.config.rank > self.max_rank:
             raise InputError(f"{path}: the adapter's rank r={adapter.config.rank} is more than the server's "
                              f"--max-lora-rank {self.max_rank}")

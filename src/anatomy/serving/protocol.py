@@ -421,7 +421,7 @@ class DetokenizeRequest(_Body):
 
 
 class LoadLoraRequest(_Body):
-    """POST /v1/load_lora_adapter (vLLM's): serve the PEFT adapter directory lora_path as lora_name."""
+    """POST /v1/load_lora_adapter (vLLM's): serve the adapter at lora_path (PEFT or GGUF) as lora_name."""
 
     lora_name: str
     lora_path: str
