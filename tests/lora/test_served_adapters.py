@@ -199,3 +199,17 @@ def test_adapters_on_int4_base_weights_add_to_the_plans_product(made):
             assert (logits[row] - expected).abs().max() < 1e-2, name
             if name:
                 assert (logits[row] - plain(torch.tensor([prompt]))[0, -1]).abs().max() > 0.1
+
+
+def test_a_steps_adapters_are_its_own_threads(made):
+    """Another thread's pass on the same engine during a step with adapters (an embedding) runs the base."""
+    import threading
+
+    base, paths, references = made
+    engine, refs = _engine(base, paths)
+    seen = []
+    with engine.lora.rows([refs["qv"].slot]):
+        thread = threading.Thread(target=lambda: seen.append(engine.logits(torch.tensor([PROMPTS[1]]))[0, -1]))
+        thread.start()
+        thread.join()
+    assert (seen[0] - _expected(references, None, PROMPTS[1])).abs().max() < TOL

@@ -42,8 +42,9 @@ class AdapterRef:
     rank: int
 
 
-class StepRows:
-    """What the layers read during one step: (slot, row indices [n]) per adapter in it, and the batch."""
+class StepRows(threading.local):
+    """What the layers read during one step: (slot, row indices [n]) per adapter in it, and the batch;
+    per thread, so that a pass of another thread on the same engine (an embedding) runs the base."""
 
     groups: list[tuple[int, Tensor]] | None = None
     batch: int = 0
