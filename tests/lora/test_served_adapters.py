@@ -213,3 +213,32 @@ def test_a_steps_adapters_are_its_own_threads(made):
         thread.start()
         thread.join()
     assert (seen[0] - _expected(references, None, PROMPTS[1])).abs().max() < TOL
+
+
+def test_a_rows_scale_multiplies_its_adapters_update(made):
+    """llama-server's per-request scale: a row at scale s == the adapter with alpha times s, in a step
+    beside the same adapter at scale 1; its prefix-cache blocks are its own."""
+    import json
+    import shutil
+
+    base, paths, references = made
+    engine, refs = _engine(base, paths)
+    cache = engine.paged_cache(num_blocks=16, block_size=8)
+    chunks = [Chunk(PROMPTS[2], 0, [0, 1], adapter=refs["qv"].slot, adapter_scale=0.5),
+              Chunk(PROMPTS[2], 0, [2, 3], adapter=refs["qv"].slot)]
+    logits = engine.step(cache, chunks)
+    assert (logits[1] - _expected(references, "qv", PROMPTS[2])).abs().max() < TOL
+    half = paths["qv"].parent / "qv_half"
+    shutil.copytree(paths["qv"], half, dirs_exist_ok=True)
+    config = json.loads((half / "adapter_config.json").read_text())
+    (half / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": config["lora_alpha"] / 2}))
+    with torch.no_grad():
+        expected = apply_lora(anatomy.load(base, dtype="f32").eval(), half)(torch.tensor([PROMPTS[2]]))[0, -1]
+    assert (logits[0] - expected).abs().max() < TOL and (logits[0] - logits[1]).abs().max() > 0.01
+    loop = ServingLoop(engine, kv_bytes=2 ** 20, block_size=4, max_seqs=4)
+    params = SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True)
+    for scale in (1.0, 0.5):
+        loop.submit(PROMPTS[0], params, lambda e: None, adapter=refs["qv"], adapter_scale=scale)
+        while loop.step():
+            pass
+    assert loop.blocks.hit_tokens == 0, "a scale's blocks are its own"

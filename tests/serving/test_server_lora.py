@@ -1,6 +1,7 @@
 """`anatomy serve --lora` through the openai client (tiny random LLaMA with SmolLM2's tokenizer, f32,
 greedy): 3 adapters made by HF PEFT (random A and B) answer 16 concurrent requests spread over them
-and the base, each as anatomy.generate answers with that adapter merged; adapters are loaded and
+and the base, each as anatomy.generate answers with that adapter merged (and picked by llama-server's
+per-request `lora` list); adapters are loaded and
 unloaded while requests run; an unknown adapter is a 404 naming it; a bad adapter is one 400 at
 /v1/load_lora_adapter, and stops the server at start-up under --lora."""
 
@@ -77,6 +78,15 @@ def test_many_adapters_served_at_once_loaded_and_unloaded_at_run_time(made, tmp_
         for (name, prompt), text in zip(jobs, answers):
             expected = _expected(base, paths, None if name == str(base) else name, prompt)
             assert text == tok.decode(expected, skip_special_tokens=True), name
+
+        by_index = server.client(timeout=120).completions.create(  # llama-server's per-request list: qv is id 0
+            model=str(base), prompt=PROMPTS[1], max_tokens=TOKENS, temperature=0,
+            extra_body={"ignore_eos": True, "lora": [{"id": 0, "scale": 1.0}, {"id": 2, "scale": 0.0}]})
+        assert by_index.choices[0].text == answers[5]  # jobs[5] is qv on PROMPTS[1]
+        status, body = server.post("/v1/completions", {"model": "qv", "prompt": "hi", "lora": [{"id": 1}]})
+        assert status == 400 and body["error"]["param"] == "lora"
+        status, body = server.post("/v1/completions", {"model": str(base), "prompt": "hi", "lora": [{"id": 7}]})
+        assert status == 400 and "lora id 7" in body["error"]["message"] and "0: 'qv'" in body["error"]["message"]
 
         _, listed = server.get("/v1/models")
         entries = {e["id"]: e for e in json.loads(listed)["data"]}

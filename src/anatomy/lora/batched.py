@@ -3,7 +3,7 @@
 its own rows; no weight is merged).
 
     y = base(x)                                                  [B, S, N]  (the kernel plan's product)
-    y[rows of slot s, :, start:stop] += scale_s * (x[rows] @ A_s^T) @ B_s^T   per adapter s, per target
+    y[rows of slot s, :, start:stop] += f * scale_s * (x[rows] @ A_s^T) @ B_s^T   per adapter s (and factor f), target
 
 The step's rows and their adapters come from the StepRows the layers share (slots.py); with none set
 the layer is its base (a captured decode step records only that).
@@ -43,13 +43,13 @@ class BatchedLoRA(nn.Module):
             return y
         shape, rows = y.shape, self.step.batch
         xb, yb = x.reshape(rows, -1, x.shape[-1]), y.reshape(rows, -1, shape[-1])  # [B, S, K], [B, S, N]
-        for slot, index in groups:
+        for slot, index, factor in groups:
             pairs = self.adapters.get(slot)
             if not pairs:
                 continue
             xs, ys = xb.index_select(0, index), yb.index_select(0, index)  # the group's rows (copies)
             for p in pairs:
                 a, b = p.a.to(xs.dtype), p.b.to(xs.dtype)  # the branch's dtype (the plan's kernels may take bf16)
-                ys[..., p.start:p.stop] += (F.linear(F.linear(xs, a), b) * p.scale).to(ys.dtype)
+                ys[..., p.start:p.stop] += (F.linear(F.linear(xs, a), b) * (p.scale * factor)).to(ys.dtype)
             yb = yb.index_copy(0, index, ys)
         return yb.reshape(shape)

@@ -3,7 +3,7 @@
     slots = AdapterSlots(view, max_loras=4, max_rank=16)          every adaptable projection -> BatchedLoRA
     ref = slots.load("sql", "adapters/sql")    read, checked (rank, every tensor), put in a free slot
     slots.hold(ref, seq)                       seq runs with it (its slot is not reused while seq runs)
-    with slots.rows([1, 0, 2]):                a step whose row i runs slot 1, none (the base), slot 2
+    with slots.rows([1, 0, 2]):                a step whose rows run slot 1, none (the base), slot 2
     slots.unload("sql")                        the name goes at once; the slot is reused once no sequence holds it
 
 Loading and unloading happen on other threads than the steps: each layer's table is replaced whole,
@@ -43,10 +43,11 @@ class AdapterRef:
 
 
 class StepRows(threading.local):
-    """What the layers read during one step: (slot, row indices [n]) per adapter in it, and the batch;
+    """What the layers read during one step: (slot, row indices [n], factor) per adapter and scale in it,
+    and the batch;
     per thread, so that a pass of another thread on the same engine (an embedding) runs the base."""
 
-    groups: list[tuple[int, Tensor]] | None = None
+    groups: list[tuple[int, Tensor, float]] | None = None
     batch: int = 0
 
 
@@ -130,10 +131,16 @@ class AdapterSlots:
     # -- the loop's thread --------------------------------------------------------------------------
 
     @contextmanager
-    def rows(self, slots: list[int]) -> Iterator[None]:
-        """During the block: row i of the step runs the adapter in slot slots[i] (0: none)."""
-        index = torch.tensor(slots)
-        self.step.groups = [(s, torch.nonzero(index == s)[:, 0].to(self.device)) for s in sorted(set(slots) - {0})]
+    def rows(self, slots: list[int], scales: list[float] | None = None) -> Iterator[None]:
+        """During the block: row i of the step runs the adapter in slot slots[i] (0: none), its update
+        times scales[i] (default 1)."""
+        scales = scales or [1.0] * len(slots)
+        groups: dict[tuple[int, float], list[int]] = {}
+        for i, key in enumerate(zip(slots, scales)):
+            if key[0]:
+                groups.setdefault(key, []).append(i)
+        self.step.groups = [(slot, torch.tensor(rows, device=self.device), factor)
+                            for (slot, factor), rows in groups.items()]
         self.step.batch = len(slots)
         try:
             yield

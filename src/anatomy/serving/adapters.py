@@ -4,6 +4,7 @@ they are loaded and unloaded while the server runs.
 
     POST /v1/load_lora_adapter    {"lora_name": "sql", "lora_path": "adapters/sql"}   200 text; 400 bad, taken, full
     POST /v1/unload_lora_adapter  {"lora_name": "sql"}                                200 text; 404 unknown
+    a request's "lora": [{"id": 1, "scale": 0.5}]   llama-server's: the adapter of that index in /v1/models' order
 """
 
 from __future__ import annotations
@@ -25,6 +26,24 @@ def model_entries(state: ServerState, context: int | None) -> list[dict[str, Any
     slots = state.adapters()
     return [{**model_entry(ref.name, state.created, context), "root": ref.path, "parent": state.model_name}
             for ref in (slots.loaded() if slots is not None else [])]
+
+
+def requested(state: ServerState, req: Any) -> tuple[Any, float]:
+    """(the AdapterRef a generation request runs with or None, the scale of its update): by its `model`
+    (vLLM), or by llama-server's `lora` list (one entry of non-zero scale; not with an adapter's `model`)."""
+    ref = state.adapter(getattr(req, "model", None))
+    entries = [e for e in (getattr(req, "lora", None) or []) if e.scale != 0]
+    if not entries:
+        return ref, 1.0
+    if ref is not None or len(entries) > 1:
+        raise RequestError("a request runs with one LoRA adapter: named by `model` or by one `lora` entry of "
+                           "non-zero scale", param="lora")
+    slots = state.adapters()
+    loaded = slots.loaded() if slots is not None else []
+    if entries[0].id >= len(loaded):
+        names = ", ".join(f"{i}: {r.name!r}" for i, r in enumerate(loaded)) or "none"
+        raise RequestError(f"lora id {entries[0].id} is not a loaded adapter (loaded: {names})", param="lora")
+    return loaded[entries[0].id], entries[0].scale
 
 
 async def load(state: ServerState, request: Request, body: bytes) -> Response:

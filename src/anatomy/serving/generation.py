@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from anatomy.serving import responses
+from anatomy.serving.adapters import requested
 from anatomy.serving.chat_prompt import chat_text
 from anatomy.serving.grammar import GrammarError, GrammarSpec
 from anatomy.serving.protocol import ChatRequest, CompletionRequest, RequestError
@@ -142,7 +143,7 @@ class RequestRun:
         aio = asyncio.get_running_loop()
         self.seqs = []
         prompt_logprobs = getattr(req, "prompt_logprob_count", None)
-        adapter = state.adapter(getattr(req, "model", None))  # a LoRA adapter's name: its rows run with it
+        adapter, scale = requested(state, req)  # the LoRA adapter its rows run with (serving/adapters.py)
         for p, (ids, limit) in enumerate(zip(prompts, limits)):
             for j in range(req.n):
                 index = p * req.n + j
@@ -152,7 +153,7 @@ class RequestRun:
                     prompt_logprobs=prompt_logprobs, constraint=constraints[index], bias=bias,
                     min_tokens=req.min_tokens, generate=limit > 0, speculative_tokens=req.speculative_n_max,
                     speculative_min=req.speculative_n_min, thinking=thinking, priority=req.priority,
-                    adapter=adapter))
+                    adapter=adapter, adapter_scale=scale))
         self.open = len(self.seqs)
         self.cancelled = False
         self.aborted: str | None = None

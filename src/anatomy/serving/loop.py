@@ -112,7 +112,8 @@ class ServingLoop:
                logprobs: int | None = None, prompt_logprobs: int | None = None, constraint: Any = None,
                bias: dict[int, float] | None = None, min_tokens: int = 0, generate: bool = True,
                speculative_tokens: int | None = None, speculative_min: int = 0,
-               thinking: Thinking | None = None, priority: int = 0, adapter: Any = None) -> Sequence:
+               thinking: Thinking | None = None, priority: int = 0, adapter: Any = None,
+               adapter_scale: float = 1.0) -> Sequence:
         """Queue a sequence; `sink` gets one Event per sampled token (from the loop's thread).
         `prompt_logprobs` (k) asks for each prompt token's logprob and top k (on the first event);
         `constraint` (a grammar.Constraint) and `bias` ({token id: logit bias}) shape every next token;
@@ -122,7 +123,8 @@ class ServingLoop:
         verified only when at least `speculative_min` are proposed. `thinking`: its thinking block is read
         (each event says whether its token was inside) and held to its budget (a sequence with a budget
         does not speculate). `priority`: lower runs first, under the "priority" policy only. `adapter`: the
-        LoRA adapter it runs with (an AdapterRef of engine.lora; None: the base model)."""
+        LoRA adapter it runs with (an AdapterRef of engine.lora; None: the base model), its update times
+        `adapter_scale`."""
         if not prompt:
             raise InputError("the prompt is empty")
         if priority and self.scheduler.policy != "priority":
@@ -140,7 +142,7 @@ class ServingLoop:
                        bias=logit_bias(bias or {}, self.engine.device), constraint=constraint, min_tokens=min_tokens,
                        score_only=not generate, prompt_logprobs=prompt_logprobs,
                        prompt_entries=[None] * len(prompt) if prompt_logprobs is not None else [], priority=priority,
-                       adapter=adapter)
+                       adapter=adapter, adapter_scale=adapter_scale)
         if adapter is not None:
             self.engine.lora.hold(adapter, seq)  # its slot stays its adapter's until it finishes
         if params.repetition_penalty != 1.0:
@@ -247,7 +249,8 @@ class ServingLoop:
             return self._verify(group)
         chunks = [Chunk(seq.tokens[seq.computed:seq.computed + n], seq.computed, seq.blocks,
                         logits=n if wants_prompt_logits(seq, n) else int(seq.computed + n == len(seq.tokens)),
-                        window_blocks=self._window_table(seq), adapter=seq.adapter_slot)
+                        window_blocks=self._window_table(seq), adapter=seq.adapter_slot,
+                        adapter_scale=seq.adapter_scale)
                   for seq, n in group]
         logits = self.engine.step(self.cache, chunks)  # [sum of chunk.logits, V]
         prompt_tokens, row, ends = 0, 0, []
@@ -272,7 +275,8 @@ class ServingLoop:
         """One forward over each row's last token and draft -> the agreed tokens emitted one by one, the
         cache advanced past them (what lies beyond, the rejected guesses, is written over later)."""
         chunks = [Chunk(seq.tokens[seq.computed:] + seq.draft, seq.computed, seq.blocks, logits=n,
-                        window_blocks=self._window_table(seq), adapter=seq.adapter_slot) for seq, n in group]
+                        window_blocks=self._window_table(seq), adapter=seq.adapter_slot,
+                        adapter_scale=seq.adapter_scale) for seq, n in group]
         logits = self.engine.step(self.cache, chunks).split([n for _, n in group])  # per row [1 + k, V]
         self.metrics.step(0, len(group))
         for (seq, n), rows in zip(group, logits):

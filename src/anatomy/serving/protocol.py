@@ -129,6 +129,13 @@ class StructuredOutputs(_Body):
     json_object: bool | None = None
 
 
+class LoraScale(_Body):
+    """One entry of llama-server's per-request `lora` list: the adapter of index `id` at `scale`."""
+
+    id: int = Field(ge=0)
+    scale: float = Field(default=1.0, ge=-1e4, le=1e4)
+
+
 class _Sampling(_Body):
     """The fields chat and completions share: sampling (OpenAI's, and vLLM's top_k, min_p, min_tokens,
     repetition_penalty, ignore_eos), logit_bias, streaming, and the structured-output fields."""
@@ -163,6 +170,7 @@ class _Sampling(_Body):
     speculative_n_max: int | None = Field(default=None, ge=0, le=32, alias="speculative.n_max")
     speculative_n_min: int = Field(default=0, ge=0, le=32, alias="speculative.n_min")
     priority: int = Field(default=0, ge=-(2 ** 63), lt=2 ** 63)  # vLLM's: lower first (--scheduling-policy priority)
+    lora: list[LoraScale] | None = None  # llama-server's: adapters by index with a scale (serving/adapters.py)
 
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

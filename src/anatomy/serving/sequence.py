@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import enum
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,6 +92,7 @@ class Sequence:
     draft: list[int] = field(default_factory=list)  # the tokens it proposes to verify in the next step
     thinking: Any = None  # its ThinkingState (serving/thinking.py), None: its thinking block is not read
     adapter: Any = None  # the LoRA adapter it runs with (an AdapterRef, anatomy/lora/slots.py), None: the base
+    adapter_scale: float = 1.0  # its update times this (llama-server's per-request scale)
 
     @property
     def remaining(self) -> int:
@@ -105,7 +107,9 @@ class Sequence:
     @property
     def cache_salt(self) -> bytes:
         """What its prefix-cache keys start from: blocks computed with an adapter are that adapter's only."""
-        return self.adapter.salt if self.adapter is not None else b""
+        if self.adapter is None:
+            return b""
+        return self.adapter.salt + (struct.pack("<d", self.adapter_scale) if self.adapter_scale != 1.0 else b"")
 
     @property
     def generated(self) -> int:

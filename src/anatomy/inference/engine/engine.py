@@ -247,7 +247,8 @@ class DecoderEngine:
         if captured:
             hidden = self._paged_decode(cache, inputs)[:len(chunks), None]  # [B, 1, D]
         else:
-            with self.lora.rows(adapters) if adapters else contextlib.nullcontext():
+            scales = [c.adapter_scale for c in chunks]
+            with self.lora.rows(adapters, scales) if adapters else contextlib.nullcontext():
                 hidden = self.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions,
                                               cache=cache.layers(inputs.where))  # [B, S, D]
         return self.head(hidden[inputs.wanted])  # [R, V]

@@ -161,7 +161,8 @@ class Chunk:
     table (covering them) is `blocks`; the logits of its last `logits` tokens are wanted (0: none,
     1: the next token's, more: speculative verification or prompt log-probabilities). With a windowed
     cache, `window_blocks` is its table in the sliding-window layers' group (-1: a block given back).
-    `adapter`: the slot of the LoRA adapter the row runs with (0: none; the engine's AdapterSlots)."""
+    `adapter`: the slot of the LoRA adapter the row runs with (0: none; the engine's AdapterSlots), its
+    update scaled by `adapter_scale`."""
 
     tokens: list[int]
     start: int
@@ -169,6 +170,7 @@ class Chunk:
     logits: int = 1
     window_blocks: list[int] | None = None
     adapter: int = 0
+    adapter_scale: float = 1.0
 
 
 @dataclass(frozen=True)
