@@ -242,3 +242,20 @@ def test_a_rows_scale_multiplies_its_adapters_update(made):
         while loop.step():
             pass
     assert loop.blocks.hit_tokens == 0, "a scale's blocks are its own"
+
+
+def test_speculative_rows_verify_with_their_adapter(made):
+    """Prompt-lookup proposals of a sequence with an adapter are verified with it: the answer is the merged one."""
+    base, paths, _ = made
+    engine, refs = _engine(base, paths)
+    loop = ServingLoop(engine, kv_bytes=2 ** 20, block_size=8, max_seqs=4)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    params = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+    got = []
+    loop.submit(prompt, params, got.append, adapter=refs["all"], speculative_tokens=3)
+    while loop.step():
+        pass
+    model = merge_lora(anatomy.load(base, dtype="f32").eval(), paths["all"])
+    expected = anatomy.generate(model, [prompt], max_new_tokens=12, temperature=0.0, ignore_eos=True)
+    assert [e.token for e in got] == expected[0].token_ids
+    assert loop.metrics.draft_tokens > 0
