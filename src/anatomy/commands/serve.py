@@ -112,7 +112,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "appended and the answer follows); a request's thinking_budget overrides it (-1: no limit; "
                         "needs --reasoning-parser; a sequence with a budget does not speculate)")
     p.add_argument("--lora", nargs="+", action="extend", default=[], metavar="NAME=PATH",
-                   help="serve the LoRA adapter at PATH (a PEFT directory or llama.cpp's GGUF LoRA file) as model NAME (a request's `model` picks it; "
+                   help="serve the LoRA adapter at PATH (a PEFT directory or llama.cpp's GGUF LoRA file) as model "
+                        "NAME (a request's `model` picks it; "
                         "rows of different adapters share a batch step, the base product computed once)")
     p.add_argument("--max-loras", type=int, default=None,
                    help="most LoRA adapters loaded at once (default: as many as --lora names, 4 with "
@@ -389,7 +390,8 @@ def _check_lora(args: argparse.Namespace) -> None:
         if not sep or not name.strip() or not path.strip():
             raise InputError(f"--lora {item!r} must be NAME=PATH (a PEFT directory or a GGUF LoRA file)")
         if name == args.model or name in (n for n, _ in pairs):
-            raise InputError(f"--lora {item!r}: the name {name!r} is already {'the model' if name == args.model else 'taken'}")
+            taken = "the model's" if name == args.model else "another adapter's"
+            raise InputError(f"--lora {item!r}: the name {name!r} is {taken}")
         pairs.append((name, path))
     args.lora = pairs
     if args.max_loras is None:

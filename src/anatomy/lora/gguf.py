@@ -42,7 +42,8 @@ def read_gguf_lora(path: str | Path, model_config: ModelConfig) -> Adapter:
     if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool):
         raise InputError(f"{path}: adapter.lora.alpha {alpha!r} is not a number")
     names = _names(model_config, str(meta.get("general.architecture")))
-    present = [s for s in all_sites(model_config, hf_names=False) if f"{names[s.module, s.target][0]}.lora_a" in f.tensors]
+    present = [s for s in all_sites(model_config, hf_names=False)
+               if f"{names[s.module, s.target][0]}.lora_a" in f.tensors]
     if not present:
         raise InputError(f"{path}: holds no LoRA tensor of this model's projections (e.g. "
                          f"{next(iter(names.values()))[0]}.lora_a)")
@@ -71,7 +72,8 @@ def read_gguf_lora(path: str | Path, model_config: ModelConfig) -> Adapter:
 
 
 def _names(config: ModelConfig, arch: str) -> dict[tuple[str, str], tuple[str, int]]:
-    """(module, target) -> its GGUF tensor (e.g. blk.3.attn_q.weight) and the heads its rows are reordered over (0: none)."""
+    """(module, target) -> its GGUF tensor (e.g. blk.3.attn_q.weight) and the heads its rows are reordered
+    over (0: none)."""
     every = all_sites(config, hf_names=False)
     rows = {s.module: max(t.stop for t in every if t.module == s.module) for s in every}  # the module's output rows
     out = {}

@@ -74,7 +74,8 @@ class AdapterSlots:
     # -- from any thread ----------------------------------------------------------------------------
 
     def read(self, path: str | Path) -> Adapter:
-        """The adapter at `path` (a PEFT directory or llama.cpp's GGUF file), checked against the model and max_rank (one InputError naming the problem)."""
+        """The adapter at `path` (a PEFT directory or llama.cpp's GGUF file), checked against the model and
+        max_rank (one InputError naming the problem)."""
         adapter = read_adapter(path, self.config)
         if adapter.config.rank > self.max_rank:
             raise InputError(f"{path}: the adapter's rank r={adapter.config.rank} is more than the server's "
@@ -95,7 +96,8 @@ class AdapterSlots:
             for module, layer in self.layers.items():
                 mine = tuple(Pair(s.start, s.stop, self._on_device(a), self._on_device(b), adapter.config.scale)
                              for s, a, b in pairs if s.module == module)
-                layer.adapters = {**{k: v for k, v in layer.adapters.items() if k != slot}, **({slot: mine} if mine else {})}
+                kept = {k: v for k, v in layer.adapters.items() if k != slot}  # a reused slot's old pairs go
+                layer.adapters = {**kept, slot: mine} if mine else kept
             ref = self._named[name] = AdapterRef(name, slot, str(path), salt, adapter.config.rank)
         return ref
 
