@@ -109,6 +109,14 @@ def add_kv_dtype_option(p: argparse.ArgumentParser) -> None:
                         "scale per token and head, half of bf16's bytes; default: the dtype the branches compute in)")
 
 
+def add_backend_option(p: argparse.ArgumentParser) -> None:
+    from anatomy.inference.engine.backend import NAMES
+
+    p.add_argument("--backend", choices=NAMES, default=None,
+                   help="the operators the engine runs: cpu (the measured kernel plan, native operators, captured "
+                        "steps) or torch (torch's own, what a GPU runs); default: the device's")
+
+
 def add_report_options(p: argparse.ArgumentParser, *, docs: str, plot: str, html: str) -> None:
     """--json, --markdown, --plot FILE.png and --html FILE.html of a command that prints a report."""
     p.add_argument("--json", action="store_true", help=f"print the report as JSON (keys in {docs})")

@@ -12,13 +12,12 @@ from typing import Any
 
 from anatomy import dtypes
 from anatomy.commands.common import (
-    DefaultsHelpFormatter, add_kv_dtype_option, add_model_option, add_quiet_option, read_stdin)
+    DefaultsHelpFormatter, add_backend_option, add_kv_dtype_option, add_model_option, add_quiet_option, read_stdin)
 from anatomy.commands.parallel_options import (
     add_parallel_options, check_parallel, launched, layout_of, rank_engine, start_ranks)
 from anatomy.commands.speculative_options import (
     add_speculative_options, check_speculative_options, speculative_options, takes_weights)
 from anatomy.errors import InputError
-from anatomy.inference.engine.backend import NAMES as BACKENDS
 from anatomy.kv_format import parse_kv_dtype
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -62,9 +61,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--truncate", action="store_true",
                    help="keep the end of a prompt longer than the model's context instead of failing")
     add_kv_dtype_option(p)
-    p.add_argument("--backend", choices=BACKENDS, default=None,
-                   help="the operators the engine runs: cpu (the measured kernel plan, native operators, captured "
-                        "steps) or torch (torch's own, what a GPU runs); default: the device's")
+    add_backend_option(p)
     add_quiet_option(p)
 
 

@@ -22,7 +22,8 @@ import sys
 import threading
 import time
 
-from anatomy.commands.common import DefaultsHelpFormatter, add_kv_dtype_option, add_model_option, add_quiet_option
+from anatomy.commands.common import (
+    DefaultsHelpFormatter, add_backend_option, add_kv_dtype_option, add_model_option, add_quiet_option)
 from anatomy.commands.generate import WEIGHTS_HELP
 from anatomy.commands.speculative_options import (
     add_speculative_options, check_speculative_options, speculative_options, takes_weights)
@@ -75,6 +76,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="KV-cache budget: bytes (2GiB, 512MB, 1e9) or a fraction of the machine's memory (0.1)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
     add_kv_dtype_option(p)
+    add_backend_option(p)
     p.add_argument("--batch-size", type=int, default=32, help="most sequences one step advances")
     p.add_argument("--max-step-tokens", type=int, default=512,
                    help="most tokens one step computes (decodes + prefill chunks): long prompts are prefilled in "
@@ -234,7 +236,7 @@ def _engine(args: argparse.Namespace, server, failures: list[BaseException], ran
     if not named.model.config.is_decoder:
         raise InputError(f"{args.model}: serving needs a decoder model, got architecture="
                          f"{named.model.config.architecture!r}")
-    engine = named.engine(kv_dtype=args.kv_dtype, take_weights=takes_weights(args),
+    engine = named.engine(kv_dtype=args.kv_dtype, take_weights=takes_weights(args), backend=args.backend,
                           **({"native_blocks": False} if args.max_loras else {}))  # LoRA products need torch blocks
     return engine, named.tokenizer
 
@@ -263,7 +265,7 @@ def _report(args: argparse.Namespace, loop, seconds: float) -> None:
           f"{dtypes.name_of(engine.branch_dtype)}) ready in {seconds:.1f} s; kernels "
           f"{'; '.join(engine.kernel_summary())}; a decode step reads {engine.decode_weight_bytes / 1e6:,.0f} MB "
           f"of weights, {engine.native_blocks} of {engine.config.n_layers} blocks as one native "
-          f"operator each, {engine.captured_graphs} decode-step shapes captured",
+          f"operator each, {engine.captured_graphs} decode-step shapes captured ({engine.backend.name} backend)",
           file=sys.stderr, flush=True)
     print(f"anatomy serve: KV cache {engine.kv_dtype}, {total / 2 ** 20:,.0f} MiB = {blocks:,} blocks of "
           f"{loop.blocks.block_size} tokens "
