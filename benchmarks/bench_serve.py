@@ -22,7 +22,9 @@ Three scenarios, each server started once and warmed up, the servers measured in
                  against the others', under --scheduling-policy priority and under fcfs
     lora         concurrency 16 on one server holding 8 rank-16 adapters (q, k, v, o, gate, up, down,
                  random): requests spread over 1, 3 and 8 of them against the same requests to the
-                 base model (the cost of mixing adapters in a batch step)
+                 base model (the cost of mixing adapters in a batch step); llama-server the same, its
+                 adapters converted by llama.cpp's convert_lora_to_gguf.py, picked by the request's
+                 `lora` list
 
 Every run: REQUESTS x concurrency streamed requests (at least MIN_REQUESTS) behind the concurrency cap,
 MAX_TOKENS new tokens each (EOS ignored: a run whose server gave another count fails the benchmark),
@@ -100,10 +102,10 @@ def server_command(name: str, port: int, threads: int, slots: int) -> tuple[list
         return ([sys.executable, "-m", "anatomy", "serve", "--port", str(port), "--kv-memory", "1GiB",
                  "--embedding-model", "none", "--batch-size", str(max(slots, 16)), *options],
                 {"ignore_eos": True}, "/health")
-    if name == "llama-server":
+    if name.startswith("llama-server"):
         return ([llama_server_binary(), "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
                  "-tb", str(threads), "--parallel", str(slots), "--cont-batching", "-c", str(context), "--no-webui",
-                 "--log-disable"], {"ignore_eos": True}, "/health")
+                 "--log-disable", *name.split()[1:]], {"ignore_eos": True}, "/health")
     if name == "llama_cpp.server":
         # no ignore_eos here: the end-of-generation ids are made impossible instead
         return ([sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--model_alias", MODEL, "--host",
@@ -370,24 +372,55 @@ def random_adapters(folder: Path, n: int) -> list[str]:
     return options
 
 
+def gguf_adapters(folder: Path, options: list[str]) -> list[str]:
+    """The adapters (NAME=PATH) converted by llama.cpp's convert_lora_to_gguf.py against the default
+    model's weights as an HF directory; the GGUF files' paths."""
+    from benchmarks.llama_cpp import llama_sources
+
+    base = folder / "base-hf"
+    anatomy.save(anatomy.load(MODEL, weights="f32"), base)
+    anatomy.load_tokenizer(MODEL).save(base)
+    sources = llama_sources()
+    out = []
+    for option in options:
+        name, path = option.split("=", 1)
+        target = folder / f"{name}.gguf"
+        subprocess.run([sys.executable, str(sources / "convert_lora_to_gguf.py"), "--base", str(base), "--outtype",
+                        "f32", "--outfile", str(target), path], check=True, capture_output=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(sources / "gguf-py")})
+        out.append(str(target))
+    return out
+
+
+def lora_runs(server: Running, n: int, pick) -> dict[int, BenchResult]:
+    """Output throughput with requests spread over k = 0 (the base), 1, 3 and ADAPTERS adapters;
+    `pick(i)`: the request fields that choose adapter i (None: the base)."""
+    runs = {}
+    for k in (0, 1, 3, ADAPTERS):
+        prompts = make_prompts(n, PROMPT_WORDS, seed=13 + k)  # new ones: no run reuses another's prefixes
+        runs[k] = r = server.run(prompts, MAX_TOKENS, 16, fields=[pick(i % k if k else None) for i in range(n)])
+        print(f"  {server.name.split()[0]}, {k or 'no'} adapter(s): {r.output_throughput:.1f} output tok/s, "
+              f"TTFT median {r.ttft_ms['median']:.0f} ms", flush=True)
+    return runs
+
+
 def lora(threads: int) -> list[str]:
     n = max(MIN_REQUESTS, REQUESTS * 16)
-    lines = []
     with tempfile.TemporaryDirectory() as folder:
         options = random_adapters(Path(folder), ADAPTERS)
+        files = gguf_adapters(Path(folder), options)
         with Running(f"anatomy --lora {' '.join(options)} --max-loras {ADAPTERS}", threads) as server:
-            runs = {}
-            for k in (0, 1, 3, ADAPTERS):
-                names = [MODEL] if k == 0 else [f"a{i}" for i in range(k)]
-                prompts = make_prompts(n, PROMPT_WORDS, seed=13 + k)  # new ones: no run reuses another's prefixes
-                runs[k] = r = server.run(prompts, MAX_TOKENS, 16, fields=[{"model": names[i % len(names)]}
-                                                                         for i in range(n)])
-                print(f"  {k or 'no'} adapter(s): {r.output_throughput:.1f} output tok/s, TTFT median "
-                      f"{r.ttft_ms['median']:.0f} ms", flush=True)
-    base = runs[0].output_throughput
-    lines += [f"lora (16 at once, rank {LORA_RANK} on every projection): {k} adapter(s) "
-              f"{runs[k].output_throughput:.1f} output tok/s = {runs[k].output_throughput / base:.2f}x the base "
-              f"model's {base:.1f} on the same server" for k in (1, 3, ADAPTERS)]
+            ours = lora_runs(server, n, lambda i: {} if i is None else {"model": f"a{i}"})
+        flags = " ".join(f"--lora {f}" for f in files)
+        with Running(f"llama-server --lora-init-without-apply {flags}", threads) as server:
+            theirs = lora_runs(server, n, lambda i: {"lora": [] if i is None else [{"id": i, "scale": 1.0}]})
+    lines = []
+    for k in (1, 3, ADAPTERS):
+        a, b = ours[k].output_throughput, theirs[k].output_throughput
+        lines.append(f"lora (16 at once, rank {LORA_RANK} on every projection), {k} adapter(s): anatomy {a:.1f} "
+                     f"output tok/s = {a / ours[0].output_throughput:.2f}x its base model's "
+                     f"{ours[0].output_throughput:.1f}; llama-server {b:.1f} = {b / theirs[0].output_throughput:.2f}x "
+                     f"its {theirs[0].output_throughput:.1f}; anatomy / llama-server {a / b:.2f}x")
     return lines
 
 
