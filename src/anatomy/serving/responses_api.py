@@ -267,12 +267,8 @@ class ResponsesRender(OneChoice):
         out = []
         if self.open_reasoning is None:
             self.open_reasoning = ""
-            self.output.append(self._reasoning(None, "in_progress"))
-            index = len(self.output) - 1
-            out.append(self._event("response.output_item.added", output_index=index,
-                                   item=self._reasoning(None, "in_progress")))
-            out.append(self._event("response.content_part.added", item_id=self.reasoning_id, output_index=index,
-                                   content_index=0, part={"type": "reasoning_text", "text": ""}))
+            out += self._open_part(self.reasoning_id, self._reasoning(None, "in_progress"),
+                                   {"type": "reasoning_text", "text": ""})
         self.open_reasoning += text
         out.append(self._event("response.reasoning_text.delta", item_id=self.reasoning_id,
                                output_index=len(self.output) - 1, content_index=0, delta=text))
@@ -281,26 +277,16 @@ class ResponsesRender(OneChoice):
     def _close_reasoning(self) -> list[bytes]:
         if self.open_reasoning is None:
             return []
-        index, text = len(self.output) - 1, self.open_reasoning
-        self.open_reasoning = None
-        self.output[index] = item = self._reasoning(text)
-        return [self._event("response.reasoning_text.done", item_id=self.reasoning_id, output_index=index,
-                            content_index=0, text=text),
-                self._event("response.content_part.done", item_id=self.reasoning_id, output_index=index,
-                            content_index=0, part=item["content"][0]),
-                self._event("response.output_item.done", output_index=index, item=item)]
+        text, self.open_reasoning = self.open_reasoning, None
+        return self._close_part("reasoning_text", self.reasoning_id, self._reasoning(text), text)
 
     def _text_delta(self, text: str) -> list[bytes]:
         out = []
         if self.open_text is None:
             out += self._close_call()
             self.open_text = ""
-            self.output.append(self._message(None, "in_progress"))
-            index = len(self.output) - 1
-            out.append(self._event("response.output_item.added", output_index=index, item=self._message(None,
-                                                                                                          "in_progress")))
-            out.append(self._event("response.content_part.added", item_id=self.message_id, output_index=index,
-                                   content_index=0, part={"type": "output_text", "text": "", "annotations": []}))
+            out += self._open_part(self.message_id, self._message(None, "in_progress"),
+                                   {"type": "output_text", "text": "", "annotations": []})
         self.open_text += text
         out.append(self._event("response.output_text.delta", item_id=self.message_id, output_index=len(self.output) - 1,
                                content_index=0, delta=text, logprobs=[]))
@@ -309,14 +295,25 @@ class ResponsesRender(OneChoice):
     def _close_text(self) -> list[bytes]:
         if self.open_text is None:
             return []
-        index, text = len(self.output) - 1, self.open_text
-        self.open_text = None
-        self.output[index] = item = self._message(text)
-        part = item["content"][0]
-        return [self._event("response.output_text.done", item_id=self.message_id, output_index=index, content_index=0,
-                            text=text, logprobs=[]),
-                self._event("response.content_part.done", item_id=self.message_id, output_index=index,
-                            content_index=0, part=part),
+        text, self.open_text = self.open_text, None
+        return self._close_part("output_text", self.message_id, self._message(text), text, logprobs=[])
+
+    def _open_part(self, item_id: str, item: dict[str, Any], part: dict[str, Any]) -> list[bytes]:
+        """An output item in progress and its one content part, added (the events say so)."""
+        self.output.append(item)
+        index = len(self.output) - 1
+        return [self._event("response.output_item.added", output_index=index, item=item),
+                self._event("response.content_part.added", item_id=item_id, output_index=index, content_index=0,
+                            part=part)]
+
+    def _close_part(self, kind: str, item_id: str, item: dict[str, Any], text: str, **extra: Any) -> list[bytes]:
+        """The open item (the last) finished as `item`: its `kind`.done, content_part.done, output_item.done."""
+        index = len(self.output) - 1
+        self.output[index] = item
+        return [self._event(f"response.{kind}.done", item_id=item_id, output_index=index, content_index=0, text=text,
+                            **extra),
+                self._event("response.content_part.done", item_id=item_id, output_index=index, content_index=0,
+                            part=item["content"][0]),
                 self._event("response.output_item.done", output_index=index, item=item)]
 
     def _close_call(self) -> list[bytes]:
