@@ -358,16 +358,17 @@ def priority(threads: int) -> list[str]:
 def random_adapters(folder: Path, n: int) -> list[str]:
     """n PEFT adapters of the default model (rank LORA_RANK on every projection, B random, as a trained
     adapter's is non-zero), written under `folder`; their NAME=PATH options."""
-    from anatomy.lora import LoraConfig, apply_lora, save_adapter
+    from anatomy.lora import LoraConfig, apply_lora, lora_layers, save_adapter
 
+    model = apply_lora(anatomy.load(MODEL, weights="f32"), LoraConfig(rank=LORA_RANK, alpha=2 * LORA_RANK,
+                                                                      targets="all"))
     options = []
-    for i in range(n):
+    for i in range(n):  # one model, its LoRA layers drawn again for each adapter
         torch.manual_seed(i)
-        model = apply_lora(anatomy.load(MODEL, weights="f32"), LoraConfig(rank=LORA_RANK, alpha=2 * LORA_RANK,
-                                                                          targets="all"))
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                torch.nn.init.normal_(p, std=0.02)
+        for layer in lora_layers(model).values():
+            layer.reset_parameters()
+            for b in layer.lora_B.values():
+                torch.nn.init.normal_(b, std=0.02)
         options.append(f"a{i}={save_adapter(model, folder / f'a{i}')}")
     return options
 
