@@ -107,14 +107,16 @@ def test_speculative_rewind_over_codes_gives_the_plain_tokens():
     assert decoder.stats.verifications > 0
 
 
-def test_the_paged_cache_over_codes_decodes_as_the_static_one():
-    """The serving loop on an int8 paged cache: each prompt's greedy tokens equal the static int8
-    engine's alone, and again from the prefix cache."""
+@pytest.mark.parametrize("kind", ["int8", "bf16"])
+def test_the_paged_cache_over_codes_decodes_as_the_static_one(kind):
+    """The serving loop on an int8 (or bf16: a float cache narrower than the f32 model, whose masks and
+    angles stay f32) paged cache: each prompt's greedy tokens equal the static engine's alone with the
+    same cache, and again from the prefix cache."""
     from anatomy.serving.loop import ServingLoop
 
     from ...serving.conftest import engine_tokens, random_prompts, run_all
 
-    engine = DecoderEngine(llama_tiny(), kv_dtype="int8")
+    engine = DecoderEngine(llama_tiny(), kv_dtype=kind)
     prompts = random_prompts(6)
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     alone = [engine_tokens(engine, p, params) for p in prompts]

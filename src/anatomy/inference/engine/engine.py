@@ -233,7 +233,8 @@ class DecoderEngine:
         if self._codes is None and self.backend.native and not self.compiled:
             reader = paged_reader(self.config, self._cache_dtype, cache=self._plan_cache)
         return PagedKVCache(self.config, num_blocks=num_blocks, block_size=block_size, dtype=self._cache_dtype,
-                            device=self.device, codes=self._codes, reader=reader, window_blocks=window_blocks)
+                            device=self.device, codes=self._codes, reader=reader, window_blocks=window_blocks,
+                            compute_dtype=self.branch_dtype)
 
     @torch.inference_mode()
     def step(self, cache: PagedKVCache, chunks: list[Chunk]) -> Tensor:

@@ -40,11 +40,13 @@ class PagedPool(nn.Module):
 
 
 class PagedKVCache(nn.ModuleList):
-    """The block pools of every layer (an nn.ModuleList of PagedPool, so a captured step holds them)."""
+    """The block pools of every layer (an nn.ModuleList of PagedPool, so a captured step holds them), in
+    `dtype`; `compute_dtype` (default: dtype) is the dtype attention computes in, that of the steps'
+    masks and RoPE angles (a bf16 cache of an f32 model: f32)."""
 
     def __init__(self, config: ModelConfig, *, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu", codes: str | None = None, reader=None,
-                 window_blocks: int | None = None) -> None:
+                 window_blocks: int | None = None, compute_dtype: torch.dtype | None = None) -> None:
         token = (config.n_kv_heads, config.head_dim)
         if config.latent:  # one "head" per token: the latent and the RoPE key
             if codes:
@@ -59,6 +61,7 @@ class PagedKVCache(nn.ModuleList):
         self.window_blocks = window_blocks
         self.scratch = num_blocks  # the extra block padding writes to and missing blocks read from
         self.window_scratch = window_blocks  # the same in the sliding-window layers' group
+        self.compute_dtype = compute_dtype or dtype  # what attention computes in: its masks' and angles' dtype
         self.tables: ContextTables | None = None  # the RoPE table of a stack, made on first use
 
     @staticmethod
@@ -82,7 +85,8 @@ class PagedKVCache(nn.ModuleList):
     def context_tables(self, stack: Stack, length: int) -> ContextTables:
         """The position tables of `stack` over `length` positions (made once, grown when a longer step comes)."""
         if self.tables is None or len(self.tables.slots) < length:
-            self.tables = ContextTables(stack.context, length=max(length, 2 * self.block_size), dtype=self.dtype,
+            self.tables = ContextTables(stack.context, length=max(length, 2 * self.block_size),
+                                        dtype=self.compute_dtype,
                                         device=self[0].k.device)
         return self.tables
 
