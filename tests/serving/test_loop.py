@@ -8,7 +8,7 @@ import torch
 
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.sampling import SamplingParams
-from anatomy.serving.loop import ServingLoop, prefill_groups
+from anatomy.serving.loop import ServingLoop
 from anatomy.inference.engine import PagedKVCache
 
 from .conftest import engine_tokens, random_prompts, run_all
@@ -201,12 +201,6 @@ def test_length_and_context_limits(tiny):
     assert [e.finish_reason for e in events[:-1]] == [None] * 3
     with pytest.raises(ValueError, match="more than the context of 64"):
         loop.submit([1] * 60, SamplingParams(max_new_tokens=5), lambda e: None)
-
-
-def test_prefill_groups_bound_padding():
-    a, b, c, d = object(), object(), object(), object()
-    groups = prefill_groups([(a, 100), (b, 90), (c, 20), (d, 512)])
-    assert [[n for _, n in g] for g in groups] == [[512], [100, 90], [20]]
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from anatomy.errors import InputError
 from anatomy.kv_format import Codes, Pages
 from anatomy.layers.norm import RMSNorm
 from anatomy.layers.position import apply_rope
+from anatomy.layers.segments import Segments
 
 BACKENDS = ("sdpa", "eager")
 READ_ROWS = 16  # query rows per KV head up to which a cache's reader attends (decode, verification)
@@ -150,10 +151,17 @@ def attend(
     fused kernel: the scores are computed as a tensor.
 
     mask [B|1, 1, S, S_k] is bool (True attends) or float (added to the scores). k and v may be Codes
-    (an 8-bit cache's) or Pages (a paged cache's blocks, S_k = nb * bs), each with its own reader.
+    (an 8-bit cache's) or Pages (a paged cache's blocks, S_k = nb * bs), each with its own reader, or k
+    Segments (a flat batch's groups, q [1, H, T, d_h], each group with its own keys, mask and bias).
     `reader` reads float k and v as stored, for a few query rows (kernels/native). `sinks` [H]: a
     logit per head that joins each row's softmax with no value (computed as a tensor, as a softcap)."""
     check_backend(backend)
+    if isinstance(k, Segments):  # a flat batch (layers/segments.py): each group of rows attends apart
+        if return_weights or is_causal:
+            raise InputError("a flat batch of segments gives no attention weights and has its own masks")
+        return k.attend(q, lambda q, k, v, mask, bias: attend(
+            q, k, v, mask=mask, bias=bias, backend=backend, dropout=dropout, scale=scale, softcap=softcap,
+            reader=reader, sinks=sinks)), None
     if mask is not None and not isinstance(k, Pages):  # a pass over the cache's first slots only
         k, v = first_slots(k, mask.shape[-1]), first_slots(v, mask.shape[-1])
     readable = (bias is None and softcap is None and sinks is None and not return_weights and not dropout

@@ -19,6 +19,7 @@ from anatomy.kv_format import Pages
 from anatomy.layers.attention import attend, check_backend
 from anatomy.layers.norm import RMSNorm
 from anatomy.layers.position import apply_rope
+from anatomy.layers.segments import Segments
 
 
 class LatentAttention(nn.Module):
@@ -63,12 +64,16 @@ class LatentAttention(nn.Module):
         q_abs = torch.einsum("bshn,hnr->bhsr", q_n, w_k)  # [B, H, S, R]
         query = torch.cat([q_abs, q_r.transpose(1, 2)], dim=-1)  # [B, H, S, R + r]
         keys = torch.cat([c[:, :, None], k_r], dim=-1).transpose(1, 2)  # [B, 1, S, R + r]
+        values = keys[..., :self.rank]  # the latent: the values before W_v
         if cache is not None:
             keys, _ = cache.update(input_pos, keys, None)  # [B, 1, T, R + r]
-            keys = keys.gather() if isinstance(keys, Pages) else keys  # a paged cache's blocks, as rows
+            if isinstance(keys, Segments):  # a flat batch: each group's keys and latent
+                keys = values = keys.map(lambda k, _: _latent(k, self.rank))
+            else:
+                keys, values = _latent(keys, self.rank)
             mask = cache.keys_mask(mask)
         is_causal = self.causal and mask is None and cache is None
-        latent, weights = attend(query, keys, keys[..., :self.rank], mask=mask, bias=bias, is_causal=is_causal,
+        latent, weights = attend(query, keys, values, mask=mask, bias=bias, is_causal=is_causal,
                                  backend=self.backend, dropout=self.dropout if self.training else 0.0,
                                  return_weights=return_weights, scale=self.scale)  # [B, H, S, R]
         out = torch.einsum("bhsr,hvr->bshv", latent, w_v).reshape(B, S, H * self.v_dim)
@@ -80,3 +85,9 @@ class LatentAttention(nn.Module):
         if self.interleaved:
             x = torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
         return apply_rope(x, *rope) if rope is not None else x
+
+
+def _latent(keys, rank: int) -> tuple[Tensor, Tensor]:
+    """A cache's [c | k_r] keys (a paged cache's blocks gathered into rows) and the latent c they hold."""
+    keys = keys.gather() if isinstance(keys, Pages) else keys
+    return keys, keys[..., :rank]

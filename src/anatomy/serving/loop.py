@@ -4,10 +4,10 @@
     step():  new and cancelled sequences -> speculating sequences propose their drafts (within their
                 grammar, if any; a draft model's are slots, filled once scheduled: drafting.py)
              -> scheduler.schedule() -> (sequence, n tokens) pairs
-             -> one engine.step for the decoding rows [B, 1], one for the verifying rows [B', 1 + k]
-                and one per group of prefill chunks [B'', S] over the paged cache -> logits of rows
-                that reached their end (every position of a verifying row, and of a prompt whose
-                logprobs are asked: prompt_logprobs.py)
+             -> one engine.step over every chunk: decoding rows, verifying rows (1 + k tokens) and
+                prefill chunks in one forward over the paged cache -> logits of rows that reached
+                their end (every position of a verifying row, and of a prompt whose logprobs are
+                asked: prompt_logprobs.py)
              -> logit_bias, min_tokens, grammar masks (processors.py) -> sample (or keep the agreed part
                 of a draft) -> the grammar accepts -> detokenize, stop strings -> sink(Event) per token
              -> a thinking block past its budget is closed: the close appended as if sampled (thinking.py)
@@ -49,12 +49,6 @@ from anatomy.serving.drafting import Drafter
 from anatomy.serving.thinking import Thinking, ThinkingState
 from anatomy.serving.window_blocks import WindowBlocks
 from anatomy.serving.speculation import DRAFTED, ServedSpeculation, accept
-
-# Running a forward costs a read of every weight however few its rows; padding a prefill chunk costs
-# compute per padded token. Chunks are grouped into one forward while each one's padding stays
-# under this many tokens (about one weight read's worth of compute on the default model, 2 cores).
-PAD_TOKENS = 32
-
 
 class ServingLoop:
     """Continuous batching over a paged KV cache of `kv_bytes` bytes (blocks of `block_size` tokens);
@@ -210,11 +204,7 @@ class ServingLoop:
                 _within_grammar(seq)
             # a decoding sequence runs its last token and what is left of its draft
             scheduled = [(seq, 1 + len(seq.draft) if seq.remaining == 1 else n) for seq, n in scheduled]
-        verify = [(seq, n) for seq, n in scheduled if seq.draft]
-        decode = [(seq, n) for seq, n in scheduled if n == 1 and not seq.draft]
-        prefill = [(seq, n) for seq, n in scheduled if n > 1 and not seq.draft]
-        for group in [g for g in (decode, verify) if g] + prefill_groups(prefill):
-            self._run_group(group)
+        self._forward(scheduled)
         return True
 
     def _propose(self) -> None:
@@ -241,25 +231,38 @@ class ServingLoop:
                 self.metrics.finish("abort", None)
 
     @torch.inference_mode()
-    def _run_group(self, group: list[tuple[Sequence, int]]) -> None:
-        """One forward over the chunks of `group`; rows that reach their sequence's end sample a token
-        (a verifying row keeps what the target agrees with of its draft). A chunk of a sequence that
-        wants its prompt's logprobs asks for the logits of all its tokens."""
-        if group[0][0].draft:
-            return self._verify(group)
-        chunks = [Chunk(seq.tokens[seq.computed:seq.computed + n], seq.computed, seq.blocks,
-                        logits=n if wants_prompt_logits(seq, n) else int(seq.computed + n == len(seq.tokens)),
-                        window_blocks=self._window_table(seq), adapter=seq.adapter_slot,
-                        adapter_scale=seq.adapter_scale)
-                  for seq, n in group]
-        logits = self.engine.step(self.cache, chunks)  # [sum of chunk.logits, V]
-        prompt_tokens, row, ends = 0, 0, []
-        for (seq, n), chunk in zip(group, chunks):
-            if chunk.logits > 1 or (chunk.logits and seq.prompt_logprobs is not None):
-                record(seq, seq.computed + n - chunk.logits, logits[row:row + chunk.logits])
-            row += chunk.logits
+    def _forward(self, scheduled: list[tuple[Sequence, int]]) -> None:
+        """One forward over every scheduled chunk, decode, verification and prefill rows together
+        (engine.step) -> each sequence's rows of logits: a verifying row keeps what the target agrees
+        with of its draft, a row that reaches its sequence's end samples a token."""
+        chunks = [self._chunk(seq, n) for seq, n in scheduled]
+        logits = self.engine.step(self.cache, chunks).split([c.logits for c in chunks])  # per chunk [logits, V]
+        rows = list(zip(scheduled, logits))
+        self._advance([(seq, n, r) for (seq, n), r in rows if not seq.draft])
+        self._verify([(seq, n, r) for (seq, n), r in rows if seq.draft])
+
+    def _chunk(self, seq: Sequence, n: int) -> Chunk:
+        """The chunk of seq's next n tokens (a verifying row: its last token and its draft). A chunk of a
+        sequence that wants its prompt's logprobs asks for the logits of all its tokens."""
+        if seq.draft:
+            tokens, logits = seq.tokens[seq.computed:] + seq.draft, n
+        else:
+            tokens = seq.tokens[seq.computed:seq.computed + n]
+            logits = n if wants_prompt_logits(seq, n) else int(seq.computed + n == len(seq.tokens))
+        return Chunk(tokens, seq.computed, seq.blocks, logits=logits, window_blocks=self._window_table(seq),
+                     adapter=seq.adapter_slot, adapter_scale=seq.adapter_scale)
+
+    def _advance(self, group: list[tuple[Sequence, int, Tensor]]) -> None:
+        """Sequences past n more tokens, with their chunks' logits [logits, V]; rows that reach their
+        sequence's end sample a token."""
+        if not group:
+            return
+        prompt_tokens, ends = 0, []
+        for seq, n, logits in group:
+            if len(logits) > 1 or (len(logits) and seq.prompt_logprobs is not None):
+                record(seq, seq.computed + n - len(logits), logits)
             if seq.computed + n == len(seq.tokens):
-                ends.append((seq, row - 1))
+                ends.append((seq, logits[-1]))
             prompt_tokens += max(0, min(seq.computed + n, seq.prompt_len) - seq.computed)
             self.scheduler.advance(seq, n)
             if seq.prompt_logprobs is not None:
@@ -269,17 +272,16 @@ class ServingLoop:
             self._emit_prompt_only(seq)
         ends = [e for e in ends if not e[0].score_only]
         if ends:
-            self._sample([seq for seq, _ in ends], logits[torch.tensor([r for _, r in ends])])
+            self._sample([seq for seq, _ in ends], torch.stack([row for _, row in ends]))
 
-    def _verify(self, group: list[tuple[Sequence, int]]) -> None:
-        """One forward over each row's last token and draft -> the agreed tokens emitted one by one, the
-        cache advanced past them (what lies beyond, the rejected guesses, is written over later)."""
-        chunks = [Chunk(seq.tokens[seq.computed:] + seq.draft, seq.computed, seq.blocks, logits=n,
-                        window_blocks=self._window_table(seq), adapter=seq.adapter_slot,
-                        adapter_scale=seq.adapter_scale) for seq, n in group]
-        logits = self.engine.step(self.cache, chunks).split([n for _, n in group])  # per row [1 + k, V]
+    def _verify(self, group: list[tuple[Sequence, int, Tensor]]) -> None:
+        """Each verifying row's logits [1 + k, V] over its last token and draft -> the agreed tokens
+        emitted one by one, the cache advanced past them (what lies beyond, the rejected guesses, is
+        written over later)."""
+        if not group:
+            return
         self.metrics.step(0, len(group))
-        for (seq, n), rows in zip(group, logits):
+        for seq, n, rows in group:
             draft, seq.draft = seq.draft, []
             tokens, kept = accept(processed_draft(rows, seq, draft), draft, seq.params, seq.generator)
             seq.speculation.kept(len(draft), kept)
@@ -446,15 +448,3 @@ def choose_tokens(logits: Tensor, seqs: list[Sequence]) -> list[int]:
         tokens[i] = int(next_tokens(logits[i:i + 1], seq.params, seen=seen, counts=counts,
                                     generator=seq.generator)[0])
     return tokens
-
-
-def prefill_groups(chunks: list[tuple[Sequence, int]]) -> list[list[tuple[Sequence, int]]]:
-    """Prefill chunks grouped into forwards [B', S]: longest first, a chunk joins the current group
-    while it is at most PAD_TOKENS shorter than the group's longest."""
-    groups: list[list[tuple[Sequence, int]]] = []
-    for seq, n in sorted(chunks, key=lambda c: -c[1]):
-        if groups and groups[-1][0][1] - n <= PAD_TOKENS:
-            groups[-1].append((seq, n))
-        else:
-            groups.append([(seq, n)])
-    return groups

@@ -24,6 +24,7 @@ from anatomy.deprecation import deprecated
 from anatomy.errors import InputError
 from anatomy.inference.engine.backend import backend_for
 from anatomy.inference.engine.capture import Captured, capture_paged, capture_static, signature
+from anatomy.inference.engine.flat_batch import by_length, flat_inputs
 from anatomy.inference.engine.kv_cache import KVCache
 from anatomy.inference.engine.paged import Chunk, PagedKVCache, paged_inputs
 from anatomy.inference.engine.run import PaddedBatch, Run
@@ -240,8 +241,12 @@ class DecoderEngine:
     def step(self, cache: PagedKVCache, chunks: list[Chunk]) -> Tensor:
         """One forward over a batch of chunks (each a sequence's next tokens at its positions, through
         its block table) -> the logits [R, V] of every chunk's last `logits` tokens, chunk after chunk.
-        A batch of single tokens (decode) runs on a captured graph of its shape, rounded up."""
+        A batch of single tokens (decode) runs on a captured graph of its shape, rounded up; chunks of
+        one length as rows [B, S]; chunks of several lengths as one flat batch [1, T] (flat_batch.py)."""
         adapters = [c.adapter for c in chunks] if self.lora is not None and any(c.adapter for c in chunks) else None
+        groups = by_length(chunks)
+        if len(groups) > 1:  # chunks of several lengths: one forward over a flat batch of them
+            return self._flat_step(cache, chunks, groups, lora=adapters is not None)
         captured = self.captured and adapters is None and all(len(c.tokens) == 1 for c in chunks)
         inputs = paged_inputs(self.model.stack, cache, chunks, rows=_rows_bucket(len(chunks)) if captured else None,
                               blocks_multiple=max(1, BUCKET // cache.block_size) if captured else None)
@@ -253,6 +258,14 @@ class DecoderEngine:
                 hidden = self.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions,
                                               cache=cache.layers(inputs.where))  # [B, S, D]
         return self.head(hidden[inputs.wanted])  # [R, V]
+
+    def _flat_step(self, cache: PagedKVCache, chunks: list[Chunk], groups: list[list[int]], *, lora: bool) -> Tensor:
+        """One eager forward over chunks of several lengths laid end to end (flat_batch.py)."""
+        inputs = flat_inputs(self.model.stack, cache, chunks, groups)
+        with self.lora.rows(inputs.adapters, inputs.scales) if lora else contextlib.nullcontext():
+            hidden = self.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions,
+                                          cache=inputs.layers)  # [1, T, D]
+        return self.head(hidden[0, inputs.wanted])  # [R, V]
 
     def serve_adapters(self, *, max_loras: int, max_rank: int) -> AdapterSlots:
         """Serve up to `max_loras` LoRA adapters of rank <= max_rank at once (lora/slots.py): a chunk's
