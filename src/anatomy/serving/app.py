@@ -1,24 +1,10 @@
 """The OpenAI-compatible HTTP app (Starlette on uvicorn): the edge between clients and the serving loop.
 
-    POST /v1/chat/completions, /v1/completions   generation (SSE when "stream": true)
-    POST /v1/responses                           the Responses API on the same loop (responses_api.py)
-    POST /v1/messages, /v1/messages/count_tokens Anthropic's Messages API on the same loop (messages_api.py)
-    POST /v1/embeddings                          sentence embeddings: the encoder model's, or the decoder's pooled
-    POST /v1/rerank, /v1/score                   a cross-encoder's or the decoder's relevance scores (pooling_api.py)
-    GET  /v1/models, /health, /metrics           what is served, readiness (200 / 503 loading), Prometheus
-    POST /tokenize, /detokenize                  the served model's tokenizer (vLLM's shapes)
-    GET  /tokenizer_info                         its special tokens and chat template (vLLM's)
-    POST /v1/load_lora_adapter, /v1/unload_lora_adapter   LoRA adapters at run time (vLLM's; adapters.py)
-
-Every error is OpenAI's JSON, {"error": {"message", "type", "param", "code"}} (Anthropic's under
-/v1/messages): 400 for bad input, 401 for a wrong or missing key (when the server has one, sent as
-`Authorization: Bearer` or `x-api-key`; /health and /metrics stay open), 404
-for an unknown model or path, 413 for a body over the limit, 429 (with Retry-After) past the
-admission limit, 503 while loading or shutting down, 500 for a bug.
-A client that goes away (a closed connection) has its sequences cancelled at once: the loop
-frees their blocks at the start of its next step. On shutdown (`drain`) new requests get 503, the
-ones in flight finish up to a deadline, and those still running then end with an error (a stream:
-an error event and [DONE]).
+Routes: OpenAI's /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/models;
+Anthropic's /v1/messages; vLLM's rerank, score, tokenizer and LoRA-adapter routes; /health, /metrics.
+At the edge: the API key, the body and admission limits, a gone client's sequences cancelled at once,
+the drain on shutdown; every error is OpenAI's JSON (Anthropic's under /v1/messages).
+Details: docs/serving.md, "The API", "Overload and shutdown" and "Errors".
 """
 
 from __future__ import annotations

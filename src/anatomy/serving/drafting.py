@@ -1,21 +1,11 @@
 """A draft model's proposals in the serving loop: its own paged KV cache, indexed by the target's blocks.
 
-    the draft's cache    as many blocks of the same size as the target's, so a sequence's block table
-                         (the scheduler's) addresses both: the draft writes its K/V where the target
-                         writes its own, nothing to allocate or free
-    fill(sequences)      for the verifying sequences of a step, scheduled with k DRAFTED slots each:
-                           round 1   what the draft has not seen yet (the whole prompt the first time,
-                                     then the 1-2 tokens the last round emitted) -> its next token
-                           round i   its token of round i - 1 -> the next (k - 1 single-token steps,
-                                     replayed from a captured graph as every decode step is)
-                         the draft's argmax each time (deterministic proposals: for a sampled request
-                         the rejection rule keeps the output distributed as plain sampling)
-    after verification   the draft's cache is right up to the kept tokens (SequenceSpeculation.kept);
-                         a preempted sequence's blocks are new, so its draft starts again from 0
-
-A block the prefix cache hands a new sequence holds the target's K/V, not necessarily the draft's: the
-draft computes every sequence from its first token, writing the same values where a shared prefix
-already has them. Only proposals come from the draft: the target verifies every token.
+The draft's cache has as many blocks of the same size as the target's, so a sequence's block table (the
+scheduler's) addresses both: the draft writes its K/V where the target writes its own, nothing to
+allocate or free. `fill(sequences)` fills the k DRAFTED slots of a step's verifying sequences: the draft
+catches up on what it has not seen, then takes k - 1 single-token steps, proposing its argmax each time.
+Only proposals come from the draft: the target verifies every token.
+Details: docs/serving.md, "Speculative decoding".
 """
 
 from __future__ import annotations

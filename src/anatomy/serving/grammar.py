@@ -1,19 +1,12 @@
-"""Constrained decoding: a grammar per sequence that says which tokens may come next.
+"""Constrained decoding: a grammar per sequence that says which tokens may come next (llguidance).
 
-    spec = GrammarSpec("json", {"type": "object", ...}, param="response_format")   (or regex, choice, lark, gbnf)
-    constraint = grammars.compile(spec)        # the compiled grammar is cached; each sequence gets a copy
+    constraint = grammars.compile(GrammarSpec("json", schema, param="response_format"))  # or regex, choice,
+                                               # lark, gbnf; compiled grammars are cached, each sequence a copy
     constraint.fill(mask[i])                   # packed bitmask [ceil(V / 32)] int32 of the allowed next tokens
     constraint.accept(token)                   # after sampling; `finished` once nothing but a stop may follow
     constraint.rollback(n), constraint.valid_prefix(tokens)   # for speculative proposals
 
-The grammar engine is llguidance (Microsoft's Rust engine behind guidance, one of vLLM's structured
-output backends): no dependencies of its own, JSON Schema, regular expressions and Lark grammars
-(llama.cpp's GBNF converted), a packed bitmask per step in tens of microseconds on a 49k vocabulary,
-and rollback / token validation for speculative decoding (docs/serving.md has the measurements
-against xgrammar and outlines-core, `python -m benchmarks grammar`).
-
-JSON is constrained to the compact separators json.dumps writes (", " and ": ", no free
-whitespace): a small model given free whitespace can fill its whole budget with newlines.
+JSON is held to json.dumps' compact separators. Details: docs/serving.md, "Structured outputs".
 """
 
 from __future__ import annotations

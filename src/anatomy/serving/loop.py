@@ -1,23 +1,12 @@
 """The serving loop: one thread owns the model, the paged KV cache and the scheduler.
 
-    submit(prompt ids, params, sink) / cancel(seq)      from any thread: queued, picked up by the loop
-    step():  new and cancelled sequences -> speculating sequences propose their drafts (within their
-                grammar, if any; a draft model's are slots, filled once scheduled: drafting.py)
-             -> scheduler.schedule() -> (sequence, n tokens) pairs
-             -> one engine.step over every chunk: decoding rows, verifying rows (1 + k tokens) and
-                prefill chunks in one forward over the paged cache -> logits of rows that reached
-                their end (every position of a verifying row, and of a prompt whose logprobs are
-                asked: prompt_logprobs.py)
-             -> logit_bias, min_tokens, grammar masks (processors.py) -> sample (or keep the agreed part
-                of a draft) -> the grammar accepts -> detokenize, stop strings -> sink(Event) per token
-             -> a thinking block past its budget is closed: the close appended as if sampled (thinking.py)
-             -> finished sequences leave
+    submit(prompt ids, params, sink) / cancel(seq)    from any thread: queued, picked up by the loop
+    step():  new and cancelled sequences -> drafts proposed -> scheduler.schedule() -> one engine.step
+             over every chunk -> logit_bias, min_tokens, grammar masks -> sample (or keep a draft's
+             agreed part) -> detokenize, stop strings -> sink(Event) per token -> finished sequences leave
 
-The loop runs the model only through the engine's public API: `engine.paged_cache` (blocks in the
-dtype the blocks' branches compute in) and `engine.step`, whose decode steps replay a graph captured
-per (batch, blocks) shape, rounded up, as the engine's own static decode step does; `capture_decode`
-records those of the shortest cache for every batch size before the server takes requests.
-`step()` can also be called directly (tests drive it without a thread).
+The model runs only through the engine's public API (`engine.paged_cache`, `engine.step`); `step()`
+can also be called directly (tests drive it without a thread). Details: docs/serving.md, "How it works".
 """
 
 from __future__ import annotations

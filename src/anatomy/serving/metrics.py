@@ -1,28 +1,8 @@
 """The server's metrics in the Prometheus text format (`GET /metrics`), with vLLM's meanings.
 
-Counters and histograms are updated by the serving loop's thread and read by the HTTP thread,
-under one lock. Gauges (running/waiting, KV blocks, prefix-cache hit rate) are read from the
-scheduler and the block manager when scraped.
-
-    anatomy_requests_running / _waiting           sequences in the running batch / the queue
-    anatomy_kv_cache_tokens / anatomy_kv_cache_bytes   tokens the paged KV cache holds, and its bytes
-    anatomy_kv_blocks_used / _free / _total       blocks of the paged KV cache (free includes
-                                                  cached blocks no sequence holds: evictable)
-    anatomy_kv_window_blocks_used / _free / _total   the same for the sliding-window layers' own group
-                                                  (only where the cache has one: window_blocks.py)
-    anatomy_kv_held_bytes                         bytes of the blocks the sequences hold, every group
-    anatomy_prefix_cache_queries_total / _hits_total / anatomy_prefix_cache_hit_rate
-                                                  prompt tokens looked up / found in the cache
-    anatomy_prompt_tokens_total, anatomy_generation_tokens_total, and per second over the last
-                                                  10 s: prompt tokens computed, tokens generated
-    anatomy_time_to_first_token_seconds           histogram: arrival -> first token sampled
-    anatomy_inter_token_latency_seconds           histogram: between consecutive tokens of a sequence
-    anatomy_e2e_request_latency_seconds           histogram: arrival -> last token
-    anatomy_requests_finished_total{reason}       stop / length / abort / error
-    anatomy_preemptions_total                     sequences preempted (recomputed later)
-    anatomy_spec_decode_num_draft_tokens_total / _accepted_tokens_total
-                                                  speculative decoding: tokens proposed and verified /
-                                                  kept (their ratio: the acceptance rate)
+Counters and histograms are updated by the serving loop's thread and read by the HTTP thread, under
+one lock. Gauges (running/waiting, KV blocks, prefix-cache hit rate) are read from the scheduler and
+the block manager when scraped. Every metric and its meaning: docs/serving.md, "Metrics".
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """The OpenAI API's request bodies, validated: every known field typed and ranged.
 
 A body is parsed from its JSON bytes in strict mode (a string is not a number, a number is not a
-boolean); the first problem becomes one `RequestError` naming the field (`param`) and the rule,
-which the app answers as OpenAI does: 400 with {"error": {"message", "type", "param", "code"}}.
-
-Fields, by what they get:
-
-- OpenAI's fields and the vendor extensions clients send (vLLM's top_k, min_p, min_tokens,
-  repetition_penalty, ignore_eos, stream_options.continuous_usage_stats, guided_json /
-  guided_regex / guided_choice / guided_grammar, structured_outputs, chat_template_kwargs, priority; the
-  thinking budget, `thinking_budget`, also under vLLM's name thinking_token_budget): validated and
-  implemented.
-- Fields that would change the answer and are not implemented (suffix, best_of other than n,
-  functions / function_call, audio, prediction, a non-text modality): refused by name (400).
-- Any other field: ignored, as vLLM does, and named in the server's log (once per field name);
-  `anatomy serve --strict-fields` refuses them instead, as OpenAI does (400 "unrecognized request
-  argument supplied"). The same holds inside messages, parts and tools.
+boolean); its first problem becomes one `RequestError` naming the field (`param`) and the rule, which
+the app answers as OpenAI does: 400 with {"error": {"message", "type", "param", "code"}}. The vendor
+extensions clients send are implemented; fields that would change the answer but are not implemented
+are refused by name; any other field is ignored and logged (refused with --strict-fields).
+Details: docs/serving.md, "Vendor extensions and unknown fields" and "Errors".
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """OpenAI response bodies from the serving loop's events: whole (collect) or as SSE chunks (stream).
 
-Streamed chat: the first chunk of each choice carries the role, every chunk the same `id`; the
-content deltas join to the text the same request gets unstreamed; each choice ends with a chunk
-holding its finish_reason; with stream_options.include_usage a last chunk (no choices) carries
-the usage (with continuous_usage_stats, every chunk carries the usage so far); then `data: [DONE]`.
-A request that fails or is ended by the server's shutdown gets an error event, then `[DONE]`.
-
-Tool calls (chat with tools): the text is read by tools.ToolStream; a call is sent as OpenAI sends
-it, a delta {"tool_calls": [{"index", "id", "type": "function", "function": {"name", "arguments": ""}}]}
-then the arguments; finish_reason "tool_calls". Completions with echo put the prompt (its text, and
-with logprobs its tokens, the first one's logprob null as OpenAI's) before the generated text.
-
-Reasoning (a server with --reasoning-parser): a chat answer's thinking block goes to
-message.reasoning_content (null when it does not think), streamed as {"reasoning_content": ...}
-deltas before the content ones (vLLM's shape); usage.completion_tokens_details.reasoning_tokens counts
-the tokens generated inside it.
+A stream's deltas join to what the same request gets unstreamed (content, tool calls read by
+tools.ToolStream, reasoning_content); it ends with `data: [DONE]`, after an error event when the
+request fails. Details: docs/serving.md, "The API" (streaming), "Tool calling", "Reasoning" and
+"Scoring: echo and prompt logprobs".
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """`POST /v1/responses`: OpenAI's Responses API (what `client.responses.create` and newer agents send),
 answered by the same loop as chat: the request becomes a chat request, the events a `response`.
 
-    input            a string (one user message) or a list of items: messages ({"role", "content"}: a
-                     string or input_text / output_text parts), function_call and function_call_output
-                     items (a tool round trip, fed back as in chat)
-    instructions     a system message before the input
-    max_output_tokens, temperature, top_p, stream, tools (function tools, flat: {"type", "name",
-    "parameters"}), tool_choice, parallel_tool_calls, text.format (text, json_object, json_schema)
-    store, metadata, user, reasoning, truncation, include, service_tier
-                     accepted; nothing is stored (previous_response_id and background are refused)
-
-The answer: {"object": "response", "status": "completed" | "incomplete", "output": [a message with
-one output_text part, function_call items], "usage": {"input_tokens", "output_tokens", ...}}; streamed
-as OpenAI's events: response.created, response.in_progress, response.output_item.added,
-response.content_part.added, response.output_text.delta ..., response.output_text.done,
-response.content_part.done, response.output_item.done (function calls: output_item.added,
-function_call_arguments.delta / .done, output_item.done), then response.completed (or
-response.incomplete when max_output_tokens ended it). A failure is an "error" event.
-
-On a server with --reasoning-parser the thinking block comes first, as a `reasoning` item
-({"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text"}]}; streamed:
-output_item.added, content_part.added, response.reasoning_text.delta ..., .done, content_part.done,
-output_item.done), and usage.output_tokens_details.reasoning_tokens counts its tokens.
+The answer is {"object": "response", "status", "output": [a reasoning item (with --reasoning-parser),
+a message, function_call items], "usage"}, or OpenAI's stream events (response.created ...
+response.completed). Nothing is stored (previous_response_id and background are refused).
+Details: docs/serving.md, "The Responses API" and "Reasoning".
 """
 
 from __future__ import annotations

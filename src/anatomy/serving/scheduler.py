@@ -1,32 +1,12 @@
 """Iteration-level scheduling (Orca, vLLM): which sequences advance in the next step, by how many tokens.
 
-Each step has a budget of `max_step_tokens` tokens:
-
-    1. decoding sequences (running, with one token to run), first come first served: 1 token each,
-       and a block when they cross into a new one; when no block is free, the most recently
-       admitted running sequence is preempted (its blocks freed; it is recomputed later) until one is;
-       then a speculating one's `draft` (serving/speculation.py) while the budget and the free blocks
-       allow (never preempting anything for it; else the draft is dropped for this step)
-    2. running sequences still in prefill: the rest of the prompt, or what is left of the budget
-       (chunked prefill: a long prompt holds up the decodes for at most one budget's worth of
-       compute per step, and never takes their turn)
-    3. waiting sequences, in arrival order, while the budget, the `max_seqs` slots and the free
-       blocks allow (and nothing was preempted this step): the prefix cache gives each the blocks
-       of its longest cached prefix, and only the rest is computed (for a sequence that wants its
-       prompt's logprobs, the prefix whose logprobs are kept too, less one block: prompt_logprobs.py)
-
-A waiting sequence is admitted only if it leaves one free block per running sequence (a
-watermark), so that admitting it does not preempt the others in the next step. With an offload
-store (offload.py), the prompt's blocks it keeps after the cached prefix are copied into the
-sequence's fresh blocks at admission rather than computed.
-
-The policy (vLLM's --scheduling-policy) orders both queues. "fcfs": running by admission, waiting by
-arrival (a preempted sequence first). "priority": both by (priority, arrival), lower first; the
-sequence preempted is the worst-ranked running one, and before each step, while the best waiting
-sequence ranks above the worst running one and finds no slot or no blocks, that one is preempted.
-
-With a windowed cache (window_blocks.py), every block a sequence grows by is one block of each group,
-taken together or not at all, and a sequence gives back its sliding-window blocks as they leave the window.
+Each step spends a budget of `max_step_tokens` tokens in this order: (1) decoding sequences, 1 token
+each (then speculating ones' drafts, where budget and free blocks allow), a running sequence preempted
+and recomputed later whenever no block is free; (2) running sequences still in prefill, as much of the
+prompt as the budget leaves (chunked prefill); (3) waiting sequences, while the budget, the `max_seqs`
+slots and the free blocks allow, each given the blocks of its longest cached prefix. The policy
+("fcfs" or "priority", vLLM's --scheduling-policy) orders both queues and picks whom to preempt.
+Details: docs/serving.md, "The scheduler (one step)" and "Priorities".
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Tool calls: the model's text -> OpenAI `tool_calls`, whole or as streaming deltas, and the grammars
 that enforce tool_choice "required" or a named function.
 
-Formats read back (whatever the family, with tool_choice "auto"):
-
-    hermes       <tool_call>{"name": "f", "arguments": {...}}</tool_call>   (Qwen2.5/3, Hermes, and the
-                 format anatomy's own tool prompt asks for when a chat template has no tool support)
-    llama3_json  {"name": "f", "parameters": {...}}, after <|python_tag|> or as the whole answer;
-                 several separated by ";" (Llama 3.1-3.3)
-    mistral      [TOOL_CALLS] [{"name": "f", "arguments": {...}}, ...] (the list alone when the
-                 marker, a special token, is skipped in the text)
-
-A JSON answer counts as a call only if its "name" is one of the request's tools; anything else
-stays content. tool_choice "required" constrains the output to a JSON list of
-{"name", "parameters"} objects, one per call (as vLLM does); a named function constrains it to
-that function's arguments, streamed as argument deltas as they are generated.
+Calls are read back in three formats, whatever the model family: hermes (<tool_call>{...}</tool_call>),
+llama3_json ({"name", "parameters"}) and mistral ([TOOL_CALLS] [...]); a JSON answer counts as a call
+only if its "name" is one of the request's tools. Details: docs/serving.md, "Tool calling".
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """Training checkpoints: everything needed to continue a run to the bit, written atomically.
 
-    <run>/checkpoints/step-000100/
-        config.json + model.safetensors   the full (unsharded) weights in the HF layout (anatomy.save):
-                               `anatomy.load(dir)` and HF transformers read them. A config HF has no
-                               model class for is written with anatomy's names and fields instead.
-        anatomy_config.json    the exact ModelConfig (anatomy's field names)
-        tokenizer.json + tokenizer_config.json   the run's tokenizer (anatomy.load_tokenizer(dir) reads it)
-        optimizer.safetensors  AdamW state per parameter name (step, exp_avg, exp_avg_sq)
-        trainer.json           step, tokens, counters, schedule, optimizer groups, val loss, world size
-        rng-rank{r}.json       python, numpy and torch RNG states of rank r
-    <run>/checkpoints/latest.json -> {"step": 100, "dir": "step-000100"}
+    <run>/checkpoints/step-000100/   the weights (HF layout; a LoRA run: its PEFT adapter), anatomy_config.json,
+                                     the tokenizer, optimizer.safetensors, trainer.json, rng-rank{r}.json
+    <run>/checkpoints/latest.json    {"step": 100, "dir": "step-000100"}
 
-A LoRA run (its base frozen) writes the adapter instead of the weights: adapter_config.json +
-adapter_model.safetensors, a directory HF PEFT loads as it is (anatomy/lora/peft.py); resuming
-loads the base from --model again.
-
-A checkpoint is written into a hidden temporary directory, every file fsynced, then renamed into
-place with os.replace, then latest.json is replaced the same way: a crash at any moment leaves the
-previous checkpoint and pointer intact. No pickle anywhere (safetensors + JSON). State dicts are
-gathered to full tensors keyed by parameter name, so N ranks can write what M ranks read.
+Written into a hidden temporary directory, every file fsynced, renamed into place, then latest.json replaced
+the same way: a crash leaves the previous checkpoint and pointer intact. No pickle; full tensors by parameter
+name, so N ranks write what M ranks read. Details: docs/training.md, "What it does" (checkpoints, resume).
 """
 
 from __future__ import annotations
