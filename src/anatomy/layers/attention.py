@@ -83,11 +83,13 @@ class Attention(nn.Module):
         cache: LayerCache | None = None,
         input_pos: Tensor | None = None,
         return_weights: bool = False,
+        new_keys_only: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """x [B, S, D]; rope (cos, sin) [B, S, 1, d_h]; mask [B|1, 1, S, S_k], bool (True attends) or
         float (added to the scores); bias [B|1, H, S, S_k].
 
-        With no mask, a causal layer without a cache masks the future itself.
+        With no mask, a causal layer without a cache masks the future itself, and so does one whose
+        pass is a fresh prompt (`new_keys_only`: the cache is written, the new keys are read).
         """
         B, S, _ = x.shape
         if self.cross:
@@ -96,9 +98,10 @@ class Attention(nn.Module):
         else:
             q, k, v = self._project_self(x, rope)
         if cache is not None:
-            k, v = cache.update(input_pos, k, v)  # [B, H_kv, T, d_h]
-            mask = cache.keys_mask(mask)
-        is_causal = self.causal and mask is None and cache is None
+            written = cache.update(input_pos, k, v)  # [B, H_kv, T, d_h]
+            if not new_keys_only:
+                (k, v), mask = written, cache.keys_mask(mask)
+        is_causal = self.causal and mask is None and (cache is None or new_keys_only)
         out, weights = attend(
             q, k, v, mask=mask, bias=bias, is_causal=is_causal, backend=self.backend,
             dropout=self.dropout if self.training else 0.0, return_weights=return_weights,
@@ -159,13 +162,13 @@ def attend(
     if isinstance(k, Segments):  # a flat batch (layers/segments.py): each group of rows attends apart
         if return_weights or is_causal:
             raise InputError("a flat batch of segments gives no attention weights and has its own masks")
-        return k.attend(q, lambda q, k, v, mask, bias: attend(
-            q, k, v, mask=mask, bias=bias, backend=backend, dropout=dropout, scale=scale, softcap=softcap,
-            reader=reader, sinks=sinks)), None
+        return k.attend(q, lambda q, k, v, mask, bias, causal: attend(
+            q, k, v, mask=mask, bias=bias, is_causal=causal, backend=backend, dropout=dropout, scale=scale,
+            softcap=softcap, reader=reader, sinks=sinks)), None
     if mask is not None and not isinstance(k, Pages):  # a pass over the cache's first slots only
         k, v = first_slots(k, mask.shape[-1]), first_slots(v, mask.shape[-1])
     readable = (bias is None and softcap is None and sinks is None and not return_weights and not dropout
-                and q.shape[2] <= READ_ROWS
+                and not is_causal and q.shape[2] <= READ_ROWS
                 and (mask is None or mask.dtype != torch.bool))
     reader = k.reader if isinstance(k, (Codes, Pages)) else reader
     if isinstance(k, Pages) and not (readable and reader is not None and k.pool.dtype in READABLE):
@@ -180,6 +183,11 @@ def attend(
     H_kv, S_k = k.shape[1], k.shape[2]
     rep = H // H_kv
     explicit = softcap is not None or sinks is not None  # no fused kernel: the scores as a tensor
+    if is_causal and backend == "sdpa" and rep > 1 and S == S_k and mask is None and bias is None \
+            and not return_weights and not explicit:
+        # the query heads of each kv group read its keys in the kernel (enable_gqa): no mask, no folding
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scale, enable_gqa=True)
+        return out, None
     if is_causal and (rep > 1 or backend == "eager" or bias is not None or return_weights or explicit):
         mask = torch.ones(S, S_k, dtype=torch.bool, device=q.device).tril(S_k - S)[None, None]
         is_causal = False

@@ -59,7 +59,9 @@ class Block(nn.Module):
         rope = {"main": ctx.rope, "sliding": ctx.sliding_rope, "none": None}[self.rope]
         x = self._residual(x, self.attn_norm, lambda h: self._attend(self.attn, weights, h, rope=rope,
                                                                    mask=mask, bias=ctx.bias, cache=cache,
-                                                                   input_pos=ctx.input_pos), self.attn_out_norm)
+                                                                   input_pos=ctx.input_pos,
+                                                                   new_keys_only=ctx.new_keys_only),
+                          self.attn_out_norm)
         if self.cross_attn is not None:
             x = self._residual(x, self.cross_norm, lambda h: self._attend(self.cross_attn, weights, h,
                                                                         memory_kv=memory_kv, mask=ctx.memory_mask))

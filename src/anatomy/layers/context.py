@@ -24,6 +24,9 @@ class Context:
     input_pos    [S]: the KV-cache slots the new keys and values are written to
     memory_mask  bool [B, 1, 1, S_m]: the real (non-padding) positions of the encoder output
     router_logits  a list every mixture-of-experts FFN appends its router logits [B*S, E] to
+    new_keys_only  the pass's keys are its own tokens, from position 0, nothing padded or cached
+                 before (a fresh prompt): attention reads the new keys and values, causally,
+                 without a mask (SDPA's is_causal: a flash kernel can run), after writing the cache
     """
 
     rope: tuple[Tensor, Tensor] | None = None
@@ -34,3 +37,4 @@ class Context:
     window_mask: Tensor | None = None
     router_logits: list[Tensor] | None = None
     sliding_rope: tuple[Tensor, Tensor] | None = None
+    new_keys_only: bool = False

@@ -50,7 +50,8 @@ class LatentAttention(nn.Module):
 
     def forward(self, x: Tensor, *, rope: tuple[Tensor, Tensor] | None = None, mask: Tensor | None = None,
                 bias: Tensor | None = None, cache=None, input_pos: Tensor | None = None,
-                return_weights: bool = False, memory_kv=None) -> Tensor | tuple[Tensor, Tensor]:
+                return_weights: bool = False, memory_kv=None, new_keys_only: bool = False
+                ) -> Tensor | tuple[Tensor, Tensor]:
         """x [B, S, D] -> [B, S, D]; rope (cos, sin) [B, S, 1, r]; the cache keeps [c | k_r] as one head."""
         B, S, _ = x.shape
         H, n = self.n_heads, self.nope_dim
@@ -66,13 +67,14 @@ class LatentAttention(nn.Module):
         keys = torch.cat([c[:, :, None], k_r], dim=-1).transpose(1, 2)  # [B, 1, S, R + r]
         values = keys[..., :self.rank]  # the latent: the values before W_v
         if cache is not None:
-            keys, _ = cache.update(input_pos, keys, None)  # [B, 1, T, R + r]
-            if isinstance(keys, Segments):  # a flat batch: each group's keys and latent
-                keys = values = keys.map(lambda k, _: _latent(k, self.rank))
-            else:
-                keys, values = _latent(keys, self.rank)
-            mask = cache.keys_mask(mask)
-        is_causal = self.causal and mask is None and cache is None
+            written, _ = cache.update(input_pos, keys, None)  # [B, 1, T, R + r]
+            if not new_keys_only:  # (a fresh prompt reads its new keys: Context.new_keys_only)
+                if isinstance(written, Segments):  # a flat batch: each group's keys and latent
+                    keys = values = written.map(lambda k, _: _latent(k, self.rank))
+                else:
+                    keys, values = _latent(written, self.rank)
+                mask = cache.keys_mask(mask)
+        is_causal = self.causal and mask is None and (cache is None or new_keys_only)
         latent, weights = attend(query, keys, values, mask=mask, bias=bias, is_causal=is_causal,
                                  backend=self.backend, dropout=self.dropout if self.training else 0.0,
                                  return_weights=return_weights, scale=self.scale)  # [B, H, S, R]

@@ -19,7 +19,8 @@ from torch import Tensor
 @dataclass(frozen=True)
 class Segment:
     """Tokens [start, start + rows * new) of the axis, as `rows` rows of `new` tokens; k and v (Tensor,
-    Pages or Codes) [rows, H_kv, T_g, d_h]; mask [rows, 1, new, T_g] and ALiBi bias over those keys."""
+    Pages or Codes) [rows, H_kv, T_g, d_h]; mask [rows, 1, new, T_g] and ALiBi bias over those keys;
+    `causal`: a fresh prompt's group, whose k and v are its own new ones (Context.new_keys_only)."""
 
     start: int
     rows: int
@@ -28,6 +29,7 @@ class Segment:
     v: Any
     mask: Tensor | None = None
     bias: Tensor | None = None
+    causal: bool = False
 
 
 @dataclass(frozen=True)
@@ -39,10 +41,10 @@ class Segments:
         return Segments(tuple(replace(p, **dict(zip("kv", fn(p.k, p.v)))) for p in self.parts))
 
     def attend(self, q: Tensor, attend: Callable[..., tuple[Tensor, Any]]) -> Tensor:
-        """q [1, H, T, d_h] -> [1, H, T, d_v]: attend(q_g, k_g, v_g, mask=, bias=) of each group."""
+        """q [1, H, T, d_h] -> [1, H, T, d_v]: attend(q_g, k_g, v_g, mask=, bias=, causal=) of each group."""
         outs = []
         for p in self.parts:
-            out, _ = attend(rows_of(q, p.start, p.rows, p.new), p.k, p.v, mask=p.mask, bias=p.bias)
+            out, _ = attend(rows_of(q, p.start, p.rows, p.new), p.k, p.v, mask=p.mask, bias=p.bias, causal=p.causal)
             outs.append(out.transpose(0, 1).reshape(1, out.shape[1], p.rows * p.new, out.shape[-1]))
         return torch.cat(outs, dim=2)
 

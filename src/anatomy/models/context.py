@@ -55,8 +55,10 @@ class PositionContext(nn.Module):
 def build_context(context: PositionContext, *, rope: tuple[Tensor, Tensor] | None, q_slots: Tensor, k_slots: Tensor,
                   key_valid: Tensor | None = None, needs_mask: bool = True, input_pos: Tensor | None = None,
                   memory_mask: Tensor | None = None, dtype: torch.dtype = torch.float32,
-                  sliding_rope: tuple[Tensor, Tensor] | None = None) -> Context:
-    """The Context of one pass (the module docstring has the shapes and rules)."""
+                  sliding_rope: tuple[Tensor, Tensor] | None = None, new_keys_only: bool = False) -> Context:
+    """The Context of one pass (the module docstring has the shapes and rules); `new_keys_only`: a
+    fresh prompt's pass over a cache (k_slots its own), which needs no mask but a window's."""
+    needs_mask = needs_mask and not new_keys_only
     q = q_slots[..., :, None]  # [S, 1] or [B, S, 1]
     k = k_slots  # [T]
     windowed = context.window is not None and len(k_slots) > context.window
@@ -78,7 +80,7 @@ def build_context(context: PositionContext, *, rope: tuple[Tensor, Tensor] | Non
     if context.slopes is not None:
         bias = alibi_bias(context.slopes.to(k.device), q_slots, k_slots, causal=context.causal)
     return Context(rope=rope, mask=mask, bias=bias, input_pos=input_pos, memory_mask=memory_mask,
-                   window_mask=window_mask, sliding_rope=sliding_rope)
+                   window_mask=window_mask, sliding_rope=sliding_rope, new_keys_only=new_keys_only)
 
 
 def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
@@ -103,13 +105,14 @@ class ContextTables:
         self.sliding = _Angles(context.sliding_rotary, self.slots, dtype)
 
     def build(self, positions: Tensor, *, q_slots: Tensor, keys: int | None = None, key_valid: Tensor | None = None,
-              input_pos: Tensor | None = None) -> Context:
+              input_pos: Tensor | None = None, new_keys_only: bool = False) -> Context:
         """The Context of queries at `q_slots` ([S], or [B, S] per row) with positions [B, S], over the
-        first `keys` slots (default all); key_valid [B, keys] marks the real ones."""
+        first `keys` slots (default all); key_valid [B, keys] marks the real ones; `new_keys_only`: the
+        queries are a fresh prompt's and `keys` is their number (no mask: Context.new_keys_only)."""
         k_slots = self.slots if keys is None else self.slots[:keys]
         return build_context(self.context, rope=self.rope(positions), sliding_rope=self.sliding(positions),
                              q_slots=q_slots, k_slots=k_slots, key_valid=key_valid, input_pos=input_pos,
-                             dtype=self.dtype)
+                             dtype=self.dtype, new_keys_only=new_keys_only)
 
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor] | None:
         """(cos, sin) [B, S, 1, d] of positions [B, S]; None without RoPE."""

@@ -22,19 +22,22 @@ from anatomy.models.stack import Stack
 
 class FlatLayer:
     """One layer's cache for a flat batch (the `LayerCache` protocol): its groups' PagedLayers, each
-    with where its tokens lie on the axis (start, rows, new), its mask and its bias."""
+    with where its tokens lie on the axis (start, rows, new), its mask, its bias and whether the group
+    is fresh prompts that attend over their new keys alone (Context.new_keys_only)."""
 
-    def __init__(self, parts: list[tuple[int, int, int, PagedLayer, Tensor | None, Tensor | None]]) -> None:
+    def __init__(self, parts: list[tuple[int, int, int, PagedLayer, Tensor | None, Tensor | None, bool]]) -> None:
         self.parts = parts
-        self.max_len = max(layer.max_len for _, _, _, layer, _, _ in parts)
+        self.max_len = max(part[3].max_len for part in parts)
 
     def update(self, input_pos: Tensor | None, k: Tensor, v: Tensor | None) -> tuple[Segments, None]:
         """k, v [1, H_kv, T, d_h] written group by group -> the groups' keys and values as Segments."""
         parts = []
-        for start, rows, new, layer, mask, bias in self.parts:
-            kk, vv = layer.update(None, rows_of(k, start, rows, new),
-                                  rows_of(v, start, rows, new) if v is not None else None)
-            parts.append(Segment(start, rows, new, kk, vv, mask, bias))
+        for start, rows, new, layer, mask, bias, fresh in self.parts:
+            k_g, v_g = rows_of(k, start, rows, new), rows_of(v, start, rows, new) if v is not None else None
+            kk, vv = layer.update(None, k_g, v_g)
+            if fresh:  # written; attention reads the new keys and values as computed
+                kk, vv = k_g, v_g
+            parts.append(Segment(start, rows, new, kk, vv, mask, bias, causal=fresh and mask is None))
         return Segments(tuple(parts)), None
 
     def keys_mask(self, mask: Tensor | None) -> Tensor | None:
@@ -78,7 +81,7 @@ def flat_inputs(stack: Stack, cache: PagedKVCache, chunks: list[Chunk], groups: 
         for i, layer in enumerate(cache.layers(inputs.where)):
             ctx = inputs.ctx
             mask = ctx.window_mask if windowed[i] and ctx.window_mask is not None else ctx.mask
-            parts[i].append((start, rows, new, layer, mask, ctx.bias))
+            parts[i].append((start, rows, new, layer, mask, ctx.bias, ctx.new_keys_only))
         flat = start + inputs.wanted[0] * new + inputs.wanted[1]  # the group's wanted tokens, row by row
         counts = [chunks[i].logits for i in group]
         for i, rows_wanted in zip(group, flat.split(counts)):

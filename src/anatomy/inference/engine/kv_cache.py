@@ -50,7 +50,7 @@ class KVCache(nn.ModuleList):
             WindowKVCache(window=window, max_len=max_len, slack=slack, **layer) if window and window + slack < max_len
             else LayerKVCache(max_len=max_len, **layer)
             for window in windows)
-        self.max_len = max_len
+        self.max_len, self.dtype, self.kind = max_len, dtype, codes
         self.owner = None  # a weak reference to the run the engine lent this cache to
 
     def reorder(self, rows: Tensor) -> None:

@@ -78,6 +78,11 @@ class PagedKVCache(nn.ModuleList):
     def nbytes(self) -> int:
         return sum(b.nbytes for name, b in self.named_buffers() if not name.endswith("lut"))
 
+    @property
+    def exact(self) -> bool:
+        """Whether the blocks hold keys and values as attention computed them (floats in its dtype)."""
+        return self.kind is None and self.dtype == self.compute_dtype
+
     def layers(self, where: BlockSlots) -> list[PagedLayer]:
         """Each layer's LayerCache for one step laid out by `where` (a sliding-window layer's by `where.window`)."""
         return [PagedLayer(pool, where.window if w else where) for pool, w in zip(self, self.windowed)]
@@ -218,7 +223,9 @@ def paged_inputs(stack: Stack, cache: PagedKVCache, chunks: list[Chunk], *, rows
         groups.append(_layout([c.window_blocks for c in chunks], chunks, cache.window_scratch, B, S, nb, bs, as_long))
     ids, positions = torch.tensor(ids, **as_long), torch.tensor(positions, **as_long)  # [B, S]
     where = BlockSlots.of(tuple(t for group in groups for t in group), B, S, nb)
-    ctx = cache.context_tables(stack, nb * bs).build(positions, q_slots=positions, keys=nb * bs)
+    fresh = rows is None and S > 1 and cache.exact and all(c.start == 0 and len(c.tokens) == S for c in chunks)
+    ctx = cache.context_tables(stack, nb * bs).build(positions, q_slots=positions, keys=S if fresh else nb * bs,
+                                                     new_keys_only=fresh)  # fresh prompts: Context.new_keys_only
     wanted = (torch.tensor(want_rows, **as_long), torch.tensor(want_cols, **as_long))
     return PagedInputs(ids, positions, ctx, where, wanted)
 

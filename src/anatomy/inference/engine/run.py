@@ -133,15 +133,23 @@ class Run:
         attends over the slots up to its last one only (none later is written yet): a prompt of 512
         tokens in a cache of 768 slots reads 512 keys, not 768."""
         S = ids.shape[1]
-        ctx, positions = self._context(torch.arange(start, start + S, device=self.engine.device), keys=start + S)
+        ctx, positions = self._context(torch.arange(start, start + S, device=self.engine.device), keys=start + S,
+                                       new_keys_only=start == 0 and S > 1 and self._exact)
         return self.engine.model.stack.run(ids, ctx, position_ids=positions, cache=self.cache)
 
-    def _context(self, slots: Tensor, keys: int | None = None):
+    @property
+    def _exact(self) -> bool:
+        """Whether the cache holds keys and values as computed (floats in the branches' dtype) and no row
+        is padded: a prompt's pass can then attend over its new keys alone (Context.new_keys_only)."""
+        return self.valid is None and self.cache.kind is None and self.cache.dtype == self.engine.branch_dtype
+
+    def _context(self, slots: Tensor, keys: int | None = None, *, new_keys_only: bool = False):
         """The Context of queries at `slots` over the cache's first `keys` slots (default all: a decode
         step's shapes stay the same from step to step, so that it can be captured)."""
         positions = self.batch.positions(slots)  # [B, S]
         valid = self.valid if self.valid is None or keys is None else self.valid[:, :keys]
-        ctx = self.tables.build(positions, q_slots=slots, keys=keys, key_valid=valid, input_pos=slots)
+        ctx = self.tables.build(positions, q_slots=slots, keys=keys, key_valid=valid, input_pos=slots,
+                                new_keys_only=new_keys_only)
         return ctx, positions
 
     def _check_room(self, n: int) -> None:
