@@ -39,6 +39,10 @@ def test_json_plot_and_page(tiny_dir, tmp_path, capsys):
     assert report["model"]["architecture"] == "decoder" and report["options"]["weights"] == "f32"
     for d in report["phases"].values():
         assert d["ops_s"] + d["unattributed_s"] == pytest.approx(d["step_s"])
+    decode = report["phases"]["decode"]  # the production step beside the eager one, split over the rows
+    assert decode["tok_per_s"] == pytest.approx(1 / decode["production_step_s"]) and decode["eager_tok_per_s"] > 0
+    assert sum(o["production_time_s"] for o in decode["ops"]) + decode["production_unattributed_s"] == \
+        pytest.approx(decode["production_step_s"])
     assert [(r["sweep"], r["batch"]) for r in report["sweep"]] == [("batch", 1), ("batch", 2)]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = page.read_text(encoding="utf-8")
@@ -53,6 +57,9 @@ def test_markdown(tiny_dir, capsys):
                   "## prefill: every op (summed over layers), per step", "## decode: what the prediction misses"):
         assert title in out
     assert "| QKV / FFN GEMM |" in out and "| stack.blocks.*.attn.qkv | linear |" in out
+    assert "| step, production (captured, as anatomy.generate runs it; unprofiled) |" in out
+    assert "production ms (split)" in out
+    assert "production ms of a position (of an op: --json) = its profiled ms x production step / profiled step" in out
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -5,6 +5,7 @@ sums, structure and bounds that hold on any machine."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -52,8 +53,13 @@ def test_every_family_has_its_phases_and_they_reconcile(reports, family, phases)
         assert sum(d["positions"].values()) == pytest.approx(d["ops_s"], rel=1e-9)
         assert d["unattributed_s"] >= 0 and all(o["time_s"] >= 0 for o in d["ops"])
         assert d["profiler_overhead_s"] == pytest.approx(d["step_s"] - d["unprofiled_step_s"])
-        assert d["tok_per_s"] == pytest.approx(d["tokens_per_step"] / d["unprofiled_step_s"])
+        assert d["eager_tok_per_s"] == pytest.approx(d["tokens_per_step"] / d["unprofiled_step_s"])
+        # tok/s is the production step's where one is measured (a decoder's decode), else the unprofiled step's
+        assert d["tok_per_s"] == pytest.approx(d["tokens_per_step"] / d.get("production_step_s",
+                                                                           d["unprofiled_step_s"]))
         assert d["steps_used"] <= d["steps_measured"] and d["steps_used"] >= 1
+    produced = {phase for phase, d in report["phases"].items() if "production_step_s" in d}
+    assert produced == ({"decode"} if family in ("llama", "gpt2") else set())
 
 
 def test_json_keys_of_the_issue(reports):
@@ -61,11 +67,49 @@ def test_json_keys_of_the_issue(reports):
     assert {"bandwidth_bytes_per_s", "peak_flops_per_s"} <= set(report["machine"])
     assert report["machine"]["bandwidth_bytes_per_s"] == MACHINE.bandwidth
     for d in report["phases"].values():
-        assert {"step_s", "ops_s", "unattributed_s", "tok_per_s", "predicted_tok_per_s", "positions", "ops"} <= set(d)
+        assert {"step_s", "ops_s", "unattributed_s", "tok_per_s", "eager_tok_per_s", "predicted_tok_per_s",
+                "positions", "ops"} <= set(d)
         for o in d["ops"]:
             assert {"module", "op", "shapes", "flops", "bytes", "time_s", "flops_per_s", "bytes_per_s",
                     "roofline_s", "bound"} <= set(o)
             assert o["bound"] in ("compute", "bandwidth", "overhead")
+    decode = report["phases"]["decode"]
+    assert {"production_step_s", "production_context", "production_captured_graphs", "production_native_blocks",
+            "production_positions", "production_unattributed_s"} <= set(decode)
+    assert all("production_time_s" in o for o in decode["ops"])
+    assert not any("production_time_s" in o for o in report["phases"]["prefill"]["ops"])
+
+
+def test_the_production_step_is_captured_and_split_by_the_eager_shares():
+    """The decode step anatomy.generate runs (the kept engine with its defaults) is timed after its
+    capture; its time is split over the rows by their shares of the profiled eager step, so the split
+    adds up to it, and no FLOP or byte figure moves."""
+    from anatomy.inference.engine import engine_for
+
+    model = llama()
+    report = profile(model, options=dataclasses.replace(OPTIONS, phases=("decode",), rounds=1), machine=MACHINE)
+    d = report["phases"]["decode"]
+    engine = engine_for(model)  # the production engine: anatomy.generate's for this model
+    assert d["production_captured_graphs"] == engine.captured_graphs
+    if engine.captured:
+        assert engine.captured_graphs > 0
+    assert d["production_native_blocks"] == engine.native_blocks
+    assert d["production_context"] >= report["options"]["context"]  # the engine rounds its cache up
+    assert d["production_step_s"] > 0 and d["tok_per_s"] == pytest.approx(1 / d["production_step_s"])
+    split = [o["production_time_s"] for o in d["ops"]]
+    assert math.fsum(split) + d["production_unattributed_s"] == pytest.approx(d["production_step_s"], rel=1e-9)
+    assert math.fsum(d["production_positions"].values()) == pytest.approx(math.fsum(split), rel=1e-9)
+    scale = d["production_step_s"] / d["step_s"]
+    assert all(o["production_time_s"] == pytest.approx(o["time_s"] * scale) for o in d["ops"])
+    assert sum(o["flops"] or 0 for o in d["ops"]) == flops.decode_flops(
+        model.config, batch=1, context=report["options"]["context"], source_len=report["options"]["prompt_len"]).total
+
+
+def test_no_production_step_where_the_context_has_no_room_for_its_capture():
+    report = profile(llama(), options=ProfileOptions(prompt_len=40, new_tokens=2, warmup=1, rounds=1,
+                                                     phases=("decode",)), machine=MACHINE)
+    d = report["phases"]["decode"]  # 40 + 4 slots + the 33 steps before a capture > the model's 64
+    assert "production_step_s" not in d and d["tok_per_s"] == d["eager_tok_per_s"]
 
 
 def test_decode_ops_are_the_trace_rows_summed_over_layers(reports):
@@ -230,14 +274,16 @@ def test_sweep_rows_and_what_if_rows():
         ("batch", 1, 12), ("batch", 2, 12), ("batch", 4, 12), ("context", 1, 16), ("context", 1, 24)]
     for r in rows:
         assert {"batch", "context", "tok_per_s", "predicted_tok_per_s"} <= set(r) and r["tok_per_s"] > 0
+    assert "production_step_s" in report["phases"]["decode"]  # the main run only: sweeps and what-ifs are eager
     assert rows[4]["attention_bytes"] > rows[3]["attention_bytes"]  # more cache slots read
     assert "predicted_batch" in report["ridge"]
     switches = [w["switch"] for w in report["what_if"]]
     assert switches == ["attention=eager", "weights=bf16"]
     for w in report["what_if"]:
         assert set(w["phases"]) == {"prefill", "decode"}
-        for p in w["phases"].values():
+        for phase, p in w["phases"].items():
             assert p["before_step_s"] > 0 and p["after_step_s"] > 0
+            assert p["before_tok_per_s"] == report["phases"][phase]["eager_tok_per_s"]
             assert all(len(v) == 2 for v in p["positions"].values())
 
 

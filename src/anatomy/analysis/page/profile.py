@@ -32,7 +32,8 @@ def _chips(report: dict[str, Any]) -> list[tuple[str, str]]:
            ("threads", str(o["threads"])), ("bandwidth", svg.si(m["bandwidth_bytes_per_s"], "B/s")),
            ("peak", svg.si(m["peak_flops_per_s"], "FLOP/s"))]
     for phase, d in report["phases"].items():
-        out.append((f"{phase} tok/s", f"{d['tok_per_s']:,.1f} (predicted {d['predicted_tok_per_s']:,.1f})"))
+        eager = f"eager {d['eager_tok_per_s']:,.1f}, " if "production_step_s" in d else ""
+        out.append((f"{phase} tok/s", f"{d['tok_per_s']:,.1f} ({eager}predicted {d['predicted_tok_per_s']:,.1f})"))
     return out
 
 

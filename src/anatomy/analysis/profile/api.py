@@ -217,6 +217,7 @@ def _run_what_if(model: nn.Module, source: str | None, key: str, value: str, opt
     from anatomy.analysis.profile.measure import measure as profile_model
     from anatomy.analysis.profile.whatif import compare
 
+    options = dataclasses.replace(options, production=False)  # a what-if compares eager steps
     if key == "weights":
         other = _with_weights(model, source, parse_weights(value, option="--what-if weights"))
         after = profile_model(other, options=options, machine=machine)

@@ -6,8 +6,8 @@
 Each phase's real steps run without and with torch.profiler (run.py); each timed op is matched to
 its row of the shape trace (match.py), which gives its FLOPs and bytes, and gets its roofline time
 and verdict against this machine's roofs measured in the same run (rows.py). The step's time is
-reconciled exactly with its rows plus `unattributed_s`, and predicted (docs/profile.md,
-"Reconciliation, the profiler's cost, the prediction").
+reconciled exactly with its rows plus `unattributed_s`, and predicted; a decoder's decode step is
+also timed as anatomy.generate runs it, split over the rows by their shares (docs/profile.md).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class ProfileOptions:
     phases: tuple[str, ...] = ("prefill", "decode")  # those the model has are run
     attention: str | None = None  # the attention backend of the engine's view ("sdpa", "eager"); None: as built
     kv_dtype: str | None = None  # what the engine's KV cache holds (kv_format.py); None: the branches' dtype
+    production: bool = True  # a decoder's decode step also timed as anatomy.generate runs it (the main run only)
 
     def context_for(self, config: ModelConfig) -> int:
         if self.context is not None:
@@ -69,7 +70,8 @@ def measure(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), nam
     config = config or model.config
     shape = Shape(options.batch, options.prompt_len, options.context_for(config))
     check_shape(config, shape, options)  # the caller checks memory (check_run) before loading
-    work = workload(model, shape, attention=options.attention, kv_dtype=options.kv_dtype, engine=engine)
+    work = workload(model, shape, attention=options.attention, kv_dtype=options.kv_dtype, engine=engine,
+                    production=options.production)
     compute = dtypes.name_of(work.dtype)
     measured = machine if isinstance(machine, Machine) else Machine(machine)
     machine = measured.roofs(compute)
@@ -85,9 +87,13 @@ def measure(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), nam
         index = _trace_index(config, phase, shape, compute, work.model, backend=_backend(work.model))
         count = options.new_tokens if phase == "decode" else options.prefill_runs
         warmup = options.warmup + (1 if phase == "decode" else 0)  # a decode iterator's first step is its prefill
-        timed = run_phase(make_steps, ranges, phase=phase, warmup=warmup, count=count, rounds=options.rounds)
+        production = work.production if phase == "decode" else None
+        timed = run_phase(make_steps, ranges, phase=phase, warmup=warmup, count=count, rounds=options.rounds,
+                          production=production)
         phases[phase] = _phase(timed, index, positions, weights, roofs, tokens=work.tokens[phase],
                                element_size=dtypes.parse(compute).torch.itemsize)
+        if production is not None:
+            phases[phase].update(_production(phases[phase], _middle_mean(timed.production_s), production))
         if phase == "decode" and work.kv_dtype is not None:  # the cache a step reads, scales included
             phases[phase]["kv_bytes_per_step"] = shape.batch * shape.context * kv_bytes_per_token(config, work.kv_dtype)
     report = {
@@ -140,7 +146,7 @@ def _phase(timed, index: TraceIndex, positions: dict[str, str], weights, roofs: 
         "step_s": step_s, "ops_s": ops_s, "unattributed_s": unattributed,
         "unprofiled_step_s": plain, "profiler_overhead_s": overhead,
         "profiler_events_per_step": statistics.fmean(s.events for s in steps),
-        "tokens_per_step": tokens, "tok_per_s": tokens / plain,
+        "tokens_per_step": tokens, "tok_per_s": tokens / plain, "eager_tok_per_s": tokens / plain,
         "predicted_step_s": predicted, "predicted_tok_per_s": tokens / predicted,
         "roofline_step_s": sum(o["roofline_s"] or 0.0 for o in ops),
         "positions": _positions(rows),
@@ -149,6 +155,20 @@ def _phase(timed, index: TraceIndex, positions: dict[str, str], weights, roofs: 
         "miss": _miss(ops, predicted, plain),
         "ops": ops,
     }
+
+
+def _production(d: dict[str, Any], seconds: float, production) -> dict[str, Any]:
+    """The production step beside the profiled one, and its split: each row (and the unattributed
+    time) keeps its share of the profiled eager step, so the rows' production times add up to it."""
+    scale = seconds / d["step_s"]
+    for o in d["ops"]:
+        o["production_time_s"] = o["time_s"] * scale
+    return {"tok_per_s": d["tokens_per_step"] / seconds, "production_step_s": seconds,
+            "production_context": production.context,
+            "production_captured_graphs": production.engine.captured_graphs,
+            "production_native_blocks": production.engine.native_blocks,
+            "production_positions": {k: v * scale for k, v in d["positions"].items()},
+            "production_unattributed_s": d["unattributed_s"] * scale}
 
 
 def _middle_mean(values: list[float]) -> float:

@@ -61,7 +61,9 @@ def _phase(ax, report: dict[str, Any], phase: str) -> None:
     ax.set_yticks(list(ys), names)
     ax.invert_yaxis()
     ax.set_xlabel("ms per step")
-    ax.set_title(f"{phase}: {d['tok_per_s']:,.1f} tok/s measured, {d['predicted_tok_per_s']:,.1f} predicted")
+    production = f" (production step {d['tok_per_s']:,.1f})" if "production_step_s" in d else ""
+    ax.set_title(f"{phase}: {d['eager_tok_per_s']:,.1f} tok/s measured, {d['predicted_tok_per_s']:,.1f} predicted"
+                 + production)
     ax.legend(loc="lower right")
 
 

@@ -67,21 +67,40 @@ def _summary(phase: str, d: dict[str, Any], report: dict[str, Any]) -> TableSpec
         ["step, unprofiled (what a run without the profiler takes)", ms(d["unprofiled_step_s"]), ""],
         ["the profiler's own cost (profiled - unprofiled)", ms(d["profiler_overhead_s"]),
          _share(d["profiler_overhead_s"], d["unprofiled_step_s"]) + " of unprofiled"],
+        *_production_rows(d),
         ["predicted: roofs + measured overhead", ms(d["predicted_step_s"]), ""],
         ["roofline only (every op at its roof)", ms(d["roofline_step_s"]), ""],
     ]
     t.notes.append(f"measured {d['tok_per_s']:,.1f} tok/s, predicted {d['predicted_tok_per_s']:,.1f} tok/s "
                    f"({d['tokens_per_step']} tokens per step; {d['steps_used']} of {d['steps_measured']} profiled "
                    f"steps averaged: those in the middle half by time)")
+    if "production_step_s" in d:
+        t.notes.append(f"production step (as anatomy.generate runs it): {d['tok_per_s']:,.1f} tok/s against "
+                       f"{d['eager_tok_per_s']:,.1f} tok/s for the eager step profiled here; "
+                       f"{d['production_captured_graphs']} captured graph(s), {d['production_native_blocks']} "
+                       f"blocks fused, {d['production_context']} cache slots (the engine's cache rounds T up); "
+                       "the prediction is the eager step's")
+        t.notes.append("production ms of a position (of an op: --json) = its profiled ms x production step / "
+                       "profiled step (its share of the eager step: a captured graph and fused blocks have no ranges)")
     if d["profiler_overhead_s"] < 0:
         t.notes.append("the profiled steps ran faster than the unprofiled ones: the machine's noise between the "
                        "rounds is larger than the profiler's cost, so neither is measured here")
     return t
 
 
+def _production_rows(d: dict[str, Any]) -> list[list[str]]:
+    """The production step's row of a phase's summary (none where it was not measured)."""
+    if "production_step_s" not in d:
+        return []
+    return [["step, production (captured, as anatomy.generate runs it; unprofiled)", ms(d["production_step_s"]),
+             _share(d["production_step_s"], d["unprofiled_step_s"]) + " of unprofiled"]]
+
+
 def _positions(phase: str, d: dict[str, Any], report: dict[str, Any]) -> TableSpec:
-    t = TableSpec(f"{phase}: the positions of the decoder's map", ["position", "ms per step", "share", "roofline ms",
-                                                                   "bound (by time)", "serves it"])
+    split = d.get("production_positions")
+    t = TableSpec(f"{phase}: the positions of the decoder's map",
+                  ["position", "ms per step", "share", *(["production ms (split)"] if split else []), "roofline ms",
+                   "bound (by time)", "serves it"])
     labels = report["positions"]
     roof: dict[str, float] = {}
     bounds: dict[str, dict[str, float]] = {}
@@ -93,9 +112,10 @@ def _positions(phase: str, d: dict[str, Any], report: dict[str, Any]) -> TableSp
         if not seconds:
             continue
         mix = ", ".join(f"{k} {v / seconds:.0%}" for k, v in sorted(bounds.get(key, {}).items(), key=lambda kv: -kv[1]))
-        t.rows.append([labels[key]["label"], ms(seconds), _share(seconds, d["step_s"]), ms(roof.get(key)), mix,
-                       labels[key]["serves"]])
-    t.rows.append(["unattributed", ms(d["unattributed_s"]), _share(d["unattributed_s"], d["step_s"]), "", "", ""])
+        t.rows.append([labels[key]["label"], ms(seconds), _share(seconds, d["step_s"]),
+                       *([ms(split[key])] if split else []), ms(roof.get(key)), mix, labels[key]["serves"]])
+    t.rows.append(["unattributed", ms(d["unattributed_s"]), _share(d["unattributed_s"], d["step_s"]),
+                   *([ms(d["production_unattributed_s"])] if split else []), "", "", ""])
     return t
 
 

@@ -92,6 +92,7 @@ class Timed:
     events: list = field(default_factory=list)  # FunctionEvent of each profiled step range
     profiled_s: list[float] = field(default_factory=list)  # perf_counter seconds of the profiled steps
     plain_s: list[float] = field(default_factory=list)  # perf_counter seconds without profiler and hooks
+    production_s: list[float] = field(default_factory=list)  # the same, of the production step (if given)
 
 
 def time_steps(steps: Iterator, *, warmup: int, count: int) -> list[float]:
@@ -147,14 +148,18 @@ def _quiet_stderr():
 
 
 def run_phase(make_steps: Callable[[], Iterator], ranges: NamedRanges, *, phase: str, warmup: int, count: int,
-              rounds: int = 2) -> Timed:
+              rounds: int = 2, production=None) -> Timed:
     """`rounds` alternations of plain and profiled runs of `count` steps each (the machine's load
-    changes over seconds: alternating puts both under the same conditions)."""
+    changes over seconds: alternating puts both under the same conditions); `production` (a
+    workloads.Production): its steps timed as the plain ones in each round, after its own warm-up."""
     timed = Timed(phase)
     per_round = max(1, count // rounds)
     for _ in range(rounds):
         with torch.inference_mode():
             timed.plain_s += time_steps(make_steps(), warmup=warmup, count=per_round)
+            if production is not None:
+                timed.production_s += time_steps(production.steps(), warmup=warmup + production.warmup,
+                                                 count=per_round)
             with ranges:
                 events, seconds = profile_steps(make_steps(), phase=phase, warmup=warmup, count=per_round)
         timed.events += events

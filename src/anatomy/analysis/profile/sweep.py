@@ -56,13 +56,14 @@ def run_sweep(model: nn.Module, key: str, values: list[int], *, options, machine
 
 
 def sweep_options(config, options, key: str, value: int):
-    """The options of one sweep point: decode only, `key` set to `value`. A decode step attends over
-    all T slots of the static cache wherever the prompt ends, so a decoder's point prefills a short
-    prompt (its warm-up) and keeps the main run's T unless T is what is swept."""
+    """The options of one sweep point: decode only (the eager step: no production step), `key` set to
+    `value`. A decode step attends over all T slots of the static cache wherever the prompt ends, so a
+    decoder's point prefills a short prompt (its warm-up) and keeps the main run's T unless T is what is swept."""
     import dataclasses
 
     short = {"prompt_len": min(options.prompt_len, SWEEP_PROMPT)} if config.is_decoder else {}
-    base = dataclasses.replace(options, context=options.context_for(config), phases=("decode",), **short)
+    base = dataclasses.replace(options, context=options.context_for(config), phases=("decode",), production=False,
+                               **short)
     return dataclasses.replace(base, **{key: value})
 
 

@@ -1,7 +1,8 @@
 """What `anatomy profile` runs: the steps of each phase, through the code that serves the model.
 
     decoder            the model's kept engine (eager step): prefill = engine.start + run.prefill + the
-                       first token's choice; decode = each later run.decode + choice
+                       first token's choice; decode = each later run.decode + choice; beside it, timed
+                       only, the production step: the same decode steps on the engine `anatomy.generate` uses
     encoder            the model's forward over [B, S] (one phase, "prefill")
     encoder-decoder    its engine's Seq2SeqRun: the source encoded and its cross-attention K/V projected
                        ("prefill"); decode = one decoder step of B rows + greedy choice
@@ -40,6 +41,18 @@ class Workload:
     dtype: torch.dtype  # the activations' dtype (the engine's choice, with its kernel plan)
     plan: object = None  # the engine's KernelPlan (kernels/plan.py), for a decoder
     kv_dtype: str | None = None  # what its KV cache holds, for a decoder
+    production: Production | None = None  # a decoder's decode step as anatomy.generate runs it
+
+
+@dataclass(frozen=True)
+class Production:
+    """The decode steps of the engine `anatomy.generate` uses (its defaults: steps replayed from a
+    captured graph, blocks fused into native operators where measured faster), for timing only."""
+
+    engine: object  # the DecoderEngine
+    steps: Callable[[], Iterator[None]]
+    warmup: int  # decode steps before a run's step is its captured one (CAPTURE_AFTER and the recording)
+    context: int  # the cache slots its steps attend over (the engine's cache: T rounded up to its bucket)
 
 
 def prompt_ids(vocab_size: int, shape: Shape) -> list[list[int]]:
@@ -50,20 +63,21 @@ def prompt_ids(vocab_size: int, shape: Shape) -> list[list[int]]:
 
 
 def workload(model: nn.Module, shape: Shape, *, attention: str | None = None, kv_dtype: str | None = None,
-             engine=None) -> Workload:
+             engine=None, production: bool = False) -> Workload:
     """The phases of `model` at `shape` through its engine; `attention` ("sdpa" or "eager") is the
     backend of the engine's attention layers (the caller's model keeps its own), `kv_dtype` what a
     decoder's KV cache holds. A decoder's `engine`, when given, is used as it is (a parallel run's
-    ParallelEngine over `model`, rank 0's shard)."""
+    ParallelEngine over `model`, rank 0's shard). `production`: a decoder's production step too."""
     config = model.config
     if config.is_decoder:
-        return _decoder(model, shape, attention, kv_dtype, engine)
+        return _decoder(model, shape, attention, kv_dtype, engine, production)
     if config.is_seq2seq:
         return _seq2seq(model, shape, attention)
     return _encoder(model, shape, attention)
 
 
-def _decoder(model: nn.Module, shape: Shape, attention: str | None, kv_dtype: str | None, engine=None) -> Workload:
+def _decoder(model: nn.Module, shape: Shape, attention: str | None, kv_dtype: str | None, engine=None,
+             production: bool = False) -> Workload:
     """The engine kept for the model with an eager decode step of the torch blocks (capture=False,
     native_blocks=False): a captured step replays a graph without module calls, and a block fused
     into one native operator runs its products, norms and attention inside it, so their operators
@@ -71,11 +85,11 @@ def _decoder(model: nn.Module, shape: Shape, attention: str | None, kv_dtype: st
     share it (its kernel plan is measured once)."""
     from anatomy.inference.engine import engine_for
 
+    made = engine is None
     if engine is None:
         engine = engine_for(model, capture=False, native_blocks=False, attention=attention, kv_dtype=kv_dtype)
     prompts = prompt_ids(model.config.vocab_size, shape)
     first = SamplingParams(max_new_tokens=1, ignore_eos=True)
-    decode = SamplingParams(max_new_tokens=shape.context - shape.prompt_len, ignore_eos=True)
 
     def prefills() -> Iterator[None]:
         while True:
@@ -83,19 +97,45 @@ def _decoder(model: nn.Module, shape: Shape, attention: str | None, kv_dtype: st
             named_stage("sampling", run.choose)(run.prefill())
             yield
 
+    steps = shape.context - shape.prompt_len
+    fast = _production(model, prompts, steps, attention, kv_dtype) if made and production else None
+    return Workload(engine.model, {"prefill": prefills, "decode": _decode_steps(engine, prompts, steps, named=True)},
+                    {"prefill": shape.batch * shape.prompt_len, "decode": shape.batch}, engine.dtype, engine.plan,
+                    engine.kv_dtype, fast)
+
+
+def _decode_steps(engine, prompts: list[list[int]], steps: int, *,
+                  named: bool = False) -> Callable[[], Iterator[None]]:
+    """A factory of `steps` steps of one run of `engine`: its prefill (the warm-up takes it), then each
+    run.decode + the token's choice (`named`: inside the profile's sampling range)."""
+    params = SamplingParams(max_new_tokens=steps, ignore_eos=True)
+
     def decodes() -> Iterator[None]:
-        run = engine.start(prompts, decode)
-        choose = named_stage("sampling", run.choose)
+        run = engine.start(prompts, params)
+        choose = named_stage("sampling", run.choose) if named else run.choose
         token = choose(run.prefill())
-        yield  # the first step is the prompt's (the profile's warm-up takes it)
-        for _ in range(decode.max_new_tokens - 1):
+        yield
+        for _ in range(steps - 1):
             token = choose(run.decode(token))
             yield
         raise RuntimeError("the decode steps outran the cache: context too small for the steps asked for")
 
-    return Workload(engine.model, {"prefill": prefills, "decode": decodes},
-                    {"prefill": shape.batch * shape.prompt_len, "decode": shape.batch}, engine.dtype, engine.plan,
-                    engine.kv_dtype)
+    return decodes
+
+
+def _production(model: nn.Module, prompts: list[list[int]], steps: int, attention: str | None,
+                kv_dtype: str | None) -> Production | None:
+    """The decode steps through `engine_for(model)` as anatomy.generate makes it, each run longer by the
+    steps before its capture; None where the model's context has no room for them."""
+    from anatomy.inference.engine import engine_for
+    from anatomy.inference.engine.run import CAPTURE_AFTER
+
+    warmup = CAPTURE_AFTER + 1  # the eager steps, then the one that records the graph
+    if len(prompts[0]) + steps + warmup > model.config.max_seq_len:
+        return None
+    engine = engine_for(model, attention=attention, kv_dtype=kv_dtype)
+    context = engine.start(prompts, SamplingParams(max_new_tokens=steps + warmup)).cache.max_len
+    return Production(engine, _decode_steps(engine, prompts, steps + warmup), warmup, context)
 
 
 def _encoder(model: nn.Module, shape: Shape, attention: str | None) -> Workload:
