@@ -16,6 +16,7 @@ import torch
 
 import anatomy
 from anatomy import build_model, get_preset
+from anatomy.checkpoints.registry import resolve
 from anatomy.cli import main
 
 pytestmark = pytest.mark.slow  # real checkpoints
@@ -114,9 +115,11 @@ def test_a_read_only_folder(tmp_path, capsys):
     folder = top / "ro"
     folder.mkdir()
     top.chmod(0o755)
+    # the model copied where nobody may read it: a checkout in a folder of mode 0700 (mktemp -d) is not
+    model = shutil.copytree(resolve(MINILM[1]), top / "model")
     folder.chmod(0o555)
     try:
-        code, err = _in_a_child_as_nobody(["attention", *MINILM, "hi", "--html", str(folder / "p.html")])
+        code, err = _in_a_child_as_nobody(["attention", "--model", str(model), "hi", "--html", str(folder / "p.html")])
         assert code == 2 and err.count("\n") == 1 and f"--html {folder / 'p.html'}: not writable" in err
         assert os.listdir(folder) == []
     finally:
