@@ -1,5 +1,6 @@
 """A fused matrix of GGUF parts of different types (llama.cpp's Q4_K_M mixes: q, k Q5_0 beside v Q8_0;
-Q4_K beside Q5_0) is kept in one format that holds every part exactly, or dequantized when none does."""
+Q4_K beside Q5_0) is kept in one format that holds every part exactly, or as runs in formats of their own
+(Q4_K q, k beside a Q6_K v)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME
 from anatomy.weights.formats import Int4Weight, Int5Weight, Int8GroupWeight, WeightFormat
 from anatomy.weights.gguf_blocks import format_from_gguf
-from anatomy.weights.gguf import one_format
+from anatomy.weights.gguf import common_runs, one_format
+from anatomy.weights.split import SplitRowsWeight
 
 gguf = pytest.importorskip("gguf")
 
@@ -20,6 +22,17 @@ def _part(type_name: str, rows: int, K: int = 256, seed: int = 0) -> WeightForma
     x = np.random.default_rng(seed).standard_normal((rows, K)).astype(np.float32) * 0.05
     raw = gguf.quants.quantize(x, gguf.GGMLQuantizationType[type_name]).reshape(-1)
     return format_from_gguf(raw, TENSOR_TYPES_BY_NAME[type_name], (rows, K), label=type_name)
+
+
+def _random_part(type_name: str, rows: int, K: int = 256, seed: int = 0) -> WeightFormat:
+    """Random blocks of a K-quant (gguf-py quantizes none): bytes uniform, float16 d (and Q4_K's dmin) ~ 1e-3."""
+    ttype = TENSOR_TYPES_BY_NAME[type_name]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * K // 256, ttype.nbytes(256)), dtype=np.uint8)
+    at = {"Q4_K": (0, 2), "Q6_K": (208,)}[type_name]  # where each block's float16 scales sit
+    for i in at:
+        blocks[:, i:i + 2] = (rng.standard_normal((len(blocks), 1)) * 1e-3).astype(np.float16).view(np.uint8)
+    return format_from_gguf(blocks.reshape(-1), ttype, (rows, K), label=type_name)
 
 
 def _fused_values(parts: list[WeightFormat]) -> torch.Tensor:
@@ -46,3 +59,22 @@ def test_parts_without_a_common_exact_format_are_left_to_dequantize():
     assert one_format([_part("Q4_1", 32), _part("Q8_0", 16)]) is None
     alike = [_part("Q4_1", 32), _part("Q4_1", 16, seed=1)]
     assert one_format(alike) == alike and isinstance(alike[0], Int4Weight)
+
+
+def test_parts_without_a_common_format_keep_their_own_in_runs():
+    """Q4_K q, k beside a Q6_K v (llama.cpp's Q4_K_M mix): q and k fused as int4, v its own int6 run;
+    the split weight's values, rows and cuts are its parts' exactly."""
+    q, k, v = _random_part("Q4_K", 64), _random_part("Q4_K", 32, seed=1), _random_part("Q6_K", 32, seed=2)
+    runs = common_runs([q, k, v])
+    assert [[p.name for p in run] for run in runs] == [["int4", "int4"], ["int6"]]
+    split = SplitRowsWeight([WeightFormat.cat_rows(runs[0]), runs[1][0]], label="qkv")
+    assert split.name == "int4+int6" and split.bounds == [(0, 96), (96, 128)]
+    values = _fused_values([q, k, v])
+    assert torch.equal(split.dequantize(), values)
+    index = torch.tensor([[100, 3], [95, 127]])
+    assert torch.equal(split.rows(index), values[index])
+    taken = split.take_rows(torch.tensor([96, 0, 1, 120]))
+    assert [p.name for p in taken.parts] == ["int6", "int4", "int6"]
+    assert torch.equal(taken.dequantize(), values[[96, 0, 1, 120]])
+    assert torch.equal(split.take_columns(0, 256).dequantize(), values)
+    assert [[p.name for p in run] for run in common_runs([_part("Q5_0", 32), _part("Q8_0", 16)])] == [["int8g"] * 2]

@@ -34,6 +34,7 @@ from anatomy.layers.context import Context
 from anatomy.layers.ffn import GLU
 from anatomy.layers.norm import RMSNorm
 from anatomy.weights.formats import WeightFormat
+from anatomy.weights.modules import SplitLinear
 
 LINEARS = ("attn.qkv", "attn.out", "ffn.gate_up", "ffn.down")  # in the operator's order
 INT8_KERNELS = ("q4x", "q8x", "q5x", "q6x")  # int8 activations on each native layout (q4f/q8f/q5f/q6s share it)
@@ -49,12 +50,15 @@ class NativeBlock(Block):
     """A Block whose decode steps run as anatomy::decode_block; every other pass runs as the Block it
     was made from (whose modules, under the same names, and settings it takes over)."""
 
-    def __init__(self, block: Block, weights: list[Tensor], int8: int) -> None:
+    def __init__(self, block: Block, weights: list[list[Tensor]], int8: int) -> None:
         nn.Module.__init__(self)
         for name, child in block.named_children():
             self.add_module(name, child)
         vars(self).update({k: v for k, v in vars(block).items() if not k.startswith("_")})
-        self.weights, self.int8 = weights, int8  # the four products' native layouts; bit i: product i in int8
+        # the four products' native layouts, each one or more (a split weight's runs, their outputs side by
+        # side); bit i of int8: the i-th layout of the flat list takes int8 activations
+        self.weights, self.int8 = [w for product in weights for w in product], int8
+        self.counts = [len(product) for product in weights]
         self.max_rows = 1  # the most rows of a decode step the operator computes (measured: fuse_blocks)
         attn = self.attn
         self.n_heads, self.head_dim = attn.n_heads, attn.head_dim
@@ -69,8 +73,8 @@ class NativeBlock(Block):
         k, v, where, tables = step
         B = x.shape[0]
         cos, sin = (t.expand(B, 1, 1, self.head_dim).reshape(B, self.head_dim) for t in ctx.rope)
-        out = torch.ops.anatomy.decode_block(x.reshape(B, -1), *self.norms, self.eps, *self.weights, self.int8, cos, sin,
-                                             k, v, ctx.mask, where, tables, self.n_heads, self.scale)
+        out = torch.ops.anatomy.decode_block(x.reshape(B, -1), *self.norms, self.eps, self.weights, self.counts,
+                                             self.int8, cos, sin, k, v, ctx.mask, where, tables, self.n_heads, self.scale)
         return out.view(B, 1, -1)
 
     def _step(self, x: Tensor, ctx: Context, cache) -> tuple | None:
@@ -110,7 +114,15 @@ def fusable(block: nn.Module) -> bool:
         return False
     if not isinstance(ffn, GLU) or ffn.act is not F.silu or ffn.clamp is not None:
         return False
-    return all(isinstance(m := block.get_submodule(n), PlannedLinear) and m.bias is None for n in LINEARS)
+    return all(layers(block.get_submodule(n)) for n in LINEARS)
+
+
+def layers(module: nn.Module) -> list[tuple[str, PlannedLinear]]:
+    """(name under the module, layer) of each planned product of a linear module (a SplitLinear's
+    parts), when each is a PlannedLinear without a bias; else []."""
+    found = [("", module)] if not isinstance(module, SplitLinear) else \
+        [(f"parts.{j}.", part) for j, part in enumerate(module.parts)]
+    return found if all(isinstance(m, PlannedLinear) and m.bias is None for _, m in found) else []
 
 
 def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan, name: str) -> tuple[Tensor, bool] | None:
@@ -145,14 +157,18 @@ def tiled(layer: PlannedLinear, fmt: WeightFormat) -> Tensor | None:
 
 
 def native_block(name: str, block: Block, plan: KernelPlan, formats: dict[str, WeightFormat]) -> NativeBlock | None:
-    weights, int8 = [], 0
-    for i, linear in enumerate(LINEARS):
-        layer_name = f"{name}.{linear}.weight"
-        found = native_weight(block.get_submodule(linear), formats[layer_name], plan, layer_name)
-        if found is None:
-            return None
-        weights.append(found[0])
-        int8 |= found[1] << i
+    weights, int8, i = [], 0, 0
+    for linear in LINEARS:
+        product = []
+        for part, layer in layers(block.get_submodule(linear)):
+            layer_name = f"{name}.{linear}.{part}weight"
+            found = native_weight(layer, formats[layer_name], plan, layer_name)
+            if found is None:
+                return None
+            product.append(found[0])
+            int8 |= found[1] << i
+            i += 1
+        weights.append(product)
     return NativeBlock(block, weights, int8)
 
 
@@ -205,7 +221,7 @@ def faster(block: Block, fused: NativeBlock, view: nn.Module, *, rows: int = 1, 
     from anatomy.models.context import ContextTables
 
     config = view.config
-    dtype = block.attn.qkv.dtype
+    dtype = layers(block.attn.qkv)[0][1].dtype
     cache = LayerKVCache(batch=rows, n_kv_heads=config.n_kv_heads, max_len=slots, head_dim=config.head_dim,
                          dtype=dtype if dtype in CACHE_DTYPES else torch.float32)
     pos = torch.tensor([slots // 2])

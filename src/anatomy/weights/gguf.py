@@ -7,8 +7,9 @@
 The same mapping as checkpoints.gguf's loader (tensor_parts: which GGUF tensors fill which rows),
 except that the blocks are kept, not dequantized: rows are whole blocks, so fusing and the
 rotary row reordering move raw bytes. `lossless_format` is the format of one of the model's
-matrices when every part of it has one and they have one in common (gguf_blocks.format_from_gguf,
-one_format), else None; `expert_formats` the same for each expert of a stacked expert tensor.
+matrices when every part of it has one (gguf_blocks.format_from_gguf): one format where the parts
+have one in common (one_format), else a SplitRowsWeight of runs in their own; `expert_formats` the
+same for each expert of a stacked expert tensor, where the parts have one in common.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from anatomy.models import build_model
 from anatomy.weights.formats import Int4Weight, Int5Weight, WeightFormat
 from anatomy.weights.gguf_blocks import format_from_gguf, has_lossless_format
 from anatomy.weights.modules import StackedFormats
+from anatomy.weights.split import SplitRowsWeight
 
 
 def matrix_formats(f: GGUFFile) -> dict[str, WeightFormat]:
@@ -46,12 +48,28 @@ def plain_matrix(parts: list[Part]) -> bool:
 
 def lossless_format(f: GGUFFile, parts: list[Part], K: int, *, label: str) -> WeightFormat | None:
     """The format holding the matrix made of `parts` (fused along rows) exactly, or None when a part's
-    type has no lossless format (the matrix is then dequantized)."""
+    type has no lossless format (the matrix is then dequantized). Parts with no common format (Q4_K
+    q, k beside a Q6_K v) give a SplitRowsWeight: each run of neighbours that have one, fused."""
     if not all(has_lossless_format(f.tensors[p.name].type) for p in parts):
         return None
-    fmts = one_format([_part_format(f, p, K) for p in parts])
-    if fmts is None:
-        return None
+    runs = [_fused(run, label) for run in common_runs([_part_format(f, p, K) for p in parts])]
+    return runs[0] if len(runs) == 1 else SplitRowsWeight(runs, label=label)
+
+
+def common_runs(fmts: list[WeightFormat]) -> list[list[WeightFormat]]:
+    """`fmts` cut into the fewest runs of neighbours, each in one format that holds every member
+    exactly (one_format; a run keeps the longest prefix that has one)."""
+    runs: list[list[WeightFormat]] = []
+    for fmt in fmts:
+        joined = one_format([*runs[-1], fmt]) if runs else None
+        if joined is None:
+            runs.append([fmt])
+        else:
+            runs[-1] = joined
+    return runs
+
+
+def _fused(fmts: list[WeightFormat], label: str) -> WeightFormat:
     return fmts[0] if len(fmts) == 1 else WeightFormat.cat_rows(fmts, label=label)
 
 
@@ -69,7 +87,7 @@ def expert_formats(f: GGUFFile, parts: list[Part], shape: tuple[int, int, int], 
         fmts = one_format([_expert_part_format(f, p, e, K) for p in parts])
         if fmts is None:
             return None
-        per_expert.append(fmts[0] if len(fmts) == 1 else WeightFormat.cat_rows(fmts, label=f"{label}.{e}"))
+        per_expert.append(_fused(fmts, f"{label}.{e}"))
     return StackedFormats(per_expert, label=label)
 
 

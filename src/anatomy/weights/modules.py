@@ -5,6 +5,8 @@ nn.Linear or a token nn.Embedding.
     CompactEmbedding(fmt)      rows of W for the ids, dequantized (only the rows read)
     CompactExperts(stacked)    a mixture's stacked gate_up / down [E, N, K]: experts[e] a CompactLinear
                                (so the kernel plan runs each expert as any compact linear layer)
+    SplitLinear(layers)        the layers' outputs side by side: an engine's own form of a CompactLinear
+                               over a SplitRowsWeight (split_linears), each part a layer of its own
 
 A tied model's LM head and token table hold the same format object, as nn.Linear and nn.Embedding
 share one Parameter. Parameter names: a CompactLinear at `lm_head` stores `lm_head.compact.codes`,
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from anatomy.weights.formats import WeightFormat
+from anatomy.weights.split import SplitRowsWeight
 
 
 class CompactLinear(nn.Module):
@@ -57,6 +60,32 @@ class _FrozenLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
         return grad @ ctx.fmt.dequantize(grad.dtype), None, None  # [..., N] -> [..., K]
+
+
+class SplitLinear(nn.Module):
+    """y = [layers[0](x), layers[1](x), ...] along the last dim: a linear layer whose weight's row runs
+    are layers of their own (an engine plans each as any linear layer)."""
+
+    def __init__(self, layers: list[nn.Module], *, in_features: int) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(layers)
+        self.in_features = in_features
+        self.out_features = sum(layer.out_features for layer in layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.cat([layer(x) for layer in self.parts], dim=-1)  # [..., K] -> [..., N]
+
+
+def split_linears(model: nn.Module) -> int:
+    """Each CompactLinear of `model` over a SplitRowsWeight becomes a SplitLinear of one CompactLinear
+    per part (its bias cut along), in place; how many."""
+    found = [(name, m) for name, m in model.named_modules() if isinstance(m, CompactLinear)
+             and isinstance(m.compact, SplitRowsWeight)]
+    for name, m in found:
+        layers = [CompactLinear(part, None if m.bias is None else m.bias[start:stop])
+                  for part, (start, stop) in zip(m.compact.parts, m.compact.bounds)]
+        model.set_submodule(name, SplitLinear(layers, in_features=m.in_features))
+    return len(found)
 
 
 class StackedFormats:
@@ -178,7 +207,8 @@ def stored_by_format(model: nn.Module) -> dict[str, int]:
     fmts = {id(m.compact): m.compact for m in compact_modules(model).values()}
     out: Counter[str] = Counter()
     for fmt in fmts.values():
-        out[fmt.name] += fmt.nbytes
+        for part in fmt.parts if isinstance(fmt, SplitRowsWeight) else (fmt,):
+            out[part.name] += part.nbytes
     held = {id(b) for fmt in fmts.values() for b in fmt.buffers()}
     seen: set[int] = set()
     for t in model.state_dict(keep_vars=True).values():

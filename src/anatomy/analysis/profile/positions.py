@@ -5,7 +5,8 @@ sampling, decode_loop and communication (docs/profile.md, "The positions of the 
 sits where). A module's position follows from its class and its place, never from its name: a
 linear inside a block is a GEMM, one outside the blocks a head. A parallel module that
 `communicates` has no row of its own: the module it wraps takes its path, so that it meets its row
-of the shape trace (`profiled_paths`).
+of the shape trace (`profiled_paths`); the parts of a SplitLinear have no range either, their ops are
+its linear's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from anatomy.layers.latent_attention import LatentAttention
 from anatomy.layers.ffn import GLU, MLP
 from anatomy.layers.moe import MoE
 from anatomy.kernels.norm import NativeRMSNorm
+from anatomy.weights.modules import SplitLinear
 from anatomy.layers.norm import LayerNorm, RMSNorm
 from anatomy.models.context import PositionContext
 from anatomy.models.embedding import Embeddings
@@ -55,9 +57,11 @@ def module_positions(model: nn.Module) -> dict[str, str]:
 
 
 def profiled_paths(model: nn.Module) -> dict[str, str | None]:
-    """{module path: the path it is profiled under, or None for a communicating wrapper (no range of
-    its own)}: a wrapper's child and its descendants take the wrapper's path in place of the child's."""
+    """{module path: the path it is profiled under, or None for a communicating wrapper or a split
+    linear's part (no range of its own)}: a wrapper's child and its descendants take the wrapper's
+    path in place of the child's."""
     wrappers = [path for path, m in model.named_modules() if path and getattr(m, "communicates", False)]
+    splits = [path for path, m in model.named_modules() if isinstance(m, SplitLinear)]
     out: dict[str, str | None] = {}
     for path, _ in model.named_modules():
         label = path
@@ -65,7 +69,8 @@ def profiled_paths(model: nn.Module) -> dict[str, str | None]:
             if path.startswith(wrapper + "."):
                 _, _, tail = path[len(wrapper) + 1:].partition(".")
                 label = wrapper + ("." + tail if tail else "")
-        out[path] = None if path in wrappers else label
+        inside_split = any(path.startswith(split + ".") for split in splits)
+        out[path] = None if path in wrappers or inside_split else label
     return out
 
 

@@ -9,9 +9,11 @@
 //   h = rms_norm(x) * ffn_norm                    g, u = h @ Wgate_up^T   [B, 2F]
 //   x = x + (silu(g) * u) @ Wdown^T
 //
-// The four weights are in the native layouts (q4: 40 bytes per 64 weights, q8: 72; gemv.cpp; q5: 48, q5.cpp;
+// Each of the four products reads one weight, or several whose outputs lie side by side (a split weight's
+// row runs, each in its own layout: `counts` holds how many of `weights` each product takes, in order).
+// The weights are in the native layouts (q4: 40 bytes per 64 weights, q8: 72; gemv.cpp; q5: 48, q5.cpp;
 // q6: 210 per 256, q6k.cpp; or tiles of 16 rows, q4 [N/16, K/32, 320], q8 [N/16, K/32, 544]: tiles.cpp); bit
-// i of `int8_activations` makes product i quantize its input to int8 per group of 32 (q4/q5/q6/q8_linear,
+// i of `int8_activations` makes weight i quantize its input to int8 per group of 32 (q4/q5/q6/q8_linear,
 // q4 tiles) instead of reading it as float (q4f/q5f/q8f_linear), or rounding it to int16 (q4 tiles, q6s
 // where AVX-512 runs, else q6f); q8 tiles always take int16. The cache is float32, bfloat16 or float16:
 //   static  k, v [B, H_kv, T, d]; `where` = input_pos [1]: every row writes slot input_pos[0]
@@ -22,6 +24,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "avx2.h"
 #include "native.h"
@@ -50,6 +53,24 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& w, bool int8) {
   TORCH_CHECK(per == Q8_BLOCK, "anatomy::decode_block: a weight has ", w.size(1), " bytes a row for K = ", K,
               ", none of the q4, q5, q6 and q8 layouts");
   return int8 ? anatomy::q8_linear(x, w, false) : anatomy::q8f_linear(x, w, false);
+}
+
+// x @ W^T for W the rows of ws[0], ws[1], ... in order; bit i of `int8` for ws[i]
+at::Tensor products(const at::Tensor& x, at::TensorList ws, int64_t int8) {
+  if (ws.size() == 1) return product(x, ws[0], int8 & 1);
+  std::vector<at::Tensor> parts;
+  int64_t N = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    parts.push_back(product(x, ws[i], (int8 >> i) & 1));
+    N += parts.back().size(1);
+  }
+  at::Tensor y = x.new_empty({x.size(0), N}, at::kFloat);
+  int64_t at0 = 0;
+  for (const auto& part : parts) {
+    y.narrow(1, at0, part.size(1)).copy_(part);
+    at0 += part.size(1);
+  }
+  return y;
 }
 
 // heads [n, d] of one row rotated in place by cos/sin [d]
@@ -116,8 +137,8 @@ void write_kv(const at::Tensor& cache, const float* heads, int64_t b, int64_t H_
 namespace anatomy {
 
 at::Tensor decode_block(const at::Tensor& x, const at::Tensor& attn_norm, const at::Tensor& ffn_norm, double eps,
-                        const at::Tensor& w_qkv, const at::Tensor& w_out, const at::Tensor& w_gate_up,
-                        const at::Tensor& w_down, int64_t int8_activations, const at::Tensor& cos, const at::Tensor& sin,
+                        at::TensorList weights, at::IntArrayRef counts, int64_t int8_activations,
+                        const at::Tensor& cos, const at::Tensor& sin,
                         const at::Tensor& k_cache, const at::Tensor& v_cache, const c10::optional<at::Tensor>& mask,
                         const at::Tensor& where, const c10::optional<at::Tensor>& tables, int64_t n_heads,
                         double scale) {
@@ -135,8 +156,15 @@ at::Tensor decode_block(const at::Tensor& x, const at::Tensor& attn_norm, const 
   TORCH_CHECK(H % H_kv == 0 && cos.numel() == B * d && sin.numel() == B * d,
               "anatomy::decode_block: heads ", H, " / ", H_kv, " or RoPE tables not [B, d]");
   at::Tensor xs = x.contiguous();
+  TORCH_CHECK(counts.size() == 4 && counts[0] > 0 && counts[1] > 0 && counts[2] > 0 && counts[3] > 0 &&
+              counts[0] + counts[1] + counts[2] + counts[3] == static_cast<int64_t>(weights.size()) &&
+              weights.size() <= 32, "anatomy::decode_block: counts must give each of the 4 products one or more of "
+              "the ", weights.size(), " weights (at most 32)");
+  int64_t first[4] = {0, counts[0], counts[0] + counts[1], counts[0] + counts[1] + counts[2]};
+  auto of = [&](int i) { return weights.slice(first[i], counts[i]); };
+  auto bits = [&](int i) { return (int8_activations >> first[i]) & ((int64_t{1} << counts[i]) - 1); };
 
-  at::Tensor qkv = product(anatomy::rms_norm(xs, attn_norm, eps), w_qkv, int8_activations & 1);  // [B, (H + 2 H_kv) d]
+  at::Tensor qkv = products(anatomy::rms_norm(xs, attn_norm, eps), of(0), bits(0));  // [B, (H + 2 H_kv) d]
   TORCH_CHECK(qkv.size(1) == (H + 2 * H_kv) * d, "anatomy::decode_block: Wqkv gives ", qkv.size(1), " outputs, not ",
               (H + 2 * H_kv) * d);
   at::Tensor c = cos.to(at::kFloat).contiguous(), s = sin.to(at::kFloat).contiguous();
@@ -151,11 +179,11 @@ at::Tensor decode_block(const at::Tensor& x, const at::Tensor& attn_norm, const 
   at::Tensor q = qkv.narrow(1, 0, H * d).reshape({B, H_kv, H / H_kv, d});  // the query heads of a KV group as rows
   at::Tensor a = decode_attention(q, k_cache, v_cache, c10::nullopt, c10::nullopt, mask, c10::nullopt, scale, false,
                                   tables);
-  at::Tensor h = product(a.reshape({B, H * d}), w_out, int8_activations & 2);  // [B, D]
+  at::Tensor h = products(a.reshape({B, H * d}), of(1), bits(1));  // [B, D]
   TORCH_CHECK(h.size(1) == D, "anatomy::decode_block: Wo gives ", h.size(1), " outputs, not D = ", D);
   h.add_(xs);  // x after attention
 
-  at::Tensor gu = product(anatomy::rms_norm(h, ffn_norm, eps), w_gate_up, int8_activations & 4);  // [B, 2F]
+  at::Tensor gu = products(anatomy::rms_norm(h, ffn_norm, eps), of(2), bits(2));  // [B, 2F]
   const int64_t F = gu.size(1) / 2;
   at::Tensor act = gu.new_empty({B, F});
   const float* g = gu.data_ptr<float>();
@@ -166,7 +194,7 @@ at::Tensor decode_block(const at::Tensor& x, const at::Tensor& attn_norm, const 
   const auto gated = swiglu;
 #endif
   for (int64_t b = 0; b < B; ++b) gated(g + b * 2 * F, g + b * 2 * F + F, y + b * F, F);
-  at::Tensor out = product(act, w_down, int8_activations & 8);  // [B, D]
+  at::Tensor out = products(act, of(3), bits(3));  // [B, D]
   TORCH_CHECK(out.size(1) == D, "anatomy::decode_block: Wdown gives ", out.size(1), " outputs, not D = ", D);
   return out.add_(h);
 }
@@ -174,8 +202,8 @@ at::Tensor decode_block(const at::Tensor& x, const at::Tensor& attn_norm, const 
 }  // namespace anatomy
 
 TORCH_LIBRARY_FRAGMENT(anatomy, m) {
-  m.def("decode_block(Tensor x, Tensor attn_norm, Tensor ffn_norm, float eps, Tensor w_qkv, Tensor w_out, "
-        "Tensor w_gate_up, Tensor w_down, int int8_activations, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
+  m.def("decode_block(Tensor x, Tensor attn_norm, Tensor ffn_norm, float eps, Tensor[] weights, int[] counts, "
+        "int int8_activations, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
         "Tensor(b!) v_cache, Tensor? mask, Tensor where, Tensor? tables, int n_heads, float scale) -> Tensor");
 }
 
