@@ -1,5 +1,5 @@
-"""q4 and q8 tiles (kernels/native/tiles.cpp): the int4 product with int8 or int16 activations, and the
-int8 one with int16 activations, on 16 output rows interleaved, against the float64 product of the weights and against q4_linear on the q4 layout they are
+"""q4, q5 and q8 tiles (kernels/native/tiles.cpp): the int4 and int5 products with int8 or int16
+activations, and the int8 one with int16 activations, on 16 output rows interleaved, against the float64 product of the weights and against q4_linear on the q4 layout they are
 packed from (the same int8 activations, the integer sums exact: 1e-5), on the portable loops and every
 vector path this CPU has; bad shapes refused; the fused decode block holds them where VNNI runs."""
 
@@ -14,6 +14,7 @@ from anatomy.kernels.decode_block import LINEARS, NativeBlock
 from anatomy.inference.engine import DecoderEngine
 
 from .test_native import ERROR, PATHS, int4, int8g
+from .test_native_q5 import int5, pack as pack_q5
 
 pytestmark = pytest.mark.skipif(not native.loaded(), reason="the native library is built by make")
 
@@ -54,6 +55,27 @@ def test_int16_activations_are_258_times_finer(isa, rows):
 
 
 @pytest.mark.parametrize("isa", PATHS)
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 20])
+def test_q5_tiles_are_the_q5_product_with_int8_or_int16_activations(isa, rows):
+    """int5 codes (Q5_K-style: all 32 levels, a scale and an offset per group of 64) on tiles: with int8
+    activations q5_linear's sums on the q5 layout they are packed from (1e-5); with int16 ones (an
+    outlier channel and all) within 1e-4 of the float64 product; the portable and vector loops equal."""
+    fmt = int5(96, 320, group=64)
+    q5 = pack_q5(fmt)
+    tiles = torch.ops.anatomy.pack_q5_tiles(q5)
+    assert tiles.shape == (96 // 16, 320 // 32, 384)
+    x = torch.randn(rows, 320)
+    x[:, 7] *= 40
+    with native.limited(isa):
+        y8 = torch.ops.anatomy.q5_tiles_linear(x, tiles)
+        y16 = torch.ops.anatomy.q5_tiles_linear(x, tiles, False, 16)
+    want = reference_product(fmt, x)
+    torch.testing.assert_close(y8, torch.ops.anatomy.q5_linear(x, q5, True), rtol=1e-5, atol=1e-5)
+    assert relative_error(y16, want) < 1e-4 < relative_error(y8, want) < 5 * ERROR
+    torch.testing.assert_close(y16, torch.ops.anatomy.q5_tiles_linear(x, tiles, True, 16), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("isa", PATHS)
 @pytest.mark.parametrize("rows", [1, 8, 13])
 def test_q8_tiles_are_the_q8_product_with_int16_activations(isa, rows):
     """Q8_0-style int8 groups on tiles, x rounded to int16 per 32 (an outlier channel and all): within
@@ -71,12 +93,15 @@ def test_q8_tiles_are_the_q8_product_with_int16_activations(isa, rows):
 
 @pytest.mark.skipif(not native.available(), reason="this CPU runs no vector path of the native kernels")
 def test_offered_where_vnni_runs_and_n_allows():
-    tiled = {"q4t", "q4t16", "q8t16"}
-    offered = {k.name for k in candidates(int4(64, 128)) + candidates(int8g(64, 128))}
-    assert (tiled <= offered) == (native.isa() == "avx512-vnni")
-    assert not tiled & {k.name for k in candidates(int4(72, 128)) + candidates(int8g(72, 128))}  # N = 72
+    tiled = {"q4t", "q4t16", "q5t", "q5t16", "q8t16"}
+
+    def offered(N: int) -> set[str]:
+        return {k.name for fmt in (int4(N, 128), int5(N, 128), int8g(N, 128)) for k in candidates(fmt)}
+
+    assert (tiled <= offered(64)) == (native.isa() == "avx512-vnni")
+    assert not tiled & offered(72)  # N = 72
     with native.limited("avx512"):  # AVX-512 without VNNI
-        assert not tiled & {k.name for k in candidates(int4(64, 128)) + candidates(int8g(64, 128))}
+        assert not tiled & offered(64)
 
 
 def test_bfloat16_in_bfloat16_out():

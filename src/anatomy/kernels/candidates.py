@@ -193,6 +193,10 @@ def _build_q4t(fmt: Int4Weight) -> Prepared:
     return (torch.ops.anatomy.pack_q4_tiles(_build_q4x(fmt)[0]),)
 
 
+def _build_q5t(fmt: Int5Weight) -> Prepared:
+    return (torch.ops.anatomy.pack_q5_tiles(_build_q5x(fmt)[0]),)
+
+
 def _build_q8t(fmt: Int8GroupWeight) -> Prepared:
     return (torch.ops.anatomy.pack_q8_tiles(fmt.codes, _per_32(fmt.scale, fmt.group)),)
 
@@ -261,6 +265,8 @@ Q6X = Form("q6x", _build_q6x, lambda f: isinstance(f, Int6Weight) and f.shape[1]
            lambda f: _numel(f) // SUPER * 210, rows=_q6x_rows)
 Q4T = Form("q4t", _build_q4t, lambda f: isinstance(f, Int4Weight) and f.group % 32 == 0 and _tiles_ok(f),
            lambda f: _numel(f) // NATIVE_BLOCK * 40)
+Q5T = Form("q5t", _build_q5t, lambda f: isinstance(f, Int5Weight) and f.group % 32 == 0 and _tiles_ok(f),
+           lambda f: _numel(f) // 512 * 384)
 Q8T = Form("q8t", _build_q8t, lambda f: isinstance(f, Int8GroupWeight) and f.group % 32 == 0 and _tiles_ok(f),
            lambda f: _numel(f) // 512 * 544, rows=_q8t_rows)
 
@@ -374,14 +380,14 @@ def _bind_q8f(p: Prepared) -> Callable[[Tensor], Tensor]:
     return lambda x: torch.ops.anatomy.q8f_linear(x, w)
 
 
-def _bind_q4t(p: Prepared) -> Callable[[Tensor], Tensor]:
-    (w,) = p
-    return lambda x: torch.ops.anatomy.q4_tiles_linear(x, w)
+def _bind_tiles(op: str, bits: int) -> Callable[[Prepared], Callable[[Tensor], Tensor]]:
+    """A binder for anatomy's int4 / int5 tiles product `op` with activations of `bits` (8 or 16)."""
+    def bind(p: Prepared) -> Callable[[Tensor], Tensor]:
+        (w,) = p
+        product = getattr(torch.ops.anatomy, op)
+        return lambda x: product(x, w, False, bits)
 
-
-def _bind_q4t16(p: Prepared) -> Callable[[Tensor], Tensor]:
-    (w,) = p
-    return lambda x: torch.ops.anatomy.q4_tiles_linear(x, w, False, 16)
+    return bind
 
 
 def _bind_q8t16(p: Prepared) -> Callable[[Tensor], Tensor]:
@@ -414,8 +420,10 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("q5f", Q5X, None, _bind_q5f, compiles=False),
     Kernel("q6f", Q6X, None, _bind_q6f, compiles=False),
     Kernel("q6s", Q6X, None, _bind_q6s, accepts=_avx512, compiles=False),
-    Kernel("q4t", Q4T, None, _bind_q4t, compiles=False),
-    Kernel("q4t16", Q4T, None, _bind_q4t16, compiles=False),
+    Kernel("q4t", Q4T, None, _bind_tiles("q4_tiles_linear", 8), compiles=False),
+    Kernel("q4t16", Q4T, None, _bind_tiles("q4_tiles_linear", 16), compiles=False),
+    Kernel("q5t", Q5T, None, _bind_tiles("q5_tiles_linear", 8), compiles=False),
+    Kernel("q5t16", Q5T, None, _bind_tiles("q5_tiles_linear", 16), compiles=False),
     Kernel("q8t16", Q8T, None, _bind_q8t16, compiles=False),
 )
 KERNELS_BY_NAME = {k.name: k for k in KERNELS}

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from anatomy.kernels import native
-from anatomy.kernels.candidates import KERNELS_BY_NAME, Q4T, Q8T
+from anatomy.kernels.candidates import KERNELS_BY_NAME, Q4T, Q4X, Q5T, Q5X, Q8T, Form
 from anatomy.kernels.decisions import decided
 from anatomy.kernels.norm import NativeRMSNorm
 from anatomy.kernels.planned_linear import PlannedLinear
@@ -127,7 +127,7 @@ def layers(module: nn.Module) -> list[tuple[str, PlannedLinear]]:
 
 def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan, name: str) -> tuple[Tensor, bool] | None:
     """(the layer's native layout, whether its product takes int8 activations), or None when the
-    format has no native layout. An int4 layout becomes q4 tiles where they run (`tiled`); int8g held as
+    format has no native layout. An int4 (int5) layout becomes q4 (q5) tiles where they run (`tiled`); int8g held as
     q8 tiles runs on them (their products round the input to int16)."""
     if (q8_tiles := layer.layouts.get(Q8T.name)) is not None:
         return q8_tiles[0], False
@@ -136,8 +136,10 @@ def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan, nam
         if form.accepts(fmt):
             measured = by_kernel(plan.for_layer(name).measurements.get("decode", [])).get(int8_kernel)
             error = measured.error if measured is not None else None
-            if int8_kernel == "q4x" and Q4T.accepts(fmt) and error is not None and error * INT16_ERROR <= plan.threshold:
-                tiles = tiled(layer, fmt)
+            tile_form = {"q4x": Q4T, "q5x": Q5T}.get(int8_kernel)
+            if tile_form is not None and tile_form.accepts(fmt) and error is not None \
+                    and error * INT16_ERROR <= plan.threshold:
+                tiles = tiled(layer, fmt, tile_form)
                 return None if tiles is None else (tiles, False)  # int16 activations
             prepared = layer.layouts.get(form.name) or (None if fmt.released else form.build(fmt))
             if prepared is None:
@@ -146,14 +148,15 @@ def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan, nam
     return None
 
 
-def tiled(layer: PlannedLinear, fmt: WeightFormat) -> Tensor | None:
-    """The layer's q4 tiles (tiles.cpp): the plan's, else packed from the plan's q4 layout, else built
-    (None: the format was given back and no layout holds them)."""
-    if (tiles := layer.layouts.get(Q4T.name)) is not None:
+def tiled(layer: PlannedLinear, fmt: WeightFormat, form: Form = Q4T) -> Tensor | None:
+    """The layer's q4 (or q5) tiles (tiles.cpp): the plan's, else packed from the plan's q4 (q5)
+    layout, else built (None: the format was given back and no layout holds them)."""
+    if (tiles := layer.layouts.get(form.name)) is not None:
         return tiles[0]
-    if (q4 := layer.layouts.get(KERNELS_BY_NAME["q4x"].form.name)) is not None:
-        return torch.ops.anatomy.pack_q4_tiles(q4[0])
-    return None if fmt.released else Q4T.build(fmt)[0]
+    rows, pack = (Q4X, torch.ops.anatomy.pack_q4_tiles) if form is Q4T else (Q5X, torch.ops.anatomy.pack_q5_tiles)
+    if (held := layer.layouts.get(rows.name)) is not None:
+        return pack(held[0])
+    return None if fmt.released else form.build(fmt)[0]
 
 
 def native_block(name: str, block: Block, plan: KernelPlan, formats: dict[str, WeightFormat]) -> NativeBlock | None:

@@ -108,6 +108,7 @@ Quantized quantize_rows(const at::Tensor& x, Isa level);
 
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits);
+at::Tensor q5_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits);
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q5_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q5f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);

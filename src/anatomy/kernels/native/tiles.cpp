@@ -13,6 +13,11 @@
 //       y[m, n] = sum_g sx[m, g] * (d[n, g] * sum_i q[n, i] qx[m, i] + m[n, g] * sum_i qx[m, i])
 //   q4_tiles_linear(x [M, K] float, tiles [N/16, K/32, 320], bits) -> [M, N]
 //
+//   q5 tiles (pack_q5_tiles, from the q5 layout of q5.cpp): a q4 tile's 320 bytes with the codes' low 4
+//   bits, then 8 masks of 64 bits: bit 4r + i of mask j the fifth bit of row r, input 4j + i (the vector
+//   loop adds 16 under it: vpaddb with a mask), 384 bytes; the same sums as q4 tiles, codes 0..31
+//   q5_tiles_linear(x [M, K] float, tiles [N/16, K/32, 384], bits) -> [M, N]
+//
 //   q8 tiles (pack_q8_tiles, from Q8_0-style codes and scales): per tile and group, 544 bytes: d [16]
 //   float16, then 8 vectors of 64 bytes, byte 4r + i of vector j the int8 code of row r, input 4j + i
 //       y[m, n] = sum_g sx[m, g] * d[n, g] * sum_i q[n, i] qx[m, i]
@@ -54,9 +59,12 @@ using anatomy::Quantized;
 
 constexpr int64_t G = 32;            // inputs per group
 constexpr int64_t TILE = 16;         // output rows per tile
-// bytes per tile and group: q4 16 + 16 float16 and 256 bytes of codes; q8 16 float16 and 512 codes
-template <bool Q8>
-constexpr int64_t TILE_BYTES = Q8 ? 544 : 320;
+enum Kind { Q4, Q5, Q8 };  // the codes a tile holds
+// bytes per tile and group: q4 16 + 16 float16 and 256 bytes of codes; q5 those and 64 of fifth bits;
+// q8 16 float16 and 512 codes
+template <int T>
+constexpr int64_t TILE_BYTES = T == Q8 ? 544 : T == Q5 ? 384 : 320;
+constexpr int64_t FIFTH = 320;  // where a q5 tile's group keeps its masks
 constexpr int ROWS = 8;              // rows of x per pass over the tiles
 
 inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
@@ -104,14 +112,16 @@ inline bool code_high(int64_t i) { return i / 4 >= 4; }
 // and in a q8 tile's: its byte
 inline int64_t q8_byte(int64_t r, int64_t i) { return 32 + i / 4 * 64 + 4 * r + i % 4; }
 
-template <bool Q8>
+template <int T>
 inline int32_t code_at(const uint8_t* block, int64_t r, int64_t i) {
-  if constexpr (Q8) return static_cast<int8_t>(block[q8_byte(r, i)]);
+  if constexpr (T == Q8) return static_cast<int8_t>(block[q8_byte(r, i)]);
   const uint8_t byte = block[code_byte(r, i)];
-  return code_high(i) ? byte >> 4 : byte & 0x0F;
+  const int32_t low = code_high(i) ? byte >> 4 : byte & 0x0F;
+  if constexpr (T == Q5) return low | ((block[FIFTH + 8 * (i / 4) + (4 * r + i % 4) / 8] >> ((4 * r + i % 4) % 8)) & 1) << 4;
+  return low;
 }
 
-template <bool Q8, typename Codes>
+template <int T, typename Codes>
 void tiles_portable(const Codes& a, int64_t m0, int64_t M, int64_t K, const uint8_t* w, int64_t t0, int64_t t1,
                     float* y, int64_t N) {
   const int64_t groups = K / G;
@@ -120,12 +130,12 @@ void tiles_portable(const Codes& a, int64_t m0, int64_t M, int64_t K, const uint
       for (int64_t m = m0; m < m0 + M; ++m) {
         float total = 0.f;
         for (int64_t g = 0; g < groups; ++g) {
-          const uint8_t* block = w + (t * groups + g) * TILE_BYTES<Q8>;
+          const uint8_t* block = w + (t * groups + g) * TILE_BYTES<T>;
           uint16_t dm[2] = {0, 0};
           std::memcpy(&dm[0], block + 2 * r, 2);
-          if (!Q8) std::memcpy(&dm[1], block + 32 + 2 * r, 2);
+          if (T != Q8) std::memcpy(&dm[1], block + 32 + 2 * r, 2);
           int32_t dot = 0;
-          for (int64_t i = 0; i < G; ++i) dot += code_at<Q8>(block, r, i) * a.q[m * K + g * G + i];
+          for (int64_t i = 0; i < G; ++i) dot += code_at<T>(block, r, i) * a.q[m * K + g * G + i];
           const float sx = a.scale[m * groups + g];
           total += half_to_float(dm[0]) * sx * dot + half_to_float(dm[1]) * sx * a.sum[m * groups + g];
         }
@@ -139,6 +149,8 @@ void tiles_portable(const Codes& a, int64_t m0, int64_t M, int64_t K, const uint
 
 // A group's 16 codes vectors unpacked once for the M rows of x: int8 activations take the 8 vectors of
 // 4-byte pieces, int16 ones each piece as two int16 pairs (its inputs 0 and 2, then 1 and 3)
+// (q5 tiles: 16 added to each code whose fifth bit its piece's mask sets)
+template <int T>
 AVX512_VNNI inline void unpack(const uint8_t* block, __m512i (&q)[8]) {
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int v = 0; v < 4; ++v) {
@@ -146,12 +158,21 @@ AVX512_VNNI inline void unpack(const uint8_t* block, __m512i (&q)[8]) {
     q[v] = _mm512_and_si512(packed, low);
     q[v + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
   }
+  if constexpr (T == Q5) {
+    const __m512i sixteen = _mm512_set1_epi8(16);
+    for (int j = 0; j < 8; ++j) {
+      uint64_t fifth;
+      std::memcpy(&fifth, block + FIFTH + 8 * j, 8);
+      q[j] = _mm512_mask_add_epi8(q[j], _cvtu64_mask64(fifth), q[j], sixteen);
+    }
+  }
 }
 
+template <int T>
 AVX512_VNNI inline void unpack(const uint8_t* block, __m512i (&q)[16]) {
   const __m512i even = _mm512_set1_epi16(0x00FF);
   __m512i pieces[8];
-  unpack(block, pieces);
+  unpack<T>(block, pieces);
   for (int j = 0; j < 8; ++j) {
     q[2 * j] = _mm512_and_si512(pieces[j], even);
     q[2 * j + 1] = _mm512_srli_epi16(pieces[j], 8);
@@ -196,7 +217,7 @@ inline const int32_t* codes_of(const Quantized16& a, int64_t row, int64_t K, int
 }
 
 // rows [m0, m0 + M) of x against tiles [t0, t1)
-template <int M, bool Q8, typename Codes>
+template <int M, int T, typename Codes>
 AVX512_VNNI void tiles_avx512(const Codes& a, int64_t m0, int64_t K, const uint8_t* w, int64_t t0, int64_t t1,
                               float* y, int64_t N) {
   const int64_t groups = K / G;
@@ -204,63 +225,87 @@ AVX512_VNNI void tiles_avx512(const Codes& a, int64_t m0, int64_t K, const uint8
     __m512 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* block = w + (t * groups + g) * TILE_BYTES<Q8>;
-      for (int64_t line = 0; line < TILE_BYTES<Q8>; line += 64)
+      const uint8_t* block = w + (t * groups + g) * TILE_BYTES<T>;
+      for (int64_t line = 0; line < TILE_BYTES<T>; line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD + line, _MM_HINT_T0);
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
-      const __m512 mins = Q8 ? _mm512_setzero_ps()
+      const __m512 mins = T == Q8 ? _mm512_setzero_ps()
                              : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
       __m512i q[std::is_same_v<Codes, Quantized16> ? 16 : 8];
-      if constexpr (Q8) unpack_q8(block, q);
-      else unpack(block, q);
+      if constexpr (T == Q8) unpack_q8(block, q);
+      else unpack<T>(block, q);
       for (int m = 0; m < M; ++m) {
         const int64_t row = m0 + m;
         const __m512i s = dot(q, codes_of(a, row, K, g));
         const float sx = a.scale[row * groups + g];
         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(sx)), acc[m]);
-        if (!Q8) acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(sx * static_cast<float>(a.sum[row * groups + g])), acc[m]);
+        if (T != Q8) acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(sx * static_cast<float>(a.sum[row * groups + g])), acc[m]);
       }
     }
     for (int m = 0; m < M; ++m) _mm512_storeu_ps(y + (m0 + m) * N + t * TILE, acc[m]);
   }
 }
 
-template <int M, bool Q8, typename Codes>
+template <int M, int T, typename Codes>
 void tiles_dispatch(int rows, const Codes& a, int64_t m0, int64_t K, const uint8_t* w, int64_t t0, int64_t t1,
                     float* y, int64_t N) {
   if constexpr (M > 1) {
-    if (rows < M) return tiles_dispatch<M - 1, Q8>(rows, a, m0, K, w, t0, t1, y, N);
+    if (rows < M) return tiles_dispatch<M - 1, T>(rows, a, m0, K, w, t0, t1, y, N);
   }
-  tiles_avx512<M, Q8>(a, m0, K, w, t0, t1, y, N);
+  tiles_avx512<M, T>(a, m0, K, w, t0, t1, y, N);
 }
 
 #endif  // ANATOMY_X86
 
-// the q4 layout [N, K/64 * 40] -> tiles [N/16, K/32, 320]
-at::Tensor pack_q4_tiles(const at::Tensor& q4) {
-  TORCH_CHECK(q4.dim() == 2 && q4.scalar_type() == at::kByte && q4.size(1) % Q4_BLOCK == 0,
-              "anatomy::pack_q4_tiles: the q4 layout is uint8 [N, K/64 * 40]");
-  TORCH_CHECK(q4.size(0) % TILE == 0, "anatomy::pack_q4_tiles: N = ", q4.size(0), " is not a multiple of ", TILE);
-  const int64_t N = q4.size(0), pairs = q4.size(1) / Q4_BLOCK, groups = 2 * pairs;
-  at::Tensor src = q4.contiguous();
-  at::Tensor out = q4.new_zeros({N / TILE, groups, TILE_BYTES<false>});
+// a row layout of blocks of 64 inputs ([N, K/64 * bytes]) -> tiles [N/16, K/32, TILE_BYTES<T>]: fill(block,
+// half, r, tile) puts group `half` of a row's block into row r of its tile's group
+template <int T, typename Fill>
+at::Tensor pack_tiles(const at::Tensor& rows, int64_t bytes, const char* what, Fill fill) {
+  TORCH_CHECK(rows.dim() == 2 && rows.scalar_type() == at::kByte && rows.size(1) % bytes == 0, what,
+              ": the row layout is uint8 [N, K/64 * ", bytes, "]");
+  TORCH_CHECK(rows.size(0) % TILE == 0, what, ": N = ", rows.size(0), " is not a multiple of ", TILE);
+  const int64_t N = rows.size(0), pairs = rows.size(1) / bytes, groups = 2 * pairs;
+  at::Tensor src = rows.contiguous();
+  at::Tensor out = rows.new_zeros({N / TILE, groups, TILE_BYTES<T>});
   const uint8_t* from = src.data_ptr<uint8_t>();
   uint8_t* to = out.data_ptr<uint8_t>();
   at::parallel_for(0, N / TILE, 1, [&](int64_t begin, int64_t end) {  // a tile's rows are its own
     for (int64_t n = begin * TILE; n < end * TILE; ++n)
-      for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* block = from + (n * pairs + g / 2) * Q4_BLOCK;
-        const int64_t half = g % 2, r = n % TILE;
-        uint8_t* tile = to + (n / TILE * groups + g) * TILE_BYTES<false>;
-        std::memcpy(tile + 2 * r, block + 4 * half, 2);       // d
-        std::memcpy(tile + 32 + 2 * r, block + 4 * half + 2, 2);  // m
-        for (int64_t i = 0; i < G; ++i) {
-          const uint8_t code = half ? block[8 + i] >> 4 : block[8 + i] & 0x0F;
-          tile[code_byte(r, i)] |= code_high(i) ? code << 4 : code;
-        }
-      }
+      for (int64_t g = 0; g < groups; ++g)
+        fill(from + (n * pairs + g / 2) * bytes, g % 2, n % TILE, to + (n / TILE * groups + g) * TILE_BYTES<T>);
   });
   return out;
+}
+
+// the q4 layout [N, K/64 * 40] (gemv.cpp: [dA mA dB mB] float16, then A's codes low, B's high) -> tiles
+at::Tensor pack_q4_tiles(const at::Tensor& q4) {
+  return pack_tiles<Q4>(q4, Q4_BLOCK, "anatomy::pack_q4_tiles",
+                        [](const uint8_t* block, int64_t half, int64_t r, uint8_t* tile) {
+    std::memcpy(tile + 2 * r, block + 4 * half, 2);           // d
+    std::memcpy(tile + 32 + 2 * r, block + 4 * half + 2, 2);  // m
+    for (int64_t i = 0; i < G; ++i) {
+      const uint8_t code = half ? block[8 + i] >> 4 : block[8 + i] & 0x0F;
+      tile[code_byte(r, i)] |= code_high(i) ? code << 4 : code;
+    }
+  });
+}
+
+// the q5 layout [N, K/64 * 48] (q5.cpp: [dA mA dB mB] float16, the fifth bits, then the q4 layout's
+// codes) -> tiles
+at::Tensor pack_q5_tiles(const at::Tensor& q5) {
+  return pack_tiles<Q5>(q5, anatomy::Q5_BLOCK, "anatomy::pack_q5_tiles",
+                        [](const uint8_t* block, int64_t half, int64_t r, uint8_t* tile) {
+    std::memcpy(tile + 2 * r, block + 4 * half, 2);           // d
+    std::memcpy(tile + 32 + 2 * r, block + 4 * half + 2, 2);  // m
+    uint64_t fifth;
+    std::memcpy(&fifth, block + 8, 8);
+    for (int64_t i = 0; i < G; ++i) {
+      const uint8_t code = half ? block[16 + i] >> 4 : block[16 + i] & 0x0F;
+      tile[code_byte(r, i)] |= code_high(i) ? code << 4 : code;
+      const int64_t bit = 4 * r + i % 4;
+      tile[FIFTH + 8 * (i / 4) + bit / 8] |= static_cast<uint8_t>(((fifth >> (half * G + i)) & 1) << (bit % 8));
+    }
+  });
 }
 
 // codes [N, K] int8 and scales [N, K/32] (GGUF Q8_0: w = q * d) -> q8 tiles [N/16, K/32, 544]
@@ -271,14 +316,14 @@ at::Tensor pack_q8_tiles(const at::Tensor& codes, const at::Tensor& scale) {
   TORCH_CHECK(codes.size(0) % TILE == 0, "anatomy::pack_q8_tiles: N = ", codes.size(0), " is not a multiple of ", TILE);
   const int64_t N = codes.size(0), K = codes.size(1), groups = K / G;
   at::Tensor c = codes.contiguous(), s = scale.to(at::kHalf).contiguous();
-  at::Tensor out = codes.new_empty({N / TILE, groups, TILE_BYTES<true>}, at::kByte);
+  at::Tensor out = codes.new_empty({N / TILE, groups, TILE_BYTES<Q8>}, at::kByte);
   const int8_t* from = c.data_ptr<int8_t>();
   const at::Half* scales = s.data_ptr<at::Half>();
   uint8_t* to = out.data_ptr<uint8_t>();
   for (int64_t n = 0; n < N; ++n)
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t r = n % TILE;
-      uint8_t* tile = to + (n / TILE * groups + g) * TILE_BYTES<true>;
+      uint8_t* tile = to + (n / TILE * groups + g) * TILE_BYTES<Q8>;
       std::memcpy(tile + 2 * r, scales + n * groups + g, 2);
       for (int64_t i = 0; i < G; ++i) tile[q8_byte(r, i)] = static_cast<uint8_t>(from[n * K + g * G + i]);
     }
@@ -286,7 +331,7 @@ at::Tensor pack_q8_tiles(const at::Tensor& codes, const at::Tensor& scale) {
 }
 
 // y [M, N] = the activations a against every tile, rows of x ROWS at a time, tiles split over the threads
-template <bool Q8, typename Codes>
+template <int T, typename Codes>
 void over_tiles(const Codes& a, const at::Tensor& w, Isa level, at::Tensor& y) {
   const int64_t M = y.size(0), N = y.size(1), K = w.size(1) * G;
   const uint8_t* tiles = w.data_ptr<uint8_t>();
@@ -296,11 +341,11 @@ void over_tiles(const Codes& a, const at::Tensor& w, Isa level, at::Tensor& y) {
       const int rows = static_cast<int>(std::min<int64_t>(ROWS, M - m0));
 #if ANATOMY_X86
       if (level == Isa::Avx512Vnni) {
-        tiles_dispatch<ROWS, Q8>(rows, a, m0, K, tiles, t0, t1, out, N);
+        tiles_dispatch<ROWS, T>(rows, a, m0, K, tiles, t0, t1, out, N);
         continue;
       }
 #endif
-      tiles_portable<Q8>(a, m0, rows, K, tiles, t0, t1, out, N);
+      tiles_portable<T>(a, m0, rows, K, tiles, t0, t1, out, N);
     }
   });
 }
@@ -312,25 +357,34 @@ void check_tiles(const at::Tensor& x, const at::Tensor& w, int64_t bytes, const 
               w.size(2) == bytes, what, ": tiles must be uint8 [N/16, K/32, ", bytes, "] for K = ", x.size(1));
 }
 
+template <int T>
+at::Tensor int_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits, const char* what) {
+  check_tiles(x, w, TILE_BYTES<T>, what);
+  TORCH_CHECK(bits == 8 || bits == 16, what, ": bits = ", bits, ": the activations are int8 or int16");
+  const Isa level = anatomy::isa(portable);
+  at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
+  if (bits == 8) over_tiles<T>(anatomy::quantize_rows(x, level), w, level, y);
+  else over_tiles<T>(quantize_rows16(x, level), w, level, y);
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
 }  // namespace
 
 namespace anatomy {
 
 at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits) {
-  check_tiles(x, w, TILE_BYTES<false>, "anatomy::q4_tiles_linear");
-  TORCH_CHECK(bits == 8 || bits == 16, "anatomy::q4_tiles_linear: bits = ", bits, ": the activations are int8 or int16");
-  const Isa level = anatomy::isa(portable);
-  at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
-  if (bits == 8) over_tiles<false>(anatomy::quantize_rows(x, level), w, level, y);
-  else over_tiles<false>(quantize_rows16(x, level), w, level, y);
-  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+  return int_tiles_linear<Q4>(x, w, portable, bits, "anatomy::q4_tiles_linear");
+}
+
+at::Tensor q5_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits) {
+  return int_tiles_linear<Q5>(x, w, portable, bits, "anatomy::q5_tiles_linear");
 }
 
 at::Tensor q8_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
-  check_tiles(x, w, TILE_BYTES<true>, "anatomy::q8_tiles_linear");
+  check_tiles(x, w, TILE_BYTES<Q8>, "anatomy::q8_tiles_linear");
   const Isa level = anatomy::isa(portable);
   at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
-  over_tiles<true>(quantize_rows16(x, level), w, level, y);
+  over_tiles<Q8>(quantize_rows16(x, level), w, level, y);
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
@@ -339,6 +393,8 @@ at::Tensor q8_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portab
 TORCH_LIBRARY_FRAGMENT(anatomy, m) {
   m.def("q4_tiles_linear(Tensor x, Tensor tiles, bool portable=False, int bits=8) -> Tensor");
   m.def("pack_q4_tiles(Tensor q4) -> Tensor");
+  m.def("q5_tiles_linear(Tensor x, Tensor tiles, bool portable=False, int bits=8) -> Tensor");
+  m.def("pack_q5_tiles(Tensor q5) -> Tensor");
   m.def("q8_tiles_linear(Tensor x, Tensor tiles, bool portable=False) -> Tensor");
   m.def("pack_q8_tiles(Tensor codes, Tensor scale) -> Tensor");
 }
@@ -346,6 +402,8 @@ TORCH_LIBRARY_FRAGMENT(anatomy, m) {
 TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
   m.impl("q4_tiles_linear", anatomy::q4_tiles_linear);
   m.impl("pack_q4_tiles", pack_q4_tiles);
+  m.impl("q5_tiles_linear", anatomy::q5_tiles_linear);
+  m.impl("pack_q5_tiles", pack_q5_tiles);
   m.impl("q8_tiles_linear", anatomy::q8_tiles_linear);
   m.impl("pack_q8_tiles", pack_q8_tiles);
 }
