@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from anatomy.kernels import native
-from anatomy.kernels.candidates import KERNELS_BY_NAME, Q4T, Q4X, Q5T, Q5X, Q8T, Form
+from anatomy.kernels.candidates import KERNELS_BY_NAME, Q4T, Q5T, Q8T, Form
 from anatomy.kernels.decisions import decided
 from anatomy.kernels.norm import NativeRMSNorm
 from anatomy.kernels.planned_linear import PlannedLinear
@@ -38,6 +38,7 @@ from anatomy.weights.modules import SplitLinear
 
 LINEARS = ("attn.qkv", "attn.out", "ffn.gate_up", "ffn.down")  # in the operator's order
 INT8_KERNELS = ("q4x", "q8x", "q5x", "q6x")  # int8 activations on each native layout (q4f/q8f/q5f/q6s share it)
+TILES = {"q4x": (Q4T, "pack_q4_tiles"), "q5x": (Q5T, "pack_q5_tiles")}  # a row layout's tiles, and their packer
 # On q4 tiles (AVX-512 VNNI) a product takes its activations rounded to int16 (tiles.cpp): its error is
 # int8's times this ratio (the rounding steps'), within the plan's bound, and int16 keeps near-ties of a
 # greedy answer that int8 activations flip, for a small cost per step (docs/inference.md, "Speed")
@@ -127,8 +128,8 @@ def layers(module: nn.Module) -> list[tuple[str, PlannedLinear]]:
 
 def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan, name: str) -> tuple[Tensor, bool] | None:
     """(the layer's native layout, whether its product takes int8 activations), or None when the
-    format has no native layout. An int4 (int5) layout becomes q4 (q5) tiles where they run (`tiled`); int8g held as
-    q8 tiles runs on them (their products round the input to int16)."""
+    format has no native layout. An int4 (int5) layout becomes q4 (q5) tiles where they run (`tiled`);
+    int8g held as q8 tiles runs on them (their products round the input to int16)."""
     if (q8_tiles := layer.layouts.get(Q8T.name)) is not None:
         return q8_tiles[0], False
     for int8_kernel in INT8_KERNELS:
@@ -136,10 +137,10 @@ def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan, nam
         if form.accepts(fmt):
             measured = by_kernel(plan.for_layer(name).measurements.get("decode", [])).get(int8_kernel)
             error = measured.error if measured is not None else None
-            tile_form = {"q4x": Q4T, "q5x": Q5T}.get(int8_kernel)
+            tile_form, pack = TILES.get(int8_kernel, (None, None))
             if tile_form is not None and tile_form.accepts(fmt) and error is not None \
                     and error * INT16_ERROR <= plan.threshold:
-                tiles = tiled(layer, fmt, tile_form)
+                tiles = tiled(layer, fmt, tile_form, form, pack)
                 return None if tiles is None else (tiles, False)  # int16 activations
             prepared = layer.layouts.get(form.name) or (None if fmt.released else form.build(fmt))
             if prepared is None:
@@ -148,14 +149,13 @@ def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan, nam
     return None
 
 
-def tiled(layer: PlannedLinear, fmt: WeightFormat, form: Form = Q4T) -> Tensor | None:
-    """The layer's q4 (or q5) tiles (tiles.cpp): the plan's, else packed from the plan's q4 (q5)
-    layout, else built (None: the format was given back and no layout holds them)."""
+def tiled(layer: PlannedLinear, fmt: WeightFormat, form: Form, rows: Form, pack: str) -> Tensor | None:
+    """The layer's tiles of `form` (tiles.cpp): the plan's, else packed (anatomy::`pack`) from the
+    plan's layout of `rows`, else built (None: the format was given back and no layout holds them)."""
     if (tiles := layer.layouts.get(form.name)) is not None:
         return tiles[0]
-    rows, pack = (Q4X, torch.ops.anatomy.pack_q4_tiles) if form is Q4T else (Q5X, torch.ops.anatomy.pack_q5_tiles)
     if (held := layer.layouts.get(rows.name)) is not None:
-        return pack(held[0])
+        return getattr(torch.ops.anatomy, pack)(held[0])
     return None if fmt.released else form.build(fmt)[0]
 
 

@@ -58,13 +58,14 @@ class SplitRowsWeight(WeightFormat):
 
     def take_rows(self, index: Tensor) -> WeightFormat:
         """Rows `index` of W, each run of consecutive rows from one part taken from that part."""
-        owner = torch.bucketize(index, torch.tensor([stop for _, stop in self.bounds]), right=True)
+        bounds = self.bounds
+        owner = torch.bucketize(index, torch.tensor([stop for _, stop in bounds]), right=True)
         runs: list[WeightFormat] = []
         start = 0
         for i in range(1, len(index) + 1):
             if i == len(index) or owner[i] != owner[start]:
                 j = int(owner[start])
-                runs.append(self.parts[j].take_rows(index[start:i] - self.bounds[j][0]))
+                runs.append(self.parts[j].take_rows(index[start:i] - bounds[j][0]))
                 start = i
         return runs[0] if len(runs) == 1 else SplitRowsWeight(runs, label=self.label)
 

@@ -277,16 +277,22 @@ at::Tensor pack_tiles(const at::Tensor& rows, int64_t bytes, const char* what, F
   return out;
 }
 
-// the q4 layout [N, K/64 * 40] (gemv.cpp: [dA mA dB mB] float16, then A's codes low, B's high) -> tiles
+// group `half` of a row block ([dA mA dB mB] float16, then 32 bytes of codes at `codes`: A's low nibbles,
+// B's high) into row r of a q4 (or q5) tile's group: its d, m and the codes' low 4 bits
+void fill_q4(const uint8_t* block, const uint8_t* codes, int64_t half, int64_t r, uint8_t* tile) {
+  std::memcpy(tile + 2 * r, block + 4 * half, 2);           // d
+  std::memcpy(tile + 32 + 2 * r, block + 4 * half + 2, 2);  // m
+  for (int64_t i = 0; i < G; ++i) {
+    const uint8_t code = half ? codes[i] >> 4 : codes[i] & 0x0F;
+    tile[code_byte(r, i)] |= code_high(i) ? code << 4 : code;
+  }
+}
+
+// the q4 layout [N, K/64 * 40] (gemv.cpp: [dA mA dB mB] float16, then the codes) -> tiles
 at::Tensor pack_q4_tiles(const at::Tensor& q4) {
   return pack_tiles<Q4>(q4, Q4_BLOCK, "anatomy::pack_q4_tiles",
                         [](const uint8_t* block, int64_t half, int64_t r, uint8_t* tile) {
-    std::memcpy(tile + 2 * r, block + 4 * half, 2);           // d
-    std::memcpy(tile + 32 + 2 * r, block + 4 * half + 2, 2);  // m
-    for (int64_t i = 0; i < G; ++i) {
-      const uint8_t code = half ? block[8 + i] >> 4 : block[8 + i] & 0x0F;
-      tile[code_byte(r, i)] |= code_high(i) ? code << 4 : code;
-    }
+    fill_q4(block, block + 8, half, r, tile);
   });
 }
 
@@ -295,13 +301,10 @@ at::Tensor pack_q4_tiles(const at::Tensor& q4) {
 at::Tensor pack_q5_tiles(const at::Tensor& q5) {
   return pack_tiles<Q5>(q5, anatomy::Q5_BLOCK, "anatomy::pack_q5_tiles",
                         [](const uint8_t* block, int64_t half, int64_t r, uint8_t* tile) {
-    std::memcpy(tile + 2 * r, block + 4 * half, 2);           // d
-    std::memcpy(tile + 32 + 2 * r, block + 4 * half + 2, 2);  // m
+    fill_q4(block, block + 16, half, r, tile);
     uint64_t fifth;
     std::memcpy(&fifth, block + 8, 8);
     for (int64_t i = 0; i < G; ++i) {
-      const uint8_t code = half ? block[16 + i] >> 4 : block[16 + i] & 0x0F;
-      tile[code_byte(r, i)] |= code_high(i) ? code << 4 : code;
       const int64_t bit = 4 * r + i % 4;
       tile[FIFTH + 8 * (i / 4) + bit / 8] |= static_cast<uint8_t>(((fifth >> (half * G + i)) & 1) << (bit % 8));
     }
