@@ -122,3 +122,22 @@ def test_token_logprobs_are_the_log_softmax():
     assert torch.allclose(chosen, expected[[0, 1], [0, 0]])
     assert ids.tolist() == [[2, 1], [0, 1]] and torch.allclose(top, expected.gather(1, ids))
     assert token_logprobs(logits, torch.tensor([0, 0]))[1].shape == (2, 0)
+
+
+def test_penalties_keep_each_rows_prompt_and_output_tokens():
+    """A run's rows and a served sequence keep one Penalties: seen = the row's prompt and output tokens,
+    counts = how often each output token came (Python sets and counters as the reference)."""
+    from collections import Counter
+
+    from anatomy.inference.sampling import Penalties
+
+    prompts, outputs = [[5, 9, 5], [1]], [[9, 2, 2], [7, 1, 7]]
+    both = SamplingParams(repetition_penalty=1.3, presence_penalty=0.5)
+    penalties = Penalties.of(prompts, both, vocab=12)
+    for step in range(3):
+        penalties.observe(torch.tensor([[row[step]] for row in outputs]))
+    for row, (prompt, output) in enumerate(zip(prompts, outputs)):
+        assert set(penalties.seen[row].nonzero().flatten().tolist()) == set(prompt) | set(output)
+        assert {i: c for i, c in enumerate(penalties.counts[row].tolist()) if c} == Counter(output)
+    assert Penalties.of(prompts, SamplingParams(), vocab=12).none
+    assert Penalties.of(prompts, SamplingParams(frequency_penalty=0.1), vocab=12).seen is None

@@ -117,9 +117,10 @@ def test_a_rewind_past_the_slack_is_refused(pair):
     _, model = pair
     engine = anatomy.engine_for(model)
     run = engine.start([list(range(3, 90))], SamplingParams(max_new_tokens=80))  # 167 slots: rings
-    assert any(isinstance(layer, WindowKVCache) for layer in run.cache)
-    run.prefill()
-    run.slot += 65  # as after 65 tokens
+    assert run.cache.window_blocks is not None and run.cache.window_blocks < run.cache.num_blocks
+    token = run.choose(run.prefill())
+    for _ in range(65):
+        token = run.choose(run.decode(token))
     with pytest.raises(InputError, match="ring keeps 64 beyond its window"):
         run.rewind(run.slot - 65)
     run.rewind(run.slot - 64)
@@ -132,3 +133,28 @@ def test_gemma3_1b_holds_a_sixth_of_a_full_cache_at_32k():
     unwindowed = config.replace(sliding_window=None, sliding_window_layers=None, sliding_rope_theta=None)
     full = KVCache(unwindowed, batch=1, max_len=32768, device="meta").nbytes
     assert ringed == pytest.approx(full * (4 + 22 * 576 / 32768) / 26, rel=1e-3) and ringed <= 0.25 * full
+
+
+@torch.no_grad()
+def test_a_runs_rings_wrap_and_keep_the_full_forwards_logits(pair):
+    """A run's sliding-window layers hold rings of blocks (window + 64 positions and a block): two prompts
+    of 150 and 97 tokens, then 250 tokens each fed one at a time with spans of three verified and two taken
+    back, far past the ring, give HF's full-forward logits at every position (fp32, 1e-4)."""
+    hf, model = pair
+    ids = torch.randint(3, V - 1, (2, 400), generator=torch.Generator().manual_seed(5))
+    engine = anatomy.engine_for(model)
+    prompts = [ids[0, :150].tolist(), ids[1, 53:150].tolist()]
+    run = engine.start(prompts, SamplingParams(max_new_tokens=260))
+    ring = run.cache.window_blocks // 2
+    assert ring * run.cache.block_size < 200 and run.cache.window_blocks < run.cache.num_blocks
+    full = [hf(ids[:1]).logits[0], hf(ids[1:, 53:]).logits[0]]  # row 1 starts at 53: positions shift by 53
+    got = run.prefill()
+    for t in range(150, 400):
+        expected = torch.stack([full[0][t - 1], full[1][t - 54]])
+        assert (got - expected).abs().max() <= TOL, t
+        if t % 7 == 0:  # verify t and two wrong guesses; keep t only
+            span = torch.cat([ids[:, t:t + 1], torch.full((2, 2), 7)], 1)
+            got = run.verify(span)[:, 0]
+            run.rewind(run.slot - 2)
+        else:
+            got = run.decode(ids[:, t])

@@ -15,6 +15,7 @@ so a second call pays no set-up), an engine, or a name / .gguf path / HF directo
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -120,8 +121,9 @@ class Generation:
         self.rows = [TextRow(self._decoder(), StopStringFilter(self.params.stop)) for _ in self.prompts]
         self.clock = StepClock(batch=len(self.prompts))
         self.clock.start()
+        ticks = self.clock.ticks
         for tokens in self._steps():
-            self.clock.tick()
+            ticks.append(time.perf_counter())  # when this step's tokens were ready
             for i, (row, token) in enumerate(zip(self.rows, tokens.tolist())):
                 if row.finish_reason is None and (delta := row.add(token, stop_ids)):
                     yield i, delta

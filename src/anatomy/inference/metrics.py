@@ -8,27 +8,35 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
 class StepClock:
-    """Call `start()` before prefill and `tick()` each time a step's tokens are ready."""
+    """Call `start()` before prefill and `tick()` (or append time.perf_counter() to `ticks`) each time a
+    step's tokens are ready; the figures are computed from the ticks when asked for."""
 
     batch: int = 1
     started: float = 0.0
-    first: float | None = None
-    last: float | None = None
-    steps: int = 0
+    ticks: list[float] = field(default_factory=list)  # when each step's tokens were ready
 
     def start(self) -> None:
-        self.started, self.first, self.last, self.steps = time.perf_counter(), None, None, 0
+        self.started, self.ticks = time.perf_counter(), []
 
     def tick(self) -> None:
-        now = time.perf_counter()
-        if self.first is None:
-            self.first = now
-        self.last, self.steps = now, self.steps + 1
+        self.ticks.append(time.perf_counter())
+
+    @property
+    def steps(self) -> int:
+        return len(self.ticks)
+
+    @property
+    def first(self) -> float | None:
+        return self.ticks[0] if self.ticks else None
+
+    @property
+    def last(self) -> float | None:
+        return self.ticks[-1] if self.ticks else None
 
     @property
     def ttft_s(self) -> float:

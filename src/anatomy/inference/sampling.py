@@ -143,6 +143,39 @@ def filter_min_p(logits: Tensor, p: float) -> Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
+@dataclass
+class Penalties:
+    """What the penalties keep per row: `seen` bool [B, V], the prompt's and output's tokens (repetition),
+    `counts` [B, V], the output's (presence and frequency); None where the params set no such penalty.
+    A generation's run and a served sequence (one row) keep theirs in one."""
+
+    seen: Tensor | None = None
+    counts: Tensor | None = None
+
+    @classmethod
+    def of(cls, prompts: list[list[int]], params: SamplingParams, *, vocab: int,
+           device: torch.device | str = "cpu") -> Penalties:
+        seen = counts = None
+        if params.repetition_penalty != 1.0:
+            seen = torch.zeros(len(prompts), vocab, dtype=torch.bool, device=device)
+            for row, prompt in enumerate(prompts):
+                seen[row, torch.tensor(prompt, dtype=torch.long, device=device)] = True
+        if params.presence_penalty or params.frequency_penalty:
+            counts = torch.zeros(len(prompts), vocab, dtype=torch.long, device=device)
+        return cls(seen, counts)
+
+    @property
+    def none(self) -> bool:
+        return self.seen is None and self.counts is None
+
+    def observe(self, tokens: Tensor) -> None:
+        """tokens [B, n] were emitted: the repetition penalty has seen them, the others count them."""
+        if self.seen is not None:
+            self.seen.scatter_(1, tokens, True)
+        if self.counts is not None:
+            self.counts.scatter_add_(1, tokens, torch.ones_like(tokens))
+
+
 def next_tokens(logits: Tensor, params: SamplingParams, *, seen: Tensor | None = None, counts: Tensor | None = None,
                 generator: torch.Generator | None = None) -> Tensor:
     """logits [B, V] (any float dtype) -> next token ids [B]. `seen` bool [B, V] (prompt and output

@@ -2,8 +2,8 @@
 model is first sent to the other ranks, which make the same call on their shards (follower.py).
 
     engine = ParallelEngine(shard, world)        # rank 0; the others run follow(DecoderEngine(shard), world)
-    run = engine.start(prompts, params)          # a MirroredRun: prefill / decode / verify / rewind mirrored
-    logits = engine.step(cache, chunks)          # serving: paged_cache and step are mirrored too
+    logits = engine.step(cache, chunks)          # paged_cache and step are mirrored: serving, and every
+    run = engine.start(prompts, params)          # generation's run, whose steps are engine.step
 
 Input rank 0 refuses is refused before any order goes out; a step refused on every rank raises the
 same InputError everywhere. The decode step runs eagerly: a traced graph cannot hold the
@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,8 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.errors import InputError, ParallelError
-from anatomy.inference.engine import Chunk, DecoderEngine, PagedKVCache, Run
-from anatomy.inference.sampling import SamplingParams
+from anatomy.inference.engine import Chunk, DecoderEngine, PagedKVCache
 from anatomy.parallel.channel import Channel
 from anatomy.parallel.collectives import tagged, waiting
 
@@ -41,7 +39,6 @@ class ParallelEngine(DecoderEngine):
             channel.start_heartbeat()
         self.channel = channel
         self._stage = threading.Lock()  # rank 0's own stage: one step at a time, in the orders' order
-        self._run_ids = itertools.count()
         self._cache_ids = itertools.count()
 
     @property
@@ -69,12 +66,6 @@ class ParallelEngine(DecoderEngine):
         finally:
             release()
 
-    def start(self, prompts: list[list[int]], params: SamplingParams | None = None) -> MirroredRun:
-        run = super().start(prompts, params)  # checked here first: a refused prompt never reaches the others
-        run_id = next(self._run_ids)
-        self.channel.send("start", run_id, prompts, params)
-        return MirroredRun(run, run_id, self)
-
     def logits(self, ids: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
         """ids [B, S] -> logits [B, S, V] of one full pass, on every rank."""
         mask = None if attention_mask is None else attention_mask.tolist()
@@ -91,9 +82,9 @@ class ParallelEngine(DecoderEngine):
         self.channel.send("paged_cache", cache.parallel_id, num_blocks, block_size, window_blocks)
         return cache
 
-    def step(self, cache: PagedKVCache, chunks: list[Chunk]) -> Tensor:
-        with self.mirrored("step", cache.parallel_id, chunks):
-            return super().step(cache, chunks)
+    def step(self, cache: PagedKVCache, chunks: list[Chunk], *, blocks: int | None = None) -> Tensor:
+        with self.mirrored("step", cache.parallel_id, chunks, blocks):
+            return super().step(cache, chunks, blocks=blocks)
 
     def close(self) -> None:
         """The other ranks leave their loop (the process group stays up: world.leave ends it)."""
@@ -107,30 +98,3 @@ def watched(channel: Channel) -> Iterator[None]:
         yield
     except ParallelError as exc:
         channel.lose(exc)
-
-
-class MirroredRun:
-    """Rank 0's Run: the model steps are sent to the other ranks' runs of the same id first."""
-
-    def __init__(self, run: Run, run_id: int, engine: ParallelEngine) -> None:
-        self.run, self.id, self.engine = run, run_id, engine
-        weakref.finalize(self, engine.channel.ended.append, run_id)  # the others free theirs with the next order
-
-    def prefill(self) -> Tensor:
-        with self.engine.mirrored("prefill", self.id):
-            return self.run.prefill()
-
-    def decode(self, token: Tensor) -> Tensor:
-        with self.engine.mirrored("decode", self.id, token.tolist()):
-            return self.run.decode(token)
-
-    def verify(self, tokens: Tensor) -> Tensor:
-        with self.engine.mirrored("verify", self.id, tokens.tolist()):
-            return self.run.verify(tokens)
-
-    def rewind(self, slot: int) -> None:
-        self.run.rewind(slot)
-        self.engine.channel.send("rewind", self.id, slot)
-
-    def __getattr__(self, name: str) -> Any:  # choose, observe, slot, rows, batch, params, cache: rank 0's own
-        return getattr(self.run, name)

@@ -18,27 +18,11 @@ from anatomy.parallel.collectives import tagged
 
 
 class Follower:
-    """The runs and paged caches rank 0 made, by id, and the engine calls that act on them."""
+    """The paged caches rank 0 made, by id, and the engine calls that act on them."""
 
     def __init__(self, engine: DecoderEngine) -> None:
         self.engine = engine
-        self.runs: dict[int, object] = {}
         self.caches: dict[int, object] = {}
-
-    def start(self, run_id: int, prompts: list[list[int]], params) -> None:
-        self.runs[run_id] = self.engine.start(prompts, params)
-
-    def prefill(self, run_id: int) -> None:
-        self.runs[run_id].prefill()
-
-    def decode(self, run_id: int, tokens: list[int]) -> None:
-        self.runs[run_id].decode(self._tensor(tokens))
-
-    def verify(self, run_id: int, tokens: list[list[int]]) -> None:
-        self.runs[run_id].verify(self._tensor(tokens))
-
-    def rewind(self, run_id: int, slot: int) -> None:
-        self.runs[run_id].rewind(slot)
 
     def logits(self, ids: list[list[int]], mask: list[list[int]] | None) -> None:
         self.engine.logits(self._tensor(ids), attention_mask=None if mask is None else self._tensor(mask))
@@ -47,8 +31,8 @@ class Follower:
         self.caches[cache_id] = self.engine.paged_cache(num_blocks=num_blocks, block_size=block_size,
                                                         window_blocks=window_blocks)
 
-    def step(self, cache_id: int, chunks) -> None:
-        self.engine.step(self.caches[cache_id], chunks)
+    def step(self, cache_id: int, chunks, blocks: int | None = None) -> None:
+        self.engine.step(self.caches[cache_id], chunks, blocks=blocks)
 
     def ping(self) -> None:
         pass
@@ -57,7 +41,7 @@ class Follower:
         return torch.tensor(values, dtype=torch.long, device=self.engine.device)
 
 
-CALLS = ("start", "prefill", "decode", "verify", "rewind", "logits", "paged_cache", "step", "ping")
+CALLS = ("logits", "paged_cache", "step", "ping")
 
 
 def follow(engine: DecoderEngine, channel: Channel) -> int:
@@ -65,9 +49,7 @@ def follow(engine: DecoderEngine, channel: Channel) -> int:
     follower = Follower(engine)
     made = 0
     while True:
-        op, args, ended, number = channel.receive()
-        for run_id in ended:
-            follower.runs.pop(run_id, None)
+        op, args, _, number = channel.receive()
         if op == "stop":
             return made
         if op not in CALLS:

@@ -25,7 +25,7 @@ from torch import Tensor
 from anatomy.errors import InputError, ParallelError
 from anatomy.inference.engine import Chunk, DecoderEngine, PagedKVCache
 from anatomy.inference.generate import eos_ids
-from anatomy.inference.sampling import SamplingParams, make_generator, next_tokens, token_logprobs
+from anatomy.inference.sampling import Penalties, SamplingParams, make_generator, next_tokens, token_logprobs
 from anatomy.text.stops import StopStringFilter, TextRow
 from anatomy.serving.blocks import BlockManager
 from anatomy.serving.metrics import ServingMetrics
@@ -128,11 +128,7 @@ class ServingLoop:
                        adapter=adapter, adapter_scale=adapter_scale)
         if adapter is not None:
             self.engine.lora.hold(adapter, seq)  # its slot stays its adapter's until it finishes
-        if params.repetition_penalty != 1.0:
-            seq.seen = torch.zeros(vocab, dtype=torch.bool, device=self.engine.device)
-            seq.seen[torch.tensor(prompt, device=self.engine.device)] = True
-        if params.presence_penalty or params.frequency_penalty:
-            seq.counts = torch.zeros(vocab, dtype=torch.long, device=self.engine.device)
+        seq.penalties = Penalties.of([list(prompt)], params, vocab=vocab, device=self.engine.device)
         if thinking is not None and self.tokenizer is not None:
             seq.thinking = ThinkingState(thinking, self.tokenizer.decode_stream(),
                                          lambda text: self.tokenizer.encode(text, add_special_tokens=False))
@@ -342,10 +338,8 @@ class ServingLoop:
         seq.tokens.append(token)
         if seq.speculation is not None:
             seq.speculation.observe([token])
-        if seq.seen is not None:
-            seq.seen[token] = True
-        if seq.counts is not None:
-            seq.counts[token] += 1
+        if not seq.penalties.none:
+            seq.penalties.observe(torch.tensor([[token]], device=self.engine.device))
         text = seq.text.add(token, seq.stop_ids)
         reason = seq.text.finish_reason
         if reason is None and seq.constraint is not None:
@@ -423,7 +417,7 @@ def _deliver(seq: Sequence, event: Event) -> None:
 def choose_tokens(logits: Tensor, seqs: list[Sequence]) -> list[int]:
     """The next token of each row of logits [R, V]: greedy rows without penalties in one argmax, the
     others each with their own parameters, penalty state and random generator."""
-    plain = [i for i, s in enumerate(seqs) if s.params.greedy and s.seen is None and s.counts is None]
+    plain = [i for i, s in enumerate(seqs) if s.params.greedy and s.penalties.none]
     tokens = [0] * len(seqs)
     if plain:
         for i, token in zip(plain, logits[torch.tensor(plain)].argmax(dim=-1).tolist()):
@@ -432,8 +426,6 @@ def choose_tokens(logits: Tensor, seqs: list[Sequence]) -> list[int]:
     for i, seq in enumerate(seqs):
         if i in done:
             continue
-        seen = seq.seen[None] if seq.seen is not None else None
-        counts = seq.counts[None] if seq.counts is not None else None
-        tokens[i] = int(next_tokens(logits[i:i + 1], seq.params, seen=seen, counts=counts,
-                                    generator=seq.generator)[0])
+        tokens[i] = int(next_tokens(logits[i:i + 1], seq.params, seen=seq.penalties.seen,
+                                    counts=seq.penalties.counts, generator=seq.generator)[0])
     return tokens

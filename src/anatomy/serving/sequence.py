@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from anatomy.inference.sampling import SamplingParams
+from anatomy.inference.sampling import Penalties, SamplingParams
 from anatomy.text.stops import TextRow
 
 
@@ -77,8 +77,7 @@ class Sequence:
     registered: int = 0  # full blocks entered into the prefix cache
     preemptions: int = 0
     generator: torch.Generator | None = None
-    seen: torch.Tensor | None = None  # bool [V]: prompt and output tokens (repetition penalty)
-    counts: torch.Tensor | None = None  # [V]: output token counts (presence/frequency penalties)
+    penalties: Penalties = field(default_factory=Penalties)  # what the penalties keep, one row [1, V]
     first_token_at: float | None = None
     last_token_at: float | None = None
     # what the output must obey and the prompt side (anatomy.serving.processors, prompt_logprobs)

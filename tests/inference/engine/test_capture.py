@@ -92,14 +92,17 @@ def test_experts_route_by_value_so_a_moe_stack_is_not_captured():
     assert captured.captured_graphs == 0
 
 
-def test_captured_engine_keeps_a_cache_per_bucket_and_eager_one_of_the_exact_length():
+def test_an_engine_keeps_a_runs_cache_per_bucket_and_lends_it_again():
     model = llama_tiny()
-    captured, eager = DecoderEngine(model), DecoderEngine(model, capture=False)
-    caches = [engine.start(PROMPTS, SamplingParams(max_new_tokens=5)).cache for engine in (captured, eager)]
-    assert caches[1].max_len == 7 + 5 and caches[1][0].k.shape[0] == 3
-    assert caches[0].max_len == model.config.max_seq_len  # 12 rounded up to the bucket, capped at 64
-    assert captured.start(PROMPTS, SamplingParams(max_new_tokens=7)).cache is caches[0]  # kept, lent again
-    assert eager.start(PROMPTS, SamplingParams(max_new_tokens=5)).cache is not caches[1]
+    engine = DecoderEngine(model)
+    run = engine.start(PROMPTS, SamplingParams(max_new_tokens=5))
+    assert run.max_len == model.config.max_seq_len  # 7 + 5 rounded up to the bucket, capped at 64
+    assert run.cache.num_blocks == 3 * 256 // run.cache.block_size  # a table of the bucket per row
+    alive = engine.start(PROMPTS, SamplingParams(max_new_tokens=7))
+    assert alive.cache is not run.cache  # lent to the first run while it lives
+    cache = run.cache
+    del run, alive
+    assert engine.start(PROMPTS, SamplingParams(max_new_tokens=7)).cache is cache  # kept, lent again
 
 
 def test_a_short_generation_is_not_captured_and_a_longer_one_is_from_its_33rd_step():

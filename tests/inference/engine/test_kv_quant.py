@@ -133,7 +133,7 @@ def test_bytes_per_token_are_about_half_of_bf16s():
     assert per["bf16"] == 2 * values and per["int8"] == per["fp8_e4m3"] == values + 2 * scales
     engine = DecoderEngine(llama_tiny(), kv_dtype="int8")
     cache = engine.start([[1, 2, 3]], SamplingParams(max_new_tokens=5)).cache
-    assert cache.nbytes == per["int8"] * cache.max_len  # batch 1
+    assert cache.nbytes == per["int8"] * (cache.num_blocks + 1) * cache.block_size  # batch 1, and the scratch block
     paged = engine.paged_cache(num_blocks=10, block_size=4)
     assert paged.nbytes == per["int8"] * 11 * 4  # the scratch block too
 

@@ -42,8 +42,8 @@ def test_generates_prefill_attends_without_a_mask(backend, sdpa_calls):
     assert sdpa_calls and all(c == (len(PROMPT), False, True, True) for c in sdpa_calls), sdpa_calls
     torch.testing.assert_close(logits[0], model(torch.tensor([PROMPT]))[0, -1], atol=1e-4, rtol=0)
     sdpa_calls.clear()
-    run.verify(torch.tensor([[3, 4]]))  # two tokens after the prompt: they read its keys through a mask
-    assert sdpa_calls and all(mask and not causal for _, mask, causal, _ in sdpa_calls), sdpa_calls
+    run.verify(torch.tensor([list(range(3, 20))]))  # 17 tokens after the prompt (past the native reader's
+    assert sdpa_calls and all(mask and not causal for _, mask, causal, _ in sdpa_calls), sdpa_calls  # rows): a mask
 
 
 @pytest.mark.parametrize("backend", ["cpu", "torch"])

@@ -144,3 +144,22 @@ def test_bad_use_of_a_run_is_refused():
         engine.start([[1, 200]], params)  # a token id past the vocabulary
     with pytest.raises(InputError, match="at least one token"):
         engine.start([[]], params)
+
+
+def test_a_run_is_a_client_of_the_engines_step(monkeypatch):
+    """Every model call of a run (prefill, decode, verify) is one engine.step over its rows' chunks in a
+    paged cache; no static decode path is left (capture.py traces paged steps only)."""
+    from anatomy.inference.engine import PagedKVCache, capture
+
+    engine = DecoderEngine(llama_tiny())
+    calls, step = [], engine.step
+    monkeypatch.setattr(engine, "step", lambda cache, chunks, **kw: calls.append((cache, chunks)) or step(cache, chunks, **kw))
+    run = engine.start(PROMPTS, SamplingParams(max_new_tokens=40))
+    token = run.choose(run.prefill())
+    assert len(calls) == 1 and [c.tokens for c in calls[0][1]] == PROMPTS  # unpadded, one forward
+    for _ in range(36):
+        token = run.choose(run.decode(token))
+    run.verify(torch.stack([token, token], dim=1))
+    assert len(calls) == 38 and all(isinstance(cache, PagedKVCache) and cache is run.cache for cache, _ in calls)
+    assert [len(c.tokens) for c in calls[-1][1]] == [2, 2] and engine.captured_graphs == 1
+    assert not hasattr(capture, "capture_static") and not hasattr(capture, "StaticBody")

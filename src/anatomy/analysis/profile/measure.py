@@ -34,6 +34,7 @@ from anatomy.analysis.profile.run import NamedRanges, run_phase
 from anatomy.analysis.profile.weights import WeightTable
 from anatomy.analysis.profile.workloads import Shape, workload
 from anatomy.config import ModelConfig
+from anatomy.inference.engine.engine import RUN_BLOCK
 
 MISS_ROWS = 5
 
@@ -53,11 +54,11 @@ class ProfileOptions:
     production: bool = True  # a decoder's decode step also timed as anatomy.generate runs it (the main run only)
 
     def context_for(self, config: ModelConfig) -> int:
-        if self.context is not None:
-            return self.context
+        """T: the slots a decode step reads, in whole blocks of a run's cache (an encoder's: S)."""
         if config.is_encoder:
-            return self.prompt_len
-        return self.prompt_len + self.warmup + self.new_tokens + 1
+            return self.context or self.prompt_len
+        context = self.context or self.prompt_len + self.warmup + self.new_tokens + 1
+        return min(-(-context // RUN_BLOCK) * RUN_BLOCK, config.max_seq_len) if config.is_decoder else context
 
 
 def measure(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), name: str = "",

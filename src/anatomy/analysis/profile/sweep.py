@@ -57,7 +57,7 @@ def run_sweep(model: nn.Module, key: str, values: list[int], *, options, machine
 
 def sweep_options(config, options, key: str, value: int):
     """The options of one sweep point: decode only (the eager step: no production step), `key` set to
-    `value`. A decode step attends over all T slots of the static cache wherever the prompt ends, so a
+    `value`. A decode step attends over all T slots of its run's table wherever the prompt ends, so a
     decoder's point prefills a short prompt (its warm-up) and keeps the main run's T unless T is what is swept."""
     import dataclasses
 

@@ -7,9 +7,9 @@
     encoder-decoder    its engine's Seq2SeqRun: the source encoded and its cross-attention K/V projected
                        ("prefill"); decode = one decoder step of B rows + greedy choice
 
-Every phase is an endless iterator factory: each `next()` is one step. A decode step always sees a
-static cache of T = context slots (the engine's cache is sized prompt + new tokens), so every
-measured step attends over the same T positions: the shape the trace's decode step has.
+Every phase is an endless iterator factory: each `next()` is one step. A decode step of a run reads
+its whole table, T = context slots (prompt + new tokens in whole blocks), so every measured step
+attends over the same T positions: the shape the trace's decode step has.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def _production(model: nn.Module, prompts: list[list[int]], steps: int, attentio
     if len(prompts[0]) + steps + warmup > model.config.max_seq_len:
         return None
     engine = engine_for(model, attention=attention, kv_dtype=kv_dtype)
-    context = engine.start(prompts, SamplingParams(max_new_tokens=steps + warmup)).cache.max_len
+    context = engine.start(prompts, SamplingParams(max_new_tokens=steps + warmup)).max_len
     return Production(engine, _decode_steps(engine, prompts, steps + warmup), warmup, context)
 
 

@@ -1,13 +1,13 @@
-"""A decode step's blocks captured as one graph: on a CPU, what CUDA graphs are on a GPU.
+"""A decode step captured as one graph: on a CPU, what CUDA graphs are on a GPU.
 
-    body = capture_static(stack, cache, ids, positions, ctx, head=model)  # once per (batch, cache length)
-    out = body(ids, positions, ctx)          # logits [B, V] (body.logits), else the last hidden state [B, D]
-    body = capture_paged(stack, paged_cache, inputs)   # once per (batch, blocks read): body.paged(inputs)
+    body = capture_paged(stack, paged_cache, inputs, head=model)   # once per (batch, blocks read)
+    out = body.paged(inputs)   # logits [B, V] (body.logits), else the last hidden states [B, D]
 
 Why: a small model's eager decode step is bound by the Python around its operators. `torch.jit.trace`
 then `torch.jit.freeze` record the step once; TorchScript replays the same operators bit for bit
 without that Python. A trace holds only for the shapes it saw, so a mixture of experts (routing by
 value) or a layer a trace cannot hold is not captured (None); the LM head joins only where it can.
+`compile_paged` is the same body under torch.compile (CUDA graphs on a GPU).
 """
 
 from __future__ import annotations
@@ -49,52 +49,40 @@ def context_of(names: tuple[str, ...], tensors: tuple[Tensor, ...]) -> Context:
     return Context(**fields)
 
 
-class StaticBody(nn.Module):
-    """The blocks of one decode step over one static cache: (ids [B, 1], positions [B, 1], the
-    Context's tensors) -> the last position's final-normed hidden state [B, D], or with `head` (the
-    model, whose `logits` is its LM head) the logits [B, V]."""
-
-    def __init__(self, stack: Stack, cache: nn.Module, names: tuple[str, ...], head: nn.Module | None = None) -> None:
-        super().__init__()
-        self.stack, self.cache, self.names, self.head = stack, cache, names, head
-
-    def forward(self, ids: Tensor, positions: Tensor, *tensors: Tensor) -> Tensor:
-        ctx = context_of(self.names, tensors)
-        hidden = self.stack.run(ids, ctx, position_ids=positions, cache=self.cache)[:, -1]
-        return hidden if self.head is None else self.head.logits(hidden)
-
-
 class PagedBody(nn.Module):
     """The blocks of one decode step over a paged cache: (ids [B, 1], positions [B, 1], slots [B],
-    tables [B * nb] (and the window group's), the Context's tensors) -> [B, D]."""
+    tables [B * nb] (and the window group's), the Context's tensors) -> [B, D], or with `head` (the
+    model, whose `logits` is its LM head) the logits [B, V]."""
 
-    def __init__(self, stack: Stack, cache: nn.Module, names: tuple[str, ...], blocks: int, groups: int) -> None:
+    def __init__(self, stack: Stack, cache: nn.Module, names: tuple[str, ...], blocks: int, groups: int,
+                 head: nn.Module | None = None) -> None:
         super().__init__()
         self.stack, self.cache, self.names, self.blocks, self.groups = stack, cache, names, blocks, groups
+        self.head = head
 
     def forward(self, ids: Tensor, positions: Tensor, *tensors: Tensor) -> Tensor:
         n = 2 * self.groups
         where = BlockSlots.of(tensors[:n], ids.shape[0], 1, self.blocks)
         ctx = context_of(self.names, tensors[n:])
-        return self.stack.run(ids, ctx, position_ids=positions, cache=self.cache.layers(where))[:, -1]
+        hidden = self.stack.run(ids, ctx, position_ids=positions, cache=self.cache.layers(where))[:, -1]
+        return hidden if self.head is None else self.head.logits(hidden)
 
 
 class Captured:
-    """A traced body, called with a Context (and a paged step's inputs) instead of its tensors;
+    """A traced (or compiled) body, called with a paged step's inputs instead of its tensors;
     `logits`: it gives the LM head's logits (else the final hidden states)."""
 
-    def __init__(self, traced: torch.jit.ScriptModule, *, logits: bool = False) -> None:
-        self.traced, self.logits = traced, logits
+    def __init__(self, traced, *, logits: bool = False, scripted: bool = True) -> None:
+        self.traced, self.logits, self.scripted = traced, logits, scripted
 
-    def __call__(self, ids: Tensor, positions: Tensor, ctx: Context) -> Tensor:
+    def paged(self, inputs) -> Tensor:
+        args = (inputs.ids, inputs.positions, *inputs.where.tensors(), *arguments(inputs.ctx))
+        if not self.scripted:
+            return self.traced(*args)
         # replayed as recorded: the graph executor's profiling and optimising passes cost time on
         # the first calls and gain nothing on a CPU (no fuser runs there by default)
         with torch.jit.optimized_execution(False):
-            return self.traced(ids, positions, *arguments(ctx))
-
-    def paged(self, inputs) -> Tensor:
-        with torch.jit.optimized_execution(False):
-            return self.traced(inputs.ids, inputs.positions, *inputs.where.tensors(), *arguments(inputs.ctx))
+            return self.traced(*args)
 
 
 def capturable(stack: Stack, ctx: Context) -> bool:
@@ -102,27 +90,27 @@ def capturable(stack: Stack, ctx: Context) -> bool:
     return not any(block.moe for block in stack.blocks) and ctx.router_logits is None
 
 
-def capture_static(stack: Stack, cache: nn.Module, ids: Tensor, positions: Tensor, ctx: Context, *,
-                   head: nn.Module | None = None) -> Captured | None:
-    """Trace the blocks of a decode step over `cache` on these example inputs, and `head` (the model:
-    its LM head) after them where a trace can hold it. Tracing runs the step (writing its cache slot,
-    which the real step then writes again with the same values). None when the stack cannot be captured."""
-    if not capturable(stack, ctx):
-        return None
-    example = (ids, positions, *arguments(ctx))
-    if head is not None and (body := _trace(StaticBody(stack, cache, signature(ctx), head), example)) is not None:
-        body.logits = True
-        return body
-    return _trace(StaticBody(stack, cache, signature(ctx)), example)
-
-
-def capture_paged(stack: Stack, cache: nn.Module, inputs) -> Captured | None:
-    """Trace the blocks of a paged decode step of this shape (as capture_static)."""
+def capture_paged(stack: Stack, cache: nn.Module, inputs, *, head: nn.Module | None = None) -> Captured | None:
+    """Trace the blocks of a paged decode step of this shape on its inputs, and `head` (the model: its
+    LM head) after them where a trace can hold it. Tracing runs the step (writing its cache slots, which
+    the real step then writes again with the same values). None when the stack cannot be captured."""
     if not capturable(stack, inputs.ctx):
         return None
     tensors = inputs.where.tensors()
-    body = PagedBody(stack, cache, signature(inputs.ctx), inputs.where.blocks, len(tensors) // 2)
-    return _trace(body, (inputs.ids, inputs.positions, *tensors, *arguments(inputs.ctx)))
+    example = (inputs.ids, inputs.positions, *tensors, *arguments(inputs.ctx))
+    names, groups = signature(inputs.ctx), len(tensors) // 2
+    if head is not None:
+        if (body := _trace(PagedBody(stack, cache, names, inputs.where.blocks, groups, head), example)) is not None:
+            body.logits = True
+            return body
+    return _trace(PagedBody(stack, cache, names, inputs.where.blocks, groups), example)
+
+
+def compile_paged(stack: Stack, cache: nn.Module, inputs, *, head: nn.Module, mode: str | None) -> Captured:
+    """The body of a paged decode step of this shape under torch.compile (compiled on its first call)."""
+    tensors = inputs.where.tensors()
+    body = PagedBody(stack, cache, signature(inputs.ctx), inputs.where.blocks, len(tensors) // 2, head)
+    return Captured(torch.compile(body.eval(), dynamic=False, mode=mode), logits=True, scripted=False)
 
 
 def _trace(body: nn.Module, example: tuple[Tensor, ...]) -> Captured | None:

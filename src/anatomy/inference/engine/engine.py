@@ -1,11 +1,10 @@
 """DecoderEngine: the one way to run a decoder-only model.
 
 It owns the engine's view of the model (the caller's model is never changed), its measured kernel
-plan, its captured decode steps and the LM head; every caller goes through its public API:
-`tokens` (a generation's steps), `start` (the step API, run.py), `logits` (one full pass),
-`paged_cache` and `step` (a batch of chunks over a paged cache: serving) and `capture_decode`.
-Every decode step has the same shapes, so its blocks are captured once per shape (capture.py) and
-replayed; static caches are kept per (batch, length rounded up to BUCKET).
+plan, its captured decode steps and the LM head. Every path runs `step` (a batch of chunks over a
+paged cache): serving directly, and `start`/`tokens` (a generation: run.py) through a cache lent to
+the run. A decode step's blocks are captured once per shape (capture.py) and replayed; a run's
+caches are kept per (batch, length rounded up to BUCKET).
 The API with shapes: docs/inference.md, "The engine API".
 """
 
@@ -23,11 +22,10 @@ from anatomy import dtypes, kv_format
 from anatomy.deprecation import deprecated
 from anatomy.errors import InputError
 from anatomy.inference.engine.backend import backend_for
-from anatomy.inference.engine.capture import Captured, capture_paged, capture_static, signature
+from anatomy.inference.engine.capture import Captured, capture_paged, compile_paged, signature
 from anatomy.inference.engine.flat_batch import by_length, flat_inputs
-from anatomy.inference.engine.kv_cache import KVCache
 from anatomy.inference.engine.paged import Chunk, PagedKVCache, paged_inputs
-from anatomy.inference.engine.run import PaddedBatch, Run
+from anatomy.inference.engine.run import PaddedBatch, Run, ring_blocks
 from anatomy.inference.engine.view import engine_view
 from anatomy.inference.sampling import SamplingParams
 from anatomy.kernels import native
@@ -39,8 +37,10 @@ from anatomy.kernels.planning import branch_dtype, decode_weight_bytes, kernel_s
 from anatomy.kv_format import parse_kv_dtype
 from anatomy.lora.slots import AdapterSlots
 
-BUCKET = 256  # a compiled or captured step is specialised to its cache length: round it up so few sizes occur
-PAGED_RECORD_AFTER = 32  # paged decode steps of one shape before it is captured
+BUCKET = 256  # a compiled or captured step is specialised to the blocks it reads: round them up so few sizes occur
+PAGED_RECORD_AFTER = 32  # paged decode steps of one shape before it is captured: a short answer does not pay
+                         # for the recording, which costs many steps' worth of the gain
+RUN_BLOCK = 16  # tokens per block of a run's cache
 
 
 class DecoderEngine:
@@ -92,10 +92,9 @@ class DecoderEngine:
         if self._codes is None and native_ops and not compile:  # SDPA or the native reader, measured
             self._read_float_caches(decode_reader(self.config, self._cache_dtype, cache=plan_cache))
         self.compiled = compile
-        self.captured = self.backend.captures(capture, compile)
-        self._compiled_step = torch.compile(self._eager_step, dynamic=False,
-                                            mode=self.backend.compile_mode(self.device)) if compile else None
-        self._caches: dict[tuple[int, int], list[KVCache]] = {}  # (batch, length) -> caches lent to runs
+        # a mixture of experts routes by value: no trace holds its step (capture.py), so none is padded for one
+        self.captured = self.backend.captures(capture, compile) and not any(b.moe for b in self.model.stack.blocks)
+        self._caches: dict[tuple, list[PagedKVCache]] = {}  # (batch, length, ring) -> caches lent to runs
         self._bodies: dict[tuple, Captured | None] = {}  # (cache, shape, Context fields) -> the captured blocks
         self._seen_shapes: dict[tuple, int] = {}  # paged decode shapes -> steps run eagerly so far
         self.lora: AdapterSlots | None = None  # the LoRA adapters served (serve_adapters)
@@ -156,7 +155,7 @@ class DecoderEngine:
         with torch.inference_mode():
             return self.head(self.hidden_states(ids, attention_mask=attention_mask))
 
-    # -- generation over a static cache ------------------------------------------------------------
+    # -- generation: a run over a cache lent to it -------------------------------------------------
 
     def start(self, prompts: list[list[int]], params: SamplingParams | None = None) -> Run:
         """A Run of `prompts` (lists of ids) with room for params.max_new_tokens more tokens."""
@@ -167,7 +166,11 @@ class DecoderEngine:
         if P + params.max_new_tokens > self.config.max_seq_len:
             raise InputError(f"a {P}-token prompt + max_new_tokens={params.max_new_tokens} overflows the model's "
                              f"context of {self.config.max_seq_len} tokens (max_seq_len)")
-        return Run(self, batch, self._cache_for(B, P + params.max_new_tokens), params)
+        step = BUCKET if self.captured or self.compiled else RUN_BLOCK  # graphs: few shapes; eager: few slots
+        length = -(-(P + params.max_new_tokens) // step) * step
+        ring = ring_blocks(self.config, blocks=length // RUN_BLOCK, block_size=RUN_BLOCK, prompt=P,
+                           exact=self._codes is None and self._cache_dtype == self.branch_dtype)
+        return Run(self, batch, self._cache_for(B, length, ring), params)
 
     def tokens(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[Tensor]:
         """The next token of every row ([B] LongTensor), up to params.max_new_tokens times; the caller
@@ -179,50 +182,33 @@ class DecoderEngine:
             token = run.choose(run.decode(token))
             yield token
 
-    @torch.inference_mode()
-    def decode_logits(self, ids: Tensor, positions: Tensor, ctx, cache: KVCache, *, record: bool) -> Tensor:
-        """One decode step, nothing checked (a Run's own tokens): ids [B, 1] at the Context's slot ->
-        the next token's logits [B, V]. Compiled, captured with its LM head (recorded now when `record`
-        and not yet), or eager."""
-        if self._compiled_step is None and self.captured:
-            key = (id(cache), signature(ctx))  # the cache fixes the batch and length (it is kept in self._caches)
-            if key not in self._bodies and record:
-                self._bodies[key] = capture_static(self.model.stack, cache, ids, positions, ctx, head=self.model)
-            if (body := self._bodies.get(key)) is not None:
-                out = body(ids, positions, ctx)
-                return out if body.logits else self.head(out)
-        step = self._compiled_step or self._eager_step
-        return self.head(step(ids, positions, ctx, cache))
-
-    def decode_hidden(self, ids: Tensor, positions: Tensor, ctx, cache: KVCache, *, record: bool) -> Tensor:
-        """Deprecated: the final hidden states [B, D] of one decode step, eagerly; decode_logits is the
-        step (captured with its LM head)."""
-        deprecated("DecoderEngine.decode_hidden is deprecated; use decode_logits (the step with its LM head)")
+    def decode_logits(self, ids: Tensor, positions: Tensor, ctx, cache, *, record: bool) -> Tensor:
+        """Deprecated: one eager decode step over a cache of the caller's; a Run's steps are `step`."""
+        deprecated("DecoderEngine.decode_logits is deprecated; a generation's steps run through engine.step "
+                   "(engine.start(...).decode)")
         with torch.inference_mode():
-            return (self._compiled_step or self._eager_step)(ids, positions, ctx, cache)
+            return self.head(self.model.stack.run(ids, ctx, position_ids=positions, cache=cache)[:, -1])
 
-    def _eager_step(self, ids: Tensor, positions: Tensor, ctx, cache) -> Tensor:
-        return self.model.stack.run(ids, ctx, position_ids=positions, cache=cache)[:, -1]  # [B, D]
+    def decode_hidden(self, ids: Tensor, positions: Tensor, ctx, cache, *, record: bool) -> Tensor:
+        """Deprecated: the final hidden states [B, D] of one eager decode step; `step` is the step."""
+        deprecated("DecoderEngine.decode_hidden is deprecated; a generation's steps run through engine.step")
+        with torch.inference_mode():
+            return self.model.stack.run(ids, ctx, position_ids=positions, cache=cache)[:, -1]
 
-    def _cache_for(self, batch: int, max_len: int) -> KVCache:
-        """A cache of exactly the needed length (eager); compiled or captured, one kept per (batch,
-        bucketed length) and lent to one run at a time, so that the step always sees the same cache
-        objects (a compiled step is not compiled again, a captured one was recorded writing to them).
-        A run still alive keeps its cache: a second run of the same shape meanwhile (a draft that is
-        the target's own engine) gets another."""
-        if not (self.compiled or self.captured):
-            return self._new_cache(batch, max_len)
-        max_len = min(-(-max_len // BUCKET) * BUCKET, self.config.max_seq_len)
-        pool = self._caches.setdefault((batch, max_len), [])
+    def _cache_for(self, batch: int, length: int, ring: int | None) -> PagedKVCache:
+        """A paged cache of `batch` tables of `length` tokens (and rings of `ring` blocks for the
+        sliding-window layers), kept per (batch, length, ring) and lent to one run at a time, so that a
+        shape's captured step, recorded writing to one cache, is replayed by the next run of that shape.
+        A run still alive keeps its cache: a second run of the same shape meanwhile (a draft that is the
+        target's own engine) gets another."""
+        pool = self._caches.setdefault((batch, length, ring), [])
         for cache in pool:
             if cache.owner is None or cache.owner() is None:
                 return cache
-        pool.append(self._new_cache(batch, max_len))
+        pool.append(self.paged_cache(num_blocks=batch * length // RUN_BLOCK, block_size=RUN_BLOCK,
+                                     window_blocks=batch * ring if ring else None))
+        pool[-1].owner = None  # a weak reference to the run it is lent to
         return pool[-1]
-
-    def _new_cache(self, batch: int, max_len: int) -> KVCache:
-        return KVCache(self.config, batch=batch, max_len=max_len, dtype=self._cache_dtype, device=self.device,
-                       codes=self._codes, reader=self._reader)
 
     # -- serving over a paged cache ----------------------------------------------------------------
 
@@ -238,20 +224,20 @@ class DecoderEngine:
                             compute_dtype=self.branch_dtype)
 
     @torch.inference_mode()
-    def step(self, cache: PagedKVCache, chunks: list[Chunk]) -> Tensor:
+    def step(self, cache: PagedKVCache, chunks: list[Chunk], *, blocks: int | None = None) -> Tensor:
         """One forward over a batch of chunks (each a sequence's next tokens at its positions, through
         its block table) -> the logits [R, V] of every chunk's last `logits` tokens, chunk after chunk.
-        A batch of single tokens (decode) runs on a captured graph of its shape, rounded up; chunks of
-        one length as rows [B, S]; chunks of several lengths as one flat batch [1, T] (flat_batch.py)."""
+        A batch of single tokens (decode) runs on a captured (or compiled) graph of its shape, rounded
+        up; `blocks`: the blocks each row reads at least (a run reads its whole table: one shape).
+        Chunks of one length run as rows [B, S]; of several lengths as one flat batch [1, T] (flat_batch.py)."""
         adapters = [c.adapter for c in chunks] if self.lora is not None and any(c.adapter for c in chunks) else None
-        groups = by_length(chunks)
-        if len(groups) > 1:  # chunks of several lengths: one forward over a flat batch of them
-            return self._flat_step(cache, chunks, groups, lora=adapters is not None)
-        captured = self.captured and adapters is None and all(len(c.tokens) == 1 for c in chunks)
-        inputs = paged_inputs(self.model.stack, cache, chunks, rows=_rows_bucket(len(chunks)) if captured else None,
-                              blocks_multiple=max(1, BUCKET // cache.block_size) if captured else None)
-        if captured:
-            hidden = self._paged_decode(cache, inputs)[:len(chunks), None]  # [B, 1, D]
+        if len({len(c.tokens) for c in chunks}) > 1:  # chunks of several lengths: one forward over a flat batch
+            return self._flat_step(cache, chunks, lora=adapters is not None)
+        graph = (self.captured or self.compiled) and adapters is None and all(len(c.tokens) == 1 for c in chunks)
+        inputs = paged_inputs(self.model.stack, cache, chunks, rows=_rows_bucket(len(chunks)) if graph else None,
+                              blocks_multiple=max(1, BUCKET // cache.block_size) if graph else None, blocks=blocks)
+        if graph:
+            return self._paged_decode(cache, inputs)[:len(chunks)]  # [B, V]
         else:
             scales = [c.adapter_scale for c in chunks]
             with self.lora.rows(adapters, scales) if adapters else contextlib.nullcontext():
@@ -259,9 +245,9 @@ class DecoderEngine:
                                               cache=cache.layers(inputs.where))  # [B, S, D]
         return self.head(hidden[inputs.wanted])  # [R, V]
 
-    def _flat_step(self, cache: PagedKVCache, chunks: list[Chunk], groups: list[list[int]], *, lora: bool) -> Tensor:
+    def _flat_step(self, cache: PagedKVCache, chunks: list[Chunk], *, lora: bool) -> Tensor:
         """One eager forward over chunks of several lengths laid end to end (flat_batch.py)."""
-        inputs = flat_inputs(self.model.stack, cache, chunks, groups)
+        inputs = flat_inputs(self.model.stack, cache, chunks, by_length(chunks))
         with self.lora.rows(inputs.adapters, inputs.scales) if lora else contextlib.nullcontext():
             hidden = self.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions,
                                           cache=inputs.layers)  # [1, T, D]
@@ -294,20 +280,27 @@ class DecoderEngine:
                                   blocks_multiple=max(1, BUCKET // cache.block_size))
             key = _paged_key(cache, inputs)
             if key not in self._bodies:
-                self._bodies[key] = capture_paged(self.model.stack, cache, inputs)
+                self._bodies[key] = capture_paged(self.model.stack, cache, inputs, head=self.model)
         return self.captured_graphs
 
     def _paged_decode(self, cache: PagedKVCache, inputs) -> Tensor:
+        """A decode step of this shape -> logits [B, V]: compiled at once (compile=True), or captured
+        after PAGED_RECORD_AFTER eager steps, or eager."""
         key = _paged_key(cache, inputs)
         body = self._bodies.get(key)
         if body is None and key not in self._bodies:
             seen = self._seen_shapes[key] = self._seen_shapes.get(key, 0) + 1
-            if seen > PAGED_RECORD_AFTER:
-                body = self._bodies[key] = capture_paged(self.model.stack, cache, inputs)
+            if self.compiled:
+                body = self._bodies[key] = compile_paged(self.model.stack, cache, inputs, head=self.model,
+                                                         mode=self.backend.compile_mode(self.device))
+            elif seen > PAGED_RECORD_AFTER:
+                body = self._bodies[key] = capture_paged(self.model.stack, cache, inputs, head=self.model)
         if body is not None:
-            return body.paged(inputs)
+            out = body.paged(inputs)
+            return out if body.logits else self.head(out)
         layers = cache.layers(inputs.where)
-        return self.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions, cache=layers)[:, -1]
+        return self.head(self.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions,
+                                              cache=layers)[:, -1])
 
 
 def _warn_if_threads_sleep() -> None:

@@ -195,13 +195,13 @@ class PagedInputs:
 
 
 def paged_inputs(stack: Stack, cache: PagedKVCache, chunks: list[Chunk], *, rows: int | None = None,
-                 blocks_multiple: int | None = None) -> PagedInputs:
+                 blocks_multiple: int | None = None, blocks: int | None = None) -> PagedInputs:
     """The inputs of one step over `chunks`; `rows` pads the batch with rows that write to and read
-    from the scratch block, `blocks_multiple` rounds the blocks each row reads up (a captured step's
-    shape)."""
+    from the scratch block, `blocks` is the least number of blocks each row reads and `blocks_multiple`
+    rounds that up (a captured step's shape)."""
     bs = cache.block_size
     B, S = max(rows or 0, len(chunks)), max(len(c.tokens) for c in chunks)
-    nb = max(-(-(c.start + len(c.tokens)) // bs) for c in chunks)
+    nb = max(blocks or 0, *(-(-(c.start + len(c.tokens)) // bs) for c in chunks))
     if blocks_multiple:
         nb = -(-nb // blocks_multiple) * blocks_multiple
     windowed = cache.window_blocks is not None

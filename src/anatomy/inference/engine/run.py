@@ -1,32 +1,44 @@
-"""One generation over a static KV cache: the step API generation, streaming and speculation use.
+"""One generation, a client of the engine's step: what generation, streaming and speculation use.
 
-    run = engine.start(prompts, params)  # ids left-padded to [B, P]; a cache of T >= P + max_new_tokens slots
-    logits = run.prefill()               # [B, V]: the prompts at slots 0..P-1 -> the last position's logits
+    run = engine.start(prompts, params)  # each prompt's own block table in a paged cache (room for max_new_tokens)
+    logits = run.prefill()               # [B, V]: every prompt in one step -> its last position's logits
     token = run.choose(logits)           # [B]: greedy or sampled, with this run's penalties and generator
-    logits = run.decode(token)           # [B, V] (run.verify(tokens [B, S]): [B, S, V] in one forward)
+    logits = run.decode(token)           # [B, V] (run.verify(tokens [B, S]): [B, S, V] in one step)
     run.rewind(slot); run.observe(tokens)  # move the write slot back; count tokens another rule emitted
 
-Left padding keeps every row's newest token in one slot, so one write position serves the batch
-(the Context hides the padding). Decode steps replay a captured graph after CAPTURE_AFTER steps.
+A slot counts as if the prompts were left-padded to the longest (`batch`): row i's token at slot s is at
+position s - padding[i], so one slot number serves the batch. Each step is `engine.step` over the
+rows' chunks; a decode step reads the run's whole table, one shape per run, captured after
+CAPTURE_AFTER steps as the server's decode steps are. Sliding-window layers keep a ring of blocks
+per row (`ring_blocks`): the window and SLACK more, the longest rewind; older blocks read as masked.
 """
 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 from anatomy.errors import InputError
-from anatomy.inference.engine.kv_cache import KVCache
-from anatomy.inference.sampling import SamplingParams, make_generator, next_tokens
-from anatomy.models.context import ContextTables
+from anatomy.inference.engine.paged import Chunk, PagedKVCache
+from anatomy.inference.sampling import Penalties, SamplingParams, make_generator, next_tokens
 from anatomy.models.embedding import check_input_ids
 
-CAPTURE_AFTER = 32  # eager decode steps of a run before its shape is captured: a short answer does not
-                    # pay for the recording, which costs many steps' worth of the gain
+CAPTURE_AFTER = 32  # eager decode steps of one shape before it is captured (engine.PAGED_RECORD_AFTER)
+SLACK = 64  # positions a sliding-window ring keeps beyond its window: the longest rewind, the longest verify
 
+
+def ring_blocks(config, *, blocks: int, block_size: int, prompt: int, exact: bool) -> int | None:
+    """Blocks of each row's ring for the sliding-window layers, or None where a ring would not be smaller
+    than the row's table (or no layer has a window). A step reads the window and SLACK before its first
+    token; a prompt read back from the blocks (a cache that does not hold keys as computed) must fit too."""
+    if not any(config.layer_window(i) for i in range(config.cached_layers)):
+        return None
+    span = config.sliding_window + SLACK + (SLACK if exact else max(SLACK, prompt))
+    ring = -(-span // block_size) + 1
+    return ring if ring < blocks else None
 
 @dataclass(frozen=True)
 class PaddedBatch:
@@ -62,20 +74,24 @@ class PaddedBatch:
 
 
 class Run:
-    """The state of one generation: its batch, cache, write position, sampling state. Made by
-    DecoderEngine.start; `engine.tokens` is the plain loop over it."""
+    """The state of one generation: its batch, block tables, write slot and sampling state. Made by
+    DecoderEngine.start over a cache lent to it while it lives; `engine.tokens` is the plain loop over it."""
 
-    def __init__(self, engine, batch: PaddedBatch, cache: KVCache, params: SamplingParams) -> None:
+    def __init__(self, engine, batch: PaddedBatch, cache: PagedKVCache, params: SamplingParams) -> None:
         check_input_ids(batch.ids, engine.config, name="prompt")
         self.engine, self.batch, self.cache, self.params = engine, batch, cache, params
-        self.tables = ContextTables(engine.model.stack.context, length=cache.max_len, dtype=engine.branch_dtype,
-                                    device=engine.device)
-        self.valid = batch.slot_mask(cache.max_len)  # [B, T] or None
+        self.padding = batch.padding.tolist()
+        self.prompts = [row[pad:] for row, pad in zip(batch.ids.tolist(), self.padding)]
+        B, per_row = len(self.prompts), cache.num_blocks // len(self.prompts)
+        self.tables = [list(range(r * per_row, (r + 1) * per_row)) for r in range(B)]
+        self.max_len = min(per_row * cache.block_size, engine.config.max_seq_len)  # slots a row can hold
+        ring = cache.window_blocks // B if cache.window_blocks is not None else None
+        self.rings = [list(range(r * ring, (r + 1) * ring)) for r in range(B)] if ring else None
+        self._windows: dict[int, tuple[int, list[int]]] = {}  # row -> (its first live block, its window table)
+        self.high = 0  # one past the furthest slot written (a rewind goes back at most SLACK from it)
         self.slot = 0  # the next slot written
-        self.decodes = 0  # decode steps so far (a shape is captured after CAPTURE_AFTER of them)
         self.generator = make_generator(params.seed, engine.device)
-        self.seen = self._seen() if params.repetition_penalty != 1.0 else None  # bool [B, V]
-        self.counts = self._zeros() if params.presence_penalty or params.frequency_penalty else None  # [B, V]
+        self.penalties = Penalties.of(self.prompts, params, vocab=engine.config.vocab_size, device=engine.device)
         cache.owner = weakref.ref(self)  # lent to this run while it lives (engine._cache_for)
 
     @property
@@ -84,101 +100,81 @@ class Run:
 
     # -- the model -------------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def prefill(self) -> Tensor:
-        """The prompts [B, P] into slots 0..P-1 -> the last position's logits [B, V]."""
-        P = self.batch.ids.shape[1]
-        hidden = self._forward(self.batch.ids, 0)  # [B, P, D]
-        self.slot = P
-        return self.engine.head(hidden[:, -1])  # [B, V]
-
-    @torch.inference_mode()
-    def decode(self, token: Tensor) -> Tensor:
-        """token [B] at slot `self.slot` -> logits [B, V] of the next one."""
-        self._check_room(1)
-        slot = torch.tensor([self.slot], device=self.engine.device)
-        ctx, positions = self._context(slot)
-        ids = token[:, None]  # [B, 1]
-        logits = self.engine.decode_logits(ids, positions, ctx, self.cache,
-                                           record=self.decodes >= CAPTURE_AFTER)  # [B, V]
-        self.slot += 1
-        self.decodes += 1
+        """Every prompt from position 0, in one step -> each one's last position's logits [B, V]."""
+        logits = self._step([Chunk(prompt, 0, table) for prompt, table in zip(self.prompts, self.tables)])
+        self.slot = self.high = self.batch.ids.shape[1]
         return logits
 
-    @torch.inference_mode()
+    def decode(self, token: Tensor) -> Tensor:
+        """token [B] at slot `self.slot` -> logits [B, V] of the next one."""
+        return self._next(token[:, None].tolist(), logits=1)
+
     def verify(self, tokens: Tensor) -> Tensor:
-        """tokens [B, S] at slots slot..slot+S-1 in one forward -> logits [B, S, V]: each row of the
-        pass sees what its own decode step would (keys up to its slot), so verifying k proposals
-        reads the weights once instead of k times."""
+        """tokens [B, S] at slots slot..slot+S-1 in one step -> logits [B, S, V]: each row of the pass
+        sees what its own decode step would (keys up to its slot), so verifying k proposals reads the
+        weights once instead of k times."""
         S = tokens.shape[1]
-        self._check_room(S)
-        hidden = self._forward(tokens, self.slot)
-        self.slot += S
-        self.decodes += S
-        return self.engine.head(hidden)  # [B, S, V]
+        return self._next(tokens.tolist(), logits=S).view(self.rows, S, -1)
 
     def rewind(self, slot: int) -> None:
         """The next write goes to `slot` (between the prompt's end and the current slot): the keys and
-        values beyond it are stale, never attended to, and written over by the next pass."""
+        values beyond it are stale, never attended to, and written over by the next step."""
         if not self.batch.ids.shape[1] <= slot <= self.slot:
             raise InputError(f"rewind to slot {slot}: outside [{self.batch.ids.shape[1]}, {self.slot}] "
                              "(the prompt's end .. the current write position)")
-        if self.slot - slot > self.cache.rewind_limit:
-            raise InputError(f"rewind of {self.slot - slot} slots: a sliding-window layer's ring keeps "
-                             f"{self.cache.rewind_limit} beyond its window")
+        if self.rings is not None and self.high - slot > SLACK:
+            raise InputError(f"rewind of {self.high - slot} slots: a sliding-window layer's ring keeps "
+                             f"{SLACK} beyond its window")
         self.slot = slot
 
-    def _forward(self, ids: Tensor, start: int) -> Tensor:
-        """ids [B, S] at cache slots start..start+S-1, eagerly -> final hidden states [B, S, D]. The pass
-        attends over the slots up to its last one only (none later is written yet): a prompt of 512
-        tokens in a cache of 768 slots reads 512 keys, not 768."""
-        S = ids.shape[1]
-        ctx, positions = self._context(torch.arange(start, start + S, device=self.engine.device), keys=start + S,
-                                       new_keys_only=start == 0 and S > 1 and self._exact)
-        return self.engine.model.stack.run(ids, ctx, position_ids=positions, cache=self.cache)
+    def _next(self, rows: list[list[int]], *, logits: int) -> Tensor:
+        """Each row's tokens at slots slot..slot+S-1 -> the logits of its last `logits` tokens, row after row."""
+        S = len(rows[0])
+        if self.slot + S > self.max_len:
+            raise InputError(f"{S} more tokens at slot {self.slot} overflow this run's cache of "
+                             f"{self.max_len} slots (prompt + max_new_tokens)")
+        if self.rings is not None and S > SLACK:
+            raise InputError(f"{S} tokens in one step: a sliding-window layer's ring keeps {SLACK} beyond its window")
+        out = self._step([Chunk(tokens, self.slot - pad, table, logits=logits)
+                          for tokens, pad, table in zip(rows, self.padding, self.tables)])
+        self.slot += S
+        self.high = max(self.high, self.slot)
+        return out
 
-    @property
-    def _exact(self) -> bool:
-        """Whether the cache holds keys and values as computed (floats in the branches' dtype) and no row
-        is padded: a prompt's pass can then attend over its new keys alone (Context.new_keys_only)."""
-        return self.valid is None and self.cache.kind is None and self.cache.dtype == self.engine.branch_dtype
+    def _step(self, chunks: list[Chunk]) -> Tensor:
+        if self.rings is not None:
+            chunks = [replace(c, window_blocks=self._window(row, c)) for row, c in enumerate(chunks)]
+        return self.engine.step(self.cache, chunks, blocks=len(self.tables[0]))
 
-    def _context(self, slots: Tensor, keys: int | None = None, *, new_keys_only: bool = False):
-        """The Context of queries at `slots` over the cache's first `keys` slots (default all: a decode
-        step's shapes stay the same from step to step, so that it can be captured)."""
-        positions = self.batch.positions(slots)  # [B, S]
-        valid = self.valid if self.valid is None or keys is None else self.valid[:, :keys]
-        ctx = self.tables.build(positions, q_slots=slots, keys=keys, key_valid=valid, input_pos=slots,
-                                new_keys_only=new_keys_only)
-        return ctx, positions
-
-    def _check_room(self, n: int) -> None:
-        if self.slot + n > self.cache.max_len:
-            raise InputError(f"{n} more tokens at slot {self.slot} overflow this run's cache of "
-                             f"{self.cache.max_len} slots (prompt + max_new_tokens)")
+    def _window(self, row: int, chunk: Chunk) -> list[int]:
+        """Row's table in the sliding-window group for this step: each block from the first one a query of
+        this step or a later one may read (the window and SLACK before the step's first token read from the
+        blocks) to its ring's block, the older ones -1 (read as masked). A fresh prompt reads its own keys
+        as computed, so only what later steps read need be kept."""
+        fresh = chunk.start == 0 and self.cache.exact
+        oldest = (chunk.start + len(chunk.tokens) if fresh else chunk.start) - self.engine.config.sliding_window - SLACK
+        first = max(0, oldest) // self.cache.block_size
+        if self._windows.get(row, (None,))[0] != first:  # made again once a block every block_size tokens
+            ring = self.rings[row]
+            self._windows[row] = first, [ring[j % len(ring)] if j >= first else -1 for j in range(len(self.tables[row]))]
+        return self._windows[row][1]
 
     # -- choosing tokens -------------------------------------------------------------------------
 
     @torch.inference_mode()
     def choose(self, logits: Tensor) -> Tensor:
         """logits [B, V] -> the next token [B] under this run's sampling parameters; recorded as generated."""
-        token = next_tokens(logits, self.params, seen=self.seen, counts=self.counts, generator=self.generator)
-        self.observe(token[:, None])
+        penalties = self.penalties
+        token = next_tokens(logits, self.params, seen=penalties.seen, counts=penalties.counts, generator=self.generator)
+        penalties.observe(token[:, None])
         return token
 
     def observe(self, tokens: Tensor) -> None:
-        """tokens [B, n] were emitted: the repetition penalty has seen them, the presence and frequency
-        penalties count them."""
-        if self.seen is not None:
-            self.seen.scatter_(1, tokens, True)
-        if self.counts is not None:
-            self.counts.scatter_add_(1, tokens, torch.ones_like(tokens))
+        """tokens [B, n] were emitted (by another rule than `choose`): the penalties take them in."""
+        self.penalties.observe(tokens)
 
-    def _zeros(self) -> Tensor:
-        return torch.zeros(self.rows, self.engine.config.vocab_size, dtype=torch.long, device=self.engine.device)
-
-    def _seen(self) -> Tensor:
-        """bool [B, V]: the tokens of each row's prompt (padding excluded), for the repetition penalty."""
-        ids = self.batch.ids
-        real = torch.arange(ids.shape[1], device=ids.device)[None] >= self.batch.padding[:, None]  # [B, P]
-        return self._zeros().scatter_add_(1, ids, real.long()) > 0  # [B, V]
+    @property
+    def seen(self) -> Tensor | None:
+        """bool [B, V]: the repetition penalty's prompt and output tokens (None without that penalty)."""
+        return self.penalties.seen
