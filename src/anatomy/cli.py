@@ -1,14 +1,11 @@
 """The `anatomy` command. Each subcommand lives in anatomy/commands/<name>.py and provides
 `add_parser(subparsers)` and `run(args) -> int`; this file only dispatches and keeps the error
-contract:
+contract (warnings are one line on stderr each):
 
-    bad input (an AnatomyError), a file the OS refuses,    one line on stderr, exit 2
-    or a command line argparse rejects
-    a lost rank of a parallel run (ParallelError)          one line on stderr, exit 1
-    Ctrl-C                                                 exit 130
-    anything else: a bug in anatomy                        the traceback and a request to report it, exit 1
-
-Warnings (a deprecated spelling, max_new_tokens clamped to the context) are one line on stderr each.
+    bad input (AnatomyError, OSError, a command line argparse rejects)   one line on stderr, exit 2
+    a lost rank of a parallel run (ParallelError)                        one line on stderr, exit 1
+    Ctrl-C                                                               exit 130
+    anything else: a bug in anatomy                    the traceback and a request to report it, exit 1
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
-"""What a KV cache holds its keys and values in: a float dtype, or 8-bit codes with a scale per token
-and head (the KV-cache quantization of llama.cpp's -ctk/-ctv q8_0 and vLLM's --kv-cache-dtype fp8).
+"""What a KV cache holds its keys and values in (llama.cpp's -ctk/-ctv q8_0, vLLM's --kv-cache-dtype
+fp8); `kv_bytes_per_token` is the one place their size is computed.
 
-    kv_dtype   stored per value    per token and head    value
-    f32/f16/bf16  the float        -                     x
-    int8       int8 code q         float16 scale s       q * s,  s = max|x| / 127
-    fp8_e4m3   fp8 code (e4m3)     float16 scale s       fp8(x / s) * s,  s = max|x| / 448
-    fp8_e5m2   fp8 code (e5m2)     float16 scale s       fp8(x / s) * s,  s = max|x| / 57344
-
-A token's head (d_h values) has one scale, so an outlier in one token or head does not blur the others;
-bytes per token are kv_values_per_token * (1 byte) + kv_scales_per_token * 2 bytes, about half of bf16's.
-`kv_bytes_per_token` is the one place this is computed (the caches' sizes, `anatomy inspect`, the
-server's KV budget all use it).
+    kv_dtype      stored per value    per token and head    value
+    f32/f16/bf16  the float           -                     x
+    int8          int8 code q         float16 scale s       q * s,  s = max|x| / 127
+    fp8_e4m3      fp8 code (e4m3)     float16 scale s       fp8(x / s) * s,  s = max|x| / 448
+    fp8_e5m2      fp8 code (e5m2)     float16 scale s       fp8(x / s) * s,  s = max|x| / 57344
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ it is not, under --quiet, or with ANATOMY_PROGRESS=0 (ANATOMY_PROGRESS=1 shows i
     with progress.task("loading a model"):    # no total: a spinner and the time so far
     with progress.quieted(args.quiet):        # the CLI: nothing shown inside when True
 
-Nested tasks share one display (rich allows one live display at a time); it appears only after
-DELAY_S, so short work shows nothing, and it is erased when the outermost task ends.
+Nested tasks share one display, shown only after DELAY_S and erased when the outermost task ends.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """Attention maps: run a real model on a text and keep every layer's attention weights, per head,
-over the actual tokens.
+over the actual tokens (docs/anatomy.md, "Attention maps").
 
     maps = anatomy.attention("<model>", "The cat sat on the mat.")
     maps.groups[0].weights          # [L, H, S, S]: softmax(Q K^T / sqrt(d_h) + mask) of each layer
     maps.save_html("attention.html")   # grid of L x H heatmaps + one enlarged, token-to-token on hover
-    maps                            # in Jupyter: that page, inline
 
-The weights come from the model's eager attention path (`weights=` of every model's forward): a
-decoder's causal self-attention, an encoder's bidirectional one, and for an encoder-decoder the
-encoder's self-attention, the decoder's causal self-attention and its cross-attention over the
-source. Without a tokenizer the text is a list of token ids ("5 17 42"), and the maps show ids.
+The weights come from the model's eager attention path (`weights=` of every model's forward): each
+kind of self-attention, and an encoder-decoder's cross-attention over the source.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """The parameter ledger: every component of a model with its formula and exact count.
 
-The counts are derived from the config by formula (they are tested against the parameters of
-the model built on the meta device and against HF transformers). Beside the exact total stands
-the usual 12*L*D^2 estimate (4D^2 attention + 8D^2 FFN per layer), and the difference between
-the two is split into its causes: embeddings, an untied head, norms, biases, attention that is
-not 4D^2 (GQA, head_dim != D/H), an FFN that is not 8D^2 (d_ff != 4D for an MLP, != 8D/3 for a
-GLU), cross-attention and task heads.
-
-A mixture-of-experts FFN has E experts of which a token uses k: the ledger counts all of them
-(`total`, what is stored) and, per component, the parameters one token goes through
-(`active`: the router, k experts, the shared expert), as Mixtral's "46.7B total, 12.9B active".
+The counts are derived from the config by formula (tested against the model built on the meta
+device and against HF transformers). Beside the exact total stands the usual 12*L*D^2 estimate,
+and the difference is split into its causes (docs/anatomy.md, "Parameter ledger"). A mixture of
+experts is counted twice: `total` (every expert, what is stored) and `active` (what one token
+goes through: the router, k experts, the shared expert).
 """
 
 from __future__ import annotations

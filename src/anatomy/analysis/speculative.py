@@ -1,8 +1,7 @@
 """Speculative decoding on the roofline: what verifying k proposed tokens in one forward should gain.
 
-A verification round runs the target once over k + 1 rows: its FLOPs grow k + 1 times, its weight
-and KV bytes do not. With each proposal kept with probability a, a round emits
-E(a, k) = (1 - a^(k+1)) / (1 - a) tokens, so
+A round runs the target once over k + 1 rows (k + 1 times the FLOPs, the weights and KV read once)
+and emits E(a, k) = (1 - a^(k+1)) / (1 - a) tokens when each proposal is kept with probability a:
 
     speedup = E(a, k) * t_step / (t_verify(k + 1) + k * t_draft)
 

@@ -1,17 +1,11 @@
 """The shape trace: every op of one block (and the embedding and head ends), recorded by running
-the real model on the meta device.
+the real model on the meta device (docs/anatomy.md, "Shape trace").
 
-The model is built with one block per stack (its other blocks are the same module again).
-A `TorchFunctionMode` sees each torch call the modules make (F.linear, @, softmax, view, cat ...)
-with its real arguments; forward hooks say which module is running. Meta tensors carry shapes and
-dtypes but no data, so any preset runs in milliseconds. Attention runs with the eager backend
-during the trace so the score matrix [B, H, S, S_k] appears as the op it is; sdpa would fuse it.
-
-Each row has the op's input and output shapes, its FLOPs as FlopCounterMode counts them (matmuls
-only) and the bytes it moves: inputs read plus output written, zero for views (no data moves),
-and for an in-place write (the KV cache update) the values written, read once and written once.
-Prefill runs the prompt [B, S] (K/V written to a cache of S slots, LM head on the last position);
-decode runs one token [B, 1] at position T-1 against a cache of T slots: scores [B, H, 1, T].
+The model is built with one block per stack; a `TorchFunctionMode` sees each torch call the modules
+make with its real arguments, and forward hooks say which module is running. Meta tensors carry
+shapes but no data, so any preset runs in milliseconds; attention runs with the eager backend so
+the score matrix appears as the op it is. Each row has the op's shapes, its FLOPs (FlopCounterMode)
+and the bytes it moves: inputs read plus output written, zero for views.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
-"""GGUF (llama.cpp's format): read metadata, load a model, write one back.
+"""GGUF (llama.cpp's format): read metadata, load a model, write one back (docs/gguf.md).
 
     read_gguf(path) -> GGUFFile            metadata (tokenizer too) and tensor layout, validated
     read_gguf_config(path) -> ModelConfig  the model the metadata describes
     load_gguf(path, dtype=torch.float32)   a ready model: dequantized, Q/K rows back in HF order
     save_gguf(model, path, dtype="f32")    a GGUF file llama.cpp loads (f32 or f16 weights)
 
-Loading checks everything before it allocates: the reader validates the file layout, the config
-is built from checked metadata, every GGUF tensor is matched to a model tensor of the right shape
-and a supported type, and only then is anything dequantized. The model is built on the meta
-device and the tensors are assigned to it (float tensors of the model dtype stay memory-mapped).
+Loading checks everything (layout, metadata, each tensor's shape and type) before it dequantizes
+anything; the model is built on the meta device and the tensors are assigned to it.
 """
 
 from __future__ import annotations

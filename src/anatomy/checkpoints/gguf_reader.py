@@ -2,15 +2,11 @@
 
     f = read_gguf("model.gguf")
     f.metadata["general.architecture"]        -> "llama"
-    f.metadata["tokenizer.ggml.tokens"]       -> list[str]
-    f.metadata["tokenizer.ggml.token_type"]   -> numpy int32 array
-    f.value_types["tokenizer.ggml.token_type"] -> (ValueType.ARRAY, ValueType.INT32)
     f.tensors["token_embd.weight"]            -> GGUFTensor(shape=(49152, 576) in torch order, type Q8_0, ...)
     f.raw("token_embd.weight")                -> numpy uint8 view of the tensor's bytes (memory-mapped)
 
-Every count, length, offset and type read from the file is checked against the bytes that are
-really there before it is used: a truncated, corrupt or hostile file raises CheckpointError naming
-the file, the field and the value, never IndexError, MemoryError or a silent wrong answer.
+Every count, length, offset and type read from the file is checked against the bytes really there
+before it is used: a bad file raises CheckpointError naming the file, the field and the value.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Explicit name maps between HF transformers' tensors and anatomy's, per HF family.
 
-A Link joins one of our modules (or one tensor) to the HF module(s) it is made of:
+A Link joins one of our modules (or one tensor) to the HF module(s) it is made of, e.g.
 
     blocks.3.attn.qkv   <- model.layers.3.self_attn.{q,k,v}_proj    rows [H*d_h | H_kv*d_h | H_kv*d_h]
-    blocks.3.ffn.gate_up <- model.layers.3.mlp.{gate,up}_proj        rows [F | F]
     blocks.3.attn.qkv   <- transformer.h.3.attn.c_attn              GPT-2 Conv1D: stored [in, out]
-    lm_head.bias        <- final_logits_bias                        Marian: stored [1, V]
-    blocks.3.ffn.gate_up <- model.layers.3.block_sparse_moe.experts.{0..E-1}.{w1,w3}
-                                                                    experts stacked: [E, 2F, D]
 
 `tensor_links(model, family)` expands the links over the tensors the model actually has (a bias
 only where the config has one, the LM head only when untied) and gives each HF tensor's shape.

@@ -5,9 +5,6 @@ command and API call resolves a model name or path.
     find_model("dir")               -> kind="hf" (or "config" when it holds no weights); "x.gguf" -> "gguf"
     find_model("<model>")           -> an installed checkpoint's kind and path, installed=the name
     source.checkpoint("generation") -> the path anatomy.load reads, or a CheckpointError naming the rule
-
-A name that is both a preset and an existing path is the path; a missing path-like text is an
-error naming it; other text is looked up among the installed models (checkpoints/registry.py).
 """
 
 from __future__ import annotations
@@ -52,7 +49,9 @@ class ModelSource:
 
 def find_model(name_or_path: str | os.PathLike[str]) -> ModelSource:
     """The ModelSource of a preset name, an HF config.json or directory, a .gguf file or an
-    installed model name (see the module docstring)."""
+    installed model name (see the module docstring). A name that is both a preset and an existing
+    path is the path; a missing path-like text is an error naming it; other text is looked up among
+    the installed models (checkpoints/registry.py)."""
     from anatomy.presets import PRESETS
 
     given = str(name_or_path)

@@ -6,9 +6,7 @@ reading stdin, and the --help formatter that shows defaults (DefaultsHelpFormatt
     name = model_of(args)                                          # --model, the old MODEL, or the default
     add_old_name(p, "--batch", new="--batch-size", dest="batch_size", type=int)
 
-An old name is hidden from --help; using it stores into the new option and warns (cli.py shows
-the warning as `anatomy inspect: warning: --batch is deprecated, use --batch-size`). What each
-form of a model is, and which hold weights, is decided in anatomy/checkpoints/source.py.
+What each form of a model is, and which hold weights, is decided in anatomy/checkpoints/source.py.
 """
 
 from __future__ import annotations
@@ -82,7 +80,8 @@ class _OldName(argparse.Action):
 def add_old_name(p: argparse.ArgumentParser, old: str, *, new: str, dest: str,
                  type: Callable[[str], Any] | None = None, flag: bool = False) -> None:
     """Accept `old` as a deprecated spelling of the option `new` (which stores into `dest`); a
-    `flag` takes no value and stores True."""
+    `flag` takes no value and stores True. `old` is hidden from --help; using it warns (cli.py shows
+    `anatomy inspect: warning: --batch is deprecated, use --batch-size`)."""
     extra = {"nargs": 0, "const": True} if flag else {"type": type}
     p.add_argument(old, dest=dest, action=_OldName, new=new, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
                    **extra)

@@ -6,9 +6,6 @@ model on several ranks (anatomy/parallel/, docs/parallel.md).
         return start_ranks(args, layout)            # this process becomes the launcher of world ranks
     with rank_engine(args, layout) as engine:       # this process is a rank: rank 0 gets its engine,
         ...                                         # the others follow rank 0 until it stops (None)
-
-Before any rank starts, the sizes are checked against the model's config (heads, kv heads, FFN
-widths, experts, blocks), so a layout that does not divide fails at once with nothing started.
 """
 
 from __future__ import annotations

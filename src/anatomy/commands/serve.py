@@ -4,12 +4,8 @@
     anatomy serve --model x.gguf --port 9000 --api-key KEY --kv-memory 2GiB
     anatomy serve --lora sql=adapters/sql chat=adapters/chat       LoRA adapters, picked by a request's model
 
-The port is bound before the model loads, so a busy port fails at once; /health answers 503
-while the model loads and 200 once it serves. SIGTERM or SIGINT drains: new requests get 503, those
-in flight have --shutdown-timeout seconds, then end with an error; past --max-queue waiting
-sequences a request gets 429. The model is loaded as `anatomy.load` does
-(--weights auto keeps a GGUF file's quantized blocks) and served through the engine's planned view;
-the start-up lines name its kernels per phase and the KV cache's size.
+The port is bound before the model loads (a busy port fails at once); SIGTERM or SIGINT drains the
+requests in flight. Options, start-up lines and limits: docs/serving.md, "Running it".
 """
 
 from __future__ import annotations

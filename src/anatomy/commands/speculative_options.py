@@ -3,13 +3,10 @@
     --speculative ngram                         prompt lookup: no second model
     --speculative draft --draft-model NAME      a smaller model with the same tokenizer
     --speculative draft --draft-layers 8        self-speculation: the target's first 8 blocks
-    --speculative draft --draft-weights int4    the target with int4 weights (or int8, a GGUF file's own blocks: auto)
-    --speculative draft --draft-dtype f16       the target in float16
+    --speculative draft --draft-weights int4    the target with int4 weights (or --draft-dtype f16)
     --num-speculative-tokens K                  at most K proposed tokens per target forward (default 5)
 
-`--model-draft` is accepted for `--draft-model` (llama-server's spelling). For `anatomy serve` they set
-the default of every request (a request's `speculative.n_max` sets its k, 0 turns it off; a server
-without them verifies prompt-lookup proposals for a request that sets it).
+For `anatomy serve` they set every request's default (docs/serving.md, "Speculative decoding").
 """
 
 from __future__ import annotations

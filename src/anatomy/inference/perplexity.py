@@ -4,10 +4,9 @@ decode step generation runs, against fp32 inference on the same weights (llama-p
     q = perplexity(engine, reference, ids)           # the whole text as one sequence
     q = perplexity(engine, reference, ids, ctx=512)  # llama-perplexity's chunks of 512 tokens
 
-A sequence's first `prompt` tokens are prefilled, as a prompt is; every later token is fed to
-run.decode (the step `anatomy generate` runs, its captured graph included) in place of a sampled one.
-Scored: the prompt's last logits and every decode step's, each against the next token of the text.
-The reference (a DecoderLM, fp32) scores the same positions from one plain forward.
+A sequence's first tokens are prefilled, as a prompt is; every later token is fed to run.decode in
+place of a sampled one. The reference (a DecoderLM, fp32) scores the same positions from one plain
+forward. Which positions are scored: docs/inference.md, "Quality".
 """
 
 from __future__ import annotations

@@ -2,12 +2,9 @@
 
 Each rule maps the plain frequencies theta^(-2i/d), i < d/2 (d = the rotated dims), to the ones a
 model was trained with, plus a factor on cos and sin (YaRN and LongRoPE scale the attention
-logits that way). Two rules depend on how far a pass reaches, `length` = the largest position + 1:
-dynamic NTK raises the base once `length` passes the original context, LongRoPE switches from its
-short to its long factors there. Both are computed with tensor ops, so nothing waits for the device.
-
-The arithmetic follows the published rules in float32, the precision HF transformers and llama.cpp
-compute them in.
+logits that way). Dynamic NTK and LongRoPE depend on how far a pass reaches (`length`, computed
+with tensor ops so nothing waits for the device; docs/foundation.md). The arithmetic follows the
+published rules in float32, the precision HF transformers and llama.cpp compute them in.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """LoRA: low-rank adapters on a decoder's projections, trained with the base frozen, run unmerged
-or merged, and read and written as HF PEFT adapter directories.
+or merged, and read and written as HF PEFT adapter directories (docs/training.md, section 5).
 
-    config.py   LoraConfig: rank, alpha, dropout, targets (q, k, v, o, gate, up, down)
-    sites.py    where each target is in anatomy's fused projections, and its HF (PEFT) name
-    layer.py    LoRALinear: base(x) + scale * B (A x) on row ranges of the output
-    adapter.py  Adapter: a LoraConfig and its tensors, checked
-    apply.py    apply_lora, merge_lora
-    peft.py     adapter_config.json + adapter_model.safetensors
-    gguf.py     llama.cpp's GGUF LoRA file (convert_lora_to_gguf.py's output), read
-    read.py     load_adapter: a PEFT directory or a GGUF file
-    batched.py  BatchedLoRA: rows of different adapters in one step, the base product once
-    slots.py    AdapterSlots: the adapters an engine serves at once, by name (anatomy serve --lora)
+    config.py, adapter.py      LoraConfig (rank, alpha, dropout, targets q k v o gate up down); Adapter
+    sites.py                   where each target is in anatomy's fused projections, and its HF (PEFT) name
+    layer.py, apply.py         LoRALinear: base(x) + scale * B (A x) on row ranges; apply_lora, merge_lora
+    peft.py, gguf.py, read.py  PEFT directories read and written, llama.cpp's GGUF LoRA read; load_adapter
+    batched.py, slots.py       BatchedLoRA (rows of different adapters in one step); AdapterSlots (serve --lora)
 """
 
 from anatomy.lora.adapter import Adapter, adapter_of, lora_layers

@@ -5,9 +5,8 @@
     adapter_model.safetensors    base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight [r, K]
                                  base_model.model.model.layers.3.self_attn.q_proj.lora_B.weight [rows, r]
 
-Reading checks every field and every tensor's presence, rank, shape and values against the model's
-config: the first problem is one InputError naming the file and the field or tensor. PEFT options
-anatomy does not run (DoRA, biases, rank patterns, extra trained modules) are refused by name.
+Reading checks every field and tensor against the model's config (the first problem is one
+InputError naming the file and the field or tensor); PEFT options anatomy does not run are refused.
 """
 
 from __future__ import annotations

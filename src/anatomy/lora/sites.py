@@ -3,9 +3,8 @@
 anatomy fuses projections that HF keeps apart, so a target is a range of a module's output rows:
 
     q, k, v   stack.blocks.N.attn.qkv     rows [0, H*d_h), [.., + H_kv*d_h), [.., + H_kv*d_h)
-    o         stack.blocks.N.attn.out
     gate, up  stack.blocks.N.ffn.gate_up  rows [0, F), [F, 2F)    (an MLP: up is stack.blocks.N.ffn.up)
-    down      stack.blocks.N.ffn.down
+    o, down   stack.blocks.N.attn.out, stack.blocks.N.ffn.down
 
 The HF names come from checkpoints/hf_names.py: q of block 3 of a LLaMA is `model.layers.3.self_attn.q_proj`.
 """

@@ -5,9 +5,6 @@
     slots.hold(ref, seq)                       seq runs with it (its slot is not reused while seq runs)
     with slots.rows([1, 0, 2]):                a step whose rows run slot 1, none (the base), slot 2
     slots.unload("sql")                        the name goes at once; the slot is reused once no sequence holds it
-
-Loading and unloading happen on other threads than the steps: each layer's table is replaced whole,
-and a slot gets a name only once every layer holds its pairs.
 """
 
 from __future__ import annotations
@@ -53,7 +50,8 @@ class StepRows(threading.local):
 
 class AdapterSlots:
     """Up to `max_loras` adapters of rank at most `max_rank` on `model` (an engine's view, changed in place),
-    their pairs held in `dtype` on `device`."""
+    their pairs held in `dtype` on `device`. Loading and unloading happen on other threads than the steps:
+    each layer's table is replaced whole, and a slot gets a name only once every layer holds its pairs."""
 
     def __init__(self, model: nn.Module, *, max_loras: int, max_rank: int, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu") -> None:

@@ -5,11 +5,7 @@
 DecoderLM is a causal Stack plus an LM head; Encoder a bidirectional Stack (plus BERT's pooler);
 EncoderDecoder a bidirectional encoder Stack and a causal decoder Stack with cross-attention,
 both reading one shared token table. The prologue every pass needs (which slots the queries and
-keys occupy, their positions, the masks) is built here once, in `prepare`.
-
-Without a KV cache the queries and keys are the S tokens themselves (slots 0..S-1). With one,
-the new tokens are written at cache slots `input_pos` [S] and attend over all T slots of the
-cache; `attention_mask` [B, S_k] then marks which of the S_k = T slots hold real tokens.
+keys occupy, their positions, the masks) is built here once, in `prepare` (docs/foundation.md).
 """
 
 from __future__ import annotations
@@ -98,7 +94,10 @@ class Stack(nn.Module):
     def prepare(self, input_ids: Tensor, *, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 cache: Sequence[LayerCache] | None = None, input_pos: Tensor | None = None,
                 memory_mask: Tensor | None = None) -> tuple[Context, Tensor]:
-        """(the Context of this pass, position_ids [B, S]) from the slots the queries and keys occupy."""
+        """(the Context of this pass, position_ids [B, S]) from the slots the queries and keys occupy.
+        Without a cache the queries and keys are the S tokens themselves (slots 0..S-1). With one, the
+        new tokens are written at cache slots `input_pos` [S] and attend over all T slots of the cache;
+        `attention_mask` [B, S_k] then marks which of the S_k = T slots hold real tokens."""
         B, S = input_ids.shape
         device = input_ids.device
         if cache is None:

@@ -4,14 +4,9 @@
     channel.send("decode", run_id, [17, 4])       # every other rank receives it before rank 0 computes
     op, args = channel.receive()                  # the others (follower.py), in the order sent
 
-An order is a small picklable tuple broadcast over a gloo group (torch.distributed's
-broadcast_object_list), whatever device the model runs on: token ids, prompt lists, sampling
-parameters, a serving step's chunks. The tensors of the model itself never go through it.
-
-While rank 0 sends nothing (a server waiting for requests) it sends a "ping" every HEARTBEAT_S
-seconds, so that the others, waiting for their next order, never reach their collective timeout;
-a failed send or receive (a rank gone) is a ParallelError naming it, and `on_lost` callbacks (the
-server's shutdown) run.
+An order is a small picklable tuple broadcast over a gloo group, whatever device the model runs on;
+the model's own tensors never go through it. While idle, rank 0 sends a "ping" every HEARTBEAT_S
+seconds; a failed send or receive (a rank gone) is a ParallelError and runs the `on_lost` callbacks.
 """
 
 from __future__ import annotations

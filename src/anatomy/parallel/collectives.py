@@ -1,13 +1,11 @@
-"""The collectives the parallel layers issue, each one recorded when a caller asks.
+"""The collectives the parallel layers issue (torch.distributed's own), each one recorded when a
+caller asks and each inside an `anatomy.engine:communication` profiler range.
 
     comm = Comm(group, ranks=[0, 1], rank=0)                # a process group and this rank's place in it
     comm.all_reduce(y, where="stack.blocks.0.attn.out")    # y summed over the group, in place
     full = comm.gather_last(y, where="lm_head")             # [..., V_r] -> [..., N * V_r] on the first rank
     send(x, dst, where=...) / recv(shape, dtype, src, where=...)    # pipeline stages
     with recording() as log: ...                            # log.ops: every collective issued, as Issued
-
-They are torch.distributed's own. A Comm deep-copies as itself, so an engine's view of a shard calls
-the same group; each collective runs inside an `anatomy.engine:communication` profiler range.
 """
 
 from __future__ import annotations
@@ -122,6 +120,7 @@ class Comm:
         return self.ranks.index(self.rank)
 
     def __deepcopy__(self, memo) -> Comm:
+        """Itself, so that an engine's view of a shard calls the same group."""
         return self
 
     def all_reduce(self, t: Tensor, *, where: str) -> Tensor:

@@ -4,13 +4,7 @@
     cut_tensor(t, cuts[name])                       # a dense tensor's slice (a copy: the full one can go)
     cut_format(fmt, cuts[name])                     # a compact weight's (int4/int8 groups cut along whole groups)
 
-    attn.qkv   rows     the local query heads' rows, then the local kv heads' k rows and v rows
-    attn.out   columns  the local query heads' d_h columns each (row-parallel: an all-reduce follows)
-    GLU        gate_up rows of the local FFN columns (gate part and up part); down: those columns
-    MLP        up rows; down columns
-    MoE        every expert's gate_up [E, 2F_e, D] rows and down [E, D, F_e] columns alike; the router
-               is replicated; the shared expert is cut like a dense FFN
-    vocabulary the token table's and the LM head's rows (and bias) of the rank's vocabulary shard
+Heads, FFN columns, experts and vocabulary rows are cut as docs/parallel.md, "What each rank holds", says.
 """
 
 from __future__ import annotations
@@ -50,7 +44,16 @@ def cut_format(fmt: WeightFormat, cut: Cut, *, label: str) -> WeightFormat:
 
 
 def tensor_cuts(model: nn.Module, *, tp: int, tp_rank: int) -> dict[str, Cut]:
-    """{full parameter name (weights and biases, by the dense names): Cut} for one rank."""
+    """{full parameter name (weights and biases, by the dense names): Cut} for one rank:
+
+        attn.qkv   rows     the local query heads' rows, then the local kv heads' k rows and v rows
+        attn.out   columns  the local query heads' d_h columns each (row-parallel: an all-reduce follows)
+        GLU        gate_up rows of the local FFN columns (gate part and up part); down: those columns
+        MLP        up rows; down columns
+        MoE        every expert's gate_up [E, 2F_e, D] rows and down [E, D, F_e] columns alike; the router
+                   is replicated; the shared expert is cut like a dense FFN
+        vocabulary the token table's and the LM head's rows (and bias) of the rank's vocabulary shard
+    """
     if tp == 1:
         return {}
     config = model.config

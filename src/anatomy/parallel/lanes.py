@@ -1,17 +1,12 @@
 """Pipeline-parallel serving: several serving loops over one ParallelEngine, each its own batch of
-sequences in flight, so that the stages work at the same time.
+sequences in flight, so that the stages work at the same time (docs/parallel.md, "How it runs").
 
     loop = Lanes.of(engine, tokenizer, lanes=2, kv_bytes=..., block_size=16, ...)   # ServingLoop's options
     loop.start(); seq = loop.submit(prompt, params, sink); loop.cancel(seq); loop.stop()
 
-With one loop a step passes the stages in turn and each stage idles while the others work. With M
-loops (M = the pipeline's stages), rank 0 lets a loop's step into its stage as soon as the previous
-step is past it (driver.py: `mirrored`): while stage 1 computes loop A's decode step, stage 0
-computes loop B's; M batches of B sequences each advance in about the time one batch would.
-
-Each loop keeps its own scheduler, paged KV cache (1/M of the KV memory) and thread; a new request
-goes to the loop with the fewest sequences. To the HTTP app the lanes are one loop: submit, cancel,
-the context, one set of metrics, and the scheduler's and block manager's gauges summed.
+With M loops (M = the pipeline's stages), rank 0 lets a loop's step into its stage as soon as the
+previous step is past it (driver.py: `mirrored`): while stage 1 computes loop A's decode step,
+stage 0 computes loop B's; M batches advance in about the time one batch would.
 """
 
 from __future__ import annotations
@@ -25,7 +20,10 @@ from anatomy.serving.sequence import Event, Sequence
 
 
 class Lanes:
-    """M ServingLoops behind the interface of one."""
+    """M ServingLoops behind the interface of one. Each loop keeps its own scheduler, paged KV cache
+    (1/M of the KV memory) and thread; a new request goes to the loop with the fewest sequences. To the
+    HTTP app the lanes are one loop: submit, cancel, the context, one set of metrics, and the
+    scheduler's and block manager's gauges summed."""
 
     def __init__(self, loops: list[ServingLoop]) -> None:
         self.loops = loops

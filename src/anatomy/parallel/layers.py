@@ -1,17 +1,12 @@
-"""The modules a tensor-parallel shard has where a whole model has a linear layer, a token table, a
-mixture of experts or an LM head. Each holds its local part as an ordinary module (an nn.Linear, a
-CompactLinear, an nn.Embedding...), so the engine plans the local part's kernels like any other
-layer's, and issues the collective that makes the part whole:
+"""The modules a tensor-parallel shard has where a whole model has a row-parallel linear layer, a token
+table, a mixture of experts or an LM head (a column-parallel one, attn.qkv or the FFN's gate_up or up,
+is the local linear itself). Each holds its local part as an ordinary module, so the engine plans its
+kernels like any other layer's, and issues the collective that makes the part whole:
 
     RowParallelLinear     y = all_reduce(x_r @ W_r^T) + b        x_r [..., K/N] the rank's inputs; b added once
     ReducedMoE            y = all_reduce(the rank's slice of every expert (+ shared expert))
     VocabParallelEmbedding x = all_reduce(rows of the rank's vocabulary shard, zeros for the others)
     VocabParallelHead     logits = gather(x @ W_r^T) along V on the group's first rank (cut to V)
-
-A column-parallel layer (attn.qkv, the FFN's gate_up or up) needs no module of its own: it is the
-local linear itself, its output the rank's heads or FFN columns. So a block costs two all-reduces
-of [B, S, D], one per sub-layer. The partial sums are added in the residual stream's dtype, the same
-on every rank whatever kernels each rank's plan chose.
 """
 
 from __future__ import annotations
@@ -22,7 +17,9 @@ from anatomy.parallel.collectives import Comm, communicating, send
 
 
 class RowParallelLinear(nn.Module):
-    """The output projection or FFN down projection of a shard: the local columns' product, summed over the ranks."""
+    """The output projection or FFN down projection of a shard: the local columns' product, summed over the ranks.
+    The partial sums are added in `dtype` (the residual stream's), the same on every rank whatever kernels
+    each rank's plan chose."""
 
     communicates = True
 

@@ -3,11 +3,9 @@
     shard = shard_model(model, place)      # place: the layout, this rank, its process groups (world.py)
     engine = DecoderEngine(shard)          # planned like any model: each local linear gets its kernels
 
-The shard's structure is built on the meta device from the rank's config (layout.local_config);
-its tensors are the model's, cut (cuts.py: compact formats in their own groups) and put in place by
-the loaders' assign_tensors, which checks every name and shape; replicated tensors are the model's
-own. The parallel modules then go where the collectives are (layers.py, stages.py). Each rank holds
-about 1/N of the weights (docs/parallel.md, "What each rank holds").
+The shard is built on the meta device from the rank's config (layout.local_config); its tensors are
+the model's, cut (cuts.py) and put in place by assign_tensors, which checks every name and shape;
+the parallel modules then go where the collectives are (layers.py, stages.py).
 """
 
 from __future__ import annotations

@@ -5,9 +5,8 @@
     last stage         StageInput -> its blocks -> final norm -> LM head (sends the logits to rank 0)
     rank 0's LM head   ReceivedLogits: the logits [..., V] from the last stage
 
-Every stage runs the same Stack.run: the stage modules stand where the embeddings, the final norm
-and the head stand, so the blocks, the position context (RoPE, masks: each stage builds its own from
-the positions every rank is given) and the KV cache of the stage's own blocks are the model's code.
+Every stage runs the same Stack.run, so the blocks, the position context (each stage builds its own
+from the positions every rank is given) and the stage's KV cache are the model's code.
 """
 
 from __future__ import annotations

@@ -6,10 +6,7 @@ starts torch's own launcher, launch.py) set up, and the groups the parallel modu
     world.control                         # the gloo group rank 0's orders go over (channel.py), on any device
     leave(world)
 
-gloo on CPUs, NCCL on GPUs (each rank its LOCAL_RANK's device). Every collective has a timeout
-(ANATOMY_PARALLEL_TIMEOUT seconds, default 300): a rank that stops answering without dying makes
-the others fail with an error instead of waiting forever; a rank that dies is noticed at once by
-the launcher, which stops the others.
+gloo on CPUs, NCCL on GPUs; every collective times out after ANATOMY_PARALLEL_TIMEOUT seconds (300).
 """
 
 from __future__ import annotations

@@ -2,17 +2,11 @@
 
     block ids 0 .. n-1       each holds `block_size` consecutive tokens of one sequence (all layers)
     ref_count[b]             how many running sequences have b in their block table
-    cached: hash -> b        full blocks whose contents are known by the hash of their tokens and
-                             of everything before them (the prefix cache)
+    cached: hash -> b        full blocks known by the hash of their tokens and of everything before them
     empty                    free blocks holding nothing worth keeping: handed out first
-    evictable (LRU)          free blocks that are still in `cached`: handed out (and forgotten)
-                             only when `empty` is exhausted, least recently freed first (and
-                             handed to `on_evict` first, if set: serving/offload.py keeps them)
+    evictable (LRU)          free blocks still in `cached`: handed out (and to `on_evict`) once `empty` runs out
 
-A block's hash chains its parent's: hash(parent hash, its token ids), so equal hashes mean equal
-tokens *and* equal prefixes, and a hit at block i implies hits at blocks 0..i-1. The hash is a
-128-bit BLAKE2b digest: a collision would make one request read another's keys and values, so
-it is not Python's `hash`, which can be collided on purpose.
+Why the hash chains its parent's and is BLAKE2b: docs/serving.md, "The paged KV cache".
 """
 
 from __future__ import annotations
@@ -24,7 +18,9 @@ from collections.abc import Callable, Sequence
 
 
 def block_hash(parent: bytes | None, tokens: Sequence[int]) -> bytes:
-    """The prefix-cache key of a full block: its tokens and its parent block's key."""
+    """The prefix-cache key of a full block: its tokens and its parent block's key, so equal keys mean
+    equal tokens *and* equal prefixes. A 128-bit BLAKE2b digest, not Python's `hash`, which can be
+    collided on purpose (a collision would let one request read another's keys and values)."""
     digest = hashlib.blake2b(parent or b"", digest_size=16)
     digest.update(array("q", tokens).tobytes())
     return digest.digest()

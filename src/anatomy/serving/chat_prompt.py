@@ -1,17 +1,10 @@
 """A chat request's prompt: its messages (and tools) through the model's chat template, to token ids.
 
 A template that renders `tools` itself (Qwen2.5/3, Llama 3.1+, Mistral, Hermes; found by rendering a
-probe conversation with a tool) gets them as HF transformers passes them: `tools` a list
-of OpenAI tool objects, assistant `tool_calls` with their arguments as objects (as Llama 3's template
-expects; vLLM does the same), `tool` messages with `tool_call_id`, an assistant turn's reasoning
-(`reasoning_content`; gpt-oss's template keeps it before a call).
-
-A template without tool support (SmolLM2's, Gemma's, Phi-3's) gets what vLLM's and llama-server's
-generic handling gives such models: the tool definitions and the Hermes calling convention in the
-system message (appended to the request's own system message, else a new first message), earlier
-calls written back as <tool_call> blocks and tool results as a user turn of <tool_response> blocks,
-which is how Qwen2.5's template renders the same conversation (also when no tools are offered any
-more, so that a round trip's call and result are never dropped).
+probe conversation with a tool) gets them as HF transformers passes them. A template without tool
+support (SmolLM2's, Gemma's, Phi-3's) gets vLLM's and llama-server's generic handling: the tools and
+the Hermes calling convention in the system message, earlier calls and results written back as
+<tool_call> and <tool_response> blocks (docs/serving.md, "Tool calling").
 """
 
 from __future__ import annotations

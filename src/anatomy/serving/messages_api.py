@@ -1,14 +1,8 @@
 """`POST /v1/messages` and `/v1/messages/count_tokens`: Anthropic's Messages API (what the anthropic SDK
 and Claude Code send), answered by the same loop as chat: the request becomes a chat request
-(messages_protocol.py), the events a `message`.
-
-The answer: {"type": "message", "content": [a text block, tool_use blocks], "stop_reason": end_turn |
-max_tokens | stop_sequence | tool_use | model_context_window_exceeded, "stop_sequence", "usage"};
-streamed as Anthropic's events: message_start, ping, content_block_start / content_block_delta
-(text_delta, input_json_delta) / content_block_stop per block, message_delta, message_stop; a failure
-is an `error` event. Errors are Anthropic's JSON, {"type": "error", "error": {"type", "message"}}.
-On a server with --reasoning-parser the thinking block comes first, as a `thinking` block (streamed as
-thinking_delta; its `signature` empty: nothing is signed here).
+(messages_protocol.py), the events a `message` or Anthropic's stream of events (message_start,
+content_block_* per block, message_delta, message_stop), errors Anthropic's JSON. The fields, stop
+reasons and thinking blocks: docs/serving.md, "Anthropic's Messages API".
 """
 
 from __future__ import annotations

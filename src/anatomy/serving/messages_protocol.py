@@ -1,14 +1,11 @@
 """Anthropic's Messages API request bodies (`POST /v1/messages`, `/v1/messages/count_tokens`), validated,
 and the chat request each one becomes.
 
-Content is a string or a list of blocks: text, tool_use and thinking (assistant: its text becomes the
-turn's reasoning_content; redacted_thinking is dropped), tool_result (user; its content a string or
-text blocks, `is_error`). Other block types (image, document, ...) are refused by name (400).
-`thinking` {"type": "enabled", "budget_tokens"} is the thinking budget (and enable_thinking for the
-template); "disabled" turns the template's thinking off. A final assistant message is a prefill: the answer continues its text. Tools are
-Anthropic's custom tools ({"name", "description", "input_schema"}); tool_choice auto / any / tool /
-none becomes chat's auto / required / named / none; output_config.format (a JSON schema) becomes
-chat's response_format. Errors name the field by its Anthropic path.
+Content blocks (text, tool_use, thinking, tool_result) become chat messages; other block types are
+refused by name (400). `thinking` is the thinking budget, custom tools and tool_choice auto / any /
+tool / none become chat's auto / required / named / none, output_config.format becomes chat's
+response_format (docs/serving.md, "Anthropic's Messages API"). Errors name the field by its
+Anthropic path.
 """
 
 from __future__ import annotations

@@ -5,10 +5,8 @@
     a prompt is admitted    -> the blocks after its cached prefix found here are copied into its
                                fresh blocks instead of being computed
 
-A block is found by its key: BLAKE2b of the identity (the model's config, a sample of every weight,
-the branch and KV dtypes, the block size) and the block's prefix-cache hash, so another model,
-format or block size never finds it. A file is read only if its magic, identity, key, length and
-checksum all match; otherwise it is ignored (one log line) and the block is computed.
+A block's key covers the server's identity (model, weights, dtypes, block size), and a file is read
+only if all its checks pass (docs/serving.md, "A prefix cache that outlives the pool").
 """
 
 from __future__ import annotations

@@ -5,10 +5,7 @@
                   -> -inf outside the grammar's allowed tokens (a packed bitmask per constrained row)
                   -> sampling (penalties, temperature, filters: anatomy.inference.sampling)
 
-Only rows with something to apply are touched (a copy: the log-probabilities a response reports are
-the model's own distribution, before any of this, as vLLM reports them by default). A grammar whose
-matcher fails (it should not: the tokens it is given are the ones it allowed) leaves its row only the
-stop ids, so that the sequence ends instead of the step failing for every sequence in it.
+The log-probabilities a response reports are the model's own distribution, before any of this.
 """
 
 from __future__ import annotations
@@ -31,7 +28,9 @@ def logit_bias(bias: dict[int, float], device: torch.device | str) -> tuple[Tens
 
 
 def processed(logits: Tensor, seqs: list[Sequence]) -> Tensor:
-    """logits [R, V] of seqs (one row each) with every sequence's bias, min_tokens and grammar applied."""
+    """logits [R, V] of seqs (one row each) with every sequence's bias, min_tokens and grammar applied.
+    Only rows with something to apply are touched, in a copy: the log-probabilities a response reports
+    are the model's own distribution, as vLLM reports them by default."""
     rows = [i for i, s in enumerate(seqs) if s.bias is not None or s.constraint is not None
             or s.generated < s.min_tokens]
     if not rows:
@@ -87,7 +86,9 @@ def _masks(seqs: list[Sequence], vocab: int) -> Tensor:
 
 
 def _fill(seq: Sequence, row: Tensor) -> None:
-    """seq's grammar's bitmask into row; a grammar that fails allows only the stop ids (docstring above)."""
+    """seq's grammar's bitmask into row. A grammar whose matcher fails (it should not: the tokens it is
+    given are the ones it allowed) allows only the stop ids, so that the sequence ends instead of the
+    step failing for every sequence in it."""
     try:
         seq.constraint.fill(row)
     except Exception as exc:  # see the module's docstring

@@ -1,17 +1,12 @@
 """Prompt log-probabilities (completions with echo and logprobs) that stay right with the prefix cache.
 
 The log-probability of prompt token p comes from the logits at position p - 1, so a prefix whose
-keys and values come from the cache has no logits of its own. vLLM's V1 answered by not using the
-prefix cache for such requests; here the entries of every full prompt block a sequence computes are
-kept, keyed by the block's prefix-cache hash (which covers the block's tokens and everything before
-them, hence every entry in it: the token and the logits it was predicted from):
+keys and values come from the cache has no logits of its own. Here the entries of every full prompt
+block a sequence computes are kept, keyed by the block's prefix-cache hash:
 
     block i's entry   the TokenLogprobs of prompt positions i*bs .. (i+1)*bs - 1 (position 0: None)
 
-A later request with prompt logprobs takes the entries of the longest cached prefix whose blocks
-all have one (e blocks), and reuses the keys and values of e - 1 of them: block e - 1 is computed
-again so that its last position gives the logits of the first token after the prefix. Entries are
-kept for the top PROMPT_TOP tokens (OpenAI's most) and cut to what a request asks for.
+How a later request reuses them: docs/serving.md, "Scoring: echo and prompt logprobs".
 """
 
 from __future__ import annotations

@@ -5,9 +5,7 @@
     YesNoReranker  the served decoder as Qwen3-Reranker is used: the pair in its prompt, then
                    logit("yes") - logit("no") at the last position (vLLM's classifier_from_token)
 
-`activation` (vLLM's default for one label) maps a logit to sigmoid(logit): for the yes/no reranker
-that is softmax over the two tokens' logits, P(yes). A cross-encoder whose config.json names
-Identity as its activation (sentence-transformers' activation_fn) keeps its raw logit by default.
+`activation` maps a logit to sigmoid(logit), unless the model names Identity (docs/serving.md).
 """
 
 from __future__ import annotations

@@ -4,11 +4,9 @@
                         holding the same tokens, or -1 once given back
     trim(seq)           after a step, the blocks wholly before the next query's window are released
                         (a query at position p reads the keys p - window + 1 .. p)
-    prefix cache        full blocks are registered under the full group's hashes; a cached prefix of n
-                        blocks is usable only where the blocks the window at its end covers are cached too
+    prefix cache        a cached prefix is usable as far as the window at its end is cached here too
 
-The scheduler takes a block of each group for every block a sequence grows by, so a sequence holds
-about `window / block_size` blocks of this group however long it gets.
+So a sequence holds about `window / block_size` blocks of this group however long it gets.
 """
 
 from __future__ import annotations

@@ -3,13 +3,8 @@
 Decoding each new token alone is wrong twice over: a byte-level token may hold only part of a
 UTF-8 character (the emoji 😀 is four bytes, often two or more tokens), and some decoders depend
 on the previous token (WordPiece's "##ing" glues to it, SentencePiece drops a leading space at
-the start of a text). So the decoder keeps two offsets into the ids seen so far:
-
-    ids:    ... [prefix ......... read) [read ... end)
-                 already emitted text    not yet emitted
-
-and decodes `ids[prefix:]`. The part beyond the decode of `ids[prefix:read]` is the new text. It is
-held back while it ends in U+FFFD, the mark of a character whose remaining bytes are still to come.
+the start of a text). So IncrementalDecoder decodes from an earlier offset into the ids seen so far
+and holds back text that ends in U+FFFD (docs/tokenizers.md, "Streaming detokenization").
 """
 
 from __future__ import annotations
@@ -26,7 +21,16 @@ REPLACEMENT = "\ufffd"
 
 
 class IncrementalDecoder:
-    """push(token_id) -> the new text ("" while a character is incomplete); flush() at the end."""
+    """push(token_id) -> the new text ("" while a character is incomplete); flush() at the end.
+
+    Two offsets into the ids seen so far:
+
+        ids:    ... [prefix ......... read) [read ... end)
+                     already emitted text    not yet emitted
+
+    `ids[prefix:]` is decoded; the part beyond the decode of `ids[prefix:read]` is the new text. It is
+    held back while it ends in U+FFFD, the mark of a character whose remaining bytes are still to come.
+    """
 
     def __init__(self, tokenizer: Decodes, *, skip_special_tokens: bool = False) -> None:
         self.tokenizer = tokenizer

@@ -6,8 +6,7 @@
   HF BPE whose merges are derived from the pieces' scores, byte fallback on (docs/gguf.md,
   "SentencePiece vocabularies", says why that equals llama.cpp's tokenization).
 
-Control tokens become special tokens, user-defined ones added tokens; both are matched in raw text
-before pre-tokenization, as llama.cpp and HF do.
+Control tokens become special tokens, user-defined ones added tokens, matched before pre-tokenization.
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@
     tok.apply_chat_template([{"role": "user", "content": "Hi"}])  -> "<|im_start|>system\\n..."
 
 The work is done by HF's `tokenizers` library; this module builds its Tokenizer from what a
-checkpoint ships (tokenizer.json + tokenizer_config.json, or GGUF metadata) and keeps the
-special tokens and chat template next to it.
+checkpoint ships and keeps the special tokens and chat template next to it (docs/tokenizers.md).
 """
 
 from __future__ import annotations

@@ -5,10 +5,8 @@ with a train/val split, cached under a content hash; or a TSV of source<TAB>targ
     cache/<hash>/{src,tgt}_{train,val}.bin + *.idx   seq2seq pairs, ragged (offsets in .idx)
     cache/<hash>/tokenizer.json, tokenizer_config.json, meta.json
 
-The hash covers the file names and bytes, the tokenizer definition and the split, so changing any
-of them tokenizes again; the same inputs never tokenize twice. Batches are drawn from a random
-generator seeded by (seed, step), so a step's batch does not depend on what came before (resume
-needs no data iterator state) nor on the number of ranks (each rank reads only its own rows).
+The hash covers the file names and bytes, the tokenizer definition and the split, so the same
+inputs never tokenize twice (docs/training.md, "What it does").
 """
 
 from __future__ import annotations

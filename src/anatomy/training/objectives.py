@@ -1,16 +1,12 @@
-"""What a model learns from, by family:
+"""What a model learns from, by family (docs/training.md, "What it does"):
 
-- causal LM (decoder): predict token t+1 from tokens <= t on windows of the token stream; a model
-  with mixture-of-experts layers adds, while training, router_aux_loss_coef x the load-balancing
-  loss of its routers (Switch / Mixtral), per target token so that the mean loss gains coef x aux;
-- masked LM (encoder): 15% of the non-special tokens are chosen; of those 80% become <mask>,
-  10% a random token, 10% stay; the loss is on the chosen positions only;
-- seq2seq (encoder-decoder): teacher forcing, the decoder reads [start] + target and predicts
-  target + [eos]; padding is ignored by the loss; optional label smoothing.
+- causal LM (decoder): predict token t+1 from tokens <= t on windows of the token stream (plus the
+  routers' load-balancing loss of a mixture-of-experts model, while training);
+- masked LM (encoder): BERT's 15% of the non-special tokens, 80/10/10; loss on those positions only;
+- seq2seq (encoder-decoder): teacher forcing, [start] + target -> target + [eos]; padding ignored.
 
-Each objective draws the random choices of a whole global batch at once (`draw`), so any split of
-its rows over ranks and micro-steps sees the same choices; `batch` turns a slice of rows into
-tensors and `loss` returns (sum of token losses, number of target tokens).
+Each objective's `draw` picks the random choices of a whole global batch at once, `batch` turns a
+slice of rows into tensors and `loss` returns (sum of token losses, number of target tokens).
 """
 
 from __future__ import annotations
@@ -34,6 +30,9 @@ Draws = dict[str, np.ndarray]
 
 
 class Objective(Protocol):
+    """`draw` picks the random choices of a whole global batch at once, so any split of its rows over
+    ranks and micro-steps sees the same choices."""
+
     name: str
 
     def draw(self, rng: np.random.Generator, rows: int, split: TokenSplit | PairSplit) -> Draws: ...
@@ -56,6 +55,10 @@ def _windows(split: TokenSplit, starts: np.ndarray, length: int) -> np.ndarray:
 
 
 class CausalLM:
+    """Predict token t+1 from tokens <= t. A model with mixture-of-experts layers adds, while training,
+    router_aux_loss_coef x the load-balancing loss of its routers (Switch / Mixtral), per target token
+    so that the mean loss gains coef x aux."""
+
     name = "clm"
 
     def __init__(self, seq_len: int) -> None:

@@ -3,11 +3,9 @@
     report = anatomy.profile("<model>", sweep=["batch=1,2,4,8"])
     report["phases"]["decode"]["positions"]   # the dict `anatomy profile --json` prints
     print(report.markdown())
-    report                                    # in Jupyter: the page (_repr_html_)
 
-Everything one command does, in order: the sizes checked against the model's context and this
-machine's memory (before loading anything), the model loaded (a preset gets random weights), the
-machine's roofs measured, the profile, the sweeps and the what-ifs.
+Everything one command does, in order (docs/profile.md, "What it does"): the sizes checked before
+anything loads, the model loaded, the machine's roofs measured, the profile, sweeps and what-ifs.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Which row of the shape trace each timed op is: the same rows `anatomy inspect` prints.
 
-The trace (analysis/trace.py) records one block of each kind and the ends of the model, op by op
-at the level of torch calls (F.linear, view, index_copy_, scaled_dot_product_attention ...), on
-the meta device. The profiler sees the same calls as aten ops (aten::linear, aten::view, ...),
-in the same order, under the module that made them. Per module call the two sequences of names
-are aligned (difflib); a module whose trace has one row (a linear layer, a norm, the embedding)
-takes all of its ops as that row, whatever kernel ran it (a ChunkedLinear's bmm is its linear).
-
-Block paths lose their index (`stack.blocks.7.attn` -> `stack.blocks.*.attn`): the rows are
-per-layer, the times sum over layers. A stack whose layers differ (sliding windows, mixture
-FFNs) is traced once per kind of layer, and each layer is matched against its own kind.
+The trace (analysis/trace.py) and the profiler see the same torch calls, in the same order, under
+the module that made them; per module call the two sequences of names are aligned (difflib), and
+a module whose trace has one row (a linear layer, a norm) takes all of its ops as that row.
+Block paths lose their index (`stack.blocks.7.attn` -> `stack.blocks.*.attn`): the times sum over
+layers, and each kind of layer (sliding windows, mixture FFNs) is matched against its own trace.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """Running a model's steps under torch.profiler, every module call and engine stage named.
 
-    ranges = NamedRanges(engine.model)     # forward pre/post hooks on the engine's own view
-    with ranges:                           # each module call is a record_function range
-        timed = run_steps(steps, phase="decode", warmup=3, count=12, profiled=True)
+    ranges = NamedRanges(engine.model)     # a record_function range per module call of the engine's view
+    timed = run_phase(make_steps, ranges, phase="decode", warmup=3, count=12)
 
-Each measured step (one `next()` of an iterator of steps) is a range `anatomy.step:<phase>` holding
-`anatomy.module:<path>` and `anatomy.engine:<stage>` ranges and the aten ops under them. The hooks
-are on the engine's view, never the caller's model. The same steps also run unprofiled, so the
-profiler's own cost is measured: `Timed.plain_s`.
+Each profiled step (one `next()` of an iterator of steps) is a range `anatomy.step:<phase>` holding
+`anatomy.module:<path>` and `anatomy.engine:<stage>` ranges and the aten ops under them. The same
+steps also run unprofiled, so the profiler's own cost is measured: `Timed.plain_s`.
 """
 
 from __future__ import annotations

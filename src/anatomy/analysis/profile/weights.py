@@ -1,13 +1,11 @@
 """The real bytes of each linear layer's weight: as loaded, and as its kernel reads it.
 
     as loaded    the format the model holds (weights/formats.py): a compact format's codes and scales
-                 (`nbytes`), a float weight's numel * element_size
-    as read      the layout the engine's kernel plan chose for this number of rows (kernels/plan.py):
-                 torch's packed int4, a dense f16 copy, FBGEMM's fp16 ... each with its own bytes
+    as read      the layout the engine's kernel plan chose for this number of rows (kernels/plan.py)
 
 A decode step's GEMM reads the layout its planned kernel runs on, so an op's roofline counts those
-bytes; the format's are shown beside them (a plan may keep a second, faster layout of a compact
-weight). Without a plan (an encoder, a seq2seq model) the weight is read as loaded.
+bytes, with the format's beside them. Without a plan (an encoder, a seq2seq model) the weight is
+read as loaded.
 """
 
 from __future__ import annotations

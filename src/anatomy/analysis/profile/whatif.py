@@ -6,9 +6,7 @@ each position of the map, so that a user sees where an optimization acts and by 
     kv_dtype=int8      what the engine's KV cache holds (int8, fp8_e4m3, fp8_e5m2, bf16, ...)
     batch=8            more rows per step
 
-Step times are the eager steps' unprofiled ones (a what-if measures no production step); the
-positions' times are the profiled ones (their sum is the profiled step less its unattributed time),
-so before and after carry the profiler's cost alike.
+Step times are the eager steps' unprofiled ones, the positions' the profiled ones (docs/profile.md).
 """
 
 from __future__ import annotations
