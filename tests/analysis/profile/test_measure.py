@@ -271,7 +271,7 @@ def test_sweep_rows_and_what_if_rows():
                          machine=MACHINE)
     rows = report["sweep"]
     assert [(r["sweep"], r["batch"], r["context"]) for r in rows] == [
-        ("batch", 1, 12), ("batch", 2, 12), ("batch", 4, 12), ("context", 1, 16), ("context", 1, 24)]
+        ("batch", 1, 16), ("batch", 2, 16), ("batch", 4, 16), ("context", 1, 16), ("context", 1, 24)]  # 12 in blocks of 16
     for r in rows:
         assert {"batch", "context", "tok_per_s", "predicted_tok_per_s"} <= set(r) and r["tok_per_s"] > 0
     assert "production_step_s" in report["phases"]["decode"]  # the main run only: sweeps and what-ifs are eager

@@ -54,11 +54,16 @@ class ProfileOptions:
     production: bool = True  # a decoder's decode step also timed as anatomy.generate runs it (the main run only)
 
     def context_for(self, config: ModelConfig) -> int:
-        """T: the slots a decode step reads, in whole blocks of a run's cache (an encoder's: S)."""
+        """T: the slots a decode step reads (an encoder's: S); by default the steps' own, rounded up to
+        whole blocks of a run's cache, which a decoder's run reads whole."""
+        if self.context is not None:
+            return self.context
         if config.is_encoder:
-            return self.context or self.prompt_len
-        context = self.context or self.prompt_len + self.warmup + self.new_tokens + 1
-        return min(-(-context // RUN_BLOCK) * RUN_BLOCK, config.max_seq_len) if config.is_decoder else context
+            return self.prompt_len
+        context = self.prompt_len + self.warmup + self.new_tokens + 1
+        if not config.is_decoder:
+            return context
+        return min(-(-context // RUN_BLOCK) * RUN_BLOCK, max(context, config.max_seq_len))  # too long: checks.py says
 
 
 def measure(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), name: str = "",
