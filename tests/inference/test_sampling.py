@@ -141,3 +141,16 @@ def test_penalties_keep_each_rows_prompt_and_output_tokens():
         assert {i: c for i, c in enumerate(penalties.counts[row].tolist()) if c} == Counter(output)
     assert Penalties.of(prompts, SamplingParams(), vocab=12).none
     assert Penalties.of(prompts, SamplingParams(frequency_penalty=0.1), vocab=12).seen is None
+
+
+def test_greedy_is_argmax_ties_and_nan_included():
+    """greedy (torch.max's indices) picks argmax's token: the first of equal logits, a NaN as the largest."""
+    from anatomy.inference.sampling import greedy
+
+    x = torch.randn(3, 5, 4099, generator=torch.Generator().manual_seed(0))
+    x[0, 0, [9, 4000]] = 50.0  # a tie: the first wins
+    x[1, 1, :] = 2.0  # every logit equal
+    x[2, 2, 77] = float("nan")
+    for t in (x, x.bfloat16(), x[:, 0]):
+        assert torch.equal(greedy(t), t.argmax(dim=-1))
+    assert greedy(x)[0, 0] == 9 and greedy(x)[1, 1] == 0 and greedy(x)[2, 2] == 77

@@ -143,6 +143,12 @@ def filter_min_p(logits: Tensor, p: float) -> Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
+def greedy(logits: Tensor) -> Tensor:
+    """The index of each row's largest logit [...] (the first of equal ones, as argmax): torch.max's
+    indices, which a CPU computes with a vectorized kernel where argmax's is not."""
+    return logits.max(dim=-1).indices
+
+
 @dataclass
 class Penalties:
     """What the penalties keep per row: `seen` bool [B, V], the prompt's and output's tokens (repetition),
@@ -183,7 +189,7 @@ def next_tokens(logits: Tensor, params: SamplingParams, *, seen: Tensor | None =
     penalties."""
     logits = penalized(logits, params, seen, counts)
     if params.greedy:
-        return logits.argmax(dim=-1)
+        return greedy(logits)
     return torch.multinomial(sampling_probs(logits, params), 1, generator=generator)[:, 0]
 
 

@@ -14,6 +14,7 @@ import torch
 
 from anatomy.errors import InputError
 from anatomy.inference.engine import Chunk, DecoderEngine, PagedKVCache
+from anatomy.inference.sampling import greedy
 from anatomy.serving.sequence import Sequence
 
 
@@ -44,7 +45,7 @@ class Drafter:
         rows = [(seq, seq.tokens[seq.speculation.computed:], seq.speculation.computed) for seq in seqs]
         for i in range(max(len(seq.draft) for seq in seqs)):
             chunks = [Chunk(tokens, start, seq.blocks) for seq, tokens, start in rows]
-            tokens = self.engine.step(self.cache, chunks).argmax(dim=-1).tolist()  # [R]
+            tokens = greedy(self.engine.step(self.cache, chunks)).tolist()  # [R]
             self.forwards += 1
             for (seq, fed, start), token in zip(rows, tokens):
                 seq.draft[i] = token

@@ -25,7 +25,7 @@ from torch import Tensor
 from anatomy.errors import InputError, ParallelError
 from anatomy.inference.engine import Chunk, DecoderEngine, PagedKVCache
 from anatomy.inference.generate import eos_ids
-from anatomy.inference.sampling import Penalties, SamplingParams, make_generator, next_tokens, token_logprobs
+from anatomy.inference.sampling import Penalties, SamplingParams, greedy, make_generator, next_tokens, token_logprobs
 from anatomy.text.stops import StopStringFilter, TextRow
 from anatomy.serving.blocks import BlockManager
 from anatomy.serving.metrics import ServingMetrics
@@ -420,7 +420,7 @@ def choose_tokens(logits: Tensor, seqs: list[Sequence]) -> list[int]:
     plain = [i for i, s in enumerate(seqs) if s.params.greedy and s.penalties.none]
     tokens = [0] * len(seqs)
     if plain:
-        for i, token in zip(plain, logits[torch.tensor(plain)].argmax(dim=-1).tolist()):
+        for i, token in zip(plain, greedy(logits[torch.tensor(plain)]).tolist()):
             tokens[i] = token
     done = set(plain)
     for i, seq in enumerate(seqs):

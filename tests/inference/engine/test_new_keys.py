@@ -36,7 +36,7 @@ def sdpa_calls(monkeypatch):
 def test_generates_prefill_attends_without_a_mask(backend, sdpa_calls):
     model = llama_tiny()
     engine = DecoderEngine(model, backend=backend)
-    run = engine.start([PROMPT], SamplingParams(max_new_tokens=4))
+    run = engine.start([PROMPT], SamplingParams(max_new_tokens=17))
     sdpa_calls.clear()  # (building the engine measures attention)
     logits = run.prefill()
     assert sdpa_calls and all(c == (len(PROMPT), False, True, True) for c in sdpa_calls), sdpa_calls

@@ -14,12 +14,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from anatomy.inference.sampling import greedy
 from anatomy.inference.speculative.proposal import Proposal
 
 
 def accept_greedy(logits: Tensor, proposal: Proposal) -> tuple[Tensor, Tensor]:
     """logits [B, k+1, V] (penalised, if a repetition penalty is on) -> (argmax tokens [B, k+1], accepted [B])."""
-    choice = logits.argmax(dim=-1)  # [B, k+1]
+    choice = greedy(logits)  # [B, k+1]
     agree = (choice[:, :-1] == proposal.tokens) & proposal.valid()  # [B, k]
     return choice, leading(agree)
 

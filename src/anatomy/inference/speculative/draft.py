@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from anatomy.errors import InputError
 from anatomy.inference.engine import DecoderEngine, Run
-from anatomy.inference.sampling import penalized, sampling_probs
+from anatomy.inference.sampling import greedy, penalized, sampling_probs
 from anatomy.inference.speculative.proposal import Proposal
 
 
@@ -72,7 +72,7 @@ class DraftProposer:
         the target's temperature and filters but not its repetition penalty."""
         logits = penalized(logits, self.params)
         if self.params.greedy:
-            return logits.argmax(dim=-1), None
+            return greedy(logits), None
         q = sampling_probs(logits, self.params)
         return torch.multinomial(q, 1, generator=self.generator)[:, 0], q
 
