@@ -105,6 +105,17 @@ def test_an_engine_keeps_a_runs_cache_per_bucket_and_lends_it_again():
     assert engine.start(PROMPTS, SamplingParams(max_new_tokens=7)).cache is cache  # kept, lent again
 
 
+def test_an_engine_that_neither_captures_nor_compiles_gives_each_run_a_fresh_cache():
+    """No recorded step reads a cache of its own there: keeping one per shape would only hold memory."""
+    engine = DecoderEngine(llama_tiny(), capture=False)
+    run = engine.start(PROMPTS, SamplingParams(max_new_tokens=5))
+    assert run.cache.num_blocks == 3 * 16 // run.cache.block_size  # 7 + 5 tokens: one block of 16 per row
+    cache = run.cache
+    del run
+    assert engine.start(PROMPTS, SamplingParams(max_new_tokens=5)).cache is not cache
+    assert engine._caches == {}
+
+
 def test_a_short_generation_is_not_captured_and_a_longer_one_is_from_its_33rd_step():
     engine = DecoderEngine(llama_tiny())
     list(engine.tokens(PROMPTS, SamplingParams(max_new_tokens=CAPTURE_AFTER)))

@@ -197,11 +197,12 @@ class DecoderEngine:
 
     def _cache_for(self, batch: int, length: int, ring: int | None) -> PagedKVCache:
         """A paged cache of `batch` tables of `length` tokens (and rings of `ring` blocks for the
-        sliding-window layers), kept per (batch, length, ring) and lent to one run at a time, so that a
-        shape's captured step, recorded writing to one cache, is replayed by the next run of that shape.
+        sliding-window layers). An engine that captures or compiles keeps it per (batch, length, ring) and
+        lends it to one run at a time, so that a shape's recorded step is replayed by the next run of that
+        shape; any other engine makes a fresh one per run.
         A run still alive keeps its cache: a second run of the same shape meanwhile (a draft that is the
         target's own engine) gets another."""
-        pool = self._caches.setdefault((batch, length, ring), [])
+        pool = self._caches.setdefault((batch, length, ring), []) if self.captured or self.compiled else []
         for cache in pool:
             if cache.owner is None or cache.owner() is None:
                 return cache
