@@ -1,12 +1,15 @@
 """Memory given back to the system: glibc keeps freed heap chunks for reuse, so a process that frees
 a model's stored tensors while building their layouts would still hold their pages. `trim()` asks
-glibc to return what is free (malloc_trim); elsewhere (another libc, another system) it does nothing."""
+glibc to return what is free (malloc_trim); elsewhere (another libc, another system) it does nothing.
+`discard()` gives back the pages of memory still allocated whose contents are no longer needed."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import functools
+import mmap
+import sys
 
 
 @functools.cache
@@ -22,3 +25,35 @@ def trim() -> bool:
     """Return the heap's free pages to the system; whether the C library could."""
     fn = _libc_trim()
     return bool(fn(0)) if fn is not None else False
+
+
+@functools.cache
+def _libc_madvise():
+    name = ctypes.util.find_library("c")
+    try:
+        fn = getattr(ctypes.CDLL(name, use_errno=True), "madvise") if name and sys.platform.startswith("linux") else None
+    except (OSError, AttributeError):
+        return None
+    if fn is not None:
+        fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
+    return fn
+
+
+MADV_DONTNEED = 4  # Linux: the range's pages are dropped; read again, they are zeros
+PAGE = mmap.PAGESIZE
+
+
+def discards() -> bool:
+    """Can discard() give pages back here?"""
+    return _libc_madvise() is not None
+
+
+def discard(address: int, nbytes: int) -> int:
+    """Give the whole pages inside [address, address + nbytes) back to the system; their contents are
+    lost (they read as zeros). For memory that nothing reads again before it is freed. -> bytes given
+    back (0 where the C library or the system has no madvise)."""
+    fn = _libc_madvise()
+    start, stop = -(-address // PAGE) * PAGE, (address + nbytes) // PAGE * PAGE
+    if fn is None or stop <= start:
+        return 0
+    return stop - start if fn(start, stop - start, MADV_DONTNEED) == 0 else 0

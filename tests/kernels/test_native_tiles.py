@@ -159,7 +159,8 @@ def test_q8_tiles_give_back_the_rows_exactly():
 def test_a_tied_table_is_read_from_the_heads_tiles_when_the_weights_are_taken(native_forced):
     """A tied Q8_0-style table whose head the plan holds as q8 tiles: an engine that took the weights reads
     the embedding's rows from those tiles and gives the table's format back, holding the matrix once,
-    and computes the logits of an engine over the intact model bit for bit."""
+    and computes the logits of an engine over the intact model bit for bit (the head's tiles built a piece of
+    rows at a time, the table's pages discarded as they are packed)."""
     from anatomy import build_model, get_preset
     from anatomy.inference.engine import held_bytes
     from anatomy.kernels.layout_embedding import LayoutEmbedding
@@ -174,6 +175,7 @@ def test_a_tied_table_is_read_from_the_heads_tiles_when_the_weights_are_taken(na
     kept, taken = model(), model()
     reference, engine = DecoderEngine(kept), DecoderEngine(taken, take_weights=True)
     assert "q8t16" in engine.model.lm_head.description
+    assert engine.model.lm_head.consumed  # built from pieces of its rows, each given back (piecewise.py)
     assert isinstance(engine.model.token_embedding, LayoutEmbedding) and taken.stack.embed.tokens.compact.released
     table = kept.stack.embed.tokens.compact.nbytes
     assert held_bytes(reference.model) - held_bytes(engine.model) == table

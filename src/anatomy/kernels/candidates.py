@@ -40,6 +40,7 @@ class Form:
     nbytes: Callable[[WeightFormat], int]  # bytes the built form holds
     keeps: Callable[[WeightFormat], bool] = lambda fmt: True  # holds a float weight without rounding it
     rows: Callable[[Prepared], Callable[[Tensor], Tensor]] | None = None  # layout -> (ids [n] -> W[ids] [n, K]), exact
+    piece_rows: int = 0  # > 0: each built tensor's dim 0 holds W's rows in order, this many per index (piecewise.py)
 
 
 @dataclass(frozen=True)
@@ -96,16 +97,23 @@ def _scales_and_zeros(scale: Tensor, zero: Tensor) -> Tensor:
     return torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
 
 
+INT4X2_ROWS = 4096  # rows converted at a time (torch packs blocks of 64 rows): its int32 input is 8x the layout
+
+
 def _build_int4x2(fmt: Int8GroupWeight) -> Prepared:
     """int8 codes c = 16 * hi + lo (hi = c >> 4 in -8..7, lo = c & 15) as one int4 weight over 2K inputs:
     [hi | lo] with scales (16 d, 0) and (d, 8 d), so that x [M, K] -> [x | x] [M, 2K] gives x @ W^T."""
-    c = fmt.codes.to(torch.int32)  # [N, K]
-    q = torch.cat([(c >> 4) + 8, c & 15], dim=1)  # [N, 2K], 0..15
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
+    packed = torch.cat([_int4x2_codes(fmt.codes[i:i + INT4X2_ROWS]) for i in range(0, fmt.shape[0], INT4X2_ROWS)])
     d = fmt.scale.float()  # [N, K/g]
     scale = torch.cat([16 * d, d], dim=1)  # [N, 2K/g]
     zero = torch.cat([torch.zeros_like(d), 8 * d], dim=1)
     return packed, _scales_and_zeros(scale, zero)
+
+
+def _int4x2_codes(codes: Tensor) -> Tensor:
+    """int8 codes [n, K] -> torch's packed int4 codes of [hi + 8 | lo] [n, 2K]."""
+    c = codes.to(torch.int32)
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.cat([(c >> 4) + 8, c & 15], dim=1), 2)
 
 
 def _build_int8pack(fmt: Int8Weight) -> Prepared:
@@ -256,19 +264,19 @@ FBGEMM_F16 = Form("fbgemm-f16", _build_fbgemm, _fbgemm_ok, _fbgemm_bytes,
 ONEDNN_BF16 = Form("onednn-bf16", _build_onednn, _onednn_ok, lambda f: _numel(f) * 2,
                    keeps=lambda f: _holds(torch.bfloat16, f))
 Q4X = Form("q4x", _build_q4x, lambda f: isinstance(f, Int4Weight) and f.group % 32 == 0 and _native_ok(f),
-           lambda f: _numel(f) // NATIVE_BLOCK * 40)
+           lambda f: _numel(f) // NATIVE_BLOCK * 40, piece_rows=1)
 Q5X = Form("q5x", _build_q5x, lambda f: isinstance(f, Int5Weight) and f.group % 32 == 0 and _native_ok(f),
-           lambda f: _numel(f) // NATIVE_BLOCK * 48)
+           lambda f: _numel(f) // NATIVE_BLOCK * 48, piece_rows=1)
 Q8X = Form("q8x", _build_q8x, lambda f: isinstance(f, Int8GroupWeight) and f.group % 32 == 0 and _native_ok(f),
-           lambda f: _numel(f) // NATIVE_BLOCK * 72)
+           lambda f: _numel(f) // NATIVE_BLOCK * 72, piece_rows=1)
 Q6X = Form("q6x", _build_q6x, lambda f: isinstance(f, Int6Weight) and f.shape[1] % SUPER == 0 and _native_ok(f),
-           lambda f: _numel(f) // SUPER * 210, rows=_q6x_rows)
+           lambda f: _numel(f) // SUPER * 210, rows=_q6x_rows, piece_rows=1)
 Q4T = Form("q4t", _build_q4t, lambda f: isinstance(f, Int4Weight) and f.group % 32 == 0 and _tiles_ok(f),
-           lambda f: _numel(f) // NATIVE_BLOCK * 40)
+           lambda f: _numel(f) // NATIVE_BLOCK * 40, piece_rows=16)
 Q5T = Form("q5t", _build_q5t, lambda f: isinstance(f, Int5Weight) and f.group % 32 == 0 and _tiles_ok(f),
-           lambda f: _numel(f) // 512 * 384)
+           lambda f: _numel(f) // 512 * 384, piece_rows=16)
 Q8T = Form("q8t", _build_q8t, lambda f: isinstance(f, Int8GroupWeight) and f.group % 32 == 0 and _tiles_ok(f),
-           lambda f: _numel(f) // 512 * 544, rows=_q8t_rows)
+           lambda f: _numel(f) // 512 * 544, rows=_q8t_rows, piece_rows=16)
 
 
 # -- kernels -------------------------------------------------------------------------------------
@@ -438,9 +446,19 @@ def candidates(fmt: WeightFormat, kernels: tuple[Kernel, ...] = KERNELS) -> list
     return [k for k in kernels if k.supports(fmt) and k.form.keeps(fmt)]
 
 
+REFERENCE_BYTES = 64 << 20  # float64 weight bytes dequantized at a time for the reference product
+
+
 def reference_product(fmt: WeightFormat, x: Tensor) -> Tensor:
-    """x [M, K] @ W^T in float64 on the weight the format stands for: what every kernel approximates."""
-    return x.double() @ fmt.dequantize(torch.float32).double().T  # [M, N]
+    """x [M, K] @ W^T in float64 on the weight the format stands for: what every kernel approximates.
+    W's rows are dequantized a piece at a time, so a large matrix (an LM head) is never held in float64."""
+    N, K = fmt.shape
+    rows = max(1, REFERENCE_BYTES // (8 * K))
+    x64, out = x.double(), x.new_empty((x.shape[0], N), dtype=torch.float64)
+    for start in range(0, N, rows):
+        w = fmt.rows(torch.arange(start, min(N, start + rows))).double()  # [n, K]
+        out[:, start:start + rows] = x64 @ w.T
+    return out  # [M, N]
 
 
 def relative_error(y: Tensor, ref: Tensor) -> float:

@@ -25,6 +25,7 @@ from typing import Any
 
 from torch import Tensor
 
+from anatomy import heap
 from anatomy.errors import InputError
 from anatomy.kernels import cache as plan_cache
 from anatomy.sizes import parse_bytes
@@ -200,6 +201,7 @@ def measure_plan(groups: dict[str, _Group], *, phases: tuple[Phase, ...], kernel
             if not all(any(m.eligible for m in phase) for phase in ms.values()):  # no compact kernel is accurate
                 ms = _measure(fmt, g, kernels, repeats, sample)
             plans[key] = _fastest_layouts(key, g, ms, kernels)
+            heap.trim()  # the candidates' layouts and pools are freed: the next weight's must not stack on them
             bar.advance()
     extra = _allot_second_layouts(plans, budget, {k.name: k.form.name for k in kernels})
     spreads = [m.spread for w in plans.values() for ms in w.measurements.values() for m in ms if m.spread is not None]

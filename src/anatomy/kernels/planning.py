@@ -36,6 +36,7 @@ HEAD_PHASES = ("decode", "batch")  # the LM head computes the last position of e
 # of 32 (llama.cpp's Q8 product, anatomy's q8x) can flip a greedy answer's token, an fp16 copy and the
 # int8 weights decoded in float32 (q8f) do not (docs/inference.md, "The measured kernel plan")
 HEAD_THRESHOLD = 1e-3
+FORMS = {k.form.name: k.form for k in KERNELS}
 
 
 def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True,
@@ -59,17 +60,43 @@ def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True,
                      samples=lambda: calibration_inputs(view, list(layers)))
     model_dtype = view.stack.embed.dtype
     branch = branch_dtype(plan, model_dtype)
+    readers = Counter(sid for fmt, _ in layers.values() for sid in {storage_id(t) for t in fmt.buffers()})
+    consumed = []
     for name, (fmt, bias) in layers.items():
         dtype = model_dtype if name in HEAD_LAYERS else branch
-        layer = PlannedLinear.from_plan(plan, name, fmt, bias=bias, dtype=dtype)
+        consume = take_weights and consumable(view, plan, name, fmt, layers, keep, readers)
+        layer = PlannedLinear.from_plan(plan, name, fmt, bias=bias, dtype=dtype, consume=consume)
         view.set_submodule(name.removesuffix(".weight"), layer)
+        consumed += [fmt] if layer.consumed else []
         if take_weights and not layer.builds_later:
             held = {storage_id(t) for layout in layer.layouts.values() for t in layout if isinstance(t, torch.Tensor)}
             if fmt.release(keep | held):
                 heap.trim()  # the next layouts must not be built beside freed pages the heap kept
     if take_weights:
         embed_from_head(view, layers)
+    if any(not fmt.released for fmt in consumed):  # a format whose rows were discarded must never be read
+        raise RuntimeError("a weight built piecewise was not given back: " +
+                           ", ".join(fmt.label for fmt in consumed if not fmt.released))
     return plan
+
+
+def consumable(view: nn.Module, plan: KernelPlan, name: str, fmt: WeightFormat, layers: dict, keep: set[int],
+               readers: Counter) -> bool:
+    """May layer `name` build its layout discarding fmt's rows as it goes (piecewise.py)? Where it holds
+    one layout that keeps the rows in order and fmt is given back right after: no other layer reads
+    fmt's storages, and outside the layers at most a tied token table that then reads the layout's rows."""
+    forms = plan.for_layer(name).forms
+    form = FORMS[forms[0]] if len(forms) == 1 else None
+    if form is None or not form.piece_rows:
+        return False
+    stored = {storage_id(t) for t in fmt.buffers()}
+    if any(readers[sid] > 1 for sid in stored):
+        return False
+    if not stored & keep:
+        return True
+    table = getattr(view, "token_embedding", None)
+    return (name in HEAD_LAYERS and form.rows is not None and isinstance(table, CompactEmbedding)
+            and table.compact is fmt and not stored & shared_storages(view, layers, besides=table))
 
 
 def embed_from_head(view: nn.Module, layers: dict) -> None:
@@ -80,8 +107,7 @@ def embed_from_head(view: nn.Module, layers: dict) -> None:
     if not isinstance(table, CompactEmbedding) or head is None or layers[head][0] is not table.compact:
         return
     layer = view.get_submodule(head.removesuffix(".weight"))
-    forms = {k.form.name: k.form for k in KERNELS}
-    readable = [(forms[name], layout) for name, layout in layer.layouts.items() if forms[name].rows is not None]
+    readable = [(FORMS[name], layout) for name, layout in layer.layouts.items() if FORMS[name].rows is not None]
     if not readable:
         return
     form, layout = readable[0]
@@ -92,10 +118,11 @@ def embed_from_head(view: nn.Module, layers: dict) -> None:
         heap.trim()
 
 
-def shared_storages(view: nn.Module, layers: dict) -> set[int]:
+def shared_storages(view: nn.Module, layers: dict, *, besides: nn.Module | None = None) -> set[int]:
     """Storages of the tensors the view reads outside its linear layers (a token table tied to the LM
-    head, the norms): a format sharing one of them is not released."""
+    head, the norms; not counting the module `besides`): a format sharing one of them is not released."""
     inside = tuple(name.removesuffix("weight") for name in layers)
+    inside += tuple(f"{name}." for name, m in view.named_modules(remove_duplicate=False) if m is besides)
     named = itertools.chain(view.named_parameters(remove_duplicate=False), view.named_buffers(remove_duplicate=False))
     return {storage_id(t) for name, t in named if not name.startswith(inside)}
 
