@@ -187,13 +187,16 @@ class DecoderEngine:
         deprecated("DecoderEngine.decode_logits is deprecated; a generation's steps run through engine.step "
                    "(engine.start(...).decode)")
         with torch.inference_mode():
-            return self.head(self.model.stack.run(ids, ctx, position_ids=positions, cache=cache)[:, -1])
+            return self.head(self._eager_hidden(ids, positions, ctx, cache))
 
     def decode_hidden(self, ids: Tensor, positions: Tensor, ctx, cache, *, record: bool) -> Tensor:
         """Deprecated: the final hidden states [B, D] of one eager decode step; `step` is the step."""
         deprecated("DecoderEngine.decode_hidden is deprecated; a generation's steps run through engine.step")
         with torch.inference_mode():
-            return self.model.stack.run(ids, ctx, position_ids=positions, cache=cache)[:, -1]
+            return self._eager_hidden(ids, positions, ctx, cache)
+
+    def _eager_hidden(self, ids: Tensor, positions: Tensor, ctx, cache) -> Tensor:
+        return self.model.stack.run(ids, ctx, position_ids=positions, cache=cache)[:, -1]  # [B, D]
 
     def _cache_for(self, batch: int, length: int, ring: int | None) -> PagedKVCache:
         """A paged cache of `batch` tables of `length` tokens (and rings of `ring` blocks for the
