@@ -1,7 +1,8 @@
 """Memory given back to the system: glibc keeps freed heap chunks for reuse, so a process that frees
 a model's stored tensors while building their layouts would still hold their pages. `trim()` asks
 glibc to return what is free (malloc_trim); elsewhere (another libc, another system) it does nothing.
-`discard()` gives back the pages of memory still allocated whose contents are no longer needed."""
+`discard()` gives back the pages of memory still allocated whose contents are no longer needed;
+`available()` is what the system can give now."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import ctypes
 import ctypes.util
 import functools
 import mmap
+import os
 import sys
 
 
@@ -57,3 +59,19 @@ def discard(address: int, nbytes: int) -> int:
     if fn is None or stop <= start:
         return 0
     return stop - start if fn(start, stop - start, MADV_DONTNEED) == 0 else 0
+
+
+def available() -> int | None:
+    """Memory the OS can give now (Linux: MemAvailable, free pages plus reclaimable cache; elsewhere
+    the free pages); None where it cannot say."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

@@ -388,3 +388,23 @@ def test_the_plan_key_names_the_native_kernels_build():
     assert machine_key()["native"] == f"{library_path().stem}:{native.isa()}"
     with native.limited("portable"):
         assert machine_key()["native"] == f"{library_path().stem}:portable"
+
+
+def test_timing_pools_fit_the_memory_the_machine_has(monkeypatch):
+    """A form's timing pool copies it until the copies exceed twice the last-level cache, but never past
+    1 / POOL_SHARE of the memory available over the weight's forms: a machine short of memory times on
+    fewer copies (the first start of a large model must not need several times its size)."""
+    fmt = FloatWeight.from_float(torch.randn(256, 256))  # 256 KiB
+    kernel = next(k for k in KERNELS if k.name == "f32")
+    monkeypatch.setattr(plan_timing, "llc_bytes", lambda: 4 << 20)
+    monkeypatch.setattr(plan_timing, "MAX_COPIES", 64)
+    prepared = kernel.form.build(fmt)
+    assert len(plan_timing._pool(fmt, kernel, prepared)) == 32  # 2 x 4 MiB / 256 KiB
+    assert len(plan_timing._pool(fmt, kernel, prepared, budget=3 << 18)) == 4  # the first and 3 more
+    assert len(plan_timing._pool(fmt, kernel, prepared, budget=0)) == 1
+    monkeypatch.setattr(plan_timing.heap, "available", lambda: 4 * plan_timing.POOL_SHARE << 18)  # 1 MiB a weight
+    seen = []
+    real = plan_timing._pool
+    monkeypatch.setattr(plan_timing, "_pool", lambda *a: seen.append(len(real(*a))) or real(*a))
+    plan_timing.measure_weight(fmt, phases=(Phase("decode", 1, 4),), kernels=(kernel,), threshold=1e-3, repeats=1)
+    assert seen == [5]  # 1 MiB for its one form: 4 copies beside the first

@@ -19,11 +19,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from anatomy import heap
 from anatomy.weights.formats import FloatWeight, WeightFormat
 from anatomy.kernels.candidates import Kernel, Prepared, candidates, reference_product, relative_error
 
 MAX_COPIES = 64
 POOL_ROWS = 32  # phases of up to this many rows are timed on a cache-exceeding pool of copies
+POOL_SHARE = 4  # a weight's pools together take at most 1 / POOL_SHARE of the memory available
 PASS_SECONDS = 0.002  # a timed pass makes this many seconds of calls (at least one call)
 MAX_CALLS = 10_000  # and at most this many
 PRUNE_FACTOR = 6.0
@@ -79,6 +81,8 @@ def measure_weight(fmt: WeightFormat, *, phases: tuple[Phase, ...], kernels: tup
     cands = candidates(fmt, kernels)
     built, failed = _build_forms(fmt, cands)
     pools: dict[str, list[Prepared]] = {}
+    free = heap.available()
+    budget = free // POOL_SHARE // max(1, len(built)) if free is not None else None  # bytes per form's pool
     out = {}
     for phase in phases:
         runnable = [k for k in cands if k.max_rows is None or phase.rows <= k.max_rows]
@@ -86,7 +90,7 @@ def measure_weight(fmt: WeightFormat, *, phases: tuple[Phase, ...], kernels: tup
         checked, timed = _check(fmt, runnable, built, failed, x, threshold)
         for k, _ in timed:
             if phase.rows <= POOL_ROWS and k.form.name not in pools:
-                pools[k.form.name] = _pool(fmt, k, built[k.form.name])
+                pools[k.form.name] = _pool(fmt, k, built[k.form.name], budget)
         layouts = {k.name: pools[k.form.name] if phase.rows <= POOL_ROWS else [built[k.form.name]] for k, _ in timed}
         times = _time([(k, [k.bind(p) for p in layouts[k.name]], xk) for k, xk in timed], repeats)
         out[phase.name] = [_finish(m, times.get(m.kernel)) for m in checked]
@@ -138,9 +142,13 @@ def _check(fmt: WeightFormat, kernels: list[Kernel], built: dict[str, Prepared],
     return checked, accurate
 
 
-def _pool(fmt: WeightFormat, kernel: Kernel, prepared: Prepared) -> list[Prepared]:
-    """Copies of a built form that together exceed the last-level cache (at most MAX_COPIES)."""
-    n = max(1, min(MAX_COPIES, math.ceil(2 * llc_bytes() / max(1, kernel.form.nbytes(fmt)))))
+def _pool(fmt: WeightFormat, kernel: Kernel, prepared: Prepared, budget: int | None = None) -> list[Prepared]:
+    """Copies of a built form that together exceed the last-level cache (at most MAX_COPIES, and no more
+    bytes than `budget` beyond the first: a machine short of memory times on fewer)."""
+    nbytes = max(1, kernel.form.nbytes(fmt))
+    n = max(1, min(MAX_COPIES, math.ceil(2 * llc_bytes() / nbytes)))
+    if budget is not None:
+        n = max(1, min(n, 1 + budget // nbytes))
     if all(isinstance(t, Tensor) for t in prepared):
         return [prepared] + [tuple(t.clone() for t in prepared) for _ in range(n - 1)]
     dense = FloatWeight(fmt.dequantize())  # opaque packed objects (FBGEMM's): built again, from one dequantization

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from anatomy import heap
 from anatomy.analysis.memory import training_activations, training_state
 from anatomy.checkpoints.hf_config import config_from_hf
 from anatomy.config import ModelConfig
@@ -128,13 +129,8 @@ def estimated_bytes(model: nn.Module, config: ModelConfig, *, rows: int, seq_len
 def available_bytes(device: torch.device, *, local_ranks: int) -> float:
     if device.type == "cuda":
         return float(torch.cuda.mem_get_info(device)[0])
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024 / local_ranks
-    except OSError:
-        pass
-    return float("inf")
+    free = heap.available()
+    return free / local_ranks if free is not None else float("inf")
 
 
 def check_memory(activations: float, state: float, available: float, *, rows: int, accum: int) -> None:

@@ -3,7 +3,7 @@ memory a run holds against what this machine has available (`anatomy profile`'s 
 
 from __future__ import annotations
 
-from anatomy import dtypes
+from anatomy import dtypes, heap
 from anatomy.analysis.params import parameter_ledger
 from anatomy.analysis.profile.workloads import Shape
 from anatomy.config import ModelConfig
@@ -17,7 +17,7 @@ def check_run(config: ModelConfig, options, weights: str, *, option: str | None 
     `resident_bytes`: memory already taken by other models of the same command."""
     check_shape(config, Shape(options.batch, options.prompt_len, options.context_for(config)), options, option=option)
     needed = run_bytes(config, options, weights)
-    available = _available_bytes()
+    available = heap.available()
     if available is not None and sum(needed.values()) + resident_bytes > available:
         parts = ", ".join(f"{k} {v / 2 ** 30:.2f} GiB" for k, v in needed.items())
         what = option or f"--batch-size {options.batch} with --context {options.context_for(config)}"
@@ -66,21 +66,3 @@ def run_bytes(config: ModelConfig, options, weights: str) -> dict[str, int]:
                                                                      kv_dtype=options.kv_dtype or act.name,
                                                                      windowed=False),
             "activations": act.nbytes(B * S * (widest + 4 * config.d_model) + scores) + 4 * B * config.vocab_size}
-
-
-def _available_bytes() -> int | None:
-    """Memory the OS can give now (Linux: MemAvailable, free pages plus reclaimable cache; elsewhere
-    the free pages); None where it cannot say."""
-    import os
-
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
