@@ -135,12 +135,29 @@ def test_a_sequence_backs_off_when_its_guesses_fail():
     spec.kept(3, 0)  # again: wait 2
     assert [spec.propose(10) for _ in range(3)] == [[], [], [1, 2, 1]]
     spec.kept(3, 2)  # a round that keeps something resets it
-    assert spec.backoff == 1 and spec.propose(2) == [1, 2]
+    assert spec.policy.backoff == 1 and spec.propose(2) == [1, 2]
 
 
-def test_penalties_turn_speculation_off_for_that_request():
+def test_a_request_with_penalties_speculates_and_gets_its_plain_tokens():
+    """Repetition, presence and frequency penalties: each verified position is penalized as its own decode
+    step would be (the draft's tokens before it seen and counted), so the greedy tokens are plain
+    generation's with those penalties, in fewer steps (the LLaMA: the tiny GPT-2's logits are so flat that
+    the penalties turn nearly every unpenalized guess)."""
+    tiny = llama_tiny()
+    engine = DecoderEngine(tiny)
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True, repetition_penalty=1.3, presence_penalty=0.4,
+                            frequency_penalty=0.3)
+    prompts = repeating(6)
+    plain = [engine_tokens(engine, p, params) for p in prompts]
+    draft = ServedSpeculation(method="draft", draft=DecoderEngine(tiny))  # the target, without the penalties
+    loops = [ServingLoop(engine, kv_bytes=10 ** 7, block_size=4, speculation=spec) for spec in (None, draft)]
+    for loop in loops:
+        assert [tokens_of(e) for e in run_all(loop, prompts, params)] == plain
+    assert loops[1].metrics.accepted_tokens > 0 and loops[1].steps < loops[0].steps
+
+
+def test_what_turns_speculation_off_for_a_request():
     spec = ServedSpeculation(num_speculative_tokens=4)
-    assert spec.for_sequence([1, 2], SamplingParams(repetition_penalty=1.2)) is None
-    assert spec.for_sequence([1, 2], SamplingParams(presence_penalty=0.5)) is None
+    assert spec.for_sequence([1, 2], SamplingParams(repetition_penalty=1.2)) is not None  # penalties apply along
     assert spec.for_sequence([1, 2], SamplingParams(), k=0) is None
     assert spec.for_sequence([1, 2], SamplingParams(), k=9).k == 4  # never more than the server's

@@ -108,7 +108,6 @@ class Generation:
         ids, params = fit_context(ids, params, context=model.config.max_seq_len, truncate=truncate)
         if speculation is not None:
             speculation.check(model.config, prompt_len=max(map(len, ids)), max_new_tokens=params.max_new_tokens)
-            speculation.check_sampling(params.presence_penalty, params.frequency_penalty)
         return cls(model, tokenizer, engine, ids, params, batched, speculation=speculation)
 
     def stop_ids(self) -> frozenset[int]:

@@ -268,7 +268,7 @@ class ServingLoop:
         self.metrics.step(0, len(group))
         for seq, n, rows in group:
             draft, seq.draft = seq.draft, []
-            tokens, kept = accept(processed_draft(rows, seq, draft), draft, seq.params, seq.generator)
+            tokens, kept = accept(processed_draft(rows, seq, draft), draft, seq.params, seq.generator, seq.penalties)
             seq.speculation.kept(len(draft), kept)
             self.metrics.speculated(len(draft), kept)
             logprobs = self._logprobs(rows[:len(tokens)], tokens, seq.logprobs)

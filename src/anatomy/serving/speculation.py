@@ -10,9 +10,8 @@
                       rejection rule of inference/speculative/acceptance.py), so every sequence's output
                       is what plain serving gives (greedy) or is distributed as it (sampling)
 
-A sequence whose guesses keep failing backs off: after `MISSES` rounds in a row that kept nothing it
-proposes again only after 2, 4, 8, ... plain steps (reset by a round that keeps a token), so open-ended
-text costs few wasted verification rows.
+A sequence whose guesses keep failing backs off (policy.BackOff): after MISSES rounds in a row that kept
+nothing it proposes again only after 1, 2, 4, ... plain steps, so open-ended text costs few wasted rows.
 """
 
 from __future__ import annotations
@@ -24,9 +23,10 @@ from torch import Tensor
 
 from anatomy.errors import InputError
 from anatomy.inference.engine import DecoderEngine
-from anatomy.inference.sampling import SamplingParams, penalized, sampling_probs
-from anatomy.inference.speculative.acceptance import accept_greedy, accept_sampled
+from anatomy.inference.sampling import Penalties, SamplingParams
+from anatomy.inference.speculative.acceptance import verify
 from anatomy.inference.speculative.ngram import NgramIndex
+from anatomy.inference.speculative.policy import BackOff
 from anatomy.inference.speculative.proposal import Proposal
 
 MISSES = 2  # rounds in a row that keep nothing before a sequence backs off
@@ -59,10 +59,9 @@ class ServedSpeculation:
     def for_sequence(self, tokens: list[int], params: SamplingParams, k: int | None = None,
                      min_k: int = 0) -> SequenceSpeculation | None:
         """The speculation state of one sequence proposing at most k tokens (default: the server's) and
-        verifying a proposal of at least min_k (None: it does not speculate: k = 0, or penalties,
-        which depend on every token before and are applied token by token)."""
+        verifying a proposal of at least min_k (None: it does not speculate, k = 0)."""
         k = self.num_speculative_tokens if k is None else min(k, self.num_speculative_tokens)
-        if k <= 0 or params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
+        if k <= 0:
             return None
         index = NgramIndex(tokens, min_n=self.ngram[0], max_n=self.ngram[1]) if self.method == "ngram" else None
         return SequenceSpeculation(index, k, min_k)
@@ -74,7 +73,7 @@ class SequenceSpeculation:
 
     def __init__(self, index: NgramIndex | None, k: int, min_k: int = 0) -> None:
         self.index, self.k, self.min_k = index, k, max(min_k, 1)
-        self.misses, self.wait, self.backoff = 0, 0, 1
+        self.policy = BackOff(k, misses=MISSES, most=MAX_BACKOFF)
         self.proposed = self.accepted = self.rounds = 0
         self.computed = self.base = 0  # a draft model's: tokens in its cache; the sequence's length when it drafted
         self.preemptions = 0  # the sequence's preemptions when the draft's cache was last written for it
@@ -82,10 +81,10 @@ class SequenceSpeculation:
     def propose(self, room: int) -> list[int]:
         """Up to min(k, room) guessed next tokens, or for a draft model as many DRAFTED slots ([] while
         backing off, without a match, or with fewer than min_k)."""
-        if self.wait > 0:
-            self.wait -= 1
+        k = self.policy.next_k()  # 0 while backing off
+        n = min(k, room) if room > 0 else 0
+        if n == 0:
             return []
-        n = min(self.k, room) if room > 0 else 0
         draft = self.index.continuation(n) if self.index is not None else [DRAFTED] * n
         return draft if len(draft) >= self.min_k else []
 
@@ -99,22 +98,14 @@ class SequenceSpeculation:
         the sequence as it was plus the kept ones (its later guesses are written over next time)."""
         self.rounds, self.proposed, self.accepted = self.rounds + 1, self.proposed + proposed, self.accepted + accepted
         self.computed = min(self.computed, self.base + accepted)
-        if accepted:
-            self.misses, self.backoff = 0, 1
-            return
-        self.misses += 1
-        if self.misses >= MISSES:
-            self.wait, self.backoff, self.misses = self.backoff, min(2 * self.backoff, MAX_BACKOFF), 0
+        self.policy.kept(proposed, accepted)
 
 
-def accept(logits: Tensor, draft: list[int], params: SamplingParams, generator: torch.Generator | None
-           ) -> tuple[list[int], int]:
-    """logits [k+1, V] of [last, d_1..d_k] -> (the tokens to emit: d_1..d_n and the target's own, n)."""
+def accept(logits: Tensor, draft: list[int], params: SamplingParams, generator: torch.Generator | None,
+           penalties: Penalties | None = None) -> tuple[list[int], int]:
+    """logits [k+1, V] of [last, d_1..d_k] -> (the tokens to emit: d_1..d_n and the target's own, n), each
+    position under the sequence's penalties as its own decode step would be (acceptance.verify)."""
     proposal = Proposal(torch.tensor([draft], device=logits.device))
-    rows = penalized(logits[None], params)  # [1, k+1, V] float32 (no penalty is on when speculating)
-    if params.greedy:
-        tokens, kept = accept_greedy(rows, proposal)
-    else:
-        tokens, kept = accept_sampled(sampling_probs(rows, params), proposal, generator)
+    tokens, kept = verify(logits[None], proposal, params, generator, penalties)
     n = int(kept[0])
     return tokens[0, :n + 1].tolist(), n

@@ -1,5 +1,5 @@
 """The speculative loop on tiny random models: greedy output identical to plain greedy decoding for
-both proposers, alone and in left-padded batches, with a repetition penalty, stops and max_new_tokens
+both proposers, alone and in left-padded batches, with the penalties, stops and max_new_tokens
 exactly as without speculation; the counts add up."""
 
 from __future__ import annotations
@@ -61,11 +61,15 @@ def test_a_draft_that_is_the_target_keeps_everything():
     assert s.draft_forwards == 1 + 5 * 3  # its prefill, then k per round
 
 
-def test_the_repetition_penalty_sees_the_proposed_tokens_before_each_position():
+@pytest.mark.parametrize("penalties", [dict(repetition_penalty=1.8),
+                                       dict(presence_penalty=0.6, frequency_penalty=0.4),
+                                       dict(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.5)])
+def test_the_penalties_see_and_count_the_proposed_tokens_before_each_position(penalties):
     engine = engine_of("rope-gqa")
-    params = SamplingParams(max_new_tokens=24, repetition_penalty=1.8)
-    decoder = SpeculativeDecoder(engine, DraftProposer(engine), k=4, adaptive=False)
+    params = SamplingParams(max_new_tokens=24, **penalties)
+    decoder = SpeculativeDecoder(engine, DraftProposer(engine), k=4, adaptive=False)  # the target, unpenalized
     assert run(decoder, PROMPTS, params) == run(engine, PROMPTS, params)
+    assert decoder.stats.accepted > 0 and decoder.stats.rejections > 0  # kept guesses, and ones the penalties turned
 
 
 @pytest.mark.parametrize("new", [1, 2, 3, 7])

@@ -6,7 +6,9 @@
 Greedy keeps proposals while they equal the target's argmax, then emits the target's own token.
 Sampling is rejection sampling (Leviathan et al. 2023, Chen et al. 2023): each emitted token is
 distributed exactly as p_i, whatever the proposer (docs/speculative.md, "How it works").
-Both return (tokens [B, k+1], accepted [B]): row b emits tokens[b, :accepted[b] + 1].
+Both return (tokens [B, k+1], accepted [B]): row b emits tokens[b, :accepted[b] + 1]. `verify` is the
+round's decision for both callers (a Run's rows, a served sequence): the penalties along the proposal, then
+the rule of its sampling parameters.
 """
 
 from __future__ import annotations
@@ -14,8 +16,35 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from anatomy.inference.sampling import greedy
+from anatomy.inference.sampling import Penalties, SamplingParams, greedy, penalized, sampling_probs
 from anatomy.inference.speculative.proposal import Proposal
+
+
+def verify(logits: Tensor, proposal: Proposal, params: SamplingParams, generator: torch.Generator | None,
+           penalties: Penalties | None = None) -> tuple[Tensor, Tensor]:
+    """The target's logits [B, k+1, V] over [last, d_1..d_k] -> (tokens [B, k+1], accepted [B]): each
+    position penalized as its own decode step would be (its proposals before it seen and counted), then
+    kept by the greedy or the rejection-sampling rule."""
+    seen, counts = along(penalties or Penalties(), proposal.tokens)
+    rows = penalized(logits, params, seen, counts)  # [B, k+1, V] float32
+    if params.greedy:
+        return accept_greedy(rows, proposal)
+    return accept_sampled(sampling_probs(rows, params), proposal, generator)
+
+
+def along(penalties: Penalties, drafts: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    """The penalties' state [B, V] at each of the k+1 verified positions -> (seen [B, k+1, V] or None,
+    counts [B, k+1, V] or None): position i has also seen and counted the proposal's first i tokens."""
+    if penalties.none:
+        return None, None
+    B, k = drafts.shape
+    V = next(t for t in (penalties.seen, penalties.counts) if t is not None).shape[1]
+    marks = torch.zeros(B, k + 1, V, dtype=torch.long, device=drafts.device)
+    marks[:, 1:].scatter_(2, drafts[..., None], 1)  # position i + 1 marks d_{i+1}
+    before = marks.cumsum(dim=1)  # [B, k+1, V]: how often each token was proposed before position i
+    seen = penalties.seen[:, None] | (before > 0) if penalties.seen is not None else None
+    counts = penalties.counts[:, None] + before if penalties.counts is not None else None
+    return seen, counts
 
 
 def accept_greedy(logits: Tensor, proposal: Proposal) -> tuple[Tensor, Tensor]:

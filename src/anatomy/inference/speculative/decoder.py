@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from anatomy.inference.engine import DecoderEngine
-from anatomy.inference.sampling import SamplingParams, penalized, sampling_probs
-from anatomy.inference.speculative.acceptance import accept_greedy, accept_sampled
+from anatomy.inference.sampling import SamplingParams
+from anatomy.inference.speculative.acceptance import verify
 from anatomy.inference.speculative.policy import AdaptiveK, FixedK
 from anatomy.inference.speculative.proposal import Proposal, Proposer
 from anatomy.inference.speculative.stats import SpeculativeStats
@@ -89,14 +89,10 @@ class SpeculativeDecoder:
     def _verify(self, token: Tensor, proposal: Proposal) -> tuple[Tensor, int]:
         """One forward over the last token and the proposal -> (tokens [B, n+1], n proposals kept);
         the run rewinds to after the kept ones."""
-        run, params = self.run, self.run.params
+        run = self.run
         start = run.slot
         ids = torch.cat([token[:, None], proposal.tokens], dim=1)  # [B, k+1]
-        logits = penalized(run.verify(ids), params, _seen_along(run.seen, proposal.tokens))  # [B, k+1, V]
-        if params.greedy:
-            tokens, accepted = accept_greedy(logits, proposal)
-        else:
-            tokens, accepted = accept_sampled(sampling_probs(logits, params), proposal, run.generator)
+        tokens, accepted = verify(run.verify(ids), proposal, run.params, run.generator, run.penalties)
         n = int(accepted.min())
         tokens = tokens[:, :n + 1]
         run.rewind(start + n + 1)  # the token and the n kept proposals are in the cache; the new token is not
@@ -108,17 +104,6 @@ class SpeculativeDecoder:
         self.stats.accepted += n * tokens.shape[0]
         self.stats.rejections += tokens.shape[0] if n < proposal.k else 0
         return tokens, n
-
-
-def _seen_along(seen: Tensor | None, drafts: Tensor) -> Tensor | None:
-    """The repetition penalty's seen set [B, V] at each of the k+1 verified positions -> [B, k+1, V]:
-    position i has also seen the proposal's first i tokens."""
-    if seen is None:
-        return None
-    B, k = drafts.shape
-    marks = torch.zeros(B, k + 1, seen.shape[1], dtype=torch.bool, device=seen.device)
-    marks[:, 1:].scatter_(2, drafts[..., None], True)  # position i + 1 marks d_{i+1}
-    return seen[:, None] | (marks.cumsum(dim=1) > 0)
 
 
 class _Shadow:

@@ -5,7 +5,8 @@ tokens; the policy picks the k in 0..k_max with the most tokens per second from 
 of a and of the target's and draft's step times (k > 0 must beat a plain step by MARGIN). When no k
 pays, decoding falls back to plain steps: n-gram proposals are still scored against the emitted
 tokens, a draft model probes again after 8, 16, 32, ... plain steps.
-`FixedK` always proposes k (benchmarks, and tests that need the same rounds every run).
+`FixedK` always proposes k (benchmarks, and tests that need the same rounds every run); `BackOff`, a
+served sequence's, proposes k and waits longer and longer after rounds that keep nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +30,36 @@ class FixedK:
 
     def kept(self, tried: int, accepted: int) -> None:
         pass
+
+    def target_time(self, rows: int, seconds: float) -> None:
+        pass
+
+    def draft_time(self, seconds: float) -> None:
+        pass
+
+
+class BackOff:
+    """A served sequence's policy: propose k every round, but after `misses` rounds in a row that kept
+    nothing, decode plainly for 1, 2, 4, ... up to `most` steps before trying again (a round that keeps
+    a token resets it), so open-ended text costs few wasted verification rows."""
+
+    def __init__(self, k: int, *, misses: int = 2, most: int = 64) -> None:
+        self.k, self.limit, self.most = k, misses, most
+        self.misses, self.wait, self.backoff = 0, 0, 1
+
+    def next_k(self) -> int:
+        if self.wait > 0:
+            self.wait -= 1
+            return 0
+        return self.k
+
+    def kept(self, tried: int, accepted: int) -> None:
+        if accepted:
+            self.misses, self.backoff = 0, 1
+            return
+        self.misses += 1
+        if self.misses >= self.limit:
+            self.wait, self.backoff, self.misses = self.backoff, min(2 * self.backoff, self.most), 0
 
     def target_time(self, rows: int, seconds: float) -> None:
         pass

@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from anatomy.config import ModelConfig
+from anatomy.deprecation import deprecated
 from anatomy.errors import InputError
 from anatomy.inference.engine import DecoderEngine, engine_for
 from anatomy.inference.loading import load_named
@@ -62,10 +63,8 @@ class Speculation:
         return SpeculativeDecoder(engine, proposer, k=self.num_speculative_tokens, adaptive=self.adaptive)
 
     def check_sampling(self, presence_penalty: float, frequency_penalty: float) -> None:
-        """Speculation applies the repetition penalty, not the presence and frequency penalties."""
-        if presence_penalty or frequency_penalty:
-            raise InputError(f"speculative={self.method!r} does not apply presence_penalty={presence_penalty} or "
-                             f"frequency_penalty={frequency_penalty}: set them to 0 or leave speculative unset")
+        """Deprecated: every penalty applies along the proposals now (acceptance.verify); nothing to check."""
+        deprecated("Speculation.check_sampling is deprecated: speculation applies every penalty")
 
     def check(self, target: ModelConfig, *, prompt_len: int = 0, max_new_tokens: int = 0) -> None:
         """The target and draft can do this: both decoder-only, k below the context, one vocabulary,
