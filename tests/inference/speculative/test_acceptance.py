@@ -78,3 +78,26 @@ def test_a_draft_token_the_target_never_emits_is_always_rejected():
     proposal = Proposal(torch.zeros(1000, 1, dtype=torch.long), probs=q.expand(1000, k, V))
     tokens, accepted = accept_sampled(p.expand(1000, k + 1, V), proposal, torch.Generator().manual_seed(0))
     assert accepted.sum() == 0 and (tokens[:, 0] != 0).all()
+
+
+def test_the_penalties_along_a_proposal_are_what_each_position_has_seen_and_counted():
+    """`along` against Python sets and counters built token by token: position i of a round has seen the
+    prompt, the output so far and the proposal's first i tokens, and counted the output's and those."""
+    from collections import Counter
+
+    from anatomy.inference.sampling import Penalties, SamplingParams
+    from anatomy.inference.speculative.acceptance import along
+
+    V, prompts, outputs = 12, [[1, 2, 3], [4, 4]], [[5, 1], [7, 7]]
+    drafts = torch.tensor([[3, 5, 5], [9, 4, 10]])
+    penalties = Penalties.of(prompts, SamplingParams(repetition_penalty=1.2, frequency_penalty=0.5), vocab=V)
+    penalties.observe(torch.tensor(outputs))
+    seen, counts = along(penalties, drafts)
+    for b in range(2):
+        for i in range(drafts.shape[1] + 1):
+            before = drafts[b, :i].tolist()
+            want_seen = set(prompts[b]) | set(outputs[b]) | set(before)
+            want_counts = Counter(outputs[b] + before)
+            assert {t for t in range(V) if seen[b, i, t]} == want_seen
+            assert {t: int(counts[b, i, t]) for t in range(V) if counts[b, i, t]} == dict(want_counts)
+    assert along(Penalties(), drafts) == (None, None)
