@@ -156,6 +156,36 @@ def test_q8_tiles_give_back_the_rows_exactly():
 
 
 @pytest.mark.skipif(native.isa() != "avx512-vnni", reason="q8 tiles need AVX-512 VNNI, which this CPU lacks")
+def test_a_layout_that_fails_midway_leaves_its_weight_given_back_not_zeroed(native_forced, monkeypatch):
+    """Packing the tied head's tiles fails on its third piece: the engine is not made, and the table whose
+    first rows were discarded reads as given back (an InputError naming it), never as zeros."""
+    from anatomy import build_model, get_preset
+    from anatomy.errors import InputError
+    from anatomy.kernels import piecewise
+    from anatomy.weights.choice import install, matrices
+
+    torch.manual_seed(0)
+    m = build_model(get_preset("llama-7b", vocab_size=4096, d_model=128, n_heads=4, n_kv_heads=2, d_ff=256,
+                               n_layers=1, max_seq_len=32, tie_embeddings=True)).eval()
+    m = install(m, {name: int8g(*mod.weight.shape) for name, mod in matrices(m).items()}, dtype=torch.float32)
+    table = m.stack.embed.tokens.compact
+    monkeypatch.setattr(piecewise, "PIECE_BYTES", table.nbytes // 8)
+    real, calls = piecewise.discard_rows, []
+
+    def failing(fmt, start, stop):  # the engine's view holds its own format over the table's storage
+        calls.append(fmt.shape)
+        if fmt.shape == table.shape and calls.count(table.shape) == 3:
+            raise MemoryError("the third piece")
+        return real(fmt, start, stop)
+
+    monkeypatch.setattr(piecewise, "discard_rows", failing)
+    with pytest.raises(MemoryError, match="the third piece"):
+        DecoderEngine(m, take_weights=True)
+    assert table.released
+    with pytest.raises(InputError, match="given to an engine"):
+        m.stack.embed.tokens(torch.tensor([[1, 2]]))
+
+
 def test_a_tied_table_is_read_from_the_heads_tiles_when_the_weights_are_taken(native_forced):
     """A tied Q8_0-style table whose head the plan holds as q8 tiles: an engine that took the weights reads
     the embedding's rows from those tiles and gives the table's format back, holding the matrix once,

@@ -19,14 +19,18 @@ def build_consuming(form: Form, fmt: WeightFormat) -> Prepared:
     unit, N = form.piece_rows, fmt.shape[0]
     rows = max(unit, PIECE_BYTES * N // max(fmt.nbytes, 1) // unit * unit)
     out: Prepared | None = None
-    for start in range(0, N, rows):
-        stop = min(N, start + rows)
-        part = form.build(fmt.take_rows(torch.arange(start, stop)))
-        if out is None:
-            out = tuple(p.new_empty((N // unit, *p.shape[1:])) for p in part)
-        for whole, p in zip(out, part):
-            whole[start // unit:stop // unit].copy_(p)
-        discard_rows(fmt, start, stop)
+    try:
+        for start in range(0, N, rows):
+            stop = min(N, start + rows)
+            part = form.build(fmt.take_rows(torch.arange(start, stop)))
+            if out is None:
+                out = tuple(p.new_empty((N // unit, *p.shape[1:])) for p in part)
+            for whole, p in zip(out, part):
+                whole[start // unit:stop // unit].copy_(p)
+            discard_rows(fmt, start, stop)
+    except BaseException:  # rows are gone: fmt reads as given back (an InputError), never as zeros
+        fmt.release()
+        raise
     return out
 
 

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from anatomy.errors import InputError
 from anatomy.weights.formats import WeightFormat
-from anatomy.kernels.candidates import KERNELS, Kernel, Prepared
+from anatomy.kernels.candidates import KERNELS, Form, Kernel, Prepared
 from anatomy.kernels.piecewise import build_consuming
 from anatomy.kernels.plan import for_prompts
 from anatomy.kernels.record import KernelPlan, WeightPlan
@@ -49,14 +49,15 @@ class PlannedLinear(nn.Module):
     @classmethod
     def from_plan(cls, plan: KernelPlan, name: str, fmt: WeightFormat, *, bias: Tensor | None = None,
                   dtype: torch.dtype = torch.float32, kernels: tuple[Kernel, ...] = KERNELS,
-                  consume: bool = False) -> PlannedLinear:
+                  consume: Callable[[Form], bool] | None = None) -> PlannedLinear:
         """The layer `name` of `plan`, its layouts built from `fmt` (which must have the planned signature).
         A layout only the last phase (a prefill's any number of rows) reads is built at its first call
         of more rows than that phase was timed on; calls of fewer rows are computed meanwhile on the held
         layout's kernel the plan's prompt rule picks (plan.for_prompts: int8 activations can flip a
         prompt's near-tie), a piece of its rows at a time. `consume`: a layer holding one layout whose
-        form keeps the rows in order builds it from pieces of fmt, discarding each piece's stored rows
-        (piecewise.py); `layer.consumed` says whether it did, and then fmt must be released."""
+        form keeps the rows in order, and which consume(form) allows, builds it from pieces of fmt,
+        discarding each piece's stored rows (piecewise.py); `layer.consumed` says whether it did, and then
+        fmt must be released."""
         w = plan.for_layer(name)
         if fmt.signature != w.signature:
             raise InputError(f"layer {name!r}: the plan is for {w.signature}, the weight given is {fmt.signature}")
@@ -64,7 +65,8 @@ class PlannedLinear(nn.Module):
         chosen = [(phase, by_name[w.choices[phase.name]]) for phase in plan.phases_of(w)]
         forms = {k.form.name: k.form for _, k in chosen}  # the plan's w.forms
         lazy = chosen[-1][1].form if len(chosen) > 1 and _only_last(chosen) else None
-        consumed = consume and lazy is None and len(forms) == 1 and next(iter(forms.values())).piece_rows > 0
+        sole = next(iter(forms.values())) if lazy is None and len(forms) == 1 else None
+        consumed = consume is not None and sole is not None and sole.piece_rows > 0 and consume(sole)
         layouts = {name: build_consuming(form, fmt) if consumed else form.build(fmt)
                    for name, form in forms.items() if form is not lazy}  # each built once
         routes = [(phase.max_rows, k.act_dtype, k.bind(layouts[k.form.name])) for phase, k in chosen[:-1]]

@@ -16,13 +16,14 @@ import hashlib
 import itertools
 import json
 from collections import Counter
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from anatomy import heap
 from anatomy.kernels.calibration import calibration_inputs
-from anatomy.kernels.candidates import COMPILABLE_KERNELS, KERNELS, KERNELS_BY_NAME
+from anatomy.kernels.candidates import COMPILABLE_KERNELS, KERNELS, KERNELS_BY_NAME, Form
 from anatomy.kernels.plan import make_plan
 from anatomy.kernels.record import KernelPlan
 from anatomy.kernels.layout_embedding import LayoutEmbedding
@@ -61,42 +62,44 @@ def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True,
     model_dtype = view.stack.embed.dtype
     branch = branch_dtype(plan, model_dtype)
     readers = Counter(sid for fmt, _ in layers.values() for sid in {storage_id(t) for t in fmt.buffers()})
-    consumed = []
-    for name, (fmt, bias) in layers.items():
-        dtype = model_dtype if name in HEAD_LAYERS else branch
-        consume = take_weights and consumable(view, plan, name, fmt, layers, keep, readers)
-        layer = PlannedLinear.from_plan(plan, name, fmt, bias=bias, dtype=dtype, consume=consume)
-        view.set_submodule(name.removesuffix(".weight"), layer)
-        consumed += [fmt] if layer.consumed else []
-        if take_weights and not layer.builds_later:
-            held = {storage_id(t) for layout in layer.layouts.values() for t in layout if isinstance(t, torch.Tensor)}
-            if fmt.release(keep | held):
-                heap.trim()  # the next layouts must not be built beside freed pages the heap kept
-    if take_weights:
-        embed_from_head(view, layers)
-    if any(not fmt.released for fmt in consumed):  # a format whose rows were discarded must never be read
-        raise RuntimeError("a weight built piecewise was not given back: " +
-                           ", ".join(fmt.label for fmt in consumed if not fmt.released))
+    consumed = []  # formats whose rows were discarded as their layouts were built
+    try:
+        for name, (fmt, bias) in layers.items():
+            dtype = model_dtype if name in HEAD_LAYERS else branch
+            consume = consumable(view, name, fmt, layers, keep, readers) if take_weights else None
+            layer = PlannedLinear.from_plan(plan, name, fmt, bias=bias, dtype=dtype, consume=consume)
+            view.set_submodule(name.removesuffix(".weight"), layer)
+            consumed += [fmt] if layer.consumed else []
+            if take_weights and not layer.builds_later:
+                held = {storage_id(t) for layout in layer.layouts.values() for t in layout if isinstance(t, torch.Tensor)}
+                if fmt.release(keep | held):
+                    heap.trim()  # the next layouts must not be built beside freed pages the heap kept
+        if take_weights:
+            embed_from_head(view, layers)
+    finally:  # whatever happened, a format that lost rows reads as given back (an InputError), never as zeros
+        kept = [fmt.label for fmt in consumed if not fmt.released]
+        for fmt in consumed:
+            fmt.release()
+    if kept:
+        raise RuntimeError(f"weights built piecewise were still read after: {', '.join(kept)}")
     return plan
 
 
-def consumable(view: nn.Module, plan: KernelPlan, name: str, fmt: WeightFormat, layers: dict, keep: set[int],
-               readers: Counter) -> bool:
-    """May layer `name` build its layout discarding fmt's rows as it goes (piecewise.py)? Where it holds
-    one layout that keeps the rows in order and fmt is given back right after: no other layer reads
-    fmt's storages, and outside the layers at most a tied token table that then reads the layout's rows."""
-    forms = plan.for_layer(name).forms
-    form = FORMS[forms[0]] if len(forms) == 1 else None
-    if form is None or not form.piece_rows:
-        return False
+def consumable(view: nn.Module, name: str, fmt: WeightFormat, layers: dict, keep: set[int],
+               readers: Counter) -> Callable[[Form], bool] | None:
+    """Which forms layer `name` may build discarding fmt's rows as it goes (piecewise.py; None: none):
+    any, where no other layer and nothing outside the layers reads fmt's storages; for the LM head of a
+    tied token table read nowhere else, one that gives the table its rows (embed_from_head) ."""
     stored = {storage_id(t) for t in fmt.buffers()}
     if any(readers[sid] > 1 for sid in stored):
-        return False
+        return None
     if not stored & keep:
-        return True
+        return lambda form: True
     table = getattr(view, "token_embedding", None)
-    return (name in HEAD_LAYERS and form.rows is not None and isinstance(table, CompactEmbedding)
-            and table.compact is fmt and not stored & shared_storages(view, layers, besides=table))
+    if (name in HEAD_LAYERS and isinstance(table, CompactEmbedding) and table.compact is fmt
+            and not stored & shared_storages(view, layers, besides=table)):
+        return lambda form: form.rows is not None
+    return None
 
 
 def embed_from_head(view: nn.Module, layers: dict) -> None:

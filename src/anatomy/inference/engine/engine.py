@@ -11,6 +11,7 @@ The API with shapes: docs/inference.md, "The engine API".
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import warnings
 from typing import Iterable, Iterator
@@ -220,12 +221,16 @@ class DecoderEngine:
         """A paged KV cache of `num_blocks` blocks of `block_size` tokens holding the engine's kv_dtype
         (`window_blocks`: the sliding-window layers' own group of blocks, paged.py); attention reads a
         float one's blocks in place where that measures faster than gathering them."""
-        reader = self._reader
-        if self._codes is None and self.backend.native and not self.compiled:
-            reader = paged_reader(self.config, self._cache_dtype, cache=self._plan_cache)
         return PagedKVCache(self.config, num_blocks=num_blocks, block_size=block_size, dtype=self._cache_dtype,
-                            device=self.device, codes=self._codes, reader=reader, window_blocks=window_blocks,
-                            compute_dtype=self.branch_dtype)
+                            device=self.device, codes=self._codes, reader=self._paged_reader,
+                            window_blocks=window_blocks, compute_dtype=self.branch_dtype)
+
+    @functools.cached_property
+    def _paged_reader(self):
+        """The reader of a paged cache's blocks, decided once per engine (a run's cache is made per run)."""
+        if self._codes is None and self.backend.native and not self.compiled:
+            return paged_reader(self.config, self._cache_dtype, cache=self._plan_cache)
+        return self._reader
 
     @torch.inference_mode()
     def step(self, cache: PagedKVCache, chunks: list[Chunk], *, blocks: int | None = None) -> Tensor:

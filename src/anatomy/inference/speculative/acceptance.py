@@ -39,7 +39,7 @@ def along(penalties: Penalties, drafts: Tensor) -> tuple[Tensor | None, Tensor |
         return None, None
     B, k = drafts.shape
     V = next(t for t in (penalties.seen, penalties.counts) if t is not None).shape[1]
-    marks = torch.zeros(B, k + 1, V, dtype=torch.long, device=drafts.device)
+    marks = torch.zeros(B, k + 1, V, dtype=torch.int32, device=drafts.device)
     marks[:, 1:].scatter_(2, drafts[..., None], 1)  # position i + 1 marks d_{i+1}
     before = marks.cumsum(dim=1)  # [B, k+1, V]: how often each token was proposed before position i
     seen = penalties.seen[:, None] | (before > 0) if penalties.seen is not None else None
