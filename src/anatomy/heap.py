@@ -15,27 +15,25 @@ import sys
 
 
 @functools.cache
-def _libc_trim():
+def _libc(function: str):
+    """The C library's `function`, or None where there is no such library or function."""
     name = ctypes.util.find_library("c")
     try:
-        return getattr(ctypes.CDLL(name), "malloc_trim") if name else None
+        return getattr(ctypes.CDLL(name), function) if name else None
     except (OSError, AttributeError):
         return None
 
 
 def trim() -> bool:
     """Return the heap's free pages to the system; whether the C library could."""
-    fn = _libc_trim()
+    fn = _libc("malloc_trim")
     return bool(fn(0)) if fn is not None else False
 
 
 @functools.cache
-def _libc_madvise():
-    name = ctypes.util.find_library("c")
-    try:
-        fn = getattr(ctypes.CDLL(name, use_errno=True), "madvise") if name and sys.platform.startswith("linux") else None
-    except (OSError, AttributeError):
-        return None
+def _madvise():
+    """libc's madvise with its argument types set, on Linux (MADV_DONTNEED's meaning is Linux's)."""
+    fn = _libc("madvise") if sys.platform.startswith("linux") else None
     if fn is not None:
         fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
     return fn
@@ -47,14 +45,14 @@ PAGE = mmap.PAGESIZE
 
 def discards() -> bool:
     """Can discard() give pages back here?"""
-    return _libc_madvise() is not None
+    return _madvise() is not None
 
 
 def discard(address: int, nbytes: int) -> int:
     """Give the whole pages inside [address, address + nbytes) back to the system; their contents are
     lost (they read as zeros). For memory that nothing reads again before it is freed. -> bytes given
     back (0 where the C library or the system has no madvise)."""
-    fn = _libc_madvise()
+    fn = _madvise()
     start, stop = -(-address // PAGE) * PAGE, (address + nbytes) // PAGE * PAGE
     if fn is None or stop <= start:
         return 0
