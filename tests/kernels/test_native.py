@@ -24,7 +24,7 @@ def test_the_library_is_built_and_loads():
 # on gaussian inputs, the bound the kernel plan holds block layers to is 1e-2
 ERROR = 1e-2
 # the vector code each test runs: the portable loops, and every vector path this CPU has
-PATHS = list(native.ISAS[:native.ISAS.index(native.isa()) + 1])
+PATHS = list(native.vector_paths())
 
 
 @pytest.fixture(params=PATHS)

@@ -66,7 +66,7 @@ def test_without_the_library_nothing_is_swapped(monkeypatch):
     assert attention.decode_reader(model.config, torch.float32) is None
 
 
-ISAS = native.ISAS[:native.ISAS.index(native.isa()) + 1]  # the portable loops and this CPU's vector paths
+ISAS = native.vector_paths()  # the portable loops and this CPU's vector paths
 
 
 @needs_library

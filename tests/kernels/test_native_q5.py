@@ -19,7 +19,7 @@ from anatomy.weights.gguf_blocks import format_from_gguf
 # activations are rounded to int8 per group of 32 (as q4_linear's): about 0.5% relative error on
 # gaussian inputs; the kernel plan's bound is 1e-2
 ERROR = 1e-2
-PATHS = list(native.ISAS[:native.ISAS.index(native.isa()) + 1])
+PATHS = list(native.vector_paths())
 
 
 @pytest.fixture(params=PATHS)

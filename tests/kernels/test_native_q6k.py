@@ -24,7 +24,7 @@ from anatomy.weights.gguf_blocks import format_from_gguf
 from anatomy.weights.int6 import Int6Weight
 
 ERROR = 1e-2  # the plan's bound; int8 activations err ~5e-3 on gaussian inputs
-PATHS = list(native.ISAS[:native.ISAS.index(native.isa()) + 1])  # the portable loop and this CPU's vector paths
+PATHS = list(native.vector_paths())  # the portable loop and this CPU's vector paths
 
 
 @pytest.fixture(params=PATHS)
@@ -177,9 +177,9 @@ def test_offered_for_int6_where_a_vector_path_runs():
         assert not {"q6x", "q6f", "q6s"} & {k.name for k in candidates(fmt)}
     with native.limited("avx2"):  # q6s only where its AVX-512 loop runs
         assert "q6s" not in {k.name for k in candidates(fmt)}
-    assert ("q6s" in {k.name for k in candidates(fmt)}) == native.isa().startswith("avx512")
+    assert ("q6s" in {k.name for k in candidates(fmt)}) == native.runs("avx512")
     x = torch.randn(3, 512)
-    for name, bound in (("q6x", ERROR), ("q6f", 1e-5)) + ((("q6s", 1e-4),) if native.isa().startswith("avx512") else ()):
+    for name, bound in (("q6x", ERROR), ("q6f", 1e-5)) + ((("q6s", 1e-4),) if native.runs("avx512") else ()):
         layer = PlannedLinear.with_kernel(KERNELS_BY_NAME[name], fmt)
         assert relative_error(layer(x), reference_product(fmt, x)) < bound
 

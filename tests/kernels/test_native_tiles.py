@@ -1,7 +1,8 @@
 """q4, q5 and q8 tiles (kernels/native/tiles.cpp): the int4 and int5 products with int8 or int16
 activations, and the int8 one with int16 activations, on 16 output rows interleaved, against the float64 product of the weights and against q4_linear on the q4 layout they are
 packed from (the same int8 activations, the integer sums exact: 1e-5), on the portable loops and every
-vector path this CPU has; bad shapes refused; the fused decode block holds them where VNNI runs."""
+vector path this CPU has; on AMX, the int16 products bit for bit; bad shapes refused; the fused decode
+block holds them where VNNI runs."""
 
 from __future__ import annotations
 
@@ -98,10 +99,50 @@ def test_offered_where_vnni_runs_and_n_allows():
     def offered(N: int) -> set[str]:
         return {k.name for fmt in (int4(N, 128), int5(N, 128), int8g(N, 128)) for k in candidates(fmt)}
 
-    assert (tiled <= offered(64)) == (native.isa() == "avx512-vnni")
+    assert (tiled <= offered(64)) == native.runs("avx512-vnni")
     assert not tiled & offered(72)  # N = 72
     with native.limited("avx512"):  # AVX-512 without VNNI
         assert not tiled & offered(64)
+
+
+AMX = pytest.mark.skipif(not native.runs("amx"), reason="AMX's int8 tiles: this CPU lacks them or Linux refused them")
+
+
+def _three_tiles(N: int, K: int) -> list[tuple]:
+    """(format, tiles, the int16 VNNI product) for q4, q5 and q8 tiles of one shape."""
+    q4 = int4(N, K)
+    q5 = int5(N, K, group=64)
+    q8 = int8g(N, K)
+    return [(q4, packed(N, K)[2], lambda x, t: torch.ops.anatomy.q4_tiles_linear(x, t, False, 16)),
+            (q5, torch.ops.anatomy.pack_q5_tiles(pack_q5(q5)), lambda x, t: torch.ops.anatomy.q5_tiles_linear(x, t, False, 16)),
+            (q8, torch.ops.anatomy.pack_q8_tiles(q8.codes, q8.scale.float()), lambda x, t: torch.ops.anatomy.q8_tiles_linear(x, t))]
+
+
+@AMX
+@pytest.mark.parametrize("rows", [1, 7, 16, 33, 130])
+def test_amx_gives_the_int16_products_bit_for_bit(rows):
+    """tiles_amx_linear on q4, q5 and q8 tiles: x rounded to int16 per 32 and split into a high and a low
+    byte, two AMX products per 16 rows: equal to the VNNI loop's int16 product bit for bit (any number
+    of rows: padded to 16 inside), within 1e-4 of the float64 product with an outlier channel."""
+    for fmt, tiles, vnni in _three_tiles(48, 576):
+        x = torch.randn(rows, 576)
+        x[:, 11] *= 40
+        y = torch.ops.anatomy.tiles_amx_linear(x, tiles)
+        assert y.shape == (rows, 48) and torch.equal(y, vnni(x, tiles))
+        assert relative_error(y, reference_product(fmt, x)) < 1e-4
+
+
+@AMX
+def test_amx_is_offered_where_it_runs_and_refused_below():
+    fmts = (int4(64, 128), int5(64, 128), int8g(64, 128))
+    amx = {"q4t16/amx", "q5t16/amx", "q8t16/amx"}
+    assert amx <= {k.name for fmt in fmts for k in candidates(fmt)}
+    with native.limited("avx512-vnni"):  # an AVX-512 VNNI machine without AMX
+        assert not amx & {k.name for fmt in fmts for k in candidates(fmt)}
+        with pytest.raises(RuntimeError, match="runs no AMX"):
+            torch.ops.anatomy.tiles_amx_linear(torch.randn(2, 128), packed(32, 128)[2])
+    with pytest.raises(RuntimeError, match=r"tiles must be uint8 \[N/16, K/32, 320 \| 384 \| 544\]"):
+        torch.ops.anatomy.tiles_amx_linear(torch.randn(2, 128), torch.zeros(2, 4, 100, dtype=torch.uint8))
 
 
 def test_bfloat16_in_bfloat16_out():
@@ -127,7 +168,7 @@ def test_bad_shapes_are_refused():
         torch.ops.anatomy.pack_q8_tiles(fmt.codes, fmt.scale.float())
 
 
-@pytest.mark.skipif(native.isa() != "avx512-vnni", reason="q4 tiles need AVX-512 VNNI, which this CPU lacks")
+@pytest.mark.skipif(not native.runs("avx512-vnni"), reason="q4 tiles need AVX-512 VNNI, which this CPU lacks")
 def test_the_fused_block_runs_every_product_on_tiles_with_int16_activations(smollm2_gguf_path, native_forced):
     """SmolLM2's Q4_1 products: int8's measured error over 258 is far inside the plan's bound, so each
     is on q4 tiles with int16 activations (the int8 bits all clear), the plan's own tiles."""
@@ -155,7 +196,7 @@ def test_q8_tiles_give_back_the_rows_exactly():
     assert torch.equal(Q8T.rows(Q8T.build(fmt))(ids), fmt.rows(ids))
 
 
-@pytest.mark.skipif(native.isa() != "avx512-vnni", reason="q8 tiles need AVX-512 VNNI, which this CPU lacks")
+@pytest.mark.skipif(not native.runs("avx512-vnni"), reason="q8 tiles need AVX-512 VNNI, which this CPU lacks")
 def test_a_layout_that_fails_midway_leaves_its_weight_given_back_not_zeroed(native_forced, monkeypatch):
     """Packing the tied head's tiles fails on its third piece: the engine is not made, and the table whose
     first rows were discarded reads as given back (an InputError naming it), never as zeros."""

@@ -35,7 +35,7 @@ def formats(N: int = 208, K: int = 512) -> list:
 
 
 def test_the_piecewise_forms_include_the_tiles_and_row_layouts():
-    want = {"q4x", "q5x", "q8x", "q6x"} | ({"q4t", "q5t", "q8t"} if native.isa() == "avx512-vnni" else set())
+    want = {"q4x", "q5x", "q8x", "q6x"} | ({"q4t", "q5t", "q8t"} if native.runs("avx512-vnni") else set())
     assert want <= set(FORMS)
 
 

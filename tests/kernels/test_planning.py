@@ -65,7 +65,8 @@ def test_each_vector_path_of_this_cpu_plans_and_decodes_within_the_plans_error(i
             assert not measured & {"q4x", "q4f", "q8x", "q8f"} and engine.native_blocks == 0
         else:
             assert {"q4x", "q4f"} <= measured
-        assert bool(measured & {"q4t", "q4t16"}) == (isa == "avx512-vnni")  # tiles: AVX-512 VNNI only
+        assert bool(measured & {"q4t", "q4t16"}) == native.runs("avx512-vnni")  # tiles: AVX-512 VNNI only
+        assert bool(measured & {"q4t16/amx"}) == (isa == "amx")  # and their AMX product: AMX only
         ids = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(1))
         run = engine.start([ids[0, :4].tolist()], SamplingParams(max_new_tokens=26))
         got = torch.stack([run.prefill()] + [run.decode(ids[:, t]) for t in range(4, 29)], dim=1)  # [1, 26, V]

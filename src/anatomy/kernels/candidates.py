@@ -194,7 +194,7 @@ def _build_q6x(fmt: Int6Weight) -> Prepared:
 
 def _tiles_ok(fmt: WeightFormat) -> bool:
     """Tiles of 16 output rows: where AVX-512 VNNI runs them, for N a multiple of 16."""
-    return _native_ok(fmt) and native.isa() == "avx512-vnni" and fmt.shape[0] % 16 == 0
+    return _native_ok(fmt) and native.runs("avx512-vnni") and fmt.shape[0] % 16 == 0
 
 
 def _build_q4t(fmt: Int4Weight) -> Prepared:
@@ -380,7 +380,7 @@ def _bind_q6s(p: Prepared) -> Callable[[Tensor], Tensor]:
 
 
 def _avx512(fmt: WeightFormat) -> bool:
-    return native.isa() in ("avx512", "avx512-vnni")
+    return native.runs("avx512")
 
 
 def _bind_q8f(p: Prepared) -> Callable[[Tensor], Tensor]:
@@ -396,6 +396,16 @@ def _bind_tiles(op: str, bits: int) -> Callable[[Prepared], Callable[[Tensor], T
         return lambda x: product(x, w, False, bits)
 
     return bind
+
+
+def _amx(fmt: WeightFormat) -> bool:
+    return native.runs("amx")
+
+
+def _bind_amx(p: Prepared) -> Callable[[Tensor], Tensor]:
+    """AMX's int8 tiles on any of the three tiles, x rounded to int16 as for q4t16 (the same outputs)."""
+    (w,) = p
+    return lambda x: torch.ops.anatomy.tiles_amx_linear(x, w)
 
 
 def _bind_q8t16(p: Prepared) -> Callable[[Tensor], Tensor]:
@@ -433,6 +443,9 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("q5t", Q5T, None, _bind_tiles("q5_tiles_linear", 8), compiles=False),
     Kernel("q5t16", Q5T, None, _bind_tiles("q5_tiles_linear", 16), compiles=False),
     Kernel("q8t16", Q8T, None, _bind_q8t16, compiles=False),
+    Kernel("q4t16/amx", Q4T, None, _bind_amx, accepts=_amx, compiles=False),
+    Kernel("q5t16/amx", Q5T, None, _bind_amx, accepts=_amx, compiles=False),
+    Kernel("q8t16/amx", Q8T, None, _bind_amx, accepts=_amx, compiles=False),
 )
 KERNELS_BY_NAME = {k.name: k for k in KERNELS}
 COMPILABLE_KERNELS = tuple(k for k in KERNELS if k.compiles)  # for a plan whose layers will be compiled

@@ -44,7 +44,7 @@ def test_all_zero_rows_stay_zero():
 @pytest.mark.skipif(not native.loaded(), reason="the native library is built by make")
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("rows", [1, 4])
-@pytest.mark.parametrize("isa", native.ISAS[:native.ISAS.index(native.isa()) + 1])
+@pytest.mark.parametrize("isa", native.vector_paths())
 def test_reading_codes_as_stored_equals_attention_over_their_values(kind, rows, isa):
     """The native reader against SDPA over the dequantized cache: GQA (9 query heads, 3 KV heads), a
     padded row and a decode mask, on the portable loops and each vector path this CPU has, 1e-5."""

@@ -2,7 +2,9 @@
 AVX-512 (VNNI) or AVX2, decode attention, RMSNorm and a whole decode block as one operator.
 
     loaded() / why_not()   the library of this source and torch version loaded (else why not, or "")
-    isa()                  the vector code they run: "avx512-vnni", "avx512", "avx2" or "portable"
+    isa()                  the vector code they run: "amx", "avx512-vnni", "avx512", "avx2" or "portable"
+    runs(name)             they run that code or more ("avx512-vnni" on an AMX machine too)
+    vector_paths()         the portable loops and each vector path up to this CPU's (AMX aside)
     available()            loaded with a vector path: the kernel plan then measures them like any candidate
     limited(name)          a context running at most that code ($ANATOMY_NATIVE_ISA: the same per process)
 
@@ -25,7 +27,7 @@ import torch
 from anatomy.errors import InputError
 from anatomy.kv_format import Codes, Pages
 
-ISAS = ("portable", "avx2", "avx512", "avx512-vnni")  # native.h's Isa, by its value
+ISAS = ("portable", "avx2", "avx512", "avx512-vnni", "amx")  # native.h's Isa, by its value: each includes the last
 ISA_ENV = "ANATOMY_NATIVE_ISA"
 SPEED = "decoding runs on torch's kernels, ~0.6x the speed"  # what the notice says is at stake
 
@@ -104,6 +106,17 @@ def isa() -> str:
     """The vector code the library runs (native.h's Isa: this CPU's, or less under a limit); "portable"
     without the library."""
     return ISAS[int(torch.ops.anatomy.isa())] if loaded() else "portable"
+
+
+def vector_paths() -> tuple[str, ...]:
+    """The portable loops and each vector code up to this CPU's, but AMX, whose one operator
+    (tiles_amx_linear) is not a path of the others: what a test of every path runs them on."""
+    return ISAS[:min(ISAS.index(isa()), ISAS.index("avx512-vnni")) + 1]
+
+
+def runs(name: str) -> bool:
+    """Do the kernels run the vector code `name` (one of ISAS) or more?"""
+    return ISAS.index(isa()) >= ISAS.index(name)
 
 
 @contextlib.contextmanager

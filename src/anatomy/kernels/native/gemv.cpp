@@ -366,11 +366,11 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   const Quantized a = quantize_rows(x, level);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const uint8_t* weights = w.data_ptr<uint8_t>();
-  const Units u = level == Isa::Avx512Vnni ? units_of(a, M, K) : Units{};
+  const Units u = level >= Isa::Avx512Vnni ? units_of(a, M, K) : Units{};
   const anatomy::avx2::Activations x8 = avx2_activations(level, a, M, K);
   return product(x, w, [&](int64_t n0, int64_t n1, float* y) {
 #if ANATOMY_X86
-    if (level == Isa::Avx512Vnni) return q4_dispatch<MAX_ROWS>(u, M, K, weights, n0, n1, y, N);
+    if (level >= Isa::Avx512Vnni) return q4_dispatch<MAX_ROWS>(u, M, K, weights, n0, n1, y, N);
     if (!x8.lanes.empty()) return anatomy::avx2::q4_rows(x8, M, K, weights, n0, n1, y, N);
 #endif
     q4_rows_portable(a, M, K, weights, n0, n1, y, N);
@@ -384,7 +384,7 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   const Quantized a = quantize_rows(x, level);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const uint8_t* weights = w.data_ptr<uint8_t>();
-  const bool vnni = level == Isa::Avx512Vnni;
+  const bool vnni = level >= Isa::Avx512Vnni;
   std::vector<uint8_t> shifted(vnni ? M * K : 0);
   for (size_t i = 0; i < shifted.size(); ++i) shifted[i] = static_cast<uint8_t>(a.q[i] + 128);
   const Lanes l = vnni ? lanes_of(a, M, K) : Lanes{};
@@ -457,13 +457,14 @@ at::Tensor pack_q8(const at::Tensor& codes, const at::Tensor& scale) {
   return out;
 }
 
-// the vector code the kernels run (native.h's Isa): 0 portable, 1 AVX2, 2 AVX-512, 3 AVX-512 with VNNI
+// the vector code the kernels run (native.h's Isa): 0 portable, 1 AVX2, 2 AVX-512, 3 AVX-512 with VNNI,
+// 4 that and AMX
 int64_t isa_level() { return static_cast<int64_t>(anatomy::isa()); }
 
 // at most `level` from now on (the kernels never run more than the CPU has); the limit it replaces
 int64_t set_isa_limit(int64_t level) {
-  TORCH_CHECK(level >= 0 && level <= static_cast<int64_t>(Isa::Avx512Vnni), "anatomy::set_isa_limit: level ", level,
-              " is not 0 (portable) .. 3 (AVX-512 VNNI)");
+  TORCH_CHECK(level >= 0 && level <= static_cast<int64_t>(Isa::Amx), "anatomy::set_isa_limit: level ", level,
+              " is not 0 (portable) .. 4 (AMX)");
   return anatomy::isa_limit().exchange(static_cast<int>(level));
 }
 

@@ -19,6 +19,12 @@
 #define ANATOMY_X86 0
 #endif
 
+#if ANATOMY_X86 && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 // a helper inlined into each caller, so that it takes the caller's vector target
 #if defined(__GNUC__)
 #define ANATOMY_INLINE inline __attribute__((always_inline))
@@ -38,16 +44,29 @@ constexpr int64_t Q5_BLOCK = 48;  // q4's header, 8 bytes of fifth bits (bit i: 
 // alone leaves each new matrix latency-bound, so the one-row loops ask for the bytes this far ahead
 constexpr int64_t AHEAD = 8192;
 
-// The vector code a CPU runs: AVX-512 (F, BW, VL, DQ) with VNNI where it has them, AVX2 with FMA and
-// F16C on the x86-64 machines of the last decade, the portable loops anywhere else (any other CPU: those
-// alone). Each path is compiled for its own target (function attributes), so one library runs on any
-// x86-64 machine.
-enum class Isa { Portable = 0, Avx2 = 1, Avx512 = 2, Avx512Vnni = 3 };
+// The vector code a CPU runs: AVX-512 (F, BW, VL, DQ) with VNNI where it has them (and AMX's int8 tiles
+// where Linux lets the process use them), AVX2 with FMA and F16C on the x86-64 machines of the last
+// decade, the portable loops anywhere else (any other CPU: those alone). Each path is compiled for its
+// own target (function attributes), so one library runs on any x86-64 machine.
+enum class Isa { Portable = 0, Avx2 = 1, Avx512 = 2, Avx512Vnni = 3, Amx = 4 };
+
+// AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24 and 25), and Linux's permission for this process to
+// use the tile registers (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, state component 18)
+inline bool amx_usable() {
+#if ANATOMY_X86 && defined(__linux__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !(edx >> 24 & 1) || !(edx >> 25 & 1)) return false;
+  constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+  return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+  return false;
+#endif
+}
 
 // The most a kernel may use, below what the CPU has (set_isa_limit: the tests run the AVX2 and portable
 // paths on an AVX-512 machine, and a user can simulate an older CPU); the CPU's own by default
 inline std::atomic<int>& isa_limit() {
-  static std::atomic<int> limit{static_cast<int>(Isa::Avx512Vnni)};
+  static std::atomic<int> limit{static_cast<int>(Isa::Amx)};
   return limit;
 }
 
@@ -57,7 +76,8 @@ inline Isa cpu_isa() {
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    if (avx512) return __builtin_cpu_supports("avx512vnni") ? Isa::Avx512Vnni : Isa::Avx512;
+    if (avx512 && __builtin_cpu_supports("avx512vnni")) return amx_usable() ? Isa::Amx : Isa::Avx512Vnni;
+    if (avx512) return Isa::Avx512;
     return avx2 ? Isa::Avx2 : Isa::Portable;
   }();
   return found;

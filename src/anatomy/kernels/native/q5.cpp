@@ -331,7 +331,7 @@ at::Tensor q5_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   const Quantized a = quantize_rows(x, level);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const uint8_t* weights = w.data_ptr<uint8_t>();
-  const Units u = level == Isa::Avx512Vnni ? units_of(a, M, K) : Units{};
+  const Units u = level >= Isa::Avx512Vnni ? units_of(a, M, K) : Units{};
 #if ANATOMY_X86
   const bool avx2 = level == Isa::Avx2 || level == Isa::Avx512;
   const avx2::Activations x8 = avx2 ? avx2::activations(a, M, K) : avx2::Activations{};
@@ -340,7 +340,7 @@ at::Tensor q5_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   float* out = y.data_ptr<float>();
   at::parallel_for(0, N, TILE, [&](int64_t n0, int64_t n1) {
 #if ANATOMY_X86
-    if (level == Isa::Avx512Vnni) return q5_avx512(u, M, K, weights, n0, n1, out, N);
+    if (level >= Isa::Avx512Vnni) return q5_avx512(u, M, K, weights, n0, n1, out, N);
     if (avx2) return avx2::q5_rows(x8, M, K, weights, n0, n1, out, N);
 #endif
     q5_rows_portable(a, M, K, weights, n0, n1, out, N);

@@ -30,7 +30,9 @@
 // for the int8 LM head, whose products are the logits (~3e-5 of the float product; int8: ~6e-3).
 //
 // The AVX-512 VNNI loop runs where the CPU has it; elsewhere the portable one (for checking: the kernel
-// plan offers tiles only where VNNI runs: kernels/candidates.py q4t, q4t16, q8t16).
+// plan offers tiles only where VNNI runs: kernels/candidates.py q4t, q4t16, q8t16). Where AMX runs,
+//   tiles_amx_linear(x [M, K] float, tiles of any kind) -> [M, N]
+// gives the bits = 16 products of the same tiles on AMX's int8 tiles, bit for bit (below).
 
 #include <torch/library.h>
 #include <ATen/Parallel.h>
@@ -255,6 +257,138 @@ void tiles_dispatch(int rows, const Codes& a, int64_t m0, int64_t K, const uint8
   tiles_avx512<M, T>(a, m0, K, w, t0, t1, y, N);
 }
 
+// -- AMX: the same int16 sums, 16 rows of x at a time ------------------------------------------------------
+//
+// x's int16 codes split into a high signed byte and a low unsigned one (q = 256 h + l); per tile, group
+// and 16 rows of x, one tdpbssd (h x codes) and one tdpbusd (l x codes) give two int32 sums [16, 16]
+// whose 256 h + l is exactly the VNNI loop's sum, scaled as that loop scales it: the same outputs, bit
+// for bit. A group's codes are the B tile as the tile stores them (byte 64 j + 4 r + i: 8 rows of 64
+// bytes): q8's read in place, q4's and q5's unpacked once per panel of tiles that stays in the cache
+// while every 16 rows of x pass over it; a tile's 16 x 16 outputs stay in registers over its groups.
+
+#define AMX_INT8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma,amx-tile,amx-int8")))
+
+constexpr int64_t B_BYTES = 8 * 64;        // a group's codes as a B tile
+constexpr int64_t A_BYTES = TILE * G;      // 16 rows' bytes of a group
+constexpr int64_t PANEL = 256 << 10;       // bytes of unpacked codes per panel of tiles
+
+// x's codes per 16 rows (M rounded up, zero rows after x's) and group: the high and the low bytes
+// [M16/16, K/32, 16, 32] each, the scales and the scales times the codes' sums [M16/16, K/32, 16]
+struct Planes {
+  std::vector<int8_t> high;
+  std::vector<uint8_t> low;
+  std::vector<float> scale, scaled_sum;
+};
+
+// the low byte of each of 16 int32 lanes
+AMX_INT8 inline void store_bytes(void* to, __m512i q) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(to), _mm512_cvtepi32_epi8(q));
+}
+
+// row m of x [M, K] float rounded to int16 per group of 32 as quantize_rows16 rounds it (s = max|x| / 32767,
+// the products v * (1 / s) rounded to nearest even: the same codes), into the planes
+AMX_INT8 void split_row(const float* x, int64_t m, int64_t K, Planes& s) {
+  const int64_t groups = K / G;
+  const __m512i byte = _mm512_set1_epi32(0xFF);
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* v = x + m * K + g * G;
+    const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const float scale = amax / 32767.f, inv = scale > 0.f ? 1.f / scale : 0.f;
+    const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv)));  // nearest, ties to even
+    const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
+    const int64_t at = (m / TILE * groups + g) * TILE + m % TILE;  // [block, group, row]
+    s.scale[at] = scale;
+    s.scaled_sum[at] = scale * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb)));
+    store_bytes(s.high.data() + at * G, _mm512_srai_epi32(qa, 8));  // the floor of q / 256
+    store_bytes(s.high.data() + at * G + 16, _mm512_srai_epi32(qb, 8));
+    store_bytes(s.low.data() + at * G, _mm512_and_si512(qa, byte));
+    store_bytes(s.low.data() + at * G + 16, _mm512_and_si512(qb, byte));
+  }
+}
+
+Planes split_codes(const float* x, int64_t M, int64_t K) {
+  const int64_t blocks = (M + TILE - 1) / TILE, groups = K / G;
+  Planes s{std::vector<int8_t>(blocks * TILE * K, 0), std::vector<uint8_t>(blocks * TILE * K, 0),
+           std::vector<float>(blocks * groups * TILE, 0.f), std::vector<float>(blocks * groups * TILE, 0.f)};
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) split_row(x, m, K, s);
+  });
+  return s;
+}
+
+// the tile registers: 0 a group's codes B [8 x 64 bytes], 1 and 2 the high and low bytes of 16 rows of x
+// A [16 x 32], 3 and 4 their sums C [16 x 16 int32]
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 32, 32, 64, 64};
+  uint8_t rows[16] = {8, 16, 16, 16, 16};
+};
+
+// tile t's outputs for rows [m0, m0 + 16) of x; codes(g): its group g's B tile
+template <int T, typename Codes>
+AMX_INT8 inline void tile_rows(const Planes& s, int64_t m0, int64_t M, int64_t groups, const uint8_t* tile,
+                               Codes codes, float* y, int64_t N, int64_t column) {
+  alignas(64) int32_t sums[2][TILE * TILE];
+  __m512 acc[TILE];
+  for (int r = 0; r < TILE; ++r) acc[r] = _mm512_setzero_ps();
+  const int64_t block = m0 / TILE;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* header = tile + g * TILE_BYTES<T>;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(header)));
+    const __m512 mins = T == Q8 ? _mm512_setzero_ps()
+                           : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(header + 32)));
+    const int64_t at = (block * groups + g) * TILE;
+    _tile_loadd(0, codes(g), 64);
+    _tile_loadd(1, s.high.data() + at * G, G);
+    _tile_loadd(2, s.low.data() + at * G, G);
+    _tile_zero(3);
+    _tile_zero(4);
+    _tile_dpbssd(3, 1, 0);
+    _tile_dpbusd(4, 2, 0);
+    _tile_stored(3, sums[0], 64);
+    _tile_stored(4, sums[1], 64);
+    for (int r = 0; r < TILE; ++r) {
+      const __m512i high = _mm512_load_si512(sums[0] + TILE * r), low = _mm512_load_si512(sums[1] + TILE * r);
+      const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(high, 8), low);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(s.scale[at + r])), acc[r]);
+      if (T != Q8) acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(s.scaled_sum[at + r]), acc[r]);
+    }
+  }
+  for (int64_t r = 0; r < std::min<int64_t>(TILE, M - m0); ++r) _mm512_storeu_ps(y + (m0 + r) * N + column, acc[r]);
+}
+
+template <int T>
+AMX_INT8 void tiles_amx(const Planes& s, int64_t M, int64_t K, const uint8_t* w, int64_t t0, int64_t t1, float* y,
+                        int64_t N) {
+  const int64_t groups = K / G, panel = std::max<int64_t>(1, PANEL / (groups * B_BYTES));
+  const TileConfig config;
+  _tile_loadconfig(&config);  // per thread: the registers' shapes
+  std::vector<uint8_t> unpacked(T == Q8 ? 0 : panel * groups * B_BYTES);  // [panel, groups, B tile]
+  for (int64_t p0 = t0; p0 < t1; p0 += panel) {
+    const int64_t p1 = std::min(t1, p0 + panel);
+    if constexpr (T != Q8)
+      for (int64_t t = p0; t < p1; ++t)
+        for (int64_t g = 0; g < groups; ++g) {
+          __m512i q[8];
+          unpack<T>(w + (t * groups + g) * TILE_BYTES<T>, q);
+          uint8_t* to = unpacked.data() + ((t - p0) * groups + g) * B_BYTES;
+          for (int j = 0; j < 8; ++j) _mm512_storeu_si512(to + 64 * j, q[j]);
+        }
+    for (int64_t m0 = 0; m0 < M; m0 += TILE)
+      for (int64_t t = p0; t < p1; ++t) {
+        const uint8_t* tile = w + t * groups * TILE_BYTES<T>;
+        if constexpr (T == Q8)
+          tile_rows<T>(s, m0, M, groups, tile, [&](int64_t g) { return tile + g * TILE_BYTES<T> + 32; }, y, N, t * TILE);
+        else
+          tile_rows<T>(s, m0, M, groups, tile, [&](int64_t g) { return unpacked.data() + ((t - p0) * groups + g) * B_BYTES; }, y, N,
+                       t * TILE);
+      }
+  }
+  _tile_release();
+}
+
 #endif  // ANATOMY_X86
 
 // a row layout of blocks of 64 inputs ([N, K/64 * bytes]) -> tiles [N/16, K/32, TILE_BYTES<T>]: fill(block,
@@ -343,7 +477,7 @@ void over_tiles(const Codes& a, const at::Tensor& w, Isa level, at::Tensor& y) {
     for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
       const int rows = static_cast<int>(std::min<int64_t>(ROWS, M - m0));
 #if ANATOMY_X86
-      if (level == Isa::Avx512Vnni) {
+      if (level >= Isa::Avx512Vnni) {
         tiles_dispatch<ROWS, T>(rows, a, m0, K, tiles, t0, t1, out, N);
         continue;
       }
@@ -369,6 +503,32 @@ at::Tensor int_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool porta
   if (bits == 8) over_tiles<T>(anatomy::quantize_rows(x, level), w, level, y);
   else over_tiles<T>(quantize_rows16(x, level), w, level, y);
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
+// y [M, N] on AMX: x rounded to int16 per group of 32 as for bits = 16, 16 rows at a time (tiles_amx)
+at::Tensor tiles_amx_linear(const at::Tensor& x, const at::Tensor& w) {
+  const char* what = "anatomy::tiles_amx_linear";
+  TORCH_CHECK(w.dim() == 3 && (w.size(2) == TILE_BYTES<Q4> || w.size(2) == TILE_BYTES<Q5> || w.size(2) == TILE_BYTES<Q8>),
+              what, ": tiles must be uint8 [N/16, K/32, 320 | 384 | 544] (q4, q5 or q8 tiles)");
+  check_tiles(x, w, w.size(2), what);
+  TORCH_CHECK(anatomy::isa() >= Isa::Amx, what, ": this CPU (or the kernels' limit) runs no AMX");
+#if ANATOMY_X86
+  const int64_t M = x.size(0), N = w.size(0) * TILE, K = x.size(1);
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const Planes s = split_codes(xf.data_ptr<float>(), M, K);
+  at::Tensor y = x.new_empty({M, N}, at::kFloat);
+  const uint8_t* tiles = w.data_ptr<uint8_t>();
+  float* out = y.data_ptr<float>();
+  const int64_t bytes = w.size(2);
+  at::parallel_for(0, w.size(0), 1, [&](int64_t t0, int64_t t1) {
+    if (bytes == TILE_BYTES<Q4>) tiles_amx<Q4>(s, M, K, tiles, t0, t1, out, N);
+    else if (bytes == TILE_BYTES<Q5>) tiles_amx<Q5>(s, M, K, tiles, t0, t1, out, N);
+    else tiles_amx<Q8>(s, M, K, tiles, t0, t1, out, N);
+  });
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+#else
+  return x;
+#endif
 }
 
 }  // namespace
@@ -400,6 +560,7 @@ TORCH_LIBRARY_FRAGMENT(anatomy, m) {
   m.def("pack_q5_tiles(Tensor q5) -> Tensor");
   m.def("q8_tiles_linear(Tensor x, Tensor tiles, bool portable=False) -> Tensor");
   m.def("pack_q8_tiles(Tensor codes, Tensor scale) -> Tensor");
+  m.def("tiles_amx_linear(Tensor x, Tensor tiles) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
@@ -409,4 +570,5 @@ TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
   m.impl("pack_q5_tiles", pack_q5_tiles);
   m.impl("q8_tiles_linear", anatomy::q8_tiles_linear);
   m.impl("pack_q8_tiles", pack_q8_tiles);
+  m.impl("tiles_amx_linear", tiles_amx_linear);
 }
