@@ -167,6 +167,28 @@ def test_bad_shapes_are_refused_by_the_operators():
         torch.ops.anatomy.pack_q6(fmt.low, fmt.high, fmt.scale.float(), fmt.d)
 
 
+@pytest.mark.skipif(not native.runs("amx"), reason="AMX's int8 tiles: this CPU lacks them or Linux refused them")
+@pytest.mark.parametrize("rows", [1, 7, 16, 33, 130])
+def test_q6_on_amx_is_the_product_to_int16_activations_rounding(rows):
+    """q6_amx_linear rounds x to int16 per 32 inputs (q6s: per 256) and sums 16 rows of x by 16 output
+    rows per sub-block on AMX: within 1e-4 of the float64 product, an outlier channel and all, and no
+    further from it than q6s; offered where AMX runs and N is a multiple of 16, refused below AMX."""
+    fmt = int6(48, 768, seed=rows)
+    x = torch.randn(rows, 768)
+    x[:, 3] *= 40
+    want = reference_product(fmt, x)
+    y = torch.ops.anatomy.q6_amx_linear(x, pack(fmt))
+    assert y.shape == (rows, 48) and relative_error(y, want) < 1e-4
+    assert relative_error(y, want) <= relative_error(torch.ops.anatomy.q6s_linear(x, pack(fmt)), want)
+    assert "q6s/amx" in {k.name for k in candidates(fmt)} and "q6s/amx" not in {k.name for k in candidates(int6(40, 256))}
+    with native.limited("avx512-vnni"):
+        assert "q6s/amx" not in {k.name for k in candidates(fmt)}
+        with pytest.raises(RuntimeError, match="runs no AMX"):
+            torch.ops.anatomy.q6_amx_linear(x, pack(fmt))
+    with pytest.raises(RuntimeError, match="N = 40 is not a multiple of 16"):
+        torch.ops.anatomy.q6_amx_linear(torch.randn(1, 256), pack(int6(40, 256)))
+
+
 @pytest.mark.skipif(not native.available(), reason="this CPU runs no vector path of the native kernels")
 def test_offered_for_int6_where_a_vector_path_runs():
     fmt = int6(64, 512)

@@ -408,6 +408,16 @@ def _bind_amx(p: Prepared) -> Callable[[Tensor], Tensor]:
     return lambda x: torch.ops.anatomy.tiles_amx_linear(x, w)
 
 
+def _amx_tiles(fmt: WeightFormat) -> bool:
+    return native.runs("amx") and fmt.shape[0] % 16 == 0
+
+
+def _bind_q6_amx(p: Prepared) -> Callable[[Tensor], Tensor]:
+    """Q6_K's product on AMX's int8 tiles, x rounded to int16 per 32 (q6s: per 256), 16 output rows at a time."""
+    (w,) = p
+    return lambda x: torch.ops.anatomy.q6_amx_linear(x, w)
+
+
 def _bind_q8t16(p: Prepared) -> Callable[[Tensor], Tensor]:
     (w,) = p
     return lambda x: torch.ops.anatomy.q8_tiles_linear(x, w)
@@ -446,6 +456,7 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("q4t16/amx", Q4T, None, _bind_amx, accepts=_amx, compiles=False),
     Kernel("q5t16/amx", Q5T, None, _bind_amx, accepts=_amx, compiles=False),
     Kernel("q8t16/amx", Q8T, None, _bind_amx, accepts=_amx, compiles=False),
+    Kernel("q6s/amx", Q6X, None, _bind_q6_amx, accepts=_amx_tiles, compiles=False),
 )
 KERNELS_BY_NAME = {k.name: k for k in KERNELS}
 COMPILABLE_KERNELS = tuple(k for k in KERNELS if k.compiles)  # for a plan whose layers will be compiled

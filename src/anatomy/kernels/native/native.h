@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 // x86-64's vector code (immintrin.h, function targets, the CPU's feature bits) is compiled only there;
 // any other CPU builds the portable loops alone
@@ -24,6 +25,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+
+// the target of AMX code: AVX-512 (F, BW, VL, DQ) with VNNI, F16C, FMA and AMX's tiles and int8 products
+#define ANATOMY_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma,amx-tile,amx-int8")))
 
 // a helper inlined into each caller, so that it takes the caller's vector target
 #if defined(__GNUC__)
@@ -125,6 +129,17 @@ inline void quantize_groups(const float* v, int64_t K, float limit, Code* q, flo
 // every int8 product, the same numbers on every path
 struct Quantized;
 Quantized quantize_rows(const at::Tensor& x, Isa level);
+
+// x [M, K] float rounded to int16 per group of 32 (quantize_rows16's codes: s = max|x| / 32767) for AMX's
+// int8 tiles: each code split into a high signed byte and a low unsigned one (q = 256 h + l), per 16 rows
+// (M rounded up, zero rows after x's) and group [M16/16, K/32, 16, 32] each; the scales and the scales
+// times the codes' sums [M16/16, K/32, 16] (tiles.cpp; where the CPU runs AMX)
+struct Planes {
+  std::vector<int8_t> high;
+  std::vector<uint8_t> low;
+  std::vector<float> scale, scaled_sum;
+};
+Planes split_codes(const float* x, int64_t M, int64_t K);
 
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits);

@@ -738,6 +738,106 @@ at::Tensor pack_q6(const at::Tensor& low, const at::Tensor& high, const at::Tens
   return out;
 }
 
+#if ANATOMY_X86
+
+// -- AMX: x rounded to int16 per group of 32, 16 rows of x and 16 output rows at a time ----------------
+//
+// Per super-block, 16 output rows' codes minus 32 are laid out as 16 AMX B tiles, one per sub-block of 16
+// inputs (byte 64 j + 4 r + i: output row r, input 4 j + i), and their scales d * sc as 16 floats each;
+// per sub-block and 16 rows of x (anatomy::Planes), one tdpbssd and one tdpbusd give the high and low
+// bytes' int32 sums, 256 h + l the exact sum, scaled by d * sc times x's group scale. A panel of output
+// tiles is unpacked one super-block at a time and every 16 rows of x pass over it, the outputs summed in
+// a buffer across the super-blocks.
+
+constexpr int64_t SUB = 16;          // inputs per sub-block
+constexpr int64_t PANEL_TILES = 8;   // output tiles unpacked together
+constexpr int64_t SUPER_B = 16 * 256;  // bytes of a tile's super-block as B tiles
+
+struct alignas(64) SubBlockConfig {  // registers: 0 B [4 x 64], 1 and 2 A [16 x 16], 3 and 4 C [16 x 16 int32]
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 16, 16, 64, 64};
+  uint8_t rows[16] = {4, 16, 16, 16, 16};
+};
+
+// super-block `s` of output rows [16 t, 16 t + 16) as B tiles [16 sub-blocks][4 x 64] and scales [16][16]:
+// a row's chunk c (its codes decoded 64 at a time, minus 32) holds in 4-byte piece p the inputs
+// 32 (p / 2) + 8 c + 4 (p % 2) + 0..3, that is sub-block 2 (p / 2) + c / 2, 4-input row 2 (c % 2) + p % 2
+ANATOMY_AMX void unpack_super(const uint8_t* w, int64_t row_bytes, int64_t t, int64_t s, int8_t* b, float* scales) {
+  const __m512i low = _mm512_set1_epi8(0x0F), three = _mm512_set1_epi8(3), bias = _mm512_set1_epi8(32);
+  for (int64_t r = 0; r < TILE; ++r) {
+    const uint8_t* block = w + (t * TILE + r) * row_bytes + s * BLOCK;
+    uint16_t dh;
+    std::memcpy(&dh, block, 2);
+    const float d = half_to_float(dh);
+    for (int64_t j = 0; j < SUPER / SUB; ++j) scales[j * TILE + r] = d * static_cast<float>(static_cast<int8_t>(block[SCALES + j]));
+    const __m512i l0 = _mm512_loadu_si512(block + L0), l1 = _mm512_loadu_si512(block + L1), h = _mm512_loadu_si512(block + H);
+    const __m512i lows[4] = {_mm512_and_si512(l0, low), _mm512_and_si512(_mm512_srli_epi16(l0, 4), low),
+                             _mm512_and_si512(l1, low), _mm512_and_si512(_mm512_srli_epi16(l1, 4), low)};
+    for (int c = 0; c < 4; ++c) {
+      const __m512i top = _mm512_and_si512(_mm512_srli_epi16(h, 2 * c), three);
+      const __m512i codes = _mm512_sub_epi8(_mm512_or_si512(lows[c], _mm512_slli_epi16(top, 4)), bias);
+      alignas(64) int32_t pieces[16];
+      _mm512_store_si512(pieces, codes);
+      for (int p = 0; p < 16; ++p) {
+        const int64_t j = 2 * (p / 2) + c / 2, row4 = 2 * (c % 2) + p % 2;
+        std::memcpy(b + j * 256 + row4 * 64 + 4 * r, &pieces[p], 4);
+      }
+    }
+  }
+}
+
+ANATOMY_AMX void q6_amx_rows(const anatomy::Planes& x, int64_t M, int64_t K, const uint8_t* w, int64_t t0, int64_t t1,
+                             float* y, int64_t N) {
+  const int64_t supers = K / SUPER, groups = K / G, blocks = (M + TILE - 1) / TILE, row_bytes = supers * BLOCK;
+  const SubBlockConfig config;
+  _tile_loadconfig(&config);  // per thread: the registers' shapes
+  std::vector<int8_t> codes(PANEL_TILES * SUPER_B);
+  std::vector<float> scales(PANEL_TILES * SUPER_B / 16), acc(PANEL_TILES * blocks * TILE * TILE);
+  alignas(64) int32_t sums[2][TILE * TILE];
+  for (int64_t p0 = t0; p0 < t1; p0 += PANEL_TILES) {
+    const int64_t p1 = std::min(t1, p0 + PANEL_TILES);
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t s = 0; s < supers; ++s) {
+      for (int64_t t = p0; t < p1; ++t)
+        unpack_super(w, row_bytes, t, s, codes.data() + (t - p0) * SUPER_B, scales.data() + (t - p0) * 256);
+      for (int64_t mb = 0; mb < blocks; ++mb)
+        for (int64_t t = p0; t < p1; ++t) {
+          float* a = acc.data() + ((t - p0) * blocks + mb) * TILE * TILE;
+          __m512 out[TILE];
+          for (int r = 0; r < TILE; ++r) out[r] = _mm512_loadu_ps(a + TILE * r);
+          for (int64_t j = 0; j < SUPER / SUB; ++j) {
+            const int64_t at = (mb * groups + s * (SUPER / G) + j / 2) * TILE;  // x's [block, group, row]
+            const int64_t half = (j % 2) * SUB;
+            _tile_loadd(0, codes.data() + (t - p0) * SUPER_B + j * 256, 64);
+            _tile_loadd(1, x.high.data() + at * G + half, G);
+            _tile_loadd(2, x.low.data() + at * G + half, G);
+            _tile_zero(3);
+            _tile_zero(4);
+            _tile_dpbssd(3, 1, 0);
+            _tile_dpbusd(4, 2, 0);
+            _tile_stored(3, sums[0], 64);
+            _tile_stored(4, sums[1], 64);
+            const __m512 sc = _mm512_loadu_ps(scales.data() + (t - p0) * 256 + j * TILE);
+            for (int r = 0; r < TILE; ++r) {
+              const __m512i high = _mm512_load_si512(sums[0] + TILE * r), low = _mm512_load_si512(sums[1] + TILE * r);
+              const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(high, 8), low);
+              out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(sc, _mm512_set1_ps(x.scale[at + r])), out[r]);
+            }
+          }
+          for (int r = 0; r < TILE; ++r) _mm512_storeu_ps(a + TILE * r, out[r]);
+        }
+    }
+    for (int64_t t = p0; t < p1; ++t)
+      for (int64_t m = 0; m < M; ++m)
+        std::memcpy(y + m * N + t * TILE, acc.data() + (((t - p0) * blocks + m / TILE) * TILE + m % TILE) * TILE,
+                    TILE * sizeof(float));
+  }
+  _tile_release();
+}
+
+#endif  // ANATOMY_X86
+
 }  // namespace
 
 namespace anatomy {
@@ -784,6 +884,23 @@ at::Tensor q6s_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
+// y [M, N] on AMX: x rounded to int16 per group of 32 (not per 256 as q6s_linear), 16 rows at a time
+at::Tensor q6_amx_linear(const at::Tensor& x, const at::Tensor& w) {
+  check(x, w, "anatomy::q6_amx_linear");
+  TORCH_CHECK(w.size(0) % TILE == 0, "anatomy::q6_amx_linear: N = ", w.size(0), " is not a multiple of ", TILE);
+  TORCH_CHECK(anatomy::isa() >= Isa::Amx, "anatomy::q6_amx_linear: this CPU (or the kernels' limit) runs no AMX");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor y = xf.new_empty({M, N});
+#if ANATOMY_X86
+  const Planes planes = split_codes(xf.data_ptr<float>(), M, K);
+  const uint8_t* weights = w.data_ptr<uint8_t>();
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, N / TILE, 1, [&](int64_t t0, int64_t t1) { q6_amx_rows(planes, M, K, weights, t0, t1, out, N); });
+#endif
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
 }  // namespace anatomy
 
 TORCH_LIBRARY_FRAGMENT(anatomy, m) {
@@ -791,6 +908,7 @@ TORCH_LIBRARY_FRAGMENT(anatomy, m) {
   m.def("q6f_linear(Tensor x, Tensor weight, bool portable=False) -> Tensor");
   m.def("q6s_linear(Tensor x, Tensor weight, bool portable=False) -> Tensor");
   m.def("pack_q6(Tensor low, Tensor high, Tensor scale, Tensor d) -> Tensor");
+  m.def("q6_amx_linear(Tensor x, Tensor weight) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
@@ -798,4 +916,5 @@ TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
   m.impl("q6f_linear", anatomy::q6f_linear);
   m.impl("q6s_linear", anatomy::q6s_linear);
   m.impl("pack_q6", pack_q6);
+  m.impl("q6_amx_linear", anatomy::q6_amx_linear);
 }

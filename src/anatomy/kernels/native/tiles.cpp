@@ -266,28 +266,20 @@ void tiles_dispatch(int rows, const Codes& a, int64_t m0, int64_t K, const uint8
 // bytes): q8's read in place, q4's and q5's unpacked once per panel of tiles that stays in the cache
 // while every 16 rows of x pass over it; a tile's 16 x 16 outputs stay in registers over its groups.
 
-#define AMX_INT8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma,amx-tile,amx-int8")))
-
 constexpr int64_t B_BYTES = 8 * 64;        // a group's codes as a B tile
 constexpr int64_t A_BYTES = TILE * G;      // 16 rows' bytes of a group
 constexpr int64_t PANEL = 256 << 10;       // bytes of unpacked codes per panel of tiles
 
-// x's codes per 16 rows (M rounded up, zero rows after x's) and group: the high and the low bytes
-// [M16/16, K/32, 16, 32] each, the scales and the scales times the codes' sums [M16/16, K/32, 16]
-struct Planes {
-  std::vector<int8_t> high;
-  std::vector<uint8_t> low;
-  std::vector<float> scale, scaled_sum;
-};
+using anatomy::Planes;
 
 // the low byte of each of 16 int32 lanes
-AMX_INT8 inline void store_bytes(void* to, __m512i q) {
+ANATOMY_AMX inline void store_bytes(void* to, __m512i q) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(to), _mm512_cvtepi32_epi8(q));
 }
 
 // row m of x [M, K] float rounded to int16 per group of 32 as quantize_rows16 rounds it (s = max|x| / 32767,
 // the products v * (1 / s) rounded to nearest even: the same codes), into the planes
-AMX_INT8 void split_row(const float* x, int64_t m, int64_t K, Planes& s) {
+ANATOMY_AMX void split_row(const float* x, int64_t m, int64_t K, Planes& s) {
   const int64_t groups = K / G;
   const __m512i byte = _mm512_set1_epi32(0xFF);
   for (int64_t g = 0; g < groups; ++g) {
@@ -307,7 +299,7 @@ AMX_INT8 void split_row(const float* x, int64_t m, int64_t K, Planes& s) {
   }
 }
 
-Planes split_codes(const float* x, int64_t M, int64_t K) {
+Planes split_rows(const float* x, int64_t M, int64_t K) {
   const int64_t blocks = (M + TILE - 1) / TILE, groups = K / G;
   Planes s{std::vector<int8_t>(blocks * TILE * K, 0), std::vector<uint8_t>(blocks * TILE * K, 0),
            std::vector<float>(blocks * groups * TILE, 0.f), std::vector<float>(blocks * groups * TILE, 0.f)};
@@ -328,7 +320,7 @@ struct alignas(64) TileConfig {
 
 // tile t's outputs for rows [m0, m0 + 16) of x; codes(g): its group g's B tile
 template <int T, typename Codes>
-AMX_INT8 inline void tile_rows(const Planes& s, int64_t m0, int64_t M, int64_t groups, const uint8_t* tile,
+ANATOMY_AMX inline void tile_rows(const Planes& s, int64_t m0, int64_t M, int64_t groups, const uint8_t* tile,
                                Codes codes, float* y, int64_t N, int64_t column) {
   alignas(64) int32_t sums[2][TILE * TILE];
   __m512 acc[TILE];
@@ -360,7 +352,7 @@ AMX_INT8 inline void tile_rows(const Planes& s, int64_t m0, int64_t M, int64_t g
 }
 
 template <int T>
-AMX_INT8 void tiles_amx(const Planes& s, int64_t M, int64_t K, const uint8_t* w, int64_t t0, int64_t t1, float* y,
+ANATOMY_AMX void tiles_amx(const Planes& s, int64_t M, int64_t K, const uint8_t* w, int64_t t0, int64_t t1, float* y,
                         int64_t N) {
   const int64_t groups = K / G, panel = std::max<int64_t>(1, PANEL / (groups * B_BYTES));
   const TileConfig config;
@@ -515,7 +507,7 @@ at::Tensor tiles_amx_linear(const at::Tensor& x, const at::Tensor& w) {
 #if ANATOMY_X86
   const int64_t M = x.size(0), N = w.size(0) * TILE, K = x.size(1);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const Planes s = split_codes(xf.data_ptr<float>(), M, K);
+  const Planes s = split_rows(xf.data_ptr<float>(), M, K);
   at::Tensor y = x.new_empty({M, N}, at::kFloat);
   const uint8_t* tiles = w.data_ptr<uint8_t>();
   float* out = y.data_ptr<float>();
@@ -534,6 +526,14 @@ at::Tensor tiles_amx_linear(const at::Tensor& x, const at::Tensor& w) {
 }  // namespace
 
 namespace anatomy {
+
+Planes split_codes(const float* x, int64_t M, int64_t K) {
+#if ANATOMY_X86
+  return split_rows(x, M, K);
+#else
+  return Planes{};
+#endif
+}
 
 at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits) {
   return int_tiles_linear<Q4>(x, w, portable, bits, "anatomy::q4_tiles_linear");
