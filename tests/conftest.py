@@ -42,7 +42,7 @@ def _plan_cache(tmp_path_factory):
 # The kernels forced_timings makes the plan choose, first eligible first: anatomy's own for the rows they
 # take (decode and batch; tiles where AVX-512 VNNI runs them), then a bf16 copy for prefill (the branches
 # compute in bf16, as where the prefill race picks a bf16 kernel), float32 for float32 weights
-FORCED_KERNELS = ("q4t", "q4t16", "q4x", "q4f", "q8t16", "q8x", "q8f", "q6x", "bf16", "f32")
+FORCED_KERNELS = ("q4t", "q4t16", "q4x", "q4f", "q8t16", "l4t16", "q8x", "q8f", "q6x", "bf16", "f32")
 
 
 @pytest.fixture

@@ -81,16 +81,20 @@ def test_each_run_keeps_its_own_blocks(q4_k_m):
         assert isinstance(cut, SplitRowsWeight) and torch.equal(cut.dequantize(), dense.stack.blocks[i].attn.qkv.weight[rows])
 
 
-@pytest.fixture(scope="module")
-def llama_cpp_logits(q4_k_m) -> torch.Tensor:
-    """llama.cpp's logits [S, V], one token per eval (its decode step), over a float32 KV cache."""
-    llm = llama_cpp.Llama(model_path=str(q4_k_m), logits_all=True, n_ctx=64, verbose=False,
+def llama_cpp_steps(path, tokens: list[int] = TOKENS) -> torch.Tensor:
+    """llama.cpp's logits [S, V] on the file, one token per eval (its decode step), over a float32 KV cache."""
+    llm = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=64, verbose=False,
                           n_threads=torch.get_num_threads(), type_k=0, type_v=0)
-    for token in TOKENS:
+    for token in tokens:
         llm.eval([token])
-    logits = torch.from_numpy(np.array(llm.scores[:len(TOKENS)])).double()
+    logits = torch.from_numpy(np.array(llm.scores[:len(tokens)])).double()
     llm.close()
     return logits
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_logits(q4_k_m) -> torch.Tensor:
+    return llama_cpp_steps(q4_k_m)
 
 
 def test_the_fused_block_runs_each_run_and_gives_llama_cpps_logits(q4_k_m, llama_cpp_logits, fused_steps,

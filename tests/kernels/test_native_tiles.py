@@ -94,7 +94,7 @@ def test_q8_tiles_are_the_q8_product_with_int16_activations(isa, rows):
 
 @pytest.mark.skipif(not native.available(), reason="this CPU runs no vector path of the native kernels")
 def test_offered_where_vnni_runs_and_n_allows():
-    tiled = {"q4t", "q4t16", "q5t", "q5t16", "q8t16"}
+    tiled = {"q4t", "q4t16", "q5t", "q5t16", "q8t16"}  # (l4t16: int8g with levels only)
 
     def offered(N: int) -> set[str]:
         return {k.name for fmt in (int4(N, 128), int5(N, 128), int8g(N, 128)) for k in candidates(fmt)}
@@ -141,8 +141,75 @@ def test_amx_is_offered_where_it_runs_and_refused_below():
         assert not amx & {k.name for fmt in fmts for k in candidates(fmt)}
         with pytest.raises(RuntimeError, match="runs no AMX"):
             torch.ops.anatomy.tiles_amx_linear(torch.randn(2, 128), packed(32, 128)[2])
-    with pytest.raises(RuntimeError, match=r"tiles must be uint8 \[N/16, K/32, 320 \| 384 \| 544\]"):
+    with pytest.raises(RuntimeError, match=r"tiles must be uint8 \[N/16, K/32, 320 \| 384 \| 544 \| 336\]"):
         torch.ops.anatomy.tiles_amx_linear(torch.randn(2, 128), torch.zeros(2, 4, 100, dtype=torch.uint8))
+
+
+def lookup(N: int, K: int, table: str = "IQ4", seed: int = 0):
+    """An int8g weight whose codes are each one of a GGUF table's 16 levels (IQ4_NL's, or MXFP4's with its two
+    zeros), float32 scales per 32 (IQ4_XS's products d * (ls - 32) need more than a float16)."""
+    from anatomy.checkpoints.gguf_dequant import FP4_LEVELS, IQ4_LEVELS
+    from anatomy.weights.formats import Int8GroupWeight
+
+    levels = torch.from_numpy((IQ4_LEVELS if table == "IQ4" else FP4_LEVELS).copy())
+    g = torch.Generator().manual_seed(seed)
+    codes = levels[torch.randint(0, 16, (N, K), generator=g)]
+    scale = torch.rand(N, K // 32, generator=g) * 1e-3 + 1e-4
+    return Int8GroupWeight(codes, scale, levels=levels)
+
+
+@pytest.mark.parametrize("isa", PATHS)
+@pytest.mark.parametrize("table", ["IQ4", "FP4"])
+@pytest.mark.parametrize("rows", [1, 8, 13])
+def test_l4_tiles_are_the_lookup_product_with_int16_activations(isa, table, rows):
+    """Codes held as 4-bit indices into their table of levels (IQ4_NL, IQ4_XS, MXFP4), 336 bytes per 16 rows
+    and group (d float32, the table, the indices): within 1e-4 of the float64 product, an outlier channel and
+    all; equal to the q8 tiles' product of the same codes where float16 holds the scales; the portable and
+    vector loops equal; the rows read back exactly."""
+    from anatomy.kernels.candidates import L4T
+
+    fmt = lookup(48, 320, table, seed=rows)
+    tiles = L4T.build(fmt)[0]
+    assert tiles.shape == (3, 10, 336) and L4T.nbytes(fmt) == tiles.numel()
+    x = torch.randn(rows, 320)
+    x[:, 9] *= 40
+    with native.limited(isa):
+        y = torch.ops.anatomy.l4_tiles_linear(x, tiles)
+    assert relative_error(y, reference_product(fmt, x)) < 1e-4
+    torch.testing.assert_close(y, torch.ops.anatomy.l4_tiles_linear(x, tiles, True), rtol=1e-5, atol=1e-5)
+    ids = torch.tensor([0, 17, 47, 3, 17])
+    assert torch.equal(L4T.rows((tiles,))(ids), fmt.rows(ids))
+    half = fmt.scale.half().float()  # scales a float16 holds: the q8 tiles' product is the same sums
+    same = torch.ops.anatomy.pack_q8_tiles(fmt.codes, half)
+    assert torch.equal(torch.ops.anatomy.l4_tiles_linear(x, torch.ops.anatomy.pack_l4_tiles(fmt.codes, half, fmt.levels)),
+                       torch.ops.anatomy.q8_tiles_linear(x, same))
+
+
+@AMX
+def test_l4_tiles_on_amx_are_their_int16_product_bit_for_bit():
+    fmt = lookup(48, 576, "IQ4")
+    tiles = torch.ops.anatomy.pack_l4_tiles(fmt.codes, fmt.scale, fmt.levels)
+    for rows in (1, 16, 37):
+        x = torch.randn(rows, 576)
+        assert torch.equal(torch.ops.anatomy.tiles_amx_linear(x, tiles), torch.ops.anatomy.l4_tiles_linear(x, tiles))
+
+
+def test_l4_tiles_are_offered_for_codes_of_a_table_only():
+    """l4 tiles are a layout of int8g codes that carry their table (`levels`, set by the GGUF reader), where
+    VNNI runs; a code outside the table is refused by the packer, naming its row; the plan measures a
+    compact layout against the table's 4-bit packing, so the 8-bit q8 tiles are not compact for such codes."""
+    from anatomy.kernels.candidates import L4T, Q8T
+
+    fmt = lookup(32, 128)
+    assert L4T.accepts(fmt) == native.runs("avx512-vnni") and not L4T.accepts(int8g(32, 128))
+    assert fmt.packed_nbytes == 32 * 128 // 2 + fmt.scale.nbytes < Q8T.nbytes(fmt) / 1.25 <= fmt.nbytes
+    assert fmt.take_rows(torch.arange(16)).levels is fmt.levels and fmt.signature.endswith("lut")
+    assert fmt.take_columns(0, 64).levels is fmt.levels and type(fmt).cat_rows([fmt, lookup(16, 128)]).levels is fmt.levels
+    assert type(fmt).cat_rows([fmt, int8g(16, 128)]).levels is None  # codes of no one table: any int8
+    bad = fmt.codes.clone()
+    bad[5, 7] = 2  # not an IQ4 level
+    with pytest.raises(RuntimeError, match="code 2 of row 5 is not one of the 16 levels"):
+        torch.ops.anatomy.pack_l4_tiles(bad, fmt.scale, fmt.levels)
 
 
 def test_bfloat16_in_bfloat16_out():

@@ -27,15 +27,22 @@ def q6k(N: int, K: int) -> torch.nn.Module:
     return format_from_gguf(blocks.reshape(-1), TENSOR_TYPES_BY_NAME["Q6_K"], (N, K), label="w")
 
 
+def iq4(N: int, K: int) -> torch.nn.Module:
+    rng = np.random.default_rng(1)
+    blocks = rng.integers(0, 256, size=(N * K // 32, 18), dtype=np.uint8)
+    blocks[:, 0:2] = (rng.standard_normal((N * K // 32, 1)) * 1e-3).astype(np.float16).view(np.uint8)
+    return format_from_gguf(blocks.reshape(-1), TENSOR_TYPES_BY_NAME["IQ4_NL"], (N, K), label="w")
+
+
 def formats(N: int = 208, K: int = 512) -> list:
     torch.manual_seed(0)
     w = torch.randn(N, K) * 0.05 + 0.01
     return [Int4Weight.from_float(w, group=32), Int4Weight.from_float(w, group=256), Int5Weight.from_float(w, group=32),
-            Int8GroupWeight.from_float(w), q6k(N, K)]
+            Int8GroupWeight.from_float(w), q6k(N, K), iq4(N, K)]
 
 
 def test_the_piecewise_forms_include_the_tiles_and_row_layouts():
-    want = {"q4x", "q5x", "q8x", "q6x"} | ({"q4t", "q5t", "q8t"} if native.runs("avx512-vnni") else set())
+    want = {"q4x", "q5x", "q8x", "q6x"} | ({"q4t", "q5t", "q8t", "l4t"} if native.runs("avx512-vnni") else set())
     assert want <= set(FORMS)
 
 

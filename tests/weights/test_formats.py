@@ -264,7 +264,9 @@ def test_level_types_carry_over_bit_for_bit(type_name):
     if type_name == "MXFP4":
         raw.reshape(-1, 17)[:, 0] = np.random.default_rng(3).integers(110, 140, size=12 * 16)  # 2^-18 .. 2^11
     fmt = format_from_gguf(raw, TENSOR_TYPES_BY_NAME[type_name], shape, label="w")
-    assert isinstance(fmt, Int8GroupWeight) and fmt.signature == "int8g[12,512]g32"
+    assert isinstance(fmt, Int8GroupWeight) and fmt.signature == "int8g[12,512]g32lut"  # codes of a table:
+    table = gguf.quants.MXFP4.kvalues if type_name == "MXFP4" else gguf.quants.IQ4_NL.kvalues
+    assert fmt.levels.tolist() == list(table) and set(fmt.codes.unique().tolist()) <= set(table)  # 4-bit layouts
     reference = gguf.quants.dequantize(raw.reshape(shape[0], -1), gguf.GGMLQuantizationType[type_name])
     assert np.array_equal(fmt.dequantize().numpy().view(np.uint32), reference.view(np.uint32))  # bit for bit
     # the codes are the table's int8 levels; the scales float16 where that is exact

@@ -209,6 +209,33 @@ def _build_q8t(fmt: Int8GroupWeight) -> Prepared:
     return (torch.ops.anatomy.pack_q8_tiles(fmt.codes, _per_32(fmt.scale, fmt.group)),)
 
 
+def _l4t_ok(fmt: WeightFormat) -> bool:
+    return isinstance(fmt, Int8GroupWeight) and fmt.levels is not None and fmt.group % 32 == 0 and _tiles_ok(fmt)
+
+
+def _build_l4t(fmt: Int8GroupWeight) -> Prepared:
+    return (torch.ops.anatomy.pack_l4_tiles(fmt.codes, _per_32(fmt.scale, fmt.group), fmt.levels),)
+
+
+def _l4t_rows(p: Prepared) -> Callable[[Tensor], Tensor]:
+    """Rows of W from l4 tiles [N/16, K/32, 336] (tiles.cpp: per tile and group d [16] float32, the 16
+    levels, then the codes' indices as q4 tiles hold them: byte 64 v + 4 r + i of the 256 the index of row
+    r, input 4 v + i in its low nibble, of input 4 (v + 4) + i in its high one): level * d, exact."""
+    (tiles,) = p
+    T, G, _ = tiles.shape
+    d = tiles[..., :64].view(torch.float32)  # [T, G, 16]
+    levels = tiles[0, 0, 64:80].view(torch.int8).float() if T else torch.zeros(16)  # one table for every tile
+    nibbles = tiles[..., 80:].view(T, G, 4, 16, 4)  # [T, G, v, r, i]
+
+    def rows(ids: Tensor) -> Tensor:
+        t, r = ids // 16, ids % 16
+        packed = nibbles[t, :, :, r, :]  # [n, G, 4, 4]
+        index = torch.cat([packed & 15, packed >> 4], dim=2).long()  # [n, G, 8 (input 4 j + i), 4]
+        return (levels[index] * d[t, :, r].float()[:, :, None, None]).reshape(ids.shape[0], G * 32)
+
+    return rows
+
+
 def _q8t_rows(p: Prepared) -> Callable[[Tensor], Tensor]:
     """Rows of W from q8 tiles [N/16, K/32, 544] (tiles.cpp: per tile and group, d [16] float16, then
     byte 64 j + 4 r + i of the codes the int8 code of row r, input 4 j + i): codes * d, exact. The dtype
@@ -277,6 +304,7 @@ Q5T = Form("q5t", _build_q5t, lambda f: isinstance(f, Int5Weight) and f.group % 
            lambda f: _numel(f) // 512 * 384, piece_rows=16)
 Q8T = Form("q8t", _build_q8t, lambda f: isinstance(f, Int8GroupWeight) and f.group % 32 == 0 and _tiles_ok(f),
            lambda f: _numel(f) // 512 * 544, rows=_q8t_rows, piece_rows=16)
+L4T = Form("l4t", _build_l4t, _l4t_ok, lambda f: _numel(f) // 512 * 336, rows=_l4t_rows, piece_rows=16)
 
 
 # -- kernels -------------------------------------------------------------------------------------
@@ -423,6 +451,11 @@ def _bind_q8t16(p: Prepared) -> Callable[[Tensor], Tensor]:
     return lambda x: torch.ops.anatomy.q8_tiles_linear(x, w)
 
 
+def _bind_l4t16(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (w,) = p
+    return lambda x: torch.ops.anatomy.l4_tiles_linear(x, w)
+
+
 def _chunkable(fmt: WeightFormat) -> bool:
     return _chunks(fmt.shape[0]) > 1
 
@@ -457,6 +490,8 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("q5t16/amx", Q5T, None, _bind_amx, accepts=_amx, compiles=False),
     Kernel("q8t16/amx", Q8T, None, _bind_amx, accepts=_amx, compiles=False),
     Kernel("q6s/amx", Q6X, None, _bind_q6_amx, accepts=_amx_tiles, compiles=False),
+    Kernel("l4t16", L4T, None, _bind_l4t16, compiles=False),
+    Kernel("l4t16/amx", L4T, None, _bind_amx, accepts=_amx, compiles=False),
 )
 KERNELS_BY_NAME = {k.name: k for k in KERNELS}
 COMPILABLE_KERNELS = tuple(k for k in KERNELS if k.compiles)  # for a plan whose layers will be compiled

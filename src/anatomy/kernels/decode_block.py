@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from anatomy.kernels import native
-from anatomy.kernels.candidates import KERNELS_BY_NAME, Q4T, Q5T, Q8T, Form
+from anatomy.kernels.candidates import KERNELS_BY_NAME, L4T, Q4T, Q5T, Q8T, Form
 from anatomy.kernels.decisions import decided
 from anatomy.kernels.norm import NativeRMSNorm
 from anatomy.kernels.planned_linear import PlannedLinear
@@ -129,9 +129,10 @@ def layers(module: nn.Module) -> list[tuple[str, PlannedLinear]]:
 def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan, name: str) -> tuple[Tensor, bool] | None:
     """(the layer's native layout, whether its product takes int8 activations), or None when the
     format has no native layout. An int4 (int5) layout becomes q4 (q5) tiles where they run (`tiled`);
-    int8g held as q8 tiles runs on them (their products round the input to int16)."""
-    if (q8_tiles := layer.layouts.get(Q8T.name)) is not None:
-        return q8_tiles[0], False
+    int8g held as q8 or l4 tiles runs on them (their products round the input to int16)."""
+    for int16_tiles in (Q8T, L4T):  # tiles whose products always take int16 activations
+        if (tiles := layer.layouts.get(int16_tiles.name)) is not None:
+            return tiles[0], False
     for int8_kernel in INT8_KERNELS:
         form = KERNELS_BY_NAME[int8_kernel].form
         if form.accepts(fmt):

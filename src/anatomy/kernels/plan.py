@@ -219,7 +219,7 @@ def compact_kernels(fmt: WeightFormat, kernels: tuple[Kernel, ...]) -> tuple[Ker
     """The kernels on compact layouts of `fmt` (at most COMPACT times its bytes): with no budget for a
     second layout no other is held, so no other is built or timed (unless none of them is accurate).
     All of them where none is compact."""
-    ok = tuple(k for k in kernels if k.supports(fmt) and k.form.nbytes(fmt) <= COMPACT * fmt.nbytes)
+    ok = tuple(k for k in kernels if k.supports(fmt) and k.form.nbytes(fmt) <= COMPACT * fmt.packed_nbytes)
     return ok or kernels
 
 
@@ -229,7 +229,7 @@ def _fastest_layouts(key: str, g: _Group, ms: dict[str, list[Measurement]], kern
     forms = {k.name: k.form.name for k in kernels}
     names = [p.name for p in g.phases]
     form_bytes = {k.form.name: k.form.nbytes(fmt) for k in kernels if k.supports(fmt)}
-    first = _first_layout(ms, names, forms, form_bytes, fmt.nbytes)
+    first = _first_layout(ms, names, forms, form_bytes, fmt.packed_nbytes)
     if first is None:
         raise InputError(f"{g.signature} ({g.members[0][0]}): no kernel computed it accurately at phase {names[0]!r}: "
                          + "; ".join(f"{m.kernel}: {m.note}" for m in ms[names[0]]))

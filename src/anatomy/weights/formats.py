@@ -40,6 +40,12 @@ class WeightFormat(nn.Module):
         return sum(b.nbytes for b in self.buffers())
 
     @property
+    def packed_nbytes(self) -> int:
+        """Bytes of the weight packed as tightly as its values allow (a file's 4-bit indices for codes held
+        as int8): what a compact layout is measured against (kernels/plan.py)."""
+        return self.nbytes
+
+    @property
     def signature(self) -> str:
         """What decides the kernels' speed and validity: name, shape, group, e.g. 'int4[960,576]g32'."""
         group = f"g{self.group}" if self.group else ""
@@ -107,6 +113,7 @@ class WeightFormat(nn.Module):
         out = type(self).__new__(type(self))
         WeightFormat.__init__(out, (N, stop - start), label=label or self.label)
         out.group = self.group
+        self._carry(out)
         for name, buf in self.named_buffers():
             per_row = buf.shape[1] if buf.dim() == 2 else 0  # values per row covering the K inputs (K, K/2, K/g)
             part = buf[:, start * per_row // K:stop * per_row // K].contiguous() if per_row else buf
@@ -123,6 +130,8 @@ class WeightFormat(nn.Module):
             raise InputError(f"{label}: cannot fuse {[p.signature for p in parts]} along rows: the parts need one "
                              f"format, group and K ({bad} differ from {first.signature})")
         out = first._like(sum(p.shape[0] for p in parts), label=label)
+        if not all(first._same_kind(p) for p in parts):
+            out._carry(out, alike=False)  # e.g. int8 codes of two tables: any int8 now
         for name, _ in first.named_buffers():
             out.register_buffer(name, _cat([getattr(p, name) for p in parts]))
         return out
@@ -131,9 +140,17 @@ class WeightFormat(nn.Module):
         out = type(self).__new__(type(self))
         WeightFormat.__init__(out, (rows, self.shape[1]), label=label or self.label)
         out.group = self.group
+        self._carry(out)
         for name, buf in self.named_buffers():
             out.register_buffer(name, buf, persistent=True)
         return out
+
+    def _carry(self, out: WeightFormat, *, alike: bool = True) -> None:
+        """Give a format made from this one (its rows, columns, or rows fused with others: `alike` False
+        when those differ in kind) what it holds besides its per-row buffers."""
+
+    def _same_kind(self, other: WeightFormat) -> bool:
+        return True
 
     def extra_repr(self) -> str:
         return f"{self.signature}, {self.nbytes / 2 ** 20:.2f} MiB, {self.label!r}"
@@ -207,16 +224,40 @@ class Int8Weight(WeightFormat):
 
 
 class Int8GroupWeight(WeightFormat):
-    """int8 symmetric per group of `group` inputs: W[n, k] = codes[n, k] * scale[n, k // group] (GGUF Q8_0)."""
+    """int8 symmetric per group of `group` inputs: W[n, k] = codes[n, k] * scale[n, k // group] (GGUF Q8_0).
+
+    `levels` (int8 [16]): the codes are each one of these (GGUF IQ4_NL, IQ4_XS, MXFP4: a file's 4-bit
+    indices into a table of levels), so a layout can hold them in 4 bits; None: any int8."""
 
     name = "int8g"
+    levels: Tensor | None = None
 
-    def __init__(self, codes: Tensor, scale: Tensor, *, label: str = "weight") -> None:
+    def __init__(self, codes: Tensor, scale: Tensor, *, levels: Tensor | None = None, label: str = "weight") -> None:
         _check_parts(label, codes, torch.int8, 2, (scale, (codes.shape[0], _groups(codes.shape[1], scale))))
+        if levels is not None and (levels.dtype != torch.int8 or levels.shape != (16,)):
+            raise InputError(f"{label}: levels must be int8 [16], got {levels.dtype} {tuple(levels.shape)}")
         super().__init__(tuple(codes.shape), label=label)
         self.group = codes.shape[1] // scale.shape[1]
         self.register_buffer("codes", codes)  # [N, K] int8
         self.register_buffer("scale", scale)  # [N, K/g] float16 or float32
+        self.levels = levels
+
+    @property
+    def signature(self) -> str:
+        return super().signature + ("lut" if self.levels is not None else "")
+
+    @property
+    def packed_nbytes(self) -> int:
+        if self.levels is None:
+            return self.nbytes
+        return self.codes.numel() // 2 + self.scale.nbytes
+
+    def _carry(self, out: WeightFormat, *, alike: bool = True) -> None:
+        out.levels = self.levels if alike else None
+
+    def _same_kind(self, other: WeightFormat) -> bool:
+        theirs = getattr(other, "levels", None)
+        return (self.levels is None) == (theirs is None) and (theirs is None or torch.equal(self.levels, theirs))
 
     @classmethod
     def from_float(cls, w: Tensor, *, group: int = GROUP, label: str = "weight") -> Int8GroupWeight:

@@ -115,7 +115,8 @@ def _q6_k(blocks: np.ndarray, label: str) -> WeightFormat:
 
 def _iq4_nl(blocks: np.ndarray, label: str) -> Int8GroupWeight:
     """IQ4_NL: W = d * IQ4[q], d float16 per 32: the int8 level is the code, d the scale."""
-    return Int8GroupWeight(_level_codes(IQ4_LEVELS, blocks[..., 2:]), _f16(blocks, 0), label=label)
+    return Int8GroupWeight(_level_codes(IQ4_LEVELS, blocks[..., 2:]), _f16(blocks, 0), levels=_levels(IQ4_LEVELS),
+                           label=label)
 
 
 def _iq4_xs(blocks: np.ndarray, label: str) -> Int8GroupWeight:
@@ -124,13 +125,19 @@ def _iq4_xs(blocks: np.ndarray, label: str) -> Int8GroupWeight:
     N, nb, _ = blocks.shape
     scale = _f16(blocks, 0).float()[..., None] * torch.from_numpy(iq4_xs_scales(blocks)).float()  # [N, nb, 8]
     codes = _level_codes(IQ4_LEVELS, blocks[..., 8:].reshape(N, nb, 8, 16))
-    return Int8GroupWeight(codes, compact_float(scale.reshape(N, nb * 8)), label=label)
+    return Int8GroupWeight(codes, compact_float(scale.reshape(N, nb * 8)), levels=_levels(IQ4_LEVELS), label=label)
 
 
 def _mxfp4(blocks: np.ndarray, label: str) -> Int8GroupWeight:
     """MXFP4: W = 2^(e - 128) * FP4[q] (the e2m1 levels doubled); the power of two is exact in float32."""
     scale = torch.from_numpy(mxfp4_scales(blocks[..., 0]))  # [N, nb]
-    return Int8GroupWeight(_level_codes(FP4_LEVELS, blocks[..., 1:]), compact_float(scale), label=label)
+    return Int8GroupWeight(_level_codes(FP4_LEVELS, blocks[..., 1:]), compact_float(scale), levels=_levels(FP4_LEVELS),
+                           label=label)
+
+
+def _levels(levels: np.ndarray) -> Tensor:
+    """The table a format's codes come from (Int8GroupWeight.levels: a layout holds them as 4-bit indices)."""
+    return torch.from_numpy(levels.copy())
 
 
 def _level_codes(levels: np.ndarray, qs: np.ndarray) -> Tensor:

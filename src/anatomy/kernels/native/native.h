@@ -150,6 +150,7 @@ at::Tensor q5f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q4f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q8f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q8_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
+at::Tensor l4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q6_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q6f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q6s_linear(const at::Tensor& x, const at::Tensor& w, bool portable);

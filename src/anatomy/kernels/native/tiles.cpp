@@ -23,6 +23,12 @@
 //       y[m, n] = sum_g sx[m, g] * d[n, g] * sum_i q[n, i] qx[m, i]
 //   q8_tiles_linear(x [M, K] float, tiles [N/16, K/32, 544]) -> [M, N]     (x rounded to int16)
 //
+//   l4 tiles (pack_l4_tiles, from int8 codes that take at most 16 levels: IQ4_NL, IQ4_XS, MXFP4): per tile
+//   and group, 336 bytes: d [16] float32, the 16 int8 levels, then each code's 4-bit index as q4 tiles
+//   hold their codes; the vector loop looks the levels up (vpshufb) and sums them as q8 tiles do
+//       y[m, n] = sum_g sx[m, g] * d[n, g] * sum_i level[q[n, i]] qx[m, i]
+//   l4_tiles_linear(x [M, K] float, tiles [N/16, K/32, 336]) -> [M, N]     (x rounded to int16)
+//
 // bits = 8: x quantized to int8 per group of 32 as q4_linear's. bits = 16: to int16 per group of 32
 // (s = max|x| / 32767: the rounding error of int8's / 258), each 32-bit lane's two bytes 0 and 2, then
 // 1 and 3, widened to int16 pairs and summed by vpdpwssd (16 instructions a group): for the products
@@ -61,11 +67,29 @@ using anatomy::Quantized;
 
 constexpr int64_t G = 32;            // inputs per group
 constexpr int64_t TILE = 16;         // output rows per tile
-enum Kind { Q4, Q5, Q8 };  // the codes a tile holds
+enum Kind { Q4, Q5, Q8, L4 };  // the codes a tile holds (L4: 4-bit indices into a table of 16 int8 levels)
 // bytes per tile and group: q4 16 + 16 float16 and 256 bytes of codes; q5 those and 64 of fifth bits;
 // q8 16 float16 and 512 codes
 template <int T>
-constexpr int64_t TILE_BYTES = T == Q8 ? 544 : T == Q5 ? 384 : 320;
+constexpr int64_t TILE_BYTES = T == Q8 ? 544 : T == Q5 ? 384 : T == L4 ? 336 : 320;
+// where a tile's group keeps its 4-bit codes (q4, q5, l4), and an l4 tile's group its table of levels
+template <int T>
+constexpr int64_t CODES = T == L4 ? 80 : 64;
+constexpr int64_t LEVELS = 64;
+// an output row's scale, and whether the tile's codes have a minimum term (q4, q5)
+template <int T>
+inline float scale_at(const uint8_t* block, int64_t r) {
+  if constexpr (T == L4) {
+    float d;
+    std::memcpy(&d, block + 4 * r, 4);
+    return d;
+  }
+  uint16_t h;
+  std::memcpy(&h, block + 2 * r, 2);
+  return static_cast<float>(c10::Half(h, c10::Half::from_bits()));
+}
+template <int T>
+constexpr bool MINS = T == Q4 || T == Q5;
 constexpr int64_t FIFTH = 320;  // where a q5 tile's group keeps its masks
 constexpr int ROWS = 8;              // rows of x per pass over the tiles
 
@@ -117,8 +141,9 @@ inline int64_t q8_byte(int64_t r, int64_t i) { return 32 + i / 4 * 64 + 4 * r + 
 template <int T>
 inline int32_t code_at(const uint8_t* block, int64_t r, int64_t i) {
   if constexpr (T == Q8) return static_cast<int8_t>(block[q8_byte(r, i)]);
-  const uint8_t byte = block[code_byte(r, i)];
+  const uint8_t byte = block[code_byte(r, i) - 64 + CODES<T>];
   const int32_t low = code_high(i) ? byte >> 4 : byte & 0x0F;
+  if constexpr (T == L4) return static_cast<int8_t>(block[LEVELS + low]);
   if constexpr (T == Q5) return low | ((block[FIFTH + 8 * (i / 4) + (4 * r + i % 4) / 8] >> ((4 * r + i % 4) % 8)) & 1) << 4;
   return low;
 }
@@ -133,13 +158,12 @@ void tiles_portable(const Codes& a, int64_t m0, int64_t M, int64_t K, const uint
         float total = 0.f;
         for (int64_t g = 0; g < groups; ++g) {
           const uint8_t* block = w + (t * groups + g) * TILE_BYTES<T>;
-          uint16_t dm[2] = {0, 0};
-          std::memcpy(&dm[0], block + 2 * r, 2);
-          if (T != Q8) std::memcpy(&dm[1], block + 32 + 2 * r, 2);
+          uint16_t minimum = 0;
+          if (MINS<T>) std::memcpy(&minimum, block + 32 + 2 * r, 2);
           int32_t dot = 0;
           for (int64_t i = 0; i < G; ++i) dot += code_at<T>(block, r, i) * a.q[m * K + g * G + i];
           const float sx = a.scale[m * groups + g];
-          total += half_to_float(dm[0]) * sx * dot + half_to_float(dm[1]) * sx * a.sum[m * groups + g];
+          total += scale_at<T>(block, r) * sx * dot + half_to_float(minimum) * sx * a.sum[m * groups + g];
         }
         y[m * N + t * TILE + r] = total;
       }
@@ -156,9 +180,13 @@ template <int T>
 AVX512_VNNI inline void unpack(const uint8_t* block, __m512i (&q)[8]) {
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int v = 0; v < 4; ++v) {
-    const __m512i packed = _mm512_loadu_si512(block + 64 + 64 * v);
+    const __m512i packed = _mm512_loadu_si512(block + CODES<T> + 64 * v);
     q[v] = _mm512_and_si512(packed, low);
     q[v + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+  }
+  if constexpr (T == L4) {  // each code's level: vpshufb on the table, the same 16 bytes in every 128-bit lane
+    const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + LEVELS)));
+    for (int j = 0; j < 8; ++j) q[j] = _mm512_shuffle_epi8(levels, q[j]);
   }
   if constexpr (T == Q5) {
     const __m512i sixteen = _mm512_set1_epi8(16);
@@ -176,9 +204,26 @@ AVX512_VNNI inline void unpack(const uint8_t* block, __m512i (&q)[16]) {
   __m512i pieces[8];
   unpack<T>(block, pieces);
   for (int j = 0; j < 8; ++j) {
-    q[2 * j] = _mm512_and_si512(pieces[j], even);
-    q[2 * j + 1] = _mm512_srli_epi16(pieces[j], 8);
+    if constexpr (T == L4) {  // signed levels: each byte sign-extended
+      q[2 * j] = _mm512_srai_epi16(_mm512_slli_epi16(pieces[j], 8), 8);
+      q[2 * j + 1] = _mm512_srai_epi16(pieces[j], 8);
+    } else {
+      q[2 * j] = _mm512_and_si512(pieces[j], even);
+      q[2 * j + 1] = _mm512_srli_epi16(pieces[j], 8);
+    }
   }
+}
+
+// a tile's group's 16 scales (float16, l4's float32) and minimums (q4, q5; else zeros)
+template <int T>
+AVX512_VNNI inline __m512 scales(const uint8_t* block) {
+  if constexpr (T == L4) return _mm512_loadu_ps(block);
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+}
+template <int T>
+AVX512_VNNI inline __m512 minimums(const uint8_t* block) {
+  if constexpr (!MINS<T>) return _mm512_setzero_ps();
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
 }
 
 // a q8 tile's group, for int16 activations: each piece's signed bytes 0 and 2, then 1 and 3, as int16
@@ -230,9 +275,8 @@ AVX512_VNNI void tiles_avx512(const Codes& a, int64_t m0, int64_t K, const uint8
       const uint8_t* block = w + (t * groups + g) * TILE_BYTES<T>;
       for (int64_t line = 0; line < TILE_BYTES<T>; line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD + line, _MM_HINT_T0);
-      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
-      const __m512 mins = T == Q8 ? _mm512_setzero_ps()
-                             : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
+      const __m512 d = scales<T>(block);
+      const __m512 mins = minimums<T>(block);
       __m512i q[std::is_same_v<Codes, Quantized16> ? 16 : 8];
       if constexpr (T == Q8) unpack_q8(block, q);
       else unpack<T>(block, q);
@@ -241,7 +285,7 @@ AVX512_VNNI void tiles_avx512(const Codes& a, int64_t m0, int64_t K, const uint8
         const __m512i s = dot(q, codes_of(a, row, K, g));
         const float sx = a.scale[row * groups + g];
         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(sx)), acc[m]);
-        if (T != Q8) acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(sx * static_cast<float>(a.sum[row * groups + g])), acc[m]);
+        if (MINS<T>) acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(sx * static_cast<float>(a.sum[row * groups + g])), acc[m]);
       }
     }
     for (int m = 0; m < M; ++m) _mm512_storeu_ps(y + (m0 + m) * N + t * TILE, acc[m]);
@@ -328,9 +372,8 @@ ANATOMY_AMX inline void tile_rows(const Planes& s, int64_t m0, int64_t M, int64_
   const int64_t block = m0 / TILE;
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* header = tile + g * TILE_BYTES<T>;
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(header)));
-    const __m512 mins = T == Q8 ? _mm512_setzero_ps()
-                           : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(header + 32)));
+    const __m512 d = scales<T>(header);
+    const __m512 mins = minimums<T>(header);
     const int64_t at = (block * groups + g) * TILE;
     _tile_loadd(0, codes(g), 64);
     _tile_loadd(1, s.high.data() + at * G, G);
@@ -345,7 +388,7 @@ ANATOMY_AMX inline void tile_rows(const Planes& s, int64_t m0, int64_t M, int64_
       const __m512i high = _mm512_load_si512(sums[0] + TILE * r), low = _mm512_load_si512(sums[1] + TILE * r);
       const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(high, 8), low);
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(s.scale[at + r])), acc[r]);
-      if (T != Q8) acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(s.scaled_sum[at + r]), acc[r]);
+      if (MINS<T>) acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(s.scaled_sum[at + r]), acc[r]);
     }
   }
   for (int64_t r = 0; r < std::min<int64_t>(TILE, M - m0); ++r) _mm512_storeu_ps(y + (m0 + r) * N + column, acc[r]);
@@ -459,6 +502,43 @@ at::Tensor pack_q8_tiles(const at::Tensor& codes, const at::Tensor& scale) {
   return out;
 }
 
+// codes [N, K] int8, each one of `levels` [16] int8, and scales [N, K/32] (GGUF IQ4_NL, IQ4_XS, MXFP4:
+// w = level * d) -> l4 tiles [N/16, K/32, 336]: per tile and group d [16] float32, the levels, then each
+// code's index into them as a q4 tile holds its codes (the first of equal levels: FP4's two zeros)
+at::Tensor pack_l4_tiles(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& levels) {
+  const char* what = "anatomy::pack_l4_tiles";
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar && codes.size(1) % G == 0 && scale.dim() == 2 &&
+              scale.size(0) == codes.size(0) && scale.size(1) == codes.size(1) / G && levels.numel() == 16 &&
+              levels.scalar_type() == at::kChar, what, ": codes int8 [N, K], scales [N, K/32] and levels int8 [16]");
+  TORCH_CHECK(codes.size(0) % TILE == 0, what, ": N = ", codes.size(0), " is not a multiple of ", TILE);
+  const int64_t N = codes.size(0), K = codes.size(1), groups = K / G;
+  at::Tensor c = codes.contiguous(), s = scale.to(at::kFloat).contiguous(), l = levels.contiguous();
+  int index[256];
+  std::fill(index, index + 256, -1);
+  for (int i = 15; i >= 0; --i) index[l.data_ptr<int8_t>()[i] + 128] = i;
+  const int8_t* from = c.data_ptr<int8_t>();
+  for (int64_t i = 0; i < N * K; ++i)
+    TORCH_CHECK(index[from[i] + 128] >= 0, what, ": code ", static_cast<int>(from[i]), " of row ", i / K,
+                " is not one of the 16 levels");
+  at::Tensor out = codes.new_zeros({N / TILE, groups, TILE_BYTES<L4>}, at::kByte);
+  const float* scales = s.data_ptr<float>();
+  uint8_t* to = out.data_ptr<uint8_t>();
+  at::parallel_for(0, N / TILE, 1, [&](int64_t begin, int64_t end) {  // a tile's rows are its own
+    for (int64_t n = begin * TILE; n < end * TILE; ++n)
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t r = n % TILE;
+        uint8_t* tile = to + (n / TILE * groups + g) * TILE_BYTES<L4>;
+        std::memcpy(tile + 4 * r, scales + n * groups + g, 4);
+        std::memcpy(tile + LEVELS, l.data_ptr<int8_t>(), 16);
+        for (int64_t i = 0; i < G; ++i) {
+          const uint8_t code = static_cast<uint8_t>(index[from[n * K + g * G + i] + 128]);
+          tile[code_byte(r, i) - 64 + CODES<L4>] |= code_high(i) ? code << 4 : code;
+        }
+      }
+  });
+  return out;
+}
+
 // y [M, N] = the activations a against every tile, rows of x ROWS at a time, tiles split over the threads
 template <int T, typename Codes>
 void over_tiles(const Codes& a, const at::Tensor& w, Isa level, at::Tensor& y) {
@@ -500,8 +580,9 @@ at::Tensor int_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool porta
 // y [M, N] on AMX: x rounded to int16 per group of 32 as for bits = 16, 16 rows at a time (tiles_amx)
 at::Tensor tiles_amx_linear(const at::Tensor& x, const at::Tensor& w) {
   const char* what = "anatomy::tiles_amx_linear";
-  TORCH_CHECK(w.dim() == 3 && (w.size(2) == TILE_BYTES<Q4> || w.size(2) == TILE_BYTES<Q5> || w.size(2) == TILE_BYTES<Q8>),
-              what, ": tiles must be uint8 [N/16, K/32, 320 | 384 | 544] (q4, q5 or q8 tiles)");
+  TORCH_CHECK(w.dim() == 3 && (w.size(2) == TILE_BYTES<Q4> || w.size(2) == TILE_BYTES<Q5> || w.size(2) == TILE_BYTES<Q8> ||
+                               w.size(2) == TILE_BYTES<L4>),
+              what, ": tiles must be uint8 [N/16, K/32, 320 | 384 | 544 | 336] (q4, q5, q8 or l4 tiles)");
   check_tiles(x, w, w.size(2), what);
   TORCH_CHECK(anatomy::isa() >= Isa::Amx, what, ": this CPU (or the kernels' limit) runs no AMX");
 #if ANATOMY_X86
@@ -515,6 +596,7 @@ at::Tensor tiles_amx_linear(const at::Tensor& x, const at::Tensor& w) {
   at::parallel_for(0, w.size(0), 1, [&](int64_t t0, int64_t t1) {
     if (bytes == TILE_BYTES<Q4>) tiles_amx<Q4>(s, M, K, tiles, t0, t1, out, N);
     else if (bytes == TILE_BYTES<Q5>) tiles_amx<Q5>(s, M, K, tiles, t0, t1, out, N);
+    else if (bytes == TILE_BYTES<L4>) tiles_amx<L4>(s, M, K, tiles, t0, t1, out, N);
     else tiles_amx<Q8>(s, M, K, tiles, t0, t1, out, N);
   });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
@@ -551,6 +633,14 @@ at::Tensor q8_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portab
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
+at::Tensor l4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
+  check_tiles(x, w, TILE_BYTES<L4>, "anatomy::l4_tiles_linear");
+  const Isa level = anatomy::isa(portable);
+  at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
+  over_tiles<L4>(quantize_rows16(x, level), w, level, y);
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
 }  // namespace anatomy
 
 TORCH_LIBRARY_FRAGMENT(anatomy, m) {
@@ -561,6 +651,8 @@ TORCH_LIBRARY_FRAGMENT(anatomy, m) {
   m.def("q8_tiles_linear(Tensor x, Tensor tiles, bool portable=False) -> Tensor");
   m.def("pack_q8_tiles(Tensor codes, Tensor scale) -> Tensor");
   m.def("tiles_amx_linear(Tensor x, Tensor tiles) -> Tensor");
+  m.def("l4_tiles_linear(Tensor x, Tensor tiles, bool portable=False) -> Tensor");
+  m.def("pack_l4_tiles(Tensor codes, Tensor scale, Tensor levels) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
@@ -571,4 +663,6 @@ TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
   m.impl("q8_tiles_linear", anatomy::q8_tiles_linear);
   m.impl("pack_q8_tiles", pack_q8_tiles);
   m.impl("tiles_amx_linear", tiles_amx_linear);
+  m.impl("l4_tiles_linear", anatomy::l4_tiles_linear);
+  m.impl("pack_l4_tiles", pack_l4_tiles);
 }
