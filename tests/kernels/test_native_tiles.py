@@ -198,7 +198,8 @@ def test_l4_tiles_are_offered_for_codes_of_a_table_only():
     """l4 tiles are a layout of int8g codes that carry their table (`levels`, set by the GGUF reader), where
     VNNI runs; a code outside the table is refused by the packer, naming its row; the plan measures a
     compact layout against the table's 4-bit packing, so the 8-bit q8 tiles are not compact for such codes."""
-    from anatomy.kernels.candidates import L4T, Q8T
+    from anatomy.kernels.candidates import KERNELS, L4T, Q8T
+    from anatomy.kernels.plan import compact_kernels
 
     fmt = lookup(32, 128)
     assert L4T.accepts(fmt) == native.runs("avx512-vnni") and not L4T.accepts(int8g(32, 128))
@@ -206,6 +207,12 @@ def test_l4_tiles_are_offered_for_codes_of_a_table_only():
     assert fmt.take_rows(torch.arange(16)).levels is fmt.levels and fmt.signature.endswith("lut")
     assert fmt.take_columns(0, 64).levels is fmt.levels and type(fmt).cat_rows([fmt, lookup(16, 128)]).levels is fmt.levels
     assert type(fmt).cat_rows([fmt, int8g(16, 128)]).levels is None  # codes of no one table: any int8
+    dense = {"f32", "f16", "bf16", "onednn-bf16", "fbgemm-f16"}
+    held = {k.form.name for k in compact_kernels(fmt, KERNELS)}
+    assert held == {"l4t"} if native.runs("avx512-vnni") else "q8x" in held and not held & dense
+    with native.limited("avx2"):  # no tiles: the int8 codes as they are, never a wider copy
+        held = {k.form.name for k in compact_kernels(fmt, KERNELS)}
+        assert "q8x" in held and not held & dense
     bad = fmt.codes.clone()
     bad[5, 7] = 2  # not an IQ4 level
     with pytest.raises(RuntimeError, match="code 2 of row 5 is not one of the 16 levels"):

@@ -216,11 +216,20 @@ def _measure(fmt: WeightFormat, g: _Group, kernels: tuple[Kernel, ...], repeats:
 
 
 def compact_kernels(fmt: WeightFormat, kernels: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
-    """The kernels on compact layouts of `fmt` (at most COMPACT times its bytes): with no budget for a
-    second layout no other is held, so no other is built or timed (unless none of them is accurate).
-    All of them where none is compact."""
-    ok = tuple(k for k in kernels if k.supports(fmt) and k.form.nbytes(fmt) <= COMPACT * fmt.packed_nbytes)
+    """The kernels on compact layouts of `fmt` (at most COMPACT times its bytes: compact_bytes): with no
+    budget for a second layout no other is held, so no other is built or timed (unless none of them is
+    accurate). All of them where none is compact."""
+    bound = compact_bytes(fmt, kernels)
+    ok = tuple(k for k in kernels if k.supports(fmt) and k.form.nbytes(fmt) <= COMPACT * bound)
     return ok or kernels
+
+
+def compact_bytes(fmt: WeightFormat, kernels: tuple[Kernel, ...]) -> int:
+    """The bytes a compact layout is measured against: the weight packed as tightly as its values allow
+    (4-bit indices for codes of a table) where some layout here comes within COMPACT of that, else the
+    format's own bytes (a machine without such a layout holds the codes as they are, never a wider copy)."""
+    tight = any(k.supports(fmt) and k.form.nbytes(fmt) <= COMPACT * fmt.packed_nbytes for k in kernels)
+    return fmt.packed_nbytes if tight else fmt.nbytes
 
 
 def _fastest_layouts(key: str, g: _Group, ms: dict[str, list[Measurement]], kernels: tuple[Kernel, ...]) -> WeightPlan:
@@ -229,7 +238,7 @@ def _fastest_layouts(key: str, g: _Group, ms: dict[str, list[Measurement]], kern
     forms = {k.name: k.form.name for k in kernels}
     names = [p.name for p in g.phases]
     form_bytes = {k.form.name: k.form.nbytes(fmt) for k in kernels if k.supports(fmt)}
-    first = _first_layout(ms, names, forms, form_bytes, fmt.packed_nbytes)
+    first = _first_layout(ms, names, forms, form_bytes, compact_bytes(fmt, kernels))
     if first is None:
         raise InputError(f"{g.signature} ({g.members[0][0]}): no kernel computed it accurately at phase {names[0]!r}: "
                          + "; ".join(f"{m.kernel}: {m.note}" for m in ms[names[0]]))
