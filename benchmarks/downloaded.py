@@ -29,7 +29,8 @@ from benchmarks.llama_cpp import batched_bench, built_tools, llama_bench, llama_
 PROMPT, NEW, PREFILL, BATCH = 128, 128, 512, 8
 SMALL, LARGE, GEMMA3, MOE = ("SmolLM2-135M", "1B (Llama-3.2-1B's shape)", "Gemma 3 1B's shape",
                              "1B MoE (Qwen3-MoE's shape, 32 experts)")
-TYPES = {SMALL: ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS"), LARGE: ("Q4_K_M", "Q8_0"), GEMMA3: ("Q4_K_M",),
+TYPES = {SMALL: ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS"), LARGE: ("Q4_K_M", "Q8_0"),
+         GEMMA3: ("Q4_K_M",),
          MOE: ("Q4_K_M",)}
 FAMILIES = (GEMMA3, MOE)
 _ONE_B = {"decode": 1.1, "prefill": 1.25, "batch": 1.5}

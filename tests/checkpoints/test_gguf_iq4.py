@@ -32,7 +32,8 @@ LAYERS = 4
 LLAMA_CPP_DISTANCE, EXACT_DISTANCE = 0.12, 0.002
 TYPES = {"IQ4_NL": LlamaFileType.MOSTLY_IQ4_NL, "IQ4_XS": LlamaFileType.MOSTLY_IQ4_XS}
 
-pytestmark = pytest.mark.skipif(not native.runs("avx512-vnni"), reason="l4 tiles need AVX-512 VNNI, which this CPU lacks")
+pytestmark = pytest.mark.skipif(not native.runs("avx512-vnni"),
+                                reason="l4 tiles need AVX-512 VNNI, which this CPU lacks")
 
 
 @pytest.fixture(scope="module", params=sorted(TYPES))
@@ -62,7 +63,7 @@ def test_the_engine_holds_the_codes_in_four_bits_and_gives_llama_cpps_logits(iq4
         exact = model(torch.tensor([TOKENS]))[0].double()  # the stored weights' own products
     engine = DecoderEngine(model, take_weights=True)
     layers = {name: m for name, m in engine.model.named_modules() if isinstance(m, PlannedLinear)}
-    held = [sorted(layers[name].layouts) for name in layers if name in lookups or name.replace(".parts.0", "") in lookups]
+    held = [sorted(layer.layouts) for name, layer in layers.items() if name.replace(".parts.0", "") in lookups]
     assert held and all(forms == [L4T.name] for forms in held)  # 4-bit indices only: no int8 layout beside
     assert engine.native_blocks == LAYERS and all(isinstance(b, NativeBlock) for b in engine.model.stack.blocks)
     cache = engine.paged_cache(num_blocks=2, block_size=32)

@@ -431,7 +431,7 @@ def _amx(fmt: WeightFormat) -> bool:
 
 
 def _bind_amx(p: Prepared) -> Callable[[Tensor], Tensor]:
-    """AMX's int8 tiles on any of the three tiles, x rounded to int16 as for q4t16 (the same outputs)."""
+    """AMX's int8 tiles on q4, q5, q8 or l4 tiles, x rounded to int16 as for q4t16 (the same outputs)."""
     (w,) = p
     return lambda x: torch.ops.anatomy.tiles_amx_linear(x, w)
 

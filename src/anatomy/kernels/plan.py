@@ -238,7 +238,8 @@ def _fastest_layouts(key: str, g: _Group, ms: dict[str, list[Measurement]], kern
     forms = {k.name: k.form.name for k in kernels}
     names = [p.name for p in g.phases]
     form_bytes = {k.form.name: k.form.nbytes(fmt) for k in kernels if k.supports(fmt)}
-    first = _first_layout(ms, names, forms, form_bytes, compact_bytes(fmt, kernels))
+    accurate = tuple(k for k in kernels if any(m.kernel == k.name and m.eligible for m in sum(ms.values(), [])))
+    first = _first_layout(ms, names, forms, form_bytes, compact_bytes(fmt, accurate))
     if first is None:
         raise InputError(f"{g.signature} ({g.members[0][0]}): no kernel computed it accurately at phase {names[0]!r}: "
                          + "; ".join(f"{m.kernel}: {m.note}" for m in ms[names[0]]))
@@ -261,7 +262,7 @@ def _fastest_layouts(key: str, g: _Group, ms: dict[str, list[Measurement]], kern
 def _first_layout(ms: dict[str, list[Measurement]], names: list[str], forms: dict[str, str],
                   form_bytes: dict[str, int], nbytes: int) -> Measurement | None:
     """The first phase's fastest kernel on the held layout: of the compact layouts (at most COMPACT times
-    the format's bytes; a wider copy is only ever a second layout, paid from the budget), the one that
+    `nbytes`, compact_bytes; a wider copy is only ever a second layout, paid from the budget), the one that
     serves every phase best together: the least summed slowdown against each phase's fastest kernel on
     any compact layout (ties: the faster first phase). Where none serves every phase, the first phase's
     fastest kernel on any layout."""

@@ -27,7 +27,7 @@ import torch
 from anatomy.errors import InputError
 from anatomy.kv_format import Codes, Pages
 
-ISAS = ("portable", "avx2", "avx512", "avx512-vnni", "amx")  # native.h's Isa, by its value: each includes the last
+ISAS = ("portable", "avx2", "avx512", "avx512-vnni", "amx")  # native.h's Isa, by its value: each includes those before it
 ISA_ENV = "ANATOMY_NATIVE_ISA"
 SPEED = "decoding runs on torch's kernels, ~0.6x the speed"  # what the notice says is at stake
 

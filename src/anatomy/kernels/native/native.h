@@ -20,14 +20,25 @@
 #define ANATOMY_X86 0
 #endif
 
-#if ANATOMY_X86 && defined(__linux__)
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+// AMX code is compiled where the compiler has its intrinsics (GCC 11, clang 12 and later) on Linux, which
+// grants a process the tile registers; elsewhere the kernels run without it
+#if ANATOMY_X86 && defined(__linux__) && defined(__has_include)
+#if __has_include(<amxtileintrin.h>) || __has_include(<amxintrin.h>)
+#define ANATOMY_HAS_AMX 1
+#endif
+#endif
+#ifndef ANATOMY_HAS_AMX
+#define ANATOMY_HAS_AMX 0
 #endif
 
+#if ANATOMY_HAS_AMX
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 // the target of AMX code: AVX-512 (F, BW, VL, DQ) with VNNI, F16C, FMA and AMX's tiles and int8 products
 #define ANATOMY_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma,amx-tile,amx-int8")))
+#endif
 
 // a helper inlined into each caller, so that it takes the caller's vector target
 #if defined(__GNUC__)
@@ -57,7 +68,7 @@ enum class Isa { Portable = 0, Avx2 = 1, Avx512 = 2, Avx512Vnni = 3, Amx = 4 };
 // AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24 and 25), and Linux's permission for this process to
 // use the tile registers (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, state component 18)
 inline bool amx_usable() {
-#if ANATOMY_X86 && defined(__linux__)
+#if ANATOMY_HAS_AMX
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !(edx >> 24 & 1) || !(edx >> 25 & 1)) return false;
   constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
@@ -140,6 +151,41 @@ struct Planes {
   std::vector<float> scale, scaled_sum;
 };
 Planes split_codes(const float* x, int64_t M, int64_t K);
+
+#if ANATOMY_HAS_AMX
+// The tile registers as the AMX products use them: 0 a B tile of weight codes (`b_rows` rows of 64 bytes),
+// 1 and 2 the high and low bytes of 16 rows of x (A tiles, `a_bytes` a row), 3 and 4 their int32 sums
+struct alignas(64) AmxConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  AmxConfig(uint8_t b_rows, uint16_t a_bytes) {
+    colsb[0] = 64, colsb[1] = colsb[2] = a_bytes, colsb[3] = colsb[4] = 64;
+    rows[0] = b_rows, rows[1] = rows[2] = rows[3] = rows[4] = 16;
+  }
+};
+
+// x's high bytes (tdpbssd: signed by signed codes) and low bytes (tdpbusd: unsigned) against one B tile of
+// codes: the two int32 sums [16, 16] into `sums`, whose 256 h + l (amx_sum) is the int16 rows' exact sum
+ANATOMY_AMX inline void amx_products(const void* codes, const int8_t* high, const uint8_t* low, int64_t stride,
+                                     int32_t (&sums)[2][256]) {
+  _tile_loadd(0, codes, 64);
+  _tile_loadd(1, high, stride);
+  _tile_loadd(2, low, stride);
+  _tile_zero(3);
+  _tile_zero(4);
+  _tile_dpbssd(3, 1, 0);
+  _tile_dpbusd(4, 2, 0);
+  _tile_stored(3, sums[0], 64);
+  _tile_stored(4, sums[1], 64);
+}
+
+ANATOMY_AMX inline __m512i amx_sum(const int32_t (&sums)[2][256], int r) {
+  const __m512i high = _mm512_load_si512(sums[0] + 16 * r), low = _mm512_load_si512(sums[1] + 16 * r);
+  return _mm512_add_epi32(_mm512_slli_epi32(high, 8), low);
+}
+#endif
 
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits);

@@ -738,7 +738,7 @@ at::Tensor pack_q6(const at::Tensor& low, const at::Tensor& high, const at::Tens
   return out;
 }
 
-#if ANATOMY_X86
+#if ANATOMY_HAS_AMX
 
 // -- AMX: x rounded to int16 per group of 32, 16 rows of x and 16 output rows at a time ----------------
 //
@@ -752,13 +752,6 @@ at::Tensor pack_q6(const at::Tensor& low, const at::Tensor& high, const at::Tens
 constexpr int64_t SUB = 16;          // inputs per sub-block
 constexpr int64_t PANEL_TILES = 8;   // output tiles unpacked together
 constexpr int64_t SUPER_B = 16 * 256;  // bytes of a tile's super-block as B tiles
-
-struct alignas(64) SubBlockConfig {  // registers: 0 B [4 x 64], 1 and 2 A [16 x 16], 3 and 4 C [16 x 16 int32]
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {64, 16, 16, 64, 64};
-  uint8_t rows[16] = {4, 16, 16, 16, 16};
-};
 
 // super-block `s` of output rows [16 t, 16 t + 16) as B tiles [16 sub-blocks][4 x 64] and scales [16][16]:
 // a row's chunk c (its codes decoded 64 at a time, minus 32) holds in 4-byte piece p the inputs
@@ -790,10 +783,10 @@ ANATOMY_AMX void unpack_super(const uint8_t* w, int64_t row_bytes, int64_t t, in
 ANATOMY_AMX void q6_amx_rows(const anatomy::Planes& x, int64_t M, int64_t K, const uint8_t* w, int64_t t0, int64_t t1,
                              float* y, int64_t N) {
   const int64_t supers = K / SUPER, groups = K / G, blocks = (M + TILE - 1) / TILE, row_bytes = supers * BLOCK;
-  const SubBlockConfig config;
-  _tile_loadconfig(&config);  // per thread: the registers' shapes
   std::vector<int8_t> codes(PANEL_TILES * SUPER_B);
   std::vector<float> scales(PANEL_TILES * SUPER_B / 16), acc(PANEL_TILES * blocks * TILE * TILE);
+  const anatomy::AmxConfig config(4, SUB);  // a sub-block: B 4 rows of 64 bytes, A 16 bytes a row of x
+  _tile_loadconfig(&config);  // per thread, after the allocations: the registers' shapes
   alignas(64) int32_t sums[2][TILE * TILE];
   for (int64_t p0 = t0; p0 < t1; p0 += PANEL_TILES) {
     const int64_t p1 = std::min(t1, p0 + PANEL_TILES);
@@ -809,19 +802,11 @@ ANATOMY_AMX void q6_amx_rows(const anatomy::Planes& x, int64_t M, int64_t K, con
           for (int64_t j = 0; j < SUPER / SUB; ++j) {
             const int64_t at = (mb * groups + s * (SUPER / G) + j / 2) * TILE;  // x's [block, group, row]
             const int64_t half = (j % 2) * SUB;
-            _tile_loadd(0, codes.data() + (t - p0) * SUPER_B + j * 256, 64);
-            _tile_loadd(1, x.high.data() + at * G + half, G);
-            _tile_loadd(2, x.low.data() + at * G + half, G);
-            _tile_zero(3);
-            _tile_zero(4);
-            _tile_dpbssd(3, 1, 0);
-            _tile_dpbusd(4, 2, 0);
-            _tile_stored(3, sums[0], 64);
-            _tile_stored(4, sums[1], 64);
+            anatomy::amx_products(codes.data() + (t - p0) * SUPER_B + j * 256, x.high.data() + at * G + half,
+                                  x.low.data() + at * G + half, G, sums);
             const __m512 sc = _mm512_loadu_ps(scales.data() + (t - p0) * 256 + j * TILE);
             for (int r = 0; r < TILE; ++r) {
-              const __m512i high = _mm512_load_si512(sums[0] + TILE * r), low = _mm512_load_si512(sums[1] + TILE * r);
-              const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(high, 8), low);
+              const __m512i sum = anatomy::amx_sum(sums, r);
               out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(sc, _mm512_set1_ps(x.scale[at + r])), out[r]);
             }
           }
@@ -836,7 +821,7 @@ ANATOMY_AMX void q6_amx_rows(const anatomy::Planes& x, int64_t M, int64_t K, con
   _tile_release();
 }
 
-#endif  // ANATOMY_X86
+#endif  // ANATOMY_HAS_AMX
 
 }  // namespace
 
@@ -892,7 +877,7 @@ at::Tensor q6_amx_linear(const at::Tensor& x, const at::Tensor& w) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   at::Tensor xf = x.to(at::kFloat).contiguous();
   at::Tensor y = xf.new_empty({M, N});
-#if ANATOMY_X86
+#if ANATOMY_HAS_AMX
   const Planes planes = split_codes(xf.data_ptr<float>(), M, K);
   const uint8_t* weights = w.data_ptr<uint8_t>();
   float* out = y.data_ptr<float>();

@@ -36,7 +36,7 @@
 // for the int8 LM head, whose products are the logits (~3e-5 of the float product; int8: ~6e-3).
 //
 // The AVX-512 VNNI loop runs where the CPU has it; elsewhere the portable one (for checking: the kernel
-// plan offers tiles only where VNNI runs: kernels/candidates.py q4t, q4t16, q8t16). Where AMX runs,
+// plan offers tiles only where VNNI runs: kernels/candidates.py q4t, q4t16, q8t16, l4t16). Where AMX runs,
 //   tiles_amx_linear(x [M, K] float, tiles of any kind) -> [M, N]
 // gives the bits = 16 products of the same tiles on AMX's int8 tiles, bit for bit (below).
 
@@ -69,14 +69,21 @@ constexpr int64_t G = 32;            // inputs per group
 constexpr int64_t TILE = 16;         // output rows per tile
 enum Kind { Q4, Q5, Q8, L4 };  // the codes a tile holds (L4: 4-bit indices into a table of 16 int8 levels)
 // bytes per tile and group: q4 16 + 16 float16 and 256 bytes of codes; q5 those and 64 of fifth bits;
-// q8 16 float16 and 512 codes
+// q8 16 float16 and 512 codes; l4 16 float32 scales, the 16 int8 levels and 256 bytes of indices
 template <int T>
 constexpr int64_t TILE_BYTES = T == Q8 ? 544 : T == Q5 ? 384 : T == L4 ? 336 : 320;
 // where a tile's group keeps its 4-bit codes (q4, q5, l4), and an l4 tile's group its table of levels
 template <int T>
 constexpr int64_t CODES = T == L4 ? 80 : 64;
 constexpr int64_t LEVELS = 64;
-// an output row's scale, and whether the tile's codes have a minimum term (q4, q5)
+template <int T>
+constexpr bool MINS = T == Q4 || T == Q5;  // the codes have a minimum term
+constexpr int64_t FIFTH = 320;  // where a q5 tile's group keeps its masks
+constexpr int ROWS = 8;              // rows of x per pass over the tiles
+
+inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
+
+// output row r's scale in a tile's group
 template <int T>
 inline float scale_at(const uint8_t* block, int64_t r) {
   if constexpr (T == L4) {
@@ -86,14 +93,8 @@ inline float scale_at(const uint8_t* block, int64_t r) {
   }
   uint16_t h;
   std::memcpy(&h, block + 2 * r, 2);
-  return static_cast<float>(c10::Half(h, c10::Half::from_bits()));
+  return half_to_float(h);
 }
-template <int T>
-constexpr bool MINS = T == Q4 || T == Q5;
-constexpr int64_t FIFTH = 320;  // where a q5 tile's group keeps its masks
-constexpr int ROWS = 8;              // rows of x per pass over the tiles
-
-inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
 // x [M, K] rounded to int16 per group of 32: codes, scale s = max|x| / 32767, sum of the codes, and the
 // codes as the vector loop takes them: per 4 inputs, two 32-bit pairs (inputs 0 and 2, then 1 and 3)
@@ -301,6 +302,8 @@ void tiles_dispatch(int rows, const Codes& a, int64_t m0, int64_t K, const uint8
   tiles_avx512<M, T>(a, m0, K, w, t0, t1, y, N);
 }
 
+#if ANATOMY_HAS_AMX
+
 // -- AMX: the same int16 sums, 16 rows of x at a time ------------------------------------------------------
 //
 // x's int16 codes split into a high signed byte and a low unsigned one (q = 256 h + l); per tile, group
@@ -311,7 +314,6 @@ void tiles_dispatch(int rows, const Codes& a, int64_t m0, int64_t K, const uint8
 // while every 16 rows of x pass over it; a tile's 16 x 16 outputs stay in registers over its groups.
 
 constexpr int64_t B_BYTES = 8 * 64;        // a group's codes as a B tile
-constexpr int64_t A_BYTES = TILE * G;      // 16 rows' bytes of a group
 constexpr int64_t PANEL = 256 << 10;       // bytes of unpacked codes per panel of tiles
 
 using anatomy::Planes;
@@ -353,15 +355,6 @@ Planes split_rows(const float* x, int64_t M, int64_t K) {
   return s;
 }
 
-// the tile registers: 0 a group's codes B [8 x 64 bytes], 1 and 2 the high and low bytes of 16 rows of x
-// A [16 x 32], 3 and 4 their sums C [16 x 16 int32]
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {64, 32, 32, 64, 64};
-  uint8_t rows[16] = {8, 16, 16, 16, 16};
-};
-
 // tile t's outputs for rows [m0, m0 + 16) of x; codes(g): its group g's B tile
 template <int T, typename Codes>
 ANATOMY_AMX inline void tile_rows(const Planes& s, int64_t m0, int64_t M, int64_t groups, const uint8_t* tile,
@@ -375,18 +368,9 @@ ANATOMY_AMX inline void tile_rows(const Planes& s, int64_t m0, int64_t M, int64_
     const __m512 d = scales<T>(header);
     const __m512 mins = minimums<T>(header);
     const int64_t at = (block * groups + g) * TILE;
-    _tile_loadd(0, codes(g), 64);
-    _tile_loadd(1, s.high.data() + at * G, G);
-    _tile_loadd(2, s.low.data() + at * G, G);
-    _tile_zero(3);
-    _tile_zero(4);
-    _tile_dpbssd(3, 1, 0);
-    _tile_dpbusd(4, 2, 0);
-    _tile_stored(3, sums[0], 64);
-    _tile_stored(4, sums[1], 64);
+    anatomy::amx_products(codes(g), s.high.data() + at * G, s.low.data() + at * G, G, sums);
     for (int r = 0; r < TILE; ++r) {
-      const __m512i high = _mm512_load_si512(sums[0] + TILE * r), low = _mm512_load_si512(sums[1] + TILE * r);
-      const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(high, 8), low);
+      const __m512i sum = anatomy::amx_sum(sums, r);
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(s.scale[at + r])), acc[r]);
       if (MINS<T>) acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(s.scaled_sum[at + r]), acc[r]);
     }
@@ -398,9 +382,9 @@ template <int T>
 ANATOMY_AMX void tiles_amx(const Planes& s, int64_t M, int64_t K, const uint8_t* w, int64_t t0, int64_t t1, float* y,
                         int64_t N) {
   const int64_t groups = K / G, panel = std::max<int64_t>(1, PANEL / (groups * B_BYTES));
-  const TileConfig config;
-  _tile_loadconfig(&config);  // per thread: the registers' shapes
   std::vector<uint8_t> unpacked(T == Q8 ? 0 : panel * groups * B_BYTES);  // [panel, groups, B tile]
+  const anatomy::AmxConfig config(8, G);
+  _tile_loadconfig(&config);  // per thread, after the allocations: the registers' shapes
   for (int64_t p0 = t0; p0 < t1; p0 += panel) {
     const int64_t p1 = std::min(t1, p0 + panel);
     if constexpr (T != Q8)
@@ -423,6 +407,8 @@ ANATOMY_AMX void tiles_amx(const Planes& s, int64_t M, int64_t K, const uint8_t*
   }
   _tile_release();
 }
+
+#endif  // ANATOMY_HAS_AMX
 
 #endif  // ANATOMY_X86
 
@@ -585,7 +571,7 @@ at::Tensor tiles_amx_linear(const at::Tensor& x, const at::Tensor& w) {
               what, ": tiles must be uint8 [N/16, K/32, 320 | 384 | 544 | 336] (q4, q5, q8 or l4 tiles)");
   check_tiles(x, w, w.size(2), what);
   TORCH_CHECK(anatomy::isa() >= Isa::Amx, what, ": this CPU (or the kernels' limit) runs no AMX");
-#if ANATOMY_X86
+#if ANATOMY_HAS_AMX
   const int64_t M = x.size(0), N = w.size(0) * TILE, K = x.size(1);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const Planes s = split_rows(xf.data_ptr<float>(), M, K);
@@ -610,7 +596,7 @@ at::Tensor tiles_amx_linear(const at::Tensor& x, const at::Tensor& w) {
 namespace anatomy {
 
 Planes split_codes(const float* x, int64_t M, int64_t K) {
-#if ANATOMY_X86
+#if ANATOMY_HAS_AMX
   return split_rows(x, M, K);
 #else
   return Planes{};
