@@ -8,7 +8,8 @@ of CTX tokens (the second half of each scored). Each file is then scored by `lla
 --kl-divergence` against them, and by anatomy (default engine, `anatomy.load(file)`) on the tokens
 llama.cpp read (those the base file holds) against its fp32 forward of the same F32 file. Files:
 the shipped Q4_1 (whose dequantized weights the reference is), and where llama-quantize is built,
-Q4_0, Q4_K_M, Q5_K_M, Q6_K and Q8_0 made from the F32 file (their KL: from the weights they were made from).
+Q4_0, Q4_K_M, Q5_K_M, Q6_K, Q8_0, IQ4_NL and IQ4_XS made from the F32 file (their KL: from the weights they
+were made from).
 
     python -m benchmarks quality
 """
@@ -34,7 +35,8 @@ from benchmarks.llama_cpp import llama_tool
 MODEL = "smollm2-135m-instruct"
 ENGLISH = Path(__file__).parents[1] / "tests" / "data" / "english.txt"
 CTX = 512  # llama-perplexity's default -c; english.txt's 2,068 tokens: 4 chunks, 255 predictions each
-QUANTS = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")  # made by llama-quantize from the F32 file, where it is built
+# made by llama-quantize from the F32 file, where it is built
+QUANTS = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS")
 
 # llama-perplexity --kl-divergence's summary lines (tools/perplexity/perplexity.cpp's kl_divergence)
 SUMMARY = {"perplexity": r"Mean\s+PPL\(Q\)\s*:\s*([0-9.]+)",
