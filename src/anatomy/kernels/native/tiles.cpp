@@ -563,6 +563,16 @@ at::Tensor int_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool porta
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
+// q8 and l4 tiles: x rounded to int16 per group of 32 only (int_tiles_linear with bits = 16)
+template <int T>
+at::Tensor int16_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, const char* what) {
+  check_tiles(x, w, TILE_BYTES<T>, what);
+  const Isa level = anatomy::isa(portable);
+  at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
+  over_tiles<T>(quantize_rows16(x, level), w, level, y);
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
 // y [M, N] on AMX: x rounded to int16 per group of 32 as for bits = 16, 16 rows at a time (tiles_amx)
 at::Tensor tiles_amx_linear(const at::Tensor& x, const at::Tensor& w) {
   const char* what = "anatomy::tiles_amx_linear";
@@ -612,19 +622,11 @@ at::Tensor q5_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portab
 }
 
 at::Tensor q8_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
-  check_tiles(x, w, TILE_BYTES<Q8>, "anatomy::q8_tiles_linear");
-  const Isa level = anatomy::isa(portable);
-  at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
-  over_tiles<Q8>(quantize_rows16(x, level), w, level, y);
-  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+  return int16_tiles_linear<Q8>(x, w, portable, "anatomy::q8_tiles_linear");
 }
 
 at::Tensor l4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
-  check_tiles(x, w, TILE_BYTES<L4>, "anatomy::l4_tiles_linear");
-  const Isa level = anatomy::isa(portable);
-  at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
-  over_tiles<L4>(quantize_rows16(x, level), w, level, y);
-  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+  return int16_tiles_linear<L4>(x, w, portable, "anatomy::l4_tiles_linear");
 }
 
 }  // namespace anatomy
