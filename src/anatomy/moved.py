@@ -38,6 +38,7 @@ MOVED = {
     "anatomy.inference.view": "anatomy.inference.engine.view",
     "anatomy.inference.steps": "anatomy.inference.engine.run",
     "anatomy.serving.paged": "anatomy.inference.engine.paged",
+    "anatomy.serving.speculation": "anatomy.inference.speculative.rounds",
     # the load generator is a client of servers, not part of one
     "anatomy.serving.bench": "anatomy.loadgen",
     # the profiler, a package

@@ -113,7 +113,7 @@ def test_speculative_decoding_within_the_grammar_gives_the_plain_constrained_out
                                                                                       grammars):
     """Prompt-lookup drafts are cut to what the grammar allows and verified under its masks: greedy
     constrained output with speculation == without it, and valid."""
-    from anatomy.serving.speculation import ServedSpeculation
+    from anatomy.inference.speculative.rounds import ServedSpeculation
 
     example = json.dumps({"name": "Ada", "age": 36, "role": "admin", "tags": ["x"]})
     prompt = smollm2_tokenizer.encode(f"{example}\n{example}\n{example}\n")

@@ -20,7 +20,7 @@ from anatomy.serving.protocol import ChatRequest
 from anatomy.serving.reasoning import ThinkSplitter, prompt_opens, read, split
 from anatomy.serving.responses import ChatRender
 from anatomy.serving.sequence import Event
-from anatomy.serving.speculation import ServedSpeculation
+from anatomy.inference.speculative.rounds import ServedSpeculation
 from anatomy.serving.thinking import Thinking, ThinkingState, thinking_for
 
 from .conftest import Server, run_all

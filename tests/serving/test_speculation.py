@@ -13,7 +13,7 @@ from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.sampling import SamplingParams
 from anatomy.inference.speculative.ngram import NgramIndex
 from anatomy.serving.loop import ServingLoop
-from anatomy.serving.speculation import ServedSpeculation, SequenceSpeculation
+from anatomy.inference.speculative.rounds import ServedSpeculation, SequenceSpeculation
 
 from ..inference.conftest import llama_tiny
 from ..inference.speculative.conftest import markov_decoder

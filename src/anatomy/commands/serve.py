@@ -313,7 +313,7 @@ def _window_bytes(loop, block_size: int) -> tuple[int, int]:
 
 def _speculation(args: argparse.Namespace, tokenizer):
     """The server's default speculation (None: only requests that ask, by prompt lookup)."""
-    from anatomy.serving.speculation import ServedSpeculation
+    from anatomy.inference.speculative.rounds import ServedSpeculation
 
     options = speculative_options(args, tokenizer)
     if not options:

@@ -37,7 +37,7 @@ from anatomy.serving.sequence import Event, Sequence, TokenLogprob
 from anatomy.serving.drafting import Drafter
 from anatomy.serving.thinking import Thinking, ThinkingState
 from anatomy.serving.window_blocks import WindowBlocks
-from anatomy.serving.speculation import DRAFTED, ServedSpeculation, accept
+from anatomy.inference.speculative.rounds import DRAFTED, ServedSpeculation, accept
 
 class ServingLoop:
     """Continuous batching over a paged KV cache of `kv_bytes` bytes (blocks of `block_size` tokens);
@@ -71,7 +71,7 @@ class ServingLoop:
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self.steps = 0
+        self.steps = self.verifications = 0  # steps run; of them, steps that verified proposals
 
     def _offload(self, host_bytes: int, directory: str | None, block_size: int) -> KVOffload | None:
         """The offload store of evicted blocks (None: none asked), fed by the block manager's evictions."""
@@ -221,7 +221,12 @@ class ServingLoop:
         (engine.step) -> each sequence's rows of logits: a verifying row keeps what the target agrees
         with of its draft, a row that reaches its sequence's end samples a token."""
         chunks = [self._chunk(seq, n) for seq, n in scheduled]
+        start = time.perf_counter()
         logits = self.engine.step(self.cache, chunks).split([c.logits for c in chunks])  # per chunk [logits, V]
+        seconds = time.perf_counter() - start
+        for (seq, _), chunk in zip(scheduled, chunks):  # a speculating sequence's policy learns the step's cost
+            if seq.speculation is not None and seq.remaining == 1:
+                seq.speculation.timed(len(chunk.tokens), seconds)
         rows = list(zip(scheduled, logits))
         self._advance([(seq, n, r) for (seq, n), r in rows if not seq.draft])
         self._verify([(seq, n, r) for (seq, n), r in rows if seq.draft])
@@ -265,10 +270,12 @@ class ServingLoop:
         written over later)."""
         if not group:
             return
+        self.verifications += 1
         self.metrics.step(0, len(group))
         for seq, n, rows in group:
             draft, seq.draft = seq.draft, []
-            tokens, kept = accept(processed_draft(rows, seq, draft), draft, seq.params, seq.generator, seq.penalties)
+            tokens, kept = accept(processed_draft(rows, seq, draft), draft, seq.params, seq.generator, seq.penalties,
+                                  seq.speculation.probs)
             seq.speculation.kept(len(draft), kept)
             self.metrics.speculated(len(draft), kept)
             logprobs = self._logprobs(rows[:len(tokens)], tokens, seq.logprobs)

@@ -87,7 +87,7 @@ class Sequence:
     score_only: bool = False  # max_tokens 0: the prompt is run (for its logprobs), nothing generated
     prompt_logprobs: int | None = None  # None: not asked; k: each prompt token's logprob and the top k
     prompt_entries: list[TokenLogprob | None] = field(default_factory=list)  # per prompt position
-    speculation: Any = None  # its SequenceSpeculation (serving/speculation.py), None: it does not speculate
+    speculation: Any = None  # its SequenceSpeculation (inference/speculative/rounds.py), None: it does not speculate
     draft: list[int] = field(default_factory=list)  # the tokens it proposes to verify in the next step
     thinking: Any = None  # its ThinkingState (serving/thinking.py), None: its thinking block is not read
     adapter: Any = None  # the LoRA adapter it runs with (an AdapterRef, anatomy/lora/slots.py), None: the base

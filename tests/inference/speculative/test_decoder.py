@@ -12,7 +12,7 @@ import torch
 import anatomy
 from anatomy.inference.engine import DecoderEngine
 from anatomy.inference.sampling import SamplingParams
-from anatomy.inference.speculative import DraftProposer, NgramProposer, Proposal, SpeculativeDecoder, first_layers
+from anatomy.inference.speculative import DraftProposer, NgramProposer, SpeculativeDecoder, first_layers
 from anatomy.inference.speculative.policy import AdaptiveK
 
 from .conftest import KINDS, gpt2_tiny, tiny
@@ -58,7 +58,7 @@ def test_a_draft_that_is_the_target_keeps_everything():
     s = decoder.stats
     assert s.accepted == s.proposed == 15 and s.tokens_per_forward == 4.0 and s.rejections == 0
     assert s.verifications == s.target_forwards == 5 and s.tokens == 20  # 1 (prefill) + 5 x 4
-    assert s.draft_forwards == 1 + 5 * 3  # its prefill, then k per round
+    assert s.draft_forwards == 5 * 3  # k per round (the first catches up on the prompt)
 
 
 @pytest.mark.parametrize("penalties", [dict(repetition_penalty=1.8),
@@ -111,18 +111,19 @@ class Costs(AdaptiveK):
 
 
 class Wrong:
-    """A draft-like proposer (not free) whose every guess is wrong."""
+    """A draft-like proposer (not free) whose every guess is wrong: the last token + 1, never the argmax here."""
 
-    name, free, forwards = "wrong", False, 0
+    name, free = "wrong", False
 
-    def start(self, run) -> None:
-        self.last = run.batch.ids[:, -1:]
+    def guesser(self, tokens: list[int]) -> Wrong:
+        self.last = tokens[-1]
+        return self
 
-    def propose(self, k: int) -> Proposal:
-        return Proposal((self.last + 1).remainder(97).expand(-1, k))  # the last token + 1: never the argmax here
+    def continuation(self, k: int) -> list[int]:
+        return [(self.last + 1) % 97] * k
 
-    def advance(self, emitted: torch.Tensor, accepted: int) -> None:
-        self.last = emitted[:, -1:]
+    def extend(self, tokens: list[int]) -> None:
+        self.last = tokens[-1]
 
 
 def test_adaptive_speculation_falls_back_to_plain_steps_when_guesses_fail():

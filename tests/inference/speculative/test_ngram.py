@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
-import torch
-
 from anatomy.errors import InputError
 from anatomy.inference.sampling import SamplingParams
-from anatomy.inference.speculative import NgramProposer
+from anatomy.inference.speculative import NgramProposer, Proposal
 from anatomy.inference.speculative.ngram import NgramIndex
-from anatomy.inference.engine import PaddedBatch
 
 
 def test_the_longest_ending_with_an_earlier_occurrence_wins():
@@ -38,14 +33,19 @@ def test_min_n_ignores_shorter_matches():
     assert NgramIndex([1, 2, 3, 2], min_n=1, max_n=3).continuation(2) == [3, 2]
 
 
-def test_the_proposer_pads_rows_without_a_guess_and_follows_what_is_emitted():
+def test_the_proposer_gives_each_sequence_its_own_index():
     proposer = NgramProposer(max_n=2)
-    proposer.start(SimpleNamespace(batch=PaddedBatch.of([[1, 2, 3, 1, 2], [9, 8]])))  # what it reads of a Run
-    proposal = proposer.propose(3)
+    rows = [proposer.guesser([1, 2, 3, 1, 2]), proposer.guesser([9, 8])]
+    assert [row.continuation(3) for row in rows] == [[3, 1, 2], []]
+    for row, emitted in zip(rows, [[3, 7], [9, 8]]):
+        row.extend(emitted)
+    assert [row.continuation(2) for row in rows] == [[], [9, 8]]  # row 1: "9 8" seen before, then 9 8
+
+
+def test_proposals_pad_rows_of_fewer_guesses():
+    proposal = Proposal.rows([[3, 1, 2], []])
     assert proposal.tokens.tolist() == [[3, 1, 2], [0, 0, 0]] and proposal.lengths.tolist() == [3, 0]
     assert proposal.valid().tolist() == [[True] * 3, [False] * 3] and proposal.proposed() == 3
-    proposer.advance(torch.tensor([[3, 7], [9, 8]]), 1)
-    assert proposer.propose(2).tokens.tolist() == [[0, 0], [9, 8]]  # row 1: "9 8" seen before, then 9 8
 
 
 def test_sizes_are_checked():

@@ -2,9 +2,10 @@
 
 A proposer guesses the next k tokens cheaply; the target verifies all k in one forward and keeps
 the longest prefix it agrees with plus one token of its own (greedy output equals plain greedy
-decoding; sampling keeps the target's distribution). proposal.py: the Proposer interface; ngram.py:
-prompt lookup; draft.py: a draft model; acceptance.py: greedy and rejection sampling; policy.py:
-adaptive k; decoder.py: the loop; setup.py: generate()'s options as a checked Speculation.
+decoding; sampling keeps the target's distribution). rounds.py: a sequence's rounds, the one driver (the
+serving loop runs them; decoder.py, offline generation, is a client of that loop); proposal.py, ngram.py,
+draft.py: what proposes; acceptance.py: greedy and rejection sampling; policy.py: k per round;
+setup.py: generate()'s options as a checked Speculation.
 """
 
 from anatomy.inference.speculative.decoder import SpeculativeDecoder

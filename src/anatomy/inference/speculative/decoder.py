@@ -1,124 +1,95 @@
-"""The speculative generation loop: propose, verify in one target forward, keep the agreed prefix.
+"""Offline speculative generation: a client of the serving loop, as vLLM's `LLM.generate` is of its engine core.
 
-Each round asks the policy for k; k = 0 (or no proposal) is a plain decode step, otherwise the last
-token and k proposals go through the target Run's `verify` in one forward and acceptance keeps
-n + 1 tokens. Rejected proposals' cache entries are never attended to and are written over. Tokens
-are yielded one at a time as [B] tensors, like DecoderEngine.tokens. A batch advances together:
-every row keeps the fewest proposals any row kept, so each row's output is exactly (greedy) or in
-distribution (sampling) what it would be alone. Details: docs/speculative.md, "How it works".
+The prompts become sequences of an in-process `ServingLoop` (stepped here, no thread) that speculates with
+the rounds of rounds.py, each sequence under its own policy (AdaptiveK, or FixedK(k)); tokens are yielded
+one position at a time as [B] tensors, like DecoderEngine.tokens. Each row speculates on its own, so its
+output is exactly (greedy) or in distribution (sampling) what it would be alone.
+Details: docs/speculative.md, "How it works".
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
-from anatomy.inference.engine import DecoderEngine
+from anatomy.inference.engine import DecoderEngine, PagedKVCache
 from anatomy.inference.sampling import SamplingParams
-from anatomy.inference.speculative.acceptance import verify
+from anatomy.inference.speculative.draft import DraftProposer
 from anatomy.inference.speculative.policy import AdaptiveK, FixedK
-from anatomy.inference.speculative.proposal import Proposal, Proposer
+from anatomy.inference.speculative.proposal import Proposer
+from anatomy.inference.speculative.rounds import ServedSpeculation
 from anatomy.inference.speculative.stats import SpeculativeStats
+
+BLOCK = 16  # tokens per KV block of the loop's cache, as a Run's
 
 
 class SpeculativeDecoder:
     """`for tokens in SpeculativeDecoder(engine, proposer, k=5).tokens(prompts, params)` yields [B]
-    token tensors, as DecoderEngine.tokens does; `stats` counts what speculation did."""
+    token tensors, as DecoderEngine.tokens does; `stats` counts what speculation did, `loop` is the
+    latest generation's serving loop."""
 
     def __init__(self, engine: DecoderEngine, proposer: Proposer, *, k: int, adaptive: bool = True,
                  policy: Callable[[], AdaptiveK | FixedK] | None = None) -> None:
-        """`policy` makes each generation's policy (default: AdaptiveK, or FixedK(k) if not adaptive)."""
+        """`policy` makes each sequence's policy (default: AdaptiveK, or FixedK(k) if not adaptive)."""
         self.engine, self.proposer, self.k = engine, proposer, k
         self.make_policy = policy or ((lambda: AdaptiveK(k, free=proposer.free)) if adaptive else (lambda: FixedK(k)))
         self.stats = SpeculativeStats(proposer.name, k)
+        self.loop = None
 
     def tokens(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[Tensor]:
-        run = self.run = self.engine.start(prompts, params)
-        N = params.max_new_tokens
-        self.proposer.start(run)
-        self.shadow: _Shadow | None = None
-        self.stats = SpeculativeStats(self.proposer.name, self.k)
-        self.policy = self.make_policy()
+        loop = self.loop = self._loop(prompts, params)
+        outputs: list[list[int]] = [[] for _ in prompts]
+        seeds = row_seeds(params.seed, len(prompts))
+        seqs = [loop.submit(prompt, _row_params(params, seeds, i), lambda event, out=out: out.append(event.token))
+                for i, (prompt, out) in enumerate(zip(prompts, outputs))]
+        yielded = 0
+        while yielded < params.max_new_tokens and loop.step():
+            self._count(seqs, outputs)
+            for j in range(yielded, min(map(len, outputs))):
+                yield torch.tensor([out[j] for out in outputs], device=self.engine.device)
+            yielded = min(map(len, outputs))
 
-        token = run.choose(run.prefill())
-        self.proposer.advance(token[:, None], 0)
-        yield token
-        emitted = 1
-        while emitted < N:
-            tokens = self._round(token, room=N - emitted - 1)  # [B, m]
-            for j in range(tokens.shape[1]):
-                yield tokens[:, j]
-            emitted += tokens.shape[1]
-            token = tokens[:, -1]
+    def _loop(self, prompts: list[list[int]], params: SamplingParams):
+        """A loop with room for every prompt, its new tokens and a round's k + 1, prefilled in one step."""
+        from anatomy.serving.loop import ServingLoop  # serving imports this package: imported when a generation runs
 
-    def _round(self, token: Tensor, *, room: int) -> Tensor:
-        """One target forward from `token` [B] at the run's slot -> the tokens it emits [B, m]
-        (`room`: how many tokens may follow the first without passing max_new_tokens)."""
-        k = min(self.policy.next_k(), room)
-        start = time.perf_counter()
-        proposal = self.proposer.propose(k) if k > 0 else None
-        speculating = proposal is not None and proposal.k > 0
-        proposed = time.perf_counter()
-        if speculating:
-            self.policy.draft_time((proposed - start) / proposal.k)
-            tokens, accepted = self._verify(token, proposal)
-        else:
-            tokens, accepted = self._plain(token), 0
-        self.policy.target_time(1 + (proposal.k if speculating else 0), time.perf_counter() - proposed)
-        self.proposer.advance(tokens, accepted)
-        self.stats.target_forwards += 1
-        self.stats.tokens += tokens.shape[1]
-        self.stats.draft_forwards = self.proposer.forwards
-        return tokens
+        config, k = self.engine.config, self.k
+        blocks = -(-(max(map(len, prompts)) + params.max_new_tokens + k + 1) // BLOCK) + 1
+        kv_bytes = len(prompts) * blocks * PagedKVCache.block_bytes(config, BLOCK, self.engine.kv_dtype)
+        draft = isinstance(self.proposer, DraftProposer)
+        speculation = ServedSpeculation(
+            method="draft" if draft else "ngram", num_speculative_tokens=k,
+            draft=self.proposer.engine if draft else None, policy=lambda _: self.make_policy(),
+            guesser=None if draft else self.proposer.guesser)
+        return ServingLoop(self.engine, kv_bytes=kv_bytes, block_size=BLOCK, max_seqs=len(prompts),
+                           max_step_tokens=sum(map(len, prompts)) + len(prompts) * (k + 1), prefix_caching=False,
+                           speculation=speculation)
 
-    def _plain(self, token: Tensor) -> Tensor:
-        """A plain decode step -> [B, 1]; a free proposer's guess is scored against it meanwhile."""
-        if self.proposer.free and self.shadow is None:
-            guess = self.proposer.propose(self.k)
-            self.shadow = _Shadow(guess) if guess.k > 0 else None
-        token = self.run.choose(self.run.decode(token))
-        if self.shadow is not None and (score := self.shadow.push(token.tolist())) is not None:
-            self.policy.kept(*score)
-            self.shadow = None
-        return token[:, None]
-
-    @torch.inference_mode()
-    def _verify(self, token: Tensor, proposal: Proposal) -> tuple[Tensor, int]:
-        """One forward over the last token and the proposal -> (tokens [B, n+1], n proposals kept);
-        the run rewinds to after the kept ones."""
-        run = self.run
-        start = run.slot
-        ids = torch.cat([token[:, None], proposal.tokens], dim=1)  # [B, k+1]
-        tokens, accepted = verify(run.verify(ids), proposal, run.params, run.generator, run.penalties)
-        n = int(accepted.min())
-        tokens = tokens[:, :n + 1]
-        run.rewind(start + n + 1)  # the token and the n kept proposals are in the cache; the new token is not
-        run.observe(tokens)
-        self.policy.kept(proposal.k, n)
-        self.shadow = None
-        self.stats.verifications += 1
-        self.stats.proposed += proposal.proposed()
-        self.stats.accepted += n * tokens.shape[0]
-        self.stats.rejections += tokens.shape[0] if n < proposal.k else 0
-        return tokens, n
+    def _count(self, seqs: list, outputs: list[list[int]]) -> None:
+        """The stats so far: the sequences' rounds summed, the loop's forwards after the prefill's."""
+        loop, states = self.loop, [seq.speculation for seq in seqs]
+        stats = self.stats = SpeculativeStats(self.proposer.name, self.k)
+        stats.proposed = sum(s.proposed for s in states)
+        stats.accepted = sum(s.accepted for s in states)
+        stats.rejections = sum(s.rejections for s in states)
+        stats.verifications = loop.verifications
+        stats.target_forwards = loop.steps - 1
+        stats.draft_forwards = loop.drafter.forwards if loop.drafter is not None else 0
+        stats.tokens = round(sum(max(len(out) - 1, 0) for out in outputs) / len(outputs))
 
 
-class _Shadow:
-    """A free proposal that was not verified (plain decoding): scored against the tokens the target
-    emits next, so that the policy knows what speculating would have gained."""
+def _row_params(params: SamplingParams, seeds: list[int] | None, row: int) -> SamplingParams:
+    """Row `row`'s parameters in the loop: every token to max_new_tokens (the caller stops rows on EOS,
+    stop ids and stop strings, as for plain generation), its own random stream."""
+    return replace(params, ignore_eos=True, stop=(), stop_ids=(), seed=seeds[row] if seeds else None)
 
-    def __init__(self, proposal: Proposal) -> None:
-        self.rows = proposal.tokens.tolist()
-        self.lengths = proposal.lengths.tolist() if proposal.lengths is not None else [proposal.k] * len(self.rows)
-        self.k, self.position = proposal.k, 0
 
-    def push(self, emitted: list[int]) -> tuple[int, int] | None:
-        """The next emitted token of each row -> (tried, kept) once the proposal is decided, else None."""
-        j = self.position
-        if all(j < n and row[j] == t for row, n, t in zip(self.rows, self.lengths, emitted)):
-            self.position += 1
-            return (self.k, self.k) if self.position == self.k else None
-        return self.k, j
+def row_seeds(seed: int | None, rows: int) -> list[int] | None:
+    """Each row's seed, drawn from `seed` (rows of one seed must not share a stream, nor calls of
+    neighbouring seeds: seed + row would repeat one call's rows in the next)."""
+    if seed is None:
+        return None
+    return torch.randint(2 ** 62, (rows,), generator=torch.Generator().manual_seed(int(seed))).tolist()

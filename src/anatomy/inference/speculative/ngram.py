@@ -13,11 +13,7 @@ with an earlier occurrence wins, and of its occurrences the latest.
 
 from __future__ import annotations
 
-import torch
-
 from anatomy.errors import InputError
-from anatomy.inference.engine import Run
-from anatomy.inference.speculative.proposal import Proposal
 
 
 class NgramIndex:
@@ -55,28 +51,16 @@ class NgramIndex:
 
 
 class NgramProposer:
-    """Proposals by prompt lookup, one NgramIndex per row."""
+    """Prompt lookup for SpeculativeDecoder: each sequence guesses with an NgramIndex of its own."""
 
     name = "ngram"
     free = True
-    forwards = 0
 
     def __init__(self, *, max_n: int = 3, min_n: int = 1) -> None:
         if not 1 <= min_n <= max_n:
             raise InputError(f"n-gram sizes min_n={min_n}, max_n={max_n} need 1 <= min_n <= max_n")
         self.max_n, self.min_n = max_n, min_n
-        self.rows: list[NgramIndex] = []
-        self.device = torch.device("cpu")
 
-    def start(self, run: Run) -> None:
-        batch = run.batch
-        ids, padding = batch.ids.tolist(), batch.padding.tolist()
-        self.rows = [NgramIndex(row[pad:], min_n=self.min_n, max_n=self.max_n) for row, pad in zip(ids, padding)]
-        self.device = batch.ids.device
-
-    def propose(self, k: int) -> Proposal:
-        return Proposal.rows([row.continuation(k) for row in self.rows], device=self.device)
-
-    def advance(self, emitted: torch.Tensor, accepted: int) -> None:
-        for row, tokens in zip(self.rows, emitted.tolist()):
-            row.extend(tokens)
+    def guesser(self, tokens: list[int]) -> NgramIndex:
+        """One sequence's guesser, over its prompt `tokens`."""
+        return NgramIndex(tokens, min_n=self.min_n, max_n=self.max_n)

@@ -1,10 +1,8 @@
-"""What a proposer hands the target to verify, and the interface every proposer has.
+"""What a round hands the target to verify, and what proposes it.
 
-    proposer.start(run)                          before the first token: the target's Run (its batch, sampling
-                                                 parameters and generator); a draft model prefills the prompts
-    proposal = proposer.propose(k)               up to k guessed tokens per row
-    proposer.advance(emitted [B, m], n)          the target emitted m tokens per row: the proposal's first n,
-                                                 then one of its own (a draft model rewinds to that)
+    Proposal(tokens [B, k], lengths, probs)       the guesses acceptance.verify decides on
+    Guesser: continuation(k), extend(tokens)      a sequence's free proposer (prompt lookup: NgramIndex)
+    Proposer: name, free, guesser(prompt)         what SpeculativeDecoder takes (DraftProposer: a model instead)
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from anatomy.inference.engine import Run
 
 
 @dataclass(frozen=True)
@@ -52,15 +49,18 @@ class Proposal:
         return cls(tokens, lengths)
 
 
+class Guesser(Protocol):
+    """A sequence's free proposer: guesses from the tokens so far, no model run."""
+
+    def continuation(self, k: int) -> list[int]: ...
+
+    def extend(self, tokens: list[int]) -> None: ...
+
+
 class Proposer(Protocol):
-    """Guesses the next tokens of every row of one generation (one object per generation)."""
+    """Makes each sequence's guesser (NgramProposer, or any guessing rule); a draft model is a DraftProposer."""
 
     name: str
     free: bool  # proposing runs no model: the policy may score proposals it does not verify
-    forwards: int  # model forwards run so far (a draft model's)
 
-    def start(self, run: Run) -> None: ...
-
-    def propose(self, k: int) -> Proposal: ...
-
-    def advance(self, emitted: Tensor, accepted: int) -> None: ...
+    def guesser(self, tokens: list[int]) -> Guesser: ...
