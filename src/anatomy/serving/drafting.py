@@ -12,6 +12,7 @@ Details: docs/serving.md, "Speculative decoding".
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 from torch import Tensor
@@ -35,7 +36,8 @@ class Drafter:
             raise InputError(f"the draft model's context of {config.max_seq_len} tokens (max_seq_len) is shorter "
                              f"than the served context of {context} tokens")
         self.engine = engine
-        self.cache = engine.paged_cache(num_blocks=num_blocks, block_size=block_size)
+        self.cache = engine.lend_cache(num_blocks=num_blocks, block_size=block_size)
+        self.cache.owner = weakref.ref(self)
         self.block_bytes = PagedKVCache.block_bytes(config, block_size, engine.kv_dtype)
         self.forwards = 0
 

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -54,7 +55,8 @@ class ServingLoop:
         num_blocks, window_blocks = split_blocks(config, kv_bytes, block_size, engine.kv_dtype, max_seqs=max_seqs,
                                                  max_step_tokens=max_step_tokens)
         self.context = min(config.max_seq_len, num_blocks * block_size)  # the most tokens one sequence can hold
-        self.cache = engine.paged_cache(num_blocks=num_blocks, block_size=block_size, window_blocks=window_blocks)
+        self.cache = engine.lend_cache(num_blocks=num_blocks, block_size=block_size, window_blocks=window_blocks)
+        self.cache.owner = weakref.ref(self)  # a later loop of this shape replays the steps recorded over it
         self.drafter = Drafter(speculation.draft, num_blocks=num_blocks, block_size=block_size, context=self.context,
                                vocab_size=config.vocab_size) if speculation and speculation.draft else None
         self.blocks = BlockManager(num_blocks, block_size)

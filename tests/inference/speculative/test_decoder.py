@@ -51,6 +51,18 @@ def test_greedy_output_is_plain_greedy_output(kind, proposer):
         assert decoder.stats.verifications > 0
 
 
+def test_generations_of_one_shape_run_over_one_lent_cache():
+    """The engine lends each generation's loop (and its draft's) a cache per shape: the next generation
+    replays the steps recorded over it instead of recording, and holding, more."""
+    engine = engine_of("rope-gqa")
+    decoder = SpeculativeDecoder(engine, DraftProposer(engine), k=3, adaptive=False)
+    run(decoder, PROMPTS[:1], SamplingParams(max_new_tokens=20))
+    first = decoder.loop.cache, decoder.loop.drafter.cache
+    assert first[0] is not first[1]  # the draft is the target's engine: the live loop's cache is not lent twice
+    run(decoder, PROMPTS[:1], SamplingParams(max_new_tokens=24))
+    assert (decoder.loop.cache, decoder.loop.drafter.cache) == first
+
+
 def test_a_draft_that_is_the_target_keeps_everything():
     engine = engine_of("rope-gqa")
     decoder = SpeculativeDecoder(engine, DraftProposer(engine), k=3, adaptive=False)

@@ -95,7 +95,7 @@ class DecoderEngine:
         self.compiled = compile
         # a mixture of experts routes by value: no trace holds its step (capture.py), so none is padded for one
         self.captured = self.backend.captures(capture, compile) and not any(b.moe for b in self.model.stack.blocks)
-        self._caches: dict[tuple, list[PagedKVCache]] = {}  # (batch, length, ring) -> caches lent to runs
+        self._caches: dict[tuple, list[PagedKVCache]] = {}  # (blocks, block size, window blocks) -> caches lent
         self._bodies: dict[tuple, Captured | None] = {}  # (cache, shape, Context fields) -> the captured blocks
         self._seen_shapes: dict[tuple, int] = {}  # paged decode shapes -> steps run eagerly so far
         self.lora: AdapterSlots | None = None  # the LoRA adapters served (serve_adapters)
@@ -201,18 +201,22 @@ class DecoderEngine:
 
     def _cache_for(self, batch: int, length: int, ring: int | None) -> PagedKVCache:
         """A paged cache of `batch` tables of `length` tokens (and rings of `ring` blocks for the
-        sliding-window layers). An engine that captures or compiles keeps it per (batch, length, ring) and
-        lends it to one run at a time, so that a shape's recorded step is replayed by the next run of that
-        shape; any other engine makes a fresh one per run.
-        A run still alive keeps its cache: a second run of the same shape meanwhile (a draft that is the
-        target's own engine) gets another."""
-        pool = self._caches.setdefault((batch, length, ring), []) if self.captured or self.compiled else []
+        sliding-window layers), lent to one run."""
+        return self.lend_cache(num_blocks=batch * length // RUN_BLOCK, block_size=RUN_BLOCK,
+                               window_blocks=batch * ring if ring else None)
+
+    def lend_cache(self, *, num_blocks: int, block_size: int, window_blocks: int | None = None) -> PagedKVCache:
+        """A paged cache for one user at a time (a run, a serving loop), who sets `cache.owner` to a weak
+        reference to itself. An engine that captures or compiles keeps it per shape, so that a shape's
+        recorded steps are replayed by the cache's next user instead of recorded again; any other engine
+        makes a fresh one. A cache whose user is alive is not lent again: a second one is made."""
+        key = (num_blocks, block_size, window_blocks)
+        pool = self._caches.setdefault(key, []) if self.captured or self.compiled else []
         for cache in pool:
             if cache.owner is None or cache.owner() is None:
                 return cache
-        pool.append(self.paged_cache(num_blocks=batch * length // RUN_BLOCK, block_size=RUN_BLOCK,
-                                     window_blocks=batch * ring if ring else None))
-        pool[-1].owner = None  # a weak reference to the run it is lent to
+        pool.append(self.paged_cache(num_blocks=num_blocks, block_size=block_size, window_blocks=window_blocks))
+        pool[-1].owner = None
         return pool[-1]
 
     # -- serving over a paged cache ----------------------------------------------------------------

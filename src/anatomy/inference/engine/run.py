@@ -92,7 +92,7 @@ class Run:
         self.slot = 0  # the next slot written
         self.generator = make_generator(params.seed, engine.device)
         self.penalties = Penalties.of(self.prompts, params, vocab=engine.config.vocab_size, device=engine.device)
-        cache.owner = weakref.ref(self)  # lent to this run while it lives (engine._cache_for)
+        cache.owner = weakref.ref(self)  # lent to this run while it lives (engine.lend_cache)
 
     @property
     def rows(self) -> int:

@@ -24,6 +24,7 @@ from anatomy.inference.speculative.rounds import ServedSpeculation
 from anatomy.inference.speculative.stats import SpeculativeStats
 
 BLOCK = 16  # tokens per KV block of the loop's cache, as a Run's
+SPAN = 256  # a row's room is rounded up to this many tokens
 
 
 class SpeculativeDecoder:
@@ -40,6 +41,7 @@ class SpeculativeDecoder:
         self.loop = None
 
     def tokens(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[Tensor]:
+        self.loop = None  # the last generation's loop gives its cache back to the engine
         loop = self.loop = self._loop(prompts, params)
         outputs: list[list[int]] = [[] for _ in prompts]
         seeds = row_seeds(params.seed, len(prompts))
@@ -57,7 +59,8 @@ class SpeculativeDecoder:
         from anatomy.serving.loop import ServingLoop  # serving imports this package: imported when a generation runs
 
         config, k = self.engine.config, self.k
-        blocks = -(-(max(map(len, prompts)) + params.max_new_tokens + k + 1) // BLOCK) + 1
+        tokens = max(map(len, prompts)) + params.max_new_tokens + k + 1
+        blocks = -(-tokens // SPAN) * SPAN // BLOCK + 1  # few shapes: the engine lends a cache per shape
         kv_bytes = len(prompts) * blocks * PagedKVCache.block_bytes(config, BLOCK, self.engine.kv_dtype)
         draft = isinstance(self.proposer, DraftProposer)
         speculation = ServedSpeculation(
