@@ -20,7 +20,8 @@ batch 1 and >= 2x llama-batched-bench's 8; decode at a 2,048-token context >= 1.
 weights; greedy output on the README's prompts identical to the fp32 path for 64 tokens; peak RSS of
 `anatomy generate` under 2x the weights it keeps plus its KV cache.
 
-    python -m benchmarks decode            (ANATOMY_BENCH_REPEATS=3)
+    python -m benchmarks decode            (ANATOMY_BENCH_REPEATS=3; ANATOMY_BENCH_FILES=0 leaves out the
+                                            downloaded files, which `python -m benchmarks files` times alone)
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from benchmarks.timing import median_seconds
 MODEL = "smollm2-135m-instruct"
 PROMPT, NEW, PREFILL, BATCH, DEPTH = 128, 128, 512, 8, 2048
 REPEATS = int(os.environ.get("ANATOMY_BENCH_REPEATS", "3"))
+FILES = os.environ.get("ANATOMY_BENCH_FILES", "1") != "0"
 ENGLISH = Path(__file__).parents[1] / "tests" / "data" / "english.txt"
 README_PROMPTS = ["What is the capital of France?", "Name three rivers."]
 
@@ -233,7 +235,7 @@ def main() -> None:
         references = {"llama.cpp native, F32": native_llama(f32_gguf),
                       "llama.cpp through llama-cpp-python (per-token loop)": binding_run(gguf, short, long_),
                       "HF transformers fp32": hf_run(f32, Path(tmp) / "hf", short, long_)}
-        files = downloaded.measure(Path(tmp))
+        files = downloaded.measure(Path(tmp)) if FILES else None
         record = llama_bench_record(gguf, threads=torch.get_num_threads(), new=16)
     table = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()} | references
     nll, same = quality(f32, default)
@@ -241,7 +243,8 @@ def main() -> None:
     engine = anatomy.engine_for(default)
     kept = held_bytes(default, engine.model) + engine.start([short], SamplingParams(max_new_tokens=64)).cache.nbytes
     _print(table, statistics.median(bandwidth), engine)
-    downloaded.print_table(files, statistics.median(bandwidth))
+    if files is not None:
+        downloaded.print_table(files, statistics.median(bandwidth))
     _targets(table, nll, same, rss, base_rss, kept)
     print_provenance(anatomy_lines(statistics.median(bandwidth)) + llama_lines(llama_tool("llama-bench"), record))
 
