@@ -35,6 +35,9 @@ MOVED = {
     # the engine, a package of its own
     "anatomy.inference.capture": "anatomy.inference.engine.capture",
     "anatomy.inference.kv_cache": "anatomy.inference.engine.kv_cache",
+    # one KV cache family: the static cache's layers are paged (kv_cache.StaticLayer)
+    "anatomy.inference.engine.layer_cache": "anatomy.inference.engine.kv_cache",
+    "anatomy.inference.engine.window_cache": "anatomy.inference.engine.kv_cache",
     "anatomy.inference.view": "anatomy.inference.engine.view",
     "anatomy.inference.steps": "anatomy.inference.engine.run",
     "anatomy.serving.paged": "anatomy.inference.engine.paged",

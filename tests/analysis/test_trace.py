@@ -31,7 +31,8 @@ def test_decode_scores_are_b_h_1_t():
     assert scores[0].output == [2, 32, 1, 37]
     assert scores[0].inputs == [[2, 32, 1, 128], [2, 32, 128, 37]]  # the new query against T cached keys
     writes = [r for r in rows if r.op == "index_copy_"]
-    assert len(writes) == 2 and writes[0].inputs[-1] == [2, 32, 1, 128]  # the new K and V written to the cache
+    # the new K and V written to the paged pools, a row [H_kv, d_h] per token and batch row (B * 1 of them)
+    assert len(writes) == 2 and writes[0].inputs[-1] == [2, 32, 128]
 
 
 def test_trace_flops_of_one_block_equal_the_analytic_layer():

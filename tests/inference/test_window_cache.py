@@ -1,9 +1,9 @@
-"""A sliding-window layer keeps only its window (inference/engine/window_cache.py), against HF
-transformers: Gemma 3 (5-token windows with a RoPE base of their own, then a global layer) and Mistral
-(every layer windowed), each read from an HF checkpoint. Decoding through rings of window + 2 slots
-gives each position the logits of the full forward (fp32, 1e-4), after a left-padded prefill longer
-than the ring and after rewinds; the rings hold what they should and no more; generation through the
-engine keeps HF's greedy tokens; a rewind past the ring's slack is refused."""
+"""Sliding-window layers against HF transformers: Gemma 3 (5-token windows with a RoPE base of their
+own, then a global layer) and Mistral (every layer windowed), each read from an HF checkpoint. A static
+KVCache keeps every slot and its masks apply the window: decoding through it gives each position the
+logits of the full forward (fp32, 1e-4), after a left-padded prefill and after rewinds. An engine's run
+keeps rings of blocks (run.py) that hold less than full tables, wrap with HF's logits, keep HF's greedy
+tokens, and refuse a rewind past the ring's slack."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import torch
 
 import anatomy
 from anatomy.errors import InputError
-from anatomy.inference.engine.kv_cache import KVCache, LayerKVCache
-from anatomy.inference.engine.window_cache import WindowKVCache
+from anatomy.inference.engine import PagedKVCache
+from anatomy.inference.engine.kv_cache import KVCache
+from anatomy.inference.engine.run import ring_blocks
 from anatomy.inference.sampling import SamplingParams
 
 transformers = pytest.importorskip("transformers")
@@ -56,31 +57,28 @@ def _ids(length: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def test_rings_decode_as_the_full_forward(pair):
-    """A prefill of 9 slots (past a ring of window + 2), then one token at a time to 30: every step's
-    logits are HF's full forward's at that position."""
+def test_windowed_layers_decode_as_the_full_forward(pair):
+    """A prefill of 9 slots (past the window), then one token at a time to 30: every step's logits are
+    HF's full forward's at that position; every layer of the static cache holds all 30 slots."""
     hf, model = pair
     ids, mask = _ids(30)
     full = hf(ids, attention_mask=mask).logits
-    cache = KVCache(model.config, batch=2, max_len=30, slack=2)
-    ring = model.config.sliding_window + 2
-    rings = [layer for layer in cache if isinstance(layer, WindowKVCache)]
-    assert rings and all(layer.k.shape[2] == ring for layer in rings)
+    cache = KVCache(model.config, batch=2, max_len=30)
+    assert all(layer.max_len == 30 for layer in cache)
     steps = [model(ids[:, :9], attention_mask=mask, cache=cache, input_pos=torch.arange(9))[:, -1]]
     for t in range(9, 30):
         steps.append(model(ids[:, t:t + 1], attention_mask=mask, cache=cache, input_pos=torch.tensor([t]))[:, -1])
     got = torch.stack(steps, 1)  # positions 8..29
     assert (got - full[:, 8:]).abs().max() <= TOL
-    assert sorted(rings[0].held.tolist()) == list(range(30 - ring, 30))  # the newest ring-full of slots
 
 
 @torch.no_grad()
-def test_a_span_rewound_within_the_slack(pair):
+def test_a_span_rewound(pair):
     """Verification-like spans of 2 tokens, the second taken back each time (written over next)."""
     hf, model = pair
     ids, mask = _ids(24)
     full = hf(ids, attention_mask=mask).logits
-    cache = KVCache(model.config, batch=2, max_len=24, slack=2)
+    cache = KVCache(model.config, batch=2, max_len=24)
     model(ids[:, :6], attention_mask=mask, cache=cache, input_pos=torch.arange(6))
     for t in range(6, 22):
         wrong = torch.randint(3, V - 1, (2, 1))  # a rejected proposal at slot t + 1
@@ -89,16 +87,22 @@ def test_a_span_rewound_within_the_slack(pair):
         assert (out[:, 0] - full[:, t]).abs().max() <= TOL
 
 
+def _run_caches(config, tokens: int) -> tuple[int, int, int]:
+    """(bytes of a run's paged cache of one row with rings, bytes without, blocks of a ring) on meta."""
+    blocks = tokens // 16
+    ring = ring_blocks(config, blocks=blocks, block_size=16, prompt=0, exact=True)
+    kept = dict(num_blocks=blocks, block_size=16, dtype=torch.float32, device="meta")
+    return PagedKVCache(config, window_blocks=ring, **kept).nbytes, PagedKVCache(config, **kept).nbytes, ring
+
+
 def test_rings_hold_less_than_full_caches(pair):
+    """A run's windowed layers hold a ring of blocks (and a scratch block), the others a full table."""
     _, model = pair
-    ringed = KVCache(model.config, batch=1, max_len=4096)
-    full = sum(LayerKVCache(batch=1, n_kv_heads=model.config.n_kv_heads, max_len=4096,
-                            head_dim=model.config.head_dim).nbytes for _ in ringed)
-    windowed = sum(1 for i in range(model.config.n_layers) if model.config.layer_window(i))
-    ring = model.config.sliding_window + 64
-    held = windowed * ring * 8  # each ring's slot numbers (int64)
-    expected = full * (model.config.n_layers - windowed + windowed * ring / 4096) / model.config.n_layers + held
-    assert ringed.nbytes == expected and ringed.nbytes < full
+    config = model.config
+    ringed, full, ring = _run_caches(config, 4096)
+    windowed = sum(1 for i in range(config.n_layers) if config.layer_window(i))
+    expected = full * (config.n_layers - windowed + windowed * (ring + 1) / 257) / config.n_layers
+    assert ringed == pytest.approx(expected, rel=1e-12) and ringed < full
 
 
 @torch.no_grad()
@@ -127,12 +131,11 @@ def test_a_rewind_past_the_slack_is_refused(pair):
 
 
 def test_gemma3_1b_holds_a_sixth_of_a_full_cache_at_32k():
-    """22 of its 26 layers keep 512 + 64 slots instead of 32,768 (the issue's bound: a quarter)."""
-    config = anatomy.get_preset("gemma-3-1b")
-    ringed = KVCache(config, batch=1, max_len=32768, device="meta").nbytes
-    unwindowed = config.replace(sliding_window=None, sliding_window_layers=None, sliding_rope_theta=None)
-    full = KVCache(unwindowed, batch=1, max_len=32768, device="meta").nbytes
-    assert ringed == pytest.approx(full * (4 + 22 * 576 / 32768) / 26, rel=1e-3) and ringed <= 0.25 * full
+    """In a run, 22 of its 26 layers keep rings of 512 + 2 * 64 positions and a block instead of 32,768
+    (the issue's bound: a quarter)."""
+    ringed, full, ring = _run_caches(anatomy.get_preset("gemma-3-1b"), 32768)
+    assert ring == 41 and ringed == pytest.approx(full * (4 + 22 * 42 / 2049) / 26, rel=1e-12)
+    assert ringed <= 0.25 * full
 
 
 @torch.no_grad()

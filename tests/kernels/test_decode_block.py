@@ -7,6 +7,7 @@ import torch
 
 import anatomy
 from anatomy.inference.engine import Chunk, DecoderEngine
+from anatomy.inference.engine.kv_cache import KVCache
 from anatomy.inference.sampling import SamplingParams
 from anatomy.kernels import native
 from anatomy.kernels.decode_block import ROWS, NativeBlock, fusable
@@ -123,3 +124,22 @@ def test_the_operator_runs_int5_int6_and_int8_tiles(kind, fused_steps, native_fo
     assert len(fused_steps) == 2 * len(tokens) and all(fused_steps)  # every one-token step's every block
     # each of the 8 block products on a token's path may round its input to int8 (~0.5% rms): sqrt(8), 2x slack
     assert relative_error(logits, reference.double()) < 2 * 3 * 5e-3
+
+
+@torch.no_grad()
+def test_the_operator_decodes_over_a_static_cache(q4_model, smollm2_tokenizer, fused_steps, native_forced):
+    """A static KVCache called directly (the paged cache with one block table per row, blocks of 12 slots
+    here): the operator writes and reads it at each decode step, within 10% of the blocks' largest logit."""
+    plain, fused = DecoderEngine(q4_model, native_blocks=False), DecoderEngine(q4_model)
+    prompt = smollm2_tokenizer.encode("What is the capital of France?")
+    ids = torch.tensor([prompt + [260, 1345, 30, 2]])
+    P = len(prompt)
+    logits = []
+    for model in (plain.model, fused.model):
+        cache = KVCache(model.config, batch=1, max_len=36, dtype=torch.float32)
+        steps = [model(ids[:, :P], cache=cache, input_pos=torch.arange(P), last_only=True)[:, -1]]
+        steps += [model(ids[:, t:t + 1], cache=cache, input_pos=torch.tensor([t]), last_only=True)[:, -1]
+                  for t in range(P, ids.shape[1])]
+        logits.append(torch.stack(steps).float())
+    assert cache.paged.block_size == 12 and any(fused_steps)
+    assert (logits[1] - logits[0]).abs().max() < 0.1 * logits[0].abs().max()

@@ -85,17 +85,13 @@ class NativeBlock(Block):
             return None
         if ctx.rope[0].shape[-1] != self.head_dim:  # partial rotary
             return None
-        pool = getattr(cache, "pool", None)
-        if pool is not None:  # a paged cache's layer (inference/engine/paged.py)
-            if pool.kind is not None or pool.k.dtype not in CACHE_DTYPES or cache.where.new != 1:
-                return None
-            where = cache.where
-            return pool.k, pool.v, where.slots, where.tables.view(where.rows, where.blocks)
-        k = getattr(cache, "k", None)  # a static cache's layer (inference/engine/kv_cache.py)
-        if k is None or cache.kind is not None or k.dtype not in CACHE_DTYPES or ctx.input_pos is None \
-                or ctx.input_pos.numel() != 1 or (ctx.mask is not None and ctx.mask.shape[-1] != k.shape[2]):
-            return None  # (a mask over the first slots only: a pass of Run._forward, not a decode step)
-        return cache.k, cache.v, ctx.input_pos, None
+        pool = getattr(cache, "pool", None)  # a paged cache's layer (inference/engine/paged.py)
+        if pool is None or pool.kind is not None or pool.k.dtype not in CACHE_DTYPES:
+            return None
+        where = cache.at(ctx.input_pos)
+        if where.new != 1:
+            return None
+        return pool.k, pool.v, where.slots, where.tables.view(where.rows, where.blocks)
 
 
 def fusable(block: nn.Module) -> bool:
@@ -221,13 +217,13 @@ def faster(block: Block, fused: NativeBlock, view: nn.Module, *, rows: int = 1, 
            calls: int = 20) -> bool:
     """Is the operator faster than the block it stands for, on `rows` rows over a cache of `slots`?
     Timed in alternating rounds (the fastest round of each), the block's own tensors and a scratch cache."""
-    from anatomy.inference.engine.kv_cache import LayerKVCache
+    from anatomy.inference.engine.kv_cache import KVCache
     from anatomy.models.context import ContextTables
 
     config = view.config
     dtype = layers(block.attn.qkv)[0][1].dtype
-    cache = LayerKVCache(batch=rows, n_kv_heads=config.n_kv_heads, max_len=slots, head_dim=config.head_dim,
-                         dtype=dtype if dtype in CACHE_DTYPES else torch.float32)
+    cache = KVCache(config, batch=rows, max_len=slots, n_layers=1,
+                    dtype=dtype if dtype in CACHE_DTYPES else torch.float32)[0]
     pos = torch.tensor([slots // 2])
     ctx = ContextTables(view.stack.context, length=slots, dtype=dtype).build(pos.expand(rows)[:, None], q_slots=pos,
                                                                              input_pos=pos)

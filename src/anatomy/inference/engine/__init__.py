@@ -6,7 +6,7 @@ package touches an engine's private members or runs `model.stack` itself.
     run.py       Run: one generation over a static cache (prefill, decode, verify, rewind, choose)
     paged.py     the paged KV cache and the inputs of a step over a batch of chunks (serving)
     capture.py   a decode step's blocks traced once per shape and replayed
-    kv_cache.py  the static KV cache
+    kv_cache.py  the static KV cache of a direct model call: the paged one, a fixed table per row
     seq2seq.py   Seq2SeqEngine: an encoder-decoder's source encoded once, decoder steps, beam reorder
     kept.py      engines kept per model object (anatomy.engine_for)
     view.py      the engine's own copy of a model's modules over the caller's tensors

@@ -3,9 +3,9 @@
 Token position p of a sequence lives in block table[p // bs], slot p % bs; block N of each pool is
 scratch (padding writes there, missing blocks read it). A `PagedLayer` is one layer's LayerCache for
 one step: `update` writes the new keys and values and returns the pool with the rows' tables
-(`Pages`), which a native reader reads in place and anything else gathers. The pools start zeroed so
-masked keys are always finite. Sliding-window layers can have a smaller block group of their own
-(`window_blocks`), and an 8-bit cache stores codes and a scale per token and head.
+(`Pages`), which a native reader reads in place and anything else gathers. The pools start zeroed (masked
+keys stay finite). Sliding-window layers can have a smaller block group (`window_blocks`); an 8-bit cache
+stores codes and a scale per token and head. kv_cache.KVCache is this cache with a fixed table per row.
 Shapes, masks and a worked step: docs/serving.md, "The paged KV cache".
 """
 
@@ -16,11 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from anatomy import dtypes, kv_format
 from anatomy.config import ModelConfig
 from anatomy.errors import InputError
-from anatomy import kv_format
-from anatomy.inference.engine.kv_cache import bytes_per_token
-from anatomy.inference.engine.layer_cache import register_kv
 from anatomy.kv_format import Codes, Pages
 from anatomy.layers.context import Context
 from anatomy.models.context import ContextTables
@@ -42,18 +40,21 @@ class PagedPool(nn.Module):
 class PagedKVCache(nn.ModuleList):
     """The block pools of every layer (an nn.ModuleList of PagedPool, so a captured step holds them), in
     `dtype`; `compute_dtype` (default: dtype) is the dtype attention computes in, that of the steps'
-    masks and RoPE angles (a bf16 cache of an f32 model: f32)."""
+    masks and RoPE angles (a bf16 cache of an f32 model: f32); `n_layers` (default: the config's cached
+    layers) pools, where there is no sliding-window group."""
 
     def __init__(self, config: ModelConfig, *, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu", codes: str | None = None, reader=None,
-                 window_blocks: int | None = None, compute_dtype: torch.dtype | None = None) -> None:
+                 device: torch.device | str | None = "cpu", codes: str | None = None, reader=None,
+                 window_blocks: int | None = None, compute_dtype: torch.dtype | None = None,
+                 n_layers: int | None = None) -> None:
         token = (config.n_kv_heads, config.head_dim)
         if config.latent:  # one "head" per token: the latent and the RoPE key
             if codes:
                 raise InputError(f"kv_dtype={codes!r}: a latent-attention cache (kv_lora_rank="
                                  f"{config.kv_lora_rank}) holds floats only")
             token = (1, config.kv_values_per_layer)
-        self.windowed = windowed_layers(config) if window_blocks is not None else (False,) * config.cached_layers
+        layers = config.cached_layers if n_layers is None else n_layers
+        self.windowed = windowed_layers(config) if window_blocks is not None else (False,) * layers
         super().__init__(PagedPool(((window_blocks if w else num_blocks) + 1, block_size, *token), dtype=dtype,
                                    device=device, codes=codes, reader=reader, keys_only=config.latent)
                          for w in self.windowed)
@@ -135,6 +136,10 @@ class PagedLayer:
     def __init__(self, pool: PagedPool, where: BlockSlots) -> None:
         self.pool, self.where = pool, where
         self.max_len = where.blocks * pool.k.shape[1]
+
+    def at(self, input_pos: Tensor | None) -> BlockSlots:
+        """Where this step writes and reads (the step's own layout: input_pos is not used)."""
+        return self.where
 
     def update(self, input_pos: Tensor | None, k: Tensor, v: Tensor) -> tuple[Pages | Codes, Pages | Codes]:
         """k, v [B, H_kv, S, d_h] -> every row's keys and values over T = nb * bs slots: a float pool's
@@ -245,6 +250,25 @@ def _layout(tables: list[list[int]], chunks: list[Chunk], scratch: int, B: int, 
         slots += [scratch * bs + j % bs for j in range(S)]
         flat += [scratch] * nb
     return torch.tensor(slots, **as_long), torch.tensor(flat, **as_long)
+
+
+def register_kv(module: nn.Module, shape: tuple[int, ...], *, dtype: torch.dtype, device, codes: str | None,
+                keys_only: bool) -> None:
+    """A cache's buffers of `shape` on `module`: k and v (floats of dtype, or 8-bit codes with float16
+    scales over shape[:3] and the codes' table), no v for latent attention (its values are part of k)."""
+    stored = kv_format.code_dtype(codes) if codes else dtype
+    module.register_buffer("k", torch.zeros(shape, dtype=stored, device=device), persistent=False)
+    module.register_buffer("v", None if keys_only else torch.zeros(shape, dtype=stored, device=device),
+                           persistent=False)
+    if codes:
+        module.register_buffer("k_scale", torch.ones(shape[:3], dtype=torch.float16, device=device), persistent=False)
+        module.register_buffer("v_scale", torch.ones(shape[:3], dtype=torch.float16, device=device), persistent=False)
+        module.register_buffer("lut", kv_format.table(codes, device), persistent=False)
+
+
+def bytes_per_token(config: ModelConfig, dtype: torch.dtype | str = torch.float32) -> int:
+    """Cache bytes one token costs (a KV dtype name or a float torch dtype), scales included."""
+    return kv_format.kv_bytes_per_token(config, dtypes.name_of(dtype) if isinstance(dtype, torch.dtype) else dtype)
 
 
 def windowed_layers(config: ModelConfig) -> tuple[bool, ...]:

@@ -6,7 +6,8 @@
     run.reorder(parents)                                # beam search: each row continues from its parent's cache
 
 Each decoder layer's cross-attention keys and values of the source are projected once (`memory_kv`)
-and reused at every step, next to the causal self-attention cache of the K target rows.
+and reused at every step, next to the causal self-attention cache of the K target rows: a KVCache,
+the paged cache with one block table per row (`reorder` copies each parent's blocks).
 """
 
 from __future__ import annotations
