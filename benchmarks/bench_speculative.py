@@ -59,9 +59,10 @@ def main() -> None:
     target = DecoderEngine(anatomy.load(gguf, weights="f32"))
     tokenizer = anatomy.load_tokenizer(gguf)
     runs = methods(DecoderEngine(anatomy.load(gguf)))  # the file's own Q4_1 blocks, kept compact
-    print("warming up ...", flush=True)
-    for options in runs.values():
-        anatomy.generate(target, PROMPTS[WANTED[0]][1], tokenizer=tokenizer, max_new_tokens=8, **options)
+    print("warming up: each prompt and method once (kernel plans, captured steps) ...", flush=True)
+    for name in WANTED:
+        for options in runs.values():
+            anatomy.generate(target, PROMPTS[name][1], tokenizer=tokenizer, max_new_tokens=NEW, **options)
     results: dict[tuple[str, str], list] = {}
     for rep in range(REPEATS):
         for name in WANTED:

@@ -44,13 +44,17 @@ class ServingLoop:
     """Continuous batching over a paged KV cache of `kv_bytes` bytes (blocks of `block_size` tokens);
     `speculation` is the server's default speculative decoding (None: only requests that ask for it);
     `scheduling_policy` "fcfs" or "priority" (scheduler.py); `offload_bytes` of host memory and `offload_dir`
-    keep full blocks evicted from the pool, and the directory those cached when the loop stops (offload.py)."""
+    keep full blocks evicted from the pool, and the directory those cached when the loop stops (offload.py);
+    `read_blocks`: each decode row reads at least this many blocks, so that a generation of known length
+    runs one shape of step (offline speculation)."""
 
     def __init__(self, engine: DecoderEngine, tokenizer: Any = None, *, kv_bytes: int, block_size: int = 16,
                  max_seqs: int = 32, max_step_tokens: int = 512, prefix_caching: bool = True,
                  name: str = "model", speculation: ServedSpeculation | None = None,
-                 scheduling_policy: str = "fcfs", offload_bytes: int = 0, offload_dir: str | None = None) -> None:
+                 scheduling_policy: str = "fcfs", offload_bytes: int = 0, offload_dir: str | None = None,
+                 read_blocks: int | None = None) -> None:
         self.engine, self.tokenizer, self.speculation = engine, tokenizer, speculation
+        self.read_blocks = read_blocks  # blocks each row reads at least (one shape of decode step: fewer graphs)
         config = engine.config
         num_blocks, window_blocks = split_blocks(config, kv_bytes, block_size, engine.kv_dtype, max_seqs=max_seqs,
                                                  max_step_tokens=max_step_tokens)
@@ -85,6 +89,12 @@ class ServingLoop:
         offload = KVOffload(self.cache, identity(self.engine, block_size), host_bytes=host_bytes, directory=directory)
         self.blocks.on_evict = offload.save
         return offload
+
+    def release(self) -> None:
+        """Give the loop's caches (and its draft's) back to the engine: the loop runs no more steps."""
+        for cache in (self.cache, self.drafter.cache if self.drafter is not None else None):
+            if cache is not None:
+                cache.owner = None
 
     def capture_decode(self) -> int:
         """Record the decode steps of every batch up to max_seqs now (before serving: engine.capture_decode);
@@ -224,7 +234,7 @@ class ServingLoop:
         with of its draft, a row that reaches its sequence's end samples a token."""
         chunks = [self._chunk(seq, n) for seq, n in scheduled]
         start = time.perf_counter()
-        logits = self.engine.step(self.cache, chunks).split([c.logits for c in chunks])  # per chunk [logits, V]
+        logits = self.engine.step(self.cache, chunks, blocks=self.read_blocks).split([c.logits for c in chunks])
         seconds = time.perf_counter() - start
         for (seq, _), chunk in zip(scheduled, chunks):  # a speculating sequence's policy learns the step's cost
             if seq.speculation is not None and seq.remaining == 1:

@@ -41,18 +41,20 @@ class SpeculativeDecoder:
         self.loop = None
 
     def tokens(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[Tensor]:
-        self.loop = None  # the last generation's loop gives its cache back to the engine
         loop = self.loop = self._loop(prompts, params)
         outputs: list[list[int]] = [[] for _ in prompts]
         seeds = row_seeds(params.seed, len(prompts))
         seqs = [loop.submit(prompt, _row_params(params, seeds, i), lambda event, out=out: out.append(event.token))
                 for i, (prompt, out) in enumerate(zip(prompts, outputs))]
         yielded = 0
-        while yielded < params.max_new_tokens and loop.step():
-            self._count(seqs, outputs)
-            for j in range(yielded, min(map(len, outputs))):
-                yield torch.tensor([out[j] for out in outputs], device=self.engine.device)
-            yielded = min(map(len, outputs))
+        try:
+            while yielded < params.max_new_tokens and loop.step():
+                self._count(seqs, outputs)
+                for j in range(yielded, min(map(len, outputs))):
+                    yield torch.tensor([out[j] for out in outputs], device=self.engine.device)
+                yielded = min(map(len, outputs))
+        finally:  # also when the caller stops asking: the next generation of this shape replays its steps
+            loop.release()
 
     def _loop(self, prompts: list[list[int]], params: SamplingParams):
         """A loop with room for every prompt, its new tokens and a round's k + 1, prefilled in one step."""
@@ -60,7 +62,8 @@ class SpeculativeDecoder:
 
         config, k = self.engine.config, self.k
         tokens = max(map(len, prompts)) + params.max_new_tokens + k + 1
-        blocks = -(-tokens // SPAN) * SPAN // BLOCK + 1  # few shapes: the engine lends a cache per shape
+        table = -(-tokens // SPAN) * SPAN // BLOCK  # few shapes: the engine lends a cache per shape
+        blocks = table + 1  # (a block to spare: the scheduler reserves a verified row's blocks ahead)
         kv_bytes = len(prompts) * blocks * PagedKVCache.block_bytes(config, BLOCK, self.engine.kv_dtype)
         draft = isinstance(self.proposer, DraftProposer)
         speculation = ServedSpeculation(
@@ -69,7 +72,7 @@ class SpeculativeDecoder:
             guesser=None if draft else self.proposer.guesser)
         return ServingLoop(self.engine, kv_bytes=kv_bytes, block_size=BLOCK, max_seqs=len(prompts),
                            max_step_tokens=sum(map(len, prompts)) + len(prompts) * (k + 1), prefix_caching=False,
-                           speculation=speculation)
+                           speculation=speculation, read_blocks=table)
 
     def _count(self, seqs: list, outputs: list[list[int]]) -> None:
         """The stats so far: the sequences' rounds summed, the loop's forwards after the prefill's."""
