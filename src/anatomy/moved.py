@@ -42,6 +42,9 @@ MOVED = {
     "anatomy.inference.steps": "anatomy.inference.engine.run",
     "anatomy.serving.paged": "anatomy.inference.engine.paged",
     "anatomy.serving.speculation": "anatomy.inference.speculative.rounds",
+    # "context" is the model's length: a pass's inputs and a stack's position rules are named for what they are
+    "anatomy.layers.context": "anatomy.layers.pass_inputs",
+    "anatomy.models.context": "anatomy.models.position_rules",
     # the load generator is a client of servers, not part of one
     "anatomy.serving.bench": "anatomy.loadgen",
     # the profiler, a package

@@ -8,7 +8,7 @@ import torch
 
 from anatomy import ModelConfig
 from anatomy.layers import Block
-from anatomy.layers.context import Context
+from anatomy.layers.pass_inputs import PassInputs
 
 
 def config(**changes) -> ModelConfig:
@@ -61,7 +61,7 @@ def test_matches_hf_llama_decoder_layer():
     with torch.no_grad():
         expected = ref(x, attention_mask=causal, position_embeddings=(cos, sin), position_ids=pos)
         expected = expected[0] if isinstance(expected, tuple) else expected
-        assert (ours(x, Context(rope=(cos[:, :, None], sin[:, :, None]))) - expected).abs().max() <= 1e-5
+        assert (ours(x, PassInputs(rope=(cos[:, :, None], sin[:, :, None]))) - expected).abs().max() <= 1e-5
 
 
 def test_cross_attention_block_reads_the_memory():

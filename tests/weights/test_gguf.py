@@ -11,7 +11,7 @@ import torch
 from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME
 from anatomy.weights.formats import Int4Weight, Int5Weight, Int8GroupWeight, WeightFormat
 from anatomy.weights.gguf_blocks import format_from_gguf
-from anatomy.weights.gguf import common_runs, one_format
+from anatomy.weights.gguf import common_spans, one_format
 from anatomy.weights.split import SplitRowsWeight
 
 gguf = pytest.importorskip("gguf")
@@ -61,13 +61,13 @@ def test_parts_without_a_common_exact_format_are_left_to_dequantize():
     assert one_format(alike) == alike and isinstance(alike[0], Int4Weight)
 
 
-def test_parts_without_a_common_format_keep_their_own_in_runs():
-    """Q4_K q, k beside a Q6_K v (llama.cpp's Q4_K_M mix): q and k fused as int4, v its own int6 run;
+def test_parts_without_a_common_format_keep_their_own_in_spans():
+    """Q4_K q, k beside a Q6_K v (llama.cpp's Q4_K_M mix): q and k fused as int4, v its own int6 span;
     the split weight's values, rows and cuts are its parts' exactly."""
     q, k, v = _random_part("Q4_K", 64), _random_part("Q4_K", 32, seed=1), _random_part("Q6_K", 32, seed=2)
-    runs = common_runs([q, k, v])
-    assert [[p.name for p in run] for run in runs] == [["int4", "int4"], ["int6"]]
-    split = SplitRowsWeight([WeightFormat.cat_rows(runs[0]), runs[1][0]], label="qkv")
+    spans = common_spans([q, k, v])
+    assert [[p.name for p in span] for span in spans] == [["int4", "int4"], ["int6"]]
+    split = SplitRowsWeight([WeightFormat.cat_rows(spans[0]), spans[1][0]], label="qkv")
     assert split.name == "int4+int6" and split.bounds == [(0, 96), (96, 128)]
     values = _fused_values([q, k, v])
     assert torch.equal(split.dequantize(), values)
@@ -77,4 +77,4 @@ def test_parts_without_a_common_format_keep_their_own_in_runs():
     assert [p.name for p in taken.parts] == ["int6", "int4", "int6"]
     assert torch.equal(taken.dequantize(), values[[96, 0, 1, 120]])
     assert torch.equal(split.take_columns(0, 256).dequantize(), values)
-    assert [[p.name for p in run] for run in common_runs([_part("Q5_0", 32), _part("Q8_0", 16)])] == [["int8g"] * 2]
+    assert [[p.name for p in span] for span in common_spans([_part("Q5_0", 32), _part("Q8_0", 16)])] == [["int8g"] * 2]

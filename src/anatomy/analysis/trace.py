@@ -22,7 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from anatomy.config import ModelConfig
 
-_SKIPPED_MODULES = re.compile(r"(^|\.)context(\.|$)")  # a stack's position machinery: index setup, not the model
+_SKIPPED_MODULES = re.compile(r"(^|\.)position_rules(\.|$)")  # a stack's position machinery: index setup, not the model
 
 
 @dataclass(frozen=True)

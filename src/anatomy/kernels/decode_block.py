@@ -30,7 +30,7 @@ from anatomy.kernels.planning import model_id
 from anatomy.kernels.record import KernelPlan, by_kernel
 from anatomy.layers.attention import Attention
 from anatomy.layers.block import Block
-from anatomy.layers.context import Context
+from anatomy.layers.pass_inputs import PassInputs
 from anatomy.layers.ffn import GLU
 from anatomy.layers.norm import RMSNorm
 from anatomy.weights.formats import WeightFormat
@@ -67,7 +67,8 @@ class NativeBlock(Block):
         self.norms = (self.attn_norm.weight, self.ffn_norm.weight)
         self.eps = self.attn_norm.eps
 
-    def forward(self, x: Tensor, ctx: Context = Context(), *, cache=None, memory_kv=None, weights=None) -> Tensor:
+    def forward(self, x: Tensor, ctx: PassInputs = PassInputs(), *, cache=None, memory_kv=None,
+                weights=None) -> Tensor:
         step = self._step(x, ctx, cache) if weights is None else None
         if step is None:
             return super().forward(x, ctx, cache=cache, memory_kv=memory_kv, weights=weights)
@@ -78,7 +79,7 @@ class NativeBlock(Block):
                                              self.int8, cos, sin, k, v, ctx.mask, where, tables, self.n_heads, self.scale)
         return out.view(B, 1, -1)
 
-    def _step(self, x: Tensor, ctx: Context, cache) -> tuple | None:
+    def _step(self, x: Tensor, ctx: PassInputs, cache) -> tuple | None:
         """(k, v, where, tables) of a decode step the operator computes; None for any other pass."""
         if x.shape[1] != 1 or x.shape[0] > self.max_rows or x.dtype != torch.float32 or ctx.rope is None \
                 or ctx.bias is not None:
@@ -218,15 +219,15 @@ def faster(block: Block, fused: NativeBlock, view: nn.Module, *, rows: int = 1, 
     """Is the operator faster than the block it stands for, on `rows` rows over a cache of `slots`?
     Timed in alternating rounds (the fastest round of each), the block's own tensors and a scratch cache."""
     from anatomy.inference.engine.kv_cache import KVCache
-    from anatomy.models.context import ContextTables
+    from anatomy.models.position_rules import PositionTables
 
     config = view.config
     dtype = layers(block.attn.qkv)[0][1].dtype
     cache = KVCache(config, batch=rows, max_len=slots, n_layers=1,
                     dtype=dtype if dtype in CACHE_DTYPES else torch.float32)[0]
     pos = torch.tensor([slots // 2])
-    ctx = ContextTables(view.stack.context, length=slots, dtype=dtype).build(pos.expand(rows)[:, None], q_slots=pos,
-                                                                             input_pos=pos)
+    tables = PositionTables(view.stack.position_rules, length=slots, dtype=dtype)
+    ctx = tables.build(pos.expand(rows)[:, None], q_slots=pos, input_pos=pos)
     fused.max_rows = rows
     x = torch.randn(rows, 1, config.d_model)
     best = {}

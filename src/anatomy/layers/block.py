@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from anatomy.config import ModelConfig
 from anatomy.layers.attention import Attention, LayerCache
-from anatomy.layers.context import Context
+from anatomy.layers.pass_inputs import PassInputs
 from anatomy.layers.ffn import make_ffn
 from anatomy.layers.latent_attention import LatentAttention
 from anatomy.layers.moe import MoE
@@ -47,7 +47,7 @@ class Block(nn.Module):
     def forward(
         self,
         x: Tensor,
-        ctx: Context = Context(),
+        ctx: PassInputs = PassInputs(),
         *,
         cache: LayerCache | None = None,
         memory_kv: tuple[Tensor, Tensor] | None = None,

@@ -68,7 +68,7 @@ class LatentAttention(nn.Module):
         values = keys[..., :self.rank]  # the latent: the values before W_v
         if cache is not None:
             written, _ = cache.update(input_pos, keys, None)  # [B, 1, T, R + r]
-            if not new_keys_only:  # (a fresh prompt reads its new keys: Context.new_keys_only)
+            if not new_keys_only:  # (a fresh prompt reads its new keys: PassInputs.new_keys_only)
                 if isinstance(written, Segments):  # a flat batch: each group's keys and latent
                     keys = values = written.map(lambda k, _: _latent(k, self.rank))
                 else:

@@ -20,7 +20,7 @@ from torch import Tensor
 class Segment:
     """Tokens [start, start + rows * new) of the axis, as `rows` rows of `new` tokens; k and v (Tensor,
     Pages or Codes) [rows, H_kv, T_g, d_h]; mask [rows, 1, new, T_g] and ALiBi bias over those keys;
-    `causal`: a fresh prompt's group, whose k and v are its own new ones (Context.new_keys_only)."""
+    `causal`: a fresh prompt's group, whose k and v are its own new ones (PassInputs.new_keys_only)."""
 
     start: int
     rows: int

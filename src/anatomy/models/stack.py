@@ -1,6 +1,6 @@
 """The body of every model: embeddings -> position context -> blocks -> final norm.
 
-    input_ids [B, S] --embed--> x [B, S, D] --L blocks (one Context shared)--> final norm --> [B, S, D]
+    input_ids [B, S] --embed--> x [B, S, D] --L blocks (one PassInputs shared)--> final norm --> [B, S, D]
 
 DecoderLM is a causal Stack plus an LM head; Encoder a bidirectional Stack (plus BERT's pooler);
 EncoderDecoder a bidirectional encoder Stack and a causal decoder Stack with cross-attention,
@@ -18,11 +18,12 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from anatomy.config import ModelConfig
+from anatomy.deprecation import deprecated
 from anatomy.errors import InputError
 from anatomy.layers import Block, make_norm
 from anatomy.layers.attention import LayerCache
-from anatomy.layers.context import Context
-from anatomy.models.context import PositionContext
+from anatomy.layers.pass_inputs import PassInputs
+from anatomy.models.position_rules import PositionRules
 from anatomy.models.embedding import Embeddings, check_input_ids, check_positions
 
 
@@ -40,7 +41,7 @@ class Stack(nn.Module):
         self.config, self.causal = config, causal
         self.ids_name, self.mask_name = names  # what the model's callers call them, for messages
         self.embed = Embeddings(config, tokens=tokens)
-        self.context = PositionContext(config, causal=causal)
+        self.position_rules = PositionRules(config, causal=causal)
         self.blocks = nn.ModuleList(Block(config, causal=causal, cross=cross, backend=backend, layer=i)
                                     for i in range(n_layers))
         self.final_norm = make_norm(config) if config.final_norm else nn.Identity()
@@ -73,8 +74,8 @@ class Stack(nn.Module):
                                          cache=cache, input_pos=input_pos, memory_mask=memory_mask)
         if router_logits is not None:
             ctx = dataclasses.replace(ctx, router_logits=router_logits)
-        return self.run(input_ids, ctx, position_ids=position_ids, token_type_ids=token_type_ids, cache=cache,
-                        memory_kv=memory_kv, weights=weights)
+        return self.forward_pass(input_ids, ctx, position_ids=position_ids, token_type_ids=token_type_ids,
+                                 cache=cache, memory_kv=memory_kv, weights=weights)
 
     def check(self, input_ids: Tensor, *, token_type_ids: Tensor | None, cache: Sequence[LayerCache] | None,
               input_pos: Tensor | None, memory_kv: Sequence[tuple[Tensor, Tensor]] | None,
@@ -93,8 +94,8 @@ class Stack(nn.Module):
 
     def prepare(self, input_ids: Tensor, *, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 cache: Sequence[LayerCache] | None = None, input_pos: Tensor | None = None,
-                memory_mask: Tensor | None = None) -> tuple[Context, Tensor]:
-        """(the Context of this pass, position_ids [B, S]) from the slots the queries and keys occupy.
+                memory_mask: Tensor | None = None) -> tuple[PassInputs, Tensor]:
+        """(the PassInputs of this pass, position_ids [B, S]) from the slots the queries and keys occupy.
         Without a cache the queries and keys are the S tokens themselves (slots 0..S-1). With one, the
         new tokens are written at cache slots `input_pos` [S] and attend over all T slots of the cache;
         `attention_mask` [B, S_k] then marks which of the S_k = T slots hold real tokens."""
@@ -113,14 +114,26 @@ class Stack(nn.Module):
             _check_shape(position_ids, (B, S), "position_ids", self.ids_name)
         check_positions(position_ids, self.config)
         memory = memory_mask.bool()[:, None, None, :] if memory_mask is not None else None  # [B, 1, 1, S_m]
-        ctx = self.context(position_ids, q_slots=q_slots, k_slots=k_slots, key_valid=attention_mask,
-                           explicit=cache is not None, input_pos=input_pos, memory_mask=memory,
-                           dtype=self.embed.dtype)
+        ctx = self.position_rules(position_ids, q_slots=q_slots, k_slots=k_slots, key_valid=attention_mask,
+                                  explicit=cache is not None, input_pos=input_pos, memory_mask=memory,
+                                  dtype=self.embed.dtype)
         return ctx, position_ids
 
-    def run(self, input_ids: Tensor, ctx: Context, *, position_ids: Tensor, token_type_ids: Tensor | None = None,
-            cache: Sequence[LayerCache] | None = None, memory_kv: Sequence[tuple[Tensor, Tensor]] | None = None,
-            weights: list[Tensor] | None = None) -> Tensor:
+    @property
+    def context(self) -> PositionRules:
+        """Deprecated name of `position_rules` ("context" is the model's length in tokens)."""
+        deprecated("Stack.context is deprecated; use Stack.position_rules")
+        return self.position_rules
+
+    def run(self, *args, **kwargs) -> Tensor:
+        """Deprecated name of `forward_pass` (a Run is one generation)."""
+        deprecated("Stack.run is deprecated; use Stack.forward_pass")
+        return self.forward_pass(*args, **kwargs)
+
+    def forward_pass(self, input_ids: Tensor, ctx: PassInputs, *, position_ids: Tensor,
+                     token_type_ids: Tensor | None = None, cache: Sequence[LayerCache] | None = None,
+                     memory_kv: Sequence[tuple[Tensor, Tensor]] | None = None,
+                     weights: list[Tensor] | None = None) -> Tensor:
         """The pass itself, nothing checked: embeddings, every block with `ctx`, the final norm."""
         x = self.embed(input_ids, position_ids, token_type_ids)  # [B, S, D]
         for i, block in enumerate(self.blocks):

@@ -125,10 +125,10 @@ def _full_name(name: str, layers: range) -> str:
 
 def _slice_alibi(shard: nn.Module, model: nn.Module, place: Place) -> None:
     """ALiBi's slopes are per query head: the shard keeps its heads' (the shell computed them for H / N heads)."""
-    slopes = model.stack.context.slopes
+    slopes = model.stack.position_rules.slopes
     if slopes is not None:
         heads = query_heads(model.config, place.layout.tp, place.tp_rank)
-        shard.stack.context.slopes = slopes[heads.start:heads.stop].clone()
+        shard.stack.position_rules.slopes = slopes[heads.start:heads.stop].clone()
 
 
 # -- the parallel modules ------------------------------------------------------------------------

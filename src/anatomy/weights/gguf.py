@@ -8,7 +8,7 @@ The same mapping as checkpoints.gguf's loader (tensor_parts: which GGUF tensors 
 except that the blocks are kept, not dequantized: rows are whole blocks, so fusing and the
 rotary row reordering move raw bytes. `lossless_format` is the format of one of the model's
 matrices when every part of it has one (gguf_blocks.format_from_gguf): one format where the parts
-have one in common (one_format), else a SplitRowsWeight of runs in their own; `expert_formats` the
+have one in common (one_format), else a SplitRowsWeight of spans in their own; `expert_formats` the
 same for each expert of a stacked expert tensor, where the parts have one in common.
 """
 
@@ -18,6 +18,7 @@ from anatomy.checkpoints.assign import expected_shapes
 from anatomy.checkpoints.gguf_config import config_from_gguf, gguf_architecture
 from anatomy.checkpoints.gguf_names import Part, part_bytes, tensor_parts
 from anatomy.checkpoints.gguf_reader import GGUFFile
+from anatomy.deprecation import deprecated
 from anatomy.errors import CheckpointError
 from anatomy.models import build_model
 from anatomy.weights.formats import Int4Weight, Int5Weight, WeightFormat
@@ -49,24 +50,30 @@ def plain_matrix(parts: list[Part]) -> bool:
 def lossless_format(f: GGUFFile, parts: list[Part], K: int, *, label: str) -> WeightFormat | None:
     """The format holding the matrix made of `parts` (fused along rows) exactly, or None when a part's
     type has no lossless format (the matrix is then dequantized). Parts with no common format (Q4_K
-    q, k beside a Q6_K v) give a SplitRowsWeight: each run of neighbours that have one, fused."""
+    q, k beside a Q6_K v) give a SplitRowsWeight: each span of neighbours that have one, fused."""
     if not all(has_lossless_format(f.tensors[p.name].type) for p in parts):
         return None
-    runs = [_fused(run, label) for run in common_runs([_part_format(f, p, K) for p in parts])]
-    return runs[0] if len(runs) == 1 else SplitRowsWeight(runs, label=label)
+    spans = [_fused(span, label) for span in common_spans([_part_format(f, p, K) for p in parts])]
+    return spans[0] if len(spans) == 1 else SplitRowsWeight(spans, label=label)
+
+
+def common_spans(fmts: list[WeightFormat]) -> list[list[WeightFormat]]:
+    """`fmts` cut into the fewest spans of neighbours, each in one format that holds every member
+    exactly (one_format; a span keeps the longest prefix that has one)."""
+    spans: list[list[WeightFormat]] = []
+    for fmt in fmts:
+        joined = one_format([*spans[-1], fmt]) if spans else None
+        if joined is None:
+            spans.append([fmt])
+        else:
+            spans[-1] = joined
+    return spans
 
 
 def common_runs(fmts: list[WeightFormat]) -> list[list[WeightFormat]]:
-    """`fmts` cut into the fewest runs of neighbours, each in one format that holds every member
-    exactly (one_format; a run keeps the longest prefix that has one)."""
-    runs: list[list[WeightFormat]] = []
-    for fmt in fmts:
-        joined = one_format([*runs[-1], fmt]) if runs else None
-        if joined is None:
-            runs.append([fmt])
-        else:
-            runs[-1] = joined
-    return runs
+    """Deprecated name of `common_spans` (a run is one generation)."""
+    deprecated("anatomy.weights.gguf.common_runs is deprecated; use common_spans")
+    return common_spans(fmts)
 
 
 def _fused(fmts: list[WeightFormat], label: str) -> WeightFormat:

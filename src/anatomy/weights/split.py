@@ -1,4 +1,4 @@
-"""A weight whose rows are runs in formats of their own: a fused matrix whose parts have no common
+"""A weight whose rows are spans in formats of their own: a fused matrix whose parts have no common
 exact format (llama.cpp's _M mixes give a fused q, k, v as Q4_K q and k beside a Q6_K v).
 
     SplitRowsWeight([int4 [2560, 2048], int6 [512, 2048]])   W [3072, 2048]: the parts' rows in order
@@ -57,17 +57,17 @@ class SplitRowsWeight(WeightFormat):
         return out.view(*index.shape, self.shape[1])
 
     def take_rows(self, index: Tensor) -> WeightFormat:
-        """Rows `index` of W, each run of consecutive rows from one part taken from that part."""
+        """Rows `index` of W, each span of consecutive rows from one part taken from that part."""
         bounds = self.bounds
         owner = torch.bucketize(index, torch.tensor([stop for _, stop in bounds]), right=True)
-        runs: list[WeightFormat] = []
+        spans: list[WeightFormat] = []
         start = 0
         for i in range(1, len(index) + 1):
             if i == len(index) or owner[i] != owner[start]:
                 j = int(owner[start])
-                runs.append(self.parts[j].take_rows(index[start:i] - bounds[j][0]))
+                spans.append(self.parts[j].take_rows(index[start:i] - bounds[j][0]))
                 start = i
-        return runs[0] if len(runs) == 1 else SplitRowsWeight(runs, label=self.label)
+        return spans[0] if len(spans) == 1 else SplitRowsWeight(spans, label=self.label)
 
     def take_columns(self, start: int, stop: int, *, label: str | None = None) -> WeightFormat:
         return SplitRowsWeight([p.take_columns(start, stop) for p in self.parts], label=label or self.label)

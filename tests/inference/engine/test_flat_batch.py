@@ -61,8 +61,8 @@ def test_a_mixed_step_is_one_forward_with_each_rows_full_forward_logits(kind, kv
         engine.step(cache, [c for c in before if len(c.tokens) == n])
     chunks = [Chunk(s[done:done + n], done, t, logits=w) for s, t, (done, n, w) in zip(SEQS, tables, MIXED)]
     calls = []
-    run = engine.model.stack.run
-    engine.model.stack.run = lambda *a, **k: calls.append(a[0].shape) or run(*a, **k)
+    run = engine.model.stack.forward_pass
+    engine.model.stack.forward_pass = lambda *a, **k: calls.append(a[0].shape) or run(*a, **k)
     logits = engine.step(cache, chunks)
     assert calls == [(1, sum(n for _, n, _ in MIXED))], "one forward over every token, nothing padded"
     expected = torch.cat([model(torch.tensor([s[:done + n]]))[0, done + n - w:done + n]
@@ -81,9 +81,10 @@ def test_every_serving_step_is_one_engine_step_and_at_most_one_forward():
     engine = DecoderEngine(model)
     loop = ServingLoop(engine, kv_bytes=10 ** 6, block_size=BS, max_step_tokens=24)
     steps, forwards = [], []
-    step, run = engine.step, engine.model.stack.run
-    engine.step = lambda cache, chunks: steps[-1].append([(len(c.tokens), c.logits) for c in chunks]) or step(cache, chunks)
-    engine.model.stack.run = lambda *a, **k: forwards.__setitem__(-1, forwards[-1] + 1) or run(*a, **k)
+    step, run = engine.step, engine.model.stack.forward_pass
+    engine.step = lambda cache, chunks, **kw: (steps[-1].append([(len(c.tokens), c.logits) for c in chunks])
+                                               or step(cache, chunks, **kw))
+    engine.model.stack.forward_pass = lambda *a, **k: forwards.__setitem__(-1, forwards[-1] + 1) or run(*a, **k)
     params = SamplingParams(max_new_tokens=10, ignore_eos=True)
     prompts = [[5, 6, 7, 8] * 4, [9, 10] * 7, list(range(20, 53)), [3, 4, 5] * 5]
     events = [[] for _ in prompts]

@@ -1,4 +1,4 @@
-"""The step API of a generation (Run): left padding; every step's Context equal to the one the
+"""The step API of a generation (Run): left padding; every step's PassInputs equal to the one the
 model's own checked forward builds from scratch; one pass over several tokens (verification) equal
 to their decode steps one by one, for every kind of position and mask rule; a rewind leaving the
 cache of a run that never saw the rejected tokens; bad use refused."""
@@ -12,7 +12,7 @@ from anatomy.errors import InputError
 from anatomy.inference.engine import DecoderEngine, PaddedBatch
 from anatomy.inference.sampling import SamplingParams
 from anatomy.inference.speculative import SpeculativeDecoder
-from anatomy.models.context import ContextTables
+from anatomy.models.position_rules import PositionTables
 
 from ..conftest import gpt2_tiny as gpt2_small, llama_tiny
 from ..speculative.conftest import KINDS, gpt2_tiny, tiny
@@ -44,7 +44,7 @@ def test_step_context_equals_the_models_own(make, prompts, span):
     stack = make().stack
     batch = PaddedBatch.of(prompts)
     T = 12
-    tables = ContextTables(stack.context, length=T, dtype=torch.float32)
+    tables = PositionTables(stack.position_rules, length=T, dtype=torch.float32)
     for s in range(batch.ids.shape[1], T - span + 1):
         slots = torch.arange(s, s + span)
         ctx = tables.build(batch.positions(slots), q_slots=slots, key_valid=batch.slot_mask(T), input_pos=slots)

@@ -21,7 +21,7 @@ from anatomy.layers.moe import MoE
 from anatomy.kernels.norm import NativeRMSNorm
 from anatomy.weights.modules import SplitLinear
 from anatomy.layers.norm import LayerNorm, RMSNorm
-from anatomy.models.context import PositionContext
+from anatomy.models.position_rules import PositionRules
 from anatomy.models.embedding import Embeddings
 from anatomy.models.stack import Stack
 
@@ -41,7 +41,7 @@ POSITIONS: dict[str, tuple[str, str]] = {
 COMMUNICATION = "engine:communication"  # the range parallel/collectives.py puts every collective in
 KV_WRITES = ("index_copy_", "index_copy", "copy_", "index_put_")
 ABSORBED_PRODUCTS = ("einsum",)  # an attention module's own GEMMs: latent attention's absorbed kv_b
-_ATTENTIONS = (Attention, LatentAttention, PositionContext)
+_ATTENTIONS = (Attention, LatentAttention, PositionRules)
 _NORMS = (LayerNorm, RMSNorm, NativeRMSNorm, nn.LayerNorm)
 _FFNS = (GLU, MLP, MoE)
 

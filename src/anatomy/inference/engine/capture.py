@@ -18,20 +18,20 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.inference.engine.paged import BlockSlots
-from anatomy.layers.context import Context
+from anatomy.layers.pass_inputs import PassInputs
 from anatomy.models.stack import Stack
 
-FIELDS = ("mask", "bias", "input_pos", "window_mask")  # the Context's tensors a decode step sets (besides angles)
-ANGLES = ("rope", "sliding_rope")  # the Context's (cos, sin) pairs
+FIELDS = ("mask", "bias", "input_pos", "window_mask")  # the PassInputs's tensors a decode step sets (besides angles)
+ANGLES = ("rope", "sliding_rope")  # the PassInputs's (cos, sin) pairs
 
 
-def signature(ctx: Context) -> tuple[str, ...]:
-    """Which of the Context's tensors a step has: a trace holds for one such set."""
+def signature(ctx: PassInputs) -> tuple[str, ...]:
+    """Which of the PassInputs's tensors a step has: a trace holds for one such set."""
     return tuple(f for f in ANGLES + FIELDS if getattr(ctx, f) is not None)
 
 
-def arguments(ctx: Context) -> tuple[Tensor, ...]:
-    """The Context's tensors, in signature order (an angle pair as its two tensors)."""
+def arguments(ctx: PassInputs) -> tuple[Tensor, ...]:
+    """The PassInputs's tensors, in signature order (an angle pair as its two tensors)."""
     out: tuple[Tensor, ...] = ()
     for name in signature(ctx):
         value = getattr(ctx, name)
@@ -39,19 +39,19 @@ def arguments(ctx: Context) -> tuple[Tensor, ...]:
     return out
 
 
-def context_of(names: tuple[str, ...], tensors: tuple[Tensor, ...]) -> Context:
-    """The Context whose tensors `arguments` gave, by their signature."""
+def context_of(names: tuple[str, ...], tensors: tuple[Tensor, ...]) -> PassInputs:
+    """The PassInputs whose tensors `arguments` gave, by their signature."""
     fields, at = {}, 0
     for name in names:
         width = 2 if name in ANGLES else 1
         fields[name] = tuple(tensors[at:at + 2]) if width == 2 else tensors[at]
         at += width
-    return Context(**fields)
+    return PassInputs(**fields)
 
 
 class PagedBody(nn.Module):
     """The blocks of one decode step over a paged cache: (ids [B, 1], positions [B, 1], slots [B],
-    tables [B * nb] (and the window group's), the Context's tensors) -> [B, D], or with `head` (the
+    tables [B * nb] (and the window group's), the PassInputs's tensors) -> [B, D], or with `head` (the
     model, whose `logits` is its LM head) the logits [B, V]."""
 
     def __init__(self, stack: Stack, cache: nn.Module, names: tuple[str, ...], blocks: int, groups: int,
@@ -64,7 +64,7 @@ class PagedBody(nn.Module):
         n = 2 * self.groups
         where = BlockSlots.of(tensors[:n], ids.shape[0], 1, self.blocks)
         ctx = context_of(self.names, tensors[n:])
-        hidden = self.stack.run(ids, ctx, position_ids=positions, cache=self.cache.layers(where))[:, -1]
+        hidden = self.stack.forward_pass(ids, ctx, position_ids=positions, cache=self.cache.layers(where))[:, -1]
         return hidden if self.head is None else self.head.logits(hidden)
 
 
@@ -85,7 +85,7 @@ class Captured:
             return self.traced(*args)
 
 
-def capturable(stack: Stack, ctx: Context) -> bool:
+def capturable(stack: Stack, ctx: PassInputs) -> bool:
     """Does every decision of the stack's decode step depend on shapes only (no expert routing)?"""
     return not any(block.moe for block in stack.blocks) and ctx.router_logits is None
 

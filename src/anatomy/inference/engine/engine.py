@@ -96,7 +96,7 @@ class DecoderEngine:
         # a mixture of experts routes by value: no trace holds its step (capture.py), so none is padded for one
         self.captured = self.backend.captures(capture, compile) and not any(b.moe for b in self.model.stack.blocks)
         self._caches: dict[tuple, list[PagedKVCache]] = {}  # (blocks, block size, window blocks) -> caches lent
-        self._bodies: dict[tuple, Captured | None] = {}  # (cache, shape, Context fields) -> the captured blocks
+        self._bodies: dict[tuple, Captured | None] = {}  # (cache, shape, PassInputs fields) -> the captured blocks
         self._seen_shapes: dict[tuple, int] = {}  # paged decode shapes -> steps run eagerly so far
         self.lora: AdapterSlots | None = None  # the LoRA adapters served (serve_adapters)
 
@@ -197,7 +197,7 @@ class DecoderEngine:
             return self._eager_hidden(ids, positions, ctx, cache)
 
     def _eager_hidden(self, ids: Tensor, positions: Tensor, ctx, cache) -> Tensor:
-        return self.model.stack.run(ids, ctx, position_ids=positions, cache=cache)[:, -1]  # [B, D]
+        return self.model.stack.forward_pass(ids, ctx, position_ids=positions, cache=cache)[:, -1]  # [B, D]
 
     def _cache_for(self, batch: int, length: int, ring: int | None) -> PagedKVCache:
         """A paged cache of `batch` tables of `length` tokens (and rings of `ring` blocks for the
@@ -254,16 +254,16 @@ class DecoderEngine:
         else:
             scales = [c.adapter_scale for c in chunks]
             with self.lora.rows(adapters, scales) if adapters else contextlib.nullcontext():
-                hidden = self.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions,
-                                              cache=cache.layers(inputs.where))  # [B, S, D]
+                hidden = self.model.stack.forward_pass(inputs.ids, inputs.ctx, position_ids=inputs.positions,
+                                                       cache=cache.layers(inputs.where))  # [B, S, D]
         return self.head(hidden[inputs.wanted])  # [R, V]
 
     def _flat_step(self, cache: PagedKVCache, chunks: list[Chunk], *, lora: bool) -> Tensor:
         """One eager forward over chunks of several lengths laid end to end (flat_batch.py)."""
         inputs = flat_inputs(self.model.stack, cache, chunks, by_length(chunks))
         with self.lora.rows(inputs.adapters, inputs.scales) if lora else contextlib.nullcontext():
-            hidden = self.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions,
-                                          cache=inputs.layers)  # [1, T, D]
+            hidden = self.model.stack.forward_pass(inputs.ids, inputs.ctx, position_ids=inputs.positions,
+                                                   cache=inputs.layers)  # [1, T, D]
         return self.head(hidden[0, inputs.wanted])  # [R, V]
 
     def serve_adapters(self, *, max_loras: int, max_rank: int) -> AdapterSlots:
@@ -312,8 +312,8 @@ class DecoderEngine:
             out = body.paged(inputs)
             return out if body.logits else self.head(out)
         layers = cache.layers(inputs.where)
-        return self.head(self.model.stack.run(inputs.ids, inputs.ctx, position_ids=inputs.positions,
-                                              cache=layers)[:, -1])
+        return self.head(self.model.stack.forward_pass(inputs.ids, inputs.ctx, position_ids=inputs.positions,
+                                                       cache=layers)[:, -1])
 
 
 def _warn_if_threads_sleep() -> None:
@@ -351,7 +351,7 @@ def _storage(t: Tensor) -> tuple[int, int]:
 
 
 def _paged_key(cache: PagedKVCache, inputs) -> tuple:
-    """What a captured paged decode step holds for: the cache, the batch, the blocks read, the Context's fields."""
+    """What a captured paged decode step holds for: the cache, the batch, the blocks read, the PassInputs fields."""
     return id(cache), tuple(inputs.ids.shape), inputs.where.blocks, signature(inputs.ctx)
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from anatomy.inference.engine.paged import Chunk, PagedInputs, PagedKVCache, PagedLayer, paged_inputs
-from anatomy.layers.context import Context
+from anatomy.layers.pass_inputs import PassInputs
 from anatomy.layers.segments import Segment, Segments, rows_of
 from anatomy.models.stack import Stack
 
@@ -23,7 +23,7 @@ from anatomy.models.stack import Stack
 class FlatLayer:
     """One layer's cache for a flat batch (the `LayerCache` protocol): its groups' PagedLayers, each
     with where its tokens lie on the axis (start, rows, new), its mask, its bias and whether the group
-    is fresh prompts that attend over their new keys alone (Context.new_keys_only)."""
+    is fresh prompts that attend over their new keys alone (PassInputs.new_keys_only)."""
 
     def __init__(self, parts: list[tuple[int, int, int, PagedLayer, Tensor | None, Tensor | None, bool]]) -> None:
         self.parts = parts
@@ -46,12 +46,12 @@ class FlatLayer:
 
 @dataclass(frozen=True)
 class FlatInputs:
-    """ids and positions [1, T], the Context (RoPE angles only), each layer's FlatLayer, the token
+    """ids and positions [1, T], the PassInputs (RoPE angles only), each layer's FlatLayer, the token
     indices whose logits are wanted (chunk after chunk, in the caller's order) and each token's adapter."""
 
     ids: Tensor
     positions: Tensor
-    ctx: Context
+    ctx: PassInputs
     layers: list[FlatLayer]
     wanted: Tensor
     adapters: list[int]
@@ -87,7 +87,7 @@ def flat_inputs(stack: Stack, cache: PagedKVCache, chunks: list[Chunk], groups: 
         for i, rows_wanted in zip(group, flat.split(counts)):
             wanted[i] = rows_wanted
         start += rows * new
-    ctx = Context(rope=_joined(cos, sin), sliding_rope=_joined(scos, ssin))
+    ctx = PassInputs(rope=_joined(cos, sin), sliding_rope=_joined(scos, ssin))
     adapters = [c.adapter for i in sum(groups, []) for c in [chunks[i]] for _ in c.tokens]
     scales = [c.adapter_scale for i in sum(groups, []) for c in [chunks[i]] for _ in c.tokens]
     return FlatInputs(torch.cat(ids, dim=1), torch.cat(positions, dim=1), ctx, [FlatLayer(p) for p in parts],

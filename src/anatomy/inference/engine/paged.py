@@ -20,8 +20,8 @@ from anatomy import dtypes, kv_format
 from anatomy.config import ModelConfig
 from anatomy.errors import InputError
 from anatomy.kv_format import Codes, Pages
-from anatomy.layers.context import Context
-from anatomy.models.context import ContextTables
+from anatomy.layers.pass_inputs import PassInputs
+from anatomy.models.position_rules import PositionTables
 from anatomy.models.stack import Stack
 
 
@@ -63,7 +63,7 @@ class PagedKVCache(nn.ModuleList):
         self.scratch = num_blocks  # the extra block padding writes to and missing blocks read from
         self.window_scratch = window_blocks  # the same in the sliding-window layers' group
         self.compute_dtype = compute_dtype or dtype  # what attention computes in: its masks' and angles' dtype
-        self.tables: ContextTables | None = None  # the RoPE table of a stack, made on first use
+        self.tables: PositionTables | None = None  # the RoPE table of a stack, made on first use
 
     @staticmethod
     def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype | str, *,
@@ -88,12 +88,12 @@ class PagedKVCache(nn.ModuleList):
         """Each layer's LayerCache for one step laid out by `where` (a sliding-window layer's by `where.window`)."""
         return [PagedLayer(pool, where.window if w else where) for pool, w in zip(self, self.windowed)]
 
-    def context_tables(self, stack: Stack, length: int) -> ContextTables:
+    def position_tables(self, stack: Stack, length: int) -> PositionTables:
         """The position tables of `stack` over `length` positions (made once, grown when a longer step comes)."""
         if self.tables is None or len(self.tables.slots) < length:
-            self.tables = ContextTables(stack.context, length=max(length, 2 * self.block_size),
-                                        dtype=self.compute_dtype,
-                                        device=self[0].k.device)
+            self.tables = PositionTables(stack.position_rules, length=max(length, 2 * self.block_size),
+                                         dtype=self.compute_dtype,
+                                         device=self[0].k.device)
         return self.tables
 
 
@@ -189,12 +189,12 @@ class Chunk:
 
 @dataclass(frozen=True)
 class PagedInputs:
-    """Everything one forward over a batch of chunks needs: ids and positions [B, S], the Context,
+    """Everything one forward over a batch of chunks needs: ids and positions [B, S], the PassInputs,
     where the tokens go, and the (rows, columns) of the positions whose logits are wanted."""
 
     ids: Tensor
     positions: Tensor
-    ctx: Context
+    ctx: PassInputs
     where: BlockSlots
     wanted: tuple[Tensor, Tensor]
 
@@ -229,8 +229,8 @@ def paged_inputs(stack: Stack, cache: PagedKVCache, chunks: list[Chunk], *, rows
     ids, positions = torch.tensor(ids, **as_long), torch.tensor(positions, **as_long)  # [B, S]
     where = BlockSlots.of(tuple(t for group in groups for t in group), B, S, nb)
     fresh = rows is None and S > 1 and cache.exact and all(c.start == 0 and len(c.tokens) == S for c in chunks)
-    ctx = cache.context_tables(stack, nb * bs).build(positions, q_slots=positions, keys=S if fresh else nb * bs,
-                                                     new_keys_only=fresh)  # fresh prompts: Context.new_keys_only
+    ctx = cache.position_tables(stack, nb * bs).build(positions, q_slots=positions, keys=S if fresh else nb * bs,
+                                                      new_keys_only=fresh)  # fresh prompts: PassInputs.new_keys_only
     wanted = (torch.tensor(want_rows, **as_long), torch.tensor(want_cols, **as_long))
     return PagedInputs(ids, positions, ctx, where, wanted)
 

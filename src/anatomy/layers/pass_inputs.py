@@ -10,9 +10,11 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from anatomy.deprecation import deprecated
+
 
 @dataclass(frozen=True)
-class Context:
+class PassInputs:
     """The per-pass inputs of every block of a stack (None: not used by this pass).
 
     rope         (cos, sin), each [B, S, d_h]: the rotary angles of the queries' positions
@@ -38,3 +40,15 @@ class Context:
     router_logits: list[Tensor] | None = None
     sliding_rope: tuple[Tensor, Tensor] | None = None
     new_keys_only: bool = False
+
+
+_RENAMED = {"Context": "PassInputs"}
+
+
+def __getattr__(name: str):
+    """The names these had before "context" kept one meaning (the model's length): they work for a
+    release, with a deprecation warning."""
+    if name in _RENAMED:
+        deprecated(f"{__name__}.{name} is deprecated; use {_RENAMED[name]}")
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,10 +1,10 @@
-"""The position machinery of a stack and the one builder of every pass's Context.
+"""The position machinery of a stack and the one builder of every pass's PassInputs.
 
 Every pass describes its queries and keys by slots (q_slots, k_slots, positions, key_valid), and
-`build_context` turns that into the Context its blocks share: a model's own forward, a prefill into
+`build_pass_inputs` turns that into the PassInputs its blocks share: a model's own forward, a prefill into
 a static cache, a decode step, a span of k tokens (speculative verification), a batch of chunks
-over a paged cache. The Context holds the additive mask (and a sliding-window one), the ALiBi bias
-and the RoPE angles (from a table made once, `ContextTables`, for the steps of a generation). A full
+over a paged cache. The PassInputs holds the additive mask (and a sliding-window one), the ALiBi bias
+and the RoPE angles (from a table made once, `PositionTables`, for the steps of a generation). A full
 pass needs no mask when nothing is padded and no cache is read; every other pass gets one.
 The fields' shapes: docs/foundation.md, "Models: one Stack, four heads".
 """
@@ -15,11 +15,12 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.config import ModelConfig
+from anatomy.deprecation import deprecated
 from anatomy.layers import Rotary, alibi_bias, alibi_slopes
-from anatomy.layers.context import Context
+from anatomy.layers.pass_inputs import PassInputs
 
 
-class PositionContext(nn.Module):
+class PositionRules(nn.Module):
     """Holds the position machinery of a stack (RoPE inverse frequencies, ALiBi slopes, the window)."""
 
     def __init__(self, config: ModelConfig, *, causal: bool) -> None:
@@ -39,7 +40,7 @@ class PositionContext(nn.Module):
 
     def forward(self, position_ids: Tensor, *, q_slots: Tensor, k_slots: Tensor, key_valid: Tensor | None = None,
                 explicit: bool = False, input_pos: Tensor | None = None, memory_mask: Tensor | None = None,
-                dtype: torch.dtype = torch.float32) -> Context:
+                dtype: torch.dtype = torch.float32) -> PassInputs:
         """A model's own forward: position_ids [B, S]; q_slots [S] and k_slots [S_k] index the sequence
         (or the KV cache); key_valid [B, S_k] marks real keys; `explicit` (a cache is read) forces a
         mask; input_pos and memory_mask [B, 1, 1, S_m] pass through to the blocks. The angles and
@@ -47,40 +48,40 @@ class PositionContext(nn.Module):
         rope = self.rotary(position_ids, dtype) if self.rotary is not None else None
         sliding = self.sliding_rotary(position_ids, dtype) if self.sliding_rotary is not None else None
         needs_mask = key_valid is not None or (explicit and self.causal)
-        return build_context(self, rope=rope, sliding_rope=sliding, q_slots=q_slots, k_slots=k_slots,
-                             key_valid=key_valid, needs_mask=needs_mask, input_pos=input_pos, memory_mask=memory_mask,
-                             dtype=dtype)
+        return build_pass_inputs(self, rope=rope, sliding_rope=sliding, q_slots=q_slots, k_slots=k_slots,
+                                 key_valid=key_valid, needs_mask=needs_mask, input_pos=input_pos,
+                                 memory_mask=memory_mask, dtype=dtype)
 
 
-def build_context(context: PositionContext, *, rope: tuple[Tensor, Tensor] | None, q_slots: Tensor, k_slots: Tensor,
-                  key_valid: Tensor | None = None, needs_mask: bool = True, input_pos: Tensor | None = None,
-                  memory_mask: Tensor | None = None, dtype: torch.dtype = torch.float32,
-                  sliding_rope: tuple[Tensor, Tensor] | None = None, new_keys_only: bool = False) -> Context:
-    """The Context of one pass (the module docstring has the shapes and rules); `new_keys_only`: a
+def build_pass_inputs(rules: PositionRules, *, rope: tuple[Tensor, Tensor] | None, q_slots: Tensor, k_slots: Tensor,
+                      key_valid: Tensor | None = None, needs_mask: bool = True, input_pos: Tensor | None = None,
+                      memory_mask: Tensor | None = None, dtype: torch.dtype = torch.float32,
+                      sliding_rope: tuple[Tensor, Tensor] | None = None, new_keys_only: bool = False) -> PassInputs:
+    """The PassInputs of one pass (the module docstring has the shapes and rules); `new_keys_only`: a
     fresh prompt's pass over a cache (k_slots its own), which needs no mask but a window's."""
     needs_mask = needs_mask and not new_keys_only
     q = q_slots[..., :, None]  # [S, 1] or [B, S, 1]
     k = k_slots  # [T]
-    windowed = context.window is not None and len(k_slots) > context.window
+    windowed = rules.window is not None and len(k_slots) > rules.window
     mask = window_mask = None
     if needs_mask or windowed:
-        if context.causal:
+        if rules.causal:
             allowed = k <= q  # [(B,) S, T]
         else:
             allowed = torch.ones(*q.shape[:-1], len(k), dtype=torch.bool, device=k.device)  # [(B,) S, T]
         if key_valid is not None:
             allowed = allowed & key_valid.bool()[:, None, :]  # [B, S, T]
-        if context.causal:
+        if rules.causal:
             allowed = allowed | (k == q)  # a padding query sees itself
         if needs_mask:
             mask = _additive(allowed, dtype)
         if windowed:
-            window_mask = _additive(allowed & (k > q - context.window), dtype)
+            window_mask = _additive(allowed & (k > q - rules.window), dtype)
     bias = None
-    if context.slopes is not None:
-        bias = alibi_bias(context.slopes.to(k.device), q_slots, k_slots, causal=context.causal)
-    return Context(rope=rope, mask=mask, bias=bias, input_pos=input_pos, memory_mask=memory_mask,
-                   window_mask=window_mask, sliding_rope=sliding_rope, new_keys_only=new_keys_only)
+    if rules.slopes is not None:
+        bias = alibi_bias(rules.slopes.to(k.device), q_slots, k_slots, causal=rules.causal)
+    return PassInputs(rope=rope, mask=mask, bias=bias, input_pos=input_pos, memory_mask=memory_mask,
+                      window_mask=window_mask, sliding_rope=sliding_rope, new_keys_only=new_keys_only)
 
 
 def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
@@ -90,29 +91,29 @@ def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
     return mask.view(-1, 1, *mask.shape[-2:])
 
 
-class ContextTables:
+class PositionTables:
     """What the steps over one cache of `length` slots share, made once: the slots 0..length-1 and,
     with RoPE, the angles of positions 0..length-1 [length, 1, d] (a step indexes them; the sliding-window
     layers' own too, where they have a base of their own). A rotary rule whose frequencies depend on how
     far a pass reaches (dynamic NTK, LongRoPE) computes each token's angles from its own reach instead,
     as its own decode step would."""
 
-    def __init__(self, context: PositionContext, *, length: int, dtype: torch.dtype,
+    def __init__(self, rules: PositionRules, *, length: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu") -> None:
-        self.context, self.dtype, self.device = context, dtype, torch.device(device)
+        self.rules, self.dtype, self.device = rules, dtype, torch.device(device)
         self.slots = torch.arange(length, device=self.device)  # [T]
-        self.main = _Angles(context.rotary, self.slots, dtype)
-        self.sliding = _Angles(context.sliding_rotary, self.slots, dtype)
+        self.main = _Angles(rules.rotary, self.slots, dtype)
+        self.sliding = _Angles(rules.sliding_rotary, self.slots, dtype)
 
     def build(self, positions: Tensor, *, q_slots: Tensor, keys: int | None = None, key_valid: Tensor | None = None,
-              input_pos: Tensor | None = None, new_keys_only: bool = False) -> Context:
-        """The Context of queries at `q_slots` ([S], or [B, S] per row) with positions [B, S], over the
+              input_pos: Tensor | None = None, new_keys_only: bool = False) -> PassInputs:
+        """The PassInputs of queries at `q_slots` ([S], or [B, S] per row) with positions [B, S], over the
         first `keys` slots (default all); key_valid [B, keys] marks the real ones; `new_keys_only`: the
-        queries are a fresh prompt's and `keys` is their number (no mask: Context.new_keys_only)."""
+        queries are a fresh prompt's and `keys` is their number (no mask: PassInputs.new_keys_only)."""
         k_slots = self.slots if keys is None else self.slots[:keys]
-        return build_context(self.context, rope=self.rope(positions), sliding_rope=self.sliding(positions),
-                             q_slots=q_slots, k_slots=k_slots, key_valid=key_valid, input_pos=input_pos,
-                             dtype=self.dtype, new_keys_only=new_keys_only)
+        return build_pass_inputs(self.rules, rope=self.rope(positions), sliding_rope=self.sliding(positions),
+                                 q_slots=q_slots, k_slots=k_slots, key_valid=key_valid, input_pos=input_pos,
+                                 dtype=self.dtype, new_keys_only=new_keys_only)
 
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor] | None:
         """(cos, sin) [B, S, 1, d] of positions [B, S]; None without RoPE."""
@@ -142,3 +143,16 @@ class _Angles:
         if self.cos is None:
             return None
         return self.cos[positions], self.sin[positions]  # [B, S, 1, d]
+
+
+_RENAMED = {"PositionContext": "PositionRules", "ContextTables": "PositionTables",
+            "build_context": "build_pass_inputs"}
+
+
+def __getattr__(name: str):
+    """The names these had before "context" kept one meaning (the model's length): they work for a
+    release, with a deprecation warning."""
+    if name in _RENAMED:
+        deprecated(f"{__name__}.{name} is deprecated; use {_RENAMED[name]}")
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
