@@ -236,11 +236,11 @@ def test_a_failing_step_ends_its_sequences_with_an_error_and_the_loop_goes_on(ti
     loop = ServingLoop(engine, kv_bytes=10 ** 7, block_size=4)
     step, calls = engine.step, []
 
-    def broken(cache, chunks):
+    def broken(cache, chunks, **options):
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("a bug in a step")
-        return step(cache, chunks)
+        return step(cache, chunks, **options)
 
     engine.step = broken  # this test's own engine
     loop.start()
