@@ -30,7 +30,7 @@ def test_conversation_with_reset_and_exit():
 @pytest.mark.slow
 def test_ctrl_c_stops_a_reply_without_leaving():
     proc = subprocess.Popen([ANATOMY, "chat", "--max-new-tokens", "4000", "--ignore-eos"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_ctrl_c_default)
     chunks: list[bytes] = []
     reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read1(4096), b"")), daemon=True)
     reader.start()
@@ -68,6 +68,8 @@ def test_ctrl_c_stops_a_reply_even_where_its_exception_was_swallowed(monkeypatch
     at its next token, keeps what was shown, and Ctrl-C's handler is the one it was before."""
     from anatomy.commands import chat
 
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python has it in a terminal
+
     def deltas():
         yield 0, "Once"
         try:
@@ -84,8 +86,16 @@ def test_ctrl_c_stops_a_reply_even_where_its_exception_was_swallowed(monkeypatch
 
     monkeypatch.setattr(chat, "start", lambda *args: Gen())
     before = signal.getsignal(signal.SIGINT)
-    assert chat._reply(None, None, [{"role": "user", "content": "Hi"}], chat.argparse.Namespace(system=None)) \
-        == "Once upon"
-    out, err = capsys.readouterr()
-    assert out == "Once upon" and err == " [stopped]\n"
-    assert signal.getsignal(signal.SIGINT) is before
+    try:
+        assert chat._reply(None, None, [{"role": "user", "content": "Hi"}], chat.argparse.Namespace(system=None)) \
+            == "Once upon"
+        out, err = capsys.readouterr()
+        assert out == "Once upon" and err == " [stopped]\n"
+        assert signal.getsignal(signal.SIGINT) is before
+    finally:
+        signal.signal(signal.SIGINT, outer)
+
+
+def _ctrl_c_default() -> None:
+    """A chat started from a shell that ignores Ctrl-C in background jobs gets the terminal's default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -24,7 +24,6 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from anatomy.config import ModelConfig
 from anatomy.errors import InputError
 from anatomy.inference.engine import DecoderEngine, Seq2SeqEngine
 from anatomy.inference.loading import resolve_model
@@ -33,7 +32,7 @@ from anatomy.inference.result import GenerationResult
 from anatomy.inference.sampling import SamplingParams
 from anatomy.inference.speculative import Speculation, SpeculativeDecoder
 from anatomy.inference.speculative.setup import speculation_of
-from anatomy.text.stops import StopStringFilter, TextRow
+from anatomy.text.stops import StopStringFilter, TextRow, eos_ids
 
 
 def generate(model: nn.Module | DecoderEngine | Seq2SeqEngine | str | Path, prompt: Any, *, tokenizer: Any = None,
@@ -221,14 +220,6 @@ def fit_context(prompts: list[list[int]], params: SamplingParams, *, context: in
                       f"after a {longest}-token prompt; clamped to {room}", stacklevel=4)
         params = replace(params, max_new_tokens=room)
     return prompts, params
-
-
-def eos_ids(config: ModelConfig, tokenizer: Any) -> frozenset[int]:
-    """The tokenizer's end ids (EOS and the chat template's turn end), else the config's EOS."""
-    if tokenizer is not None and tokenizer.eos_ids:
-        return frozenset(tokenizer.eos_ids)
-    eos = config.eos_token_id
-    return frozenset() if eos is None else frozenset({eos})
 
 
 _MOVED = {"NamedModel": "LoadedModel", "load_named": "load_named"}  # resolve_model is imported here still

@@ -25,9 +25,8 @@ from torch import Tensor
 
 from anatomy.errors import InputError, ParallelError
 from anatomy.inference.engine import Chunk, DecoderEngine, PagedKVCache
-from anatomy.inference.generate import eos_ids
 from anatomy.inference.sampling import Penalties, SamplingParams, greedy, make_generator, next_tokens, token_logprobs
-from anatomy.text.stops import StopStringFilter, TextRow
+from anatomy.text.stops import StopStringFilter, TextRow, eos_ids
 from anatomy.serving.blocks import BlockManager
 from anatomy.serving.metrics import ServingMetrics
 from anatomy.serving.offload import KVOffload, identity

@@ -85,3 +85,12 @@ class TextRow:
         if self.decoder is None:
             return ""
         return self.stops.push(self.decoder.flush()) + self.stops.flush()
+
+
+def eos_ids(config, tokenizer: Any) -> frozenset[int]:
+    """The ids that end a sequence: the tokenizer's end ids (EOS and the chat template's turn end), else
+    the model config's EOS."""
+    if tokenizer is not None and tokenizer.eos_ids:
+        return frozenset(tokenizer.eos_ids)
+    eos = config.eos_token_id
+    return frozenset() if eos is None else frozenset({eos})
