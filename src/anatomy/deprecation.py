@@ -37,3 +37,14 @@ def _outside_anatomy() -> int:
 def _bootstrap(frame) -> bool:
     filename = frame.f_code.co_filename
     return "importlib" in filename and "_bootstrap" in filename
+
+
+def renamed_names(module: str, names: dict[str, str], space: dict):
+    """A module's __getattr__ for names it renamed ({old: new} of the module whose globals are `space`):
+    the old name gives the new object, with a deprecation warning."""
+    def __getattr__(name: str):
+        if name in names:
+            deprecated(f"{module}.{name} is deprecated; use {names[name]}")
+            return space[names[name]]
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    return __getattr__

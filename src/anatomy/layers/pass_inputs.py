@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from anatomy.deprecation import deprecated
+from anatomy.deprecation import renamed_names
 
 
 @dataclass(frozen=True)
@@ -42,13 +42,5 @@ class PassInputs:
     new_keys_only: bool = False
 
 
-_RENAMED = {"Context": "PassInputs"}
-
-
-def __getattr__(name: str):
-    """The names these had before "context" kept one meaning (the model's length): they work for a
-    release, with a deprecation warning."""
-    if name in _RENAMED:
-        deprecated(f"{__name__}.{name} is deprecated; use {_RENAMED[name]}")
-        return globals()[_RENAMED[name]]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# old names, from before "context" kept one meaning (the model's length): they work for a release
+__getattr__ = renamed_names(__name__, {"Context": "PassInputs"}, globals())

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.config import ModelConfig
-from anatomy.deprecation import deprecated
+from anatomy.deprecation import renamed_names
 from anatomy.layers import Rotary, alibi_bias, alibi_slopes
 from anatomy.layers.pass_inputs import PassInputs
 
@@ -145,14 +145,6 @@ class _Angles:
         return self.cos[positions], self.sin[positions]  # [B, S, 1, d]
 
 
-_RENAMED = {"PositionContext": "PositionRules", "ContextTables": "PositionTables",
-            "build_context": "build_pass_inputs"}
-
-
-def __getattr__(name: str):
-    """The names these had before "context" kept one meaning (the model's length): they work for a
-    release, with a deprecation warning."""
-    if name in _RENAMED:
-        deprecated(f"{__name__}.{name} is deprecated; use {_RENAMED[name]}")
-        return globals()[_RENAMED[name]]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# old names, from before "context" kept one meaning (the model's length): they work for a release
+__getattr__ = renamed_names(__name__, {"PositionContext": "PositionRules", "ContextTables": "PositionTables",
+                                       "build_context": "build_pass_inputs"}, globals())
