@@ -4,7 +4,8 @@ common type, anatomy beside native llama.cpp on each file, in one run.
 Per file: anatomy through its public API (`anatomy.generate` on the engine `anatomy generate` runs,
 `anatomy.engine_for(anatomy.load(file), take_weights=True)`: decode tokens/s after a 128-token prompt,
 prefill 512, 8 sequences) against `llama-bench` tg128 / pp512 and
-`llama-batched-bench` (8 sequences), and each side's peak RSS: `anatomy generate` answering a question
+`llama-batched-bench` (8 sequences), anatomy's figures the median of 3 runs after a warm-up of each
+shape; and each side's peak RSS and seconds from start to exit: `anatomy generate` answering a question
 in a fresh process (its kernel plan already measured) against `llama-bench -n 64` on the same file,
 both under one meter (ru_maxrss). Sizes: SmolLM2-135M (the shipped model's own weights) and a
 1B-class decoder of Llama-3.2-1B's shape with random weights (llama.cpp's Llama 3 vocabulary); the
@@ -15,6 +16,7 @@ experts, 4 per token), random weights, the same vocabulary.
 from __future__ import annotations
 
 import gc
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +29,7 @@ from anatomy.checkpoints.registry import resolve
 from benchmarks.llama_cpp import batched_bench, built_tools, llama_bench, llama_tool
 
 PROMPT, NEW, PREFILL, BATCH = 128, 128, 512, 8
+ROUNDS = 3  # anatomy's figures: the median of this many runs of each
 SMALL, LARGE, GEMMA3, MOE = ("SmolLM2-135M", "1B (Llama-3.2-1B's shape)", "Gemma 3 1B's shape",
                              "1B MoE (Qwen3-MoE's shape, 32 experts)")
 TYPES = {SMALL: ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS"), LARGE: ("Q4_K_M", "Q8_0"),
@@ -37,8 +40,9 @@ _ONE_B = {"decode": 1.1, "prefill": 1.25, "batch": 1.5}
 TARGETS = {SMALL: {"decode": 1.25, "prefill": 1.5, "batch": 2.0}, LARGE: _ONE_B, GEMMA3: _ONE_B, MOE: _ONE_B}
 RSS_FACTOR, RSS_EXTRA = 1.15, 300 * 2 ** 20  # anatomy's peak RSS <= 1.15x llama.cpp's + 300 MiB
 QUESTION = "What is the capital of France?"
-METER = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
-         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+METER = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
+         "subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, time.perf_counter() - t)")
 
 
 def prompt_ids(n: int, seed: int = 0, vocab: int = 40000) -> list[int]:
@@ -91,22 +95,25 @@ def _config(size: str):
     return anatomy.get_preset("llama-3.2-1b")
 
 
-def peak_rss(argv: list[str]) -> int:
-    """Peak RSS (bytes) of `argv` run as the only child of a fresh Python."""
+def process(argv: list[str]) -> tuple[int, float]:
+    """Peak RSS (bytes) and wall seconds of `argv` run as the only child of a fresh Python."""
     out = subprocess.run([sys.executable, "-c", METER, *argv], check=True, capture_output=True, text=True)
-    return int(out.stdout) * 1024
+    rss, seconds = out.stdout.split()
+    return int(rss) * 1024, float(seconds)
 
 
-def anatomy_rss(path: Path) -> int:
-    """Peak RSS of `anatomy generate` answering QUESTION on `path` (run once first: the plan is measured)."""
+def anatomy_process(path: Path) -> tuple[int, float]:
+    """`anatomy generate` answering QUESTION in 64 tokens on `path`, start to exit: peak RSS and seconds
+    (run once first: the plan is measured)."""
     argv = [sys.executable, "-m", "anatomy", "generate", QUESTION, "--model", str(path), "--max-new-tokens", "64",
             "--quiet"]
-    peak_rss(argv)
-    return peak_rss(argv)
+    process(argv)
+    return process(argv)
 
 
-def llama_rss(path: Path, threads: int) -> int:
-    return peak_rss([llama_tool("llama-bench"), "-m", str(path), "-t", str(threads), "-p", "0", "-n", "64", "-r", "1"])
+def llama_process(path: Path, threads: int) -> tuple[int, float]:
+    """`llama-bench` generating 64 tokens once (after its warm-up) on `path`: peak RSS and seconds."""
+    return process([llama_tool("llama-bench"), "-m", str(path), "-t", str(threads), "-p", "0", "-n", "64", "-r", "1"])
 
 
 def file_row(path: Path, vocab: int) -> dict[str, float]:
@@ -119,15 +126,25 @@ def file_row(path: Path, vocab: int) -> dict[str, float]:
     def run(prompts, new):
         return anatomy.generate(engine, prompts, max_new_tokens=new, ignore_eos=True)[0]
 
-    run([short], NEW), run([long_], 1), run(batch, 8)  # the plan and the captured steps first
-    row = {"decode": run([short], NEW).tokens_per_s, "prefill": PREFILL / run([long_], 1).ttft_s,
-           "batch": run(batch, NEW).tokens_per_s, "read": engine.decode_weight_bytes}
+    # the plan and the captured steps first: each shape as measured (a decode step of a new shape runs
+    # eagerly PAGED_RECORD_AFTER times, then is recorded, inside the run that meets it)
+    run([short], NEW), run([long_], 1), run(batch, NEW)
+    row = {"decode": _median(lambda: run([short], NEW).tokens_per_s),
+           "prefill": _median(lambda: PREFILL / run([long_], 1).ttft_s),
+           "batch": _median(lambda: run(batch, NEW).tokens_per_s), "read": engine.decode_weight_bytes}
     del engine
     gc.collect()
     row |= {"tg": llama_bench(path, threads=threads, new=NEW), "pp": llama_bench(path, threads=threads, prompt=PREFILL),
             "batched": batched_bench(path, threads=threads, prompt=PROMPT, new=NEW, sequences=(BATCH,))[BATCH],
-            "rss": anatomy_rss(path), "llama_rss": llama_rss(path, threads), "file": path.stat().st_size}
+            "file": path.stat().st_size}
+    row["rss"], row["start"] = anatomy_process(path)
+    row["llama_rss"], row["llama_start"] = llama_process(path, threads)
     return row
+
+
+def _median(figure, rounds: int = ROUNDS) -> float:
+    """The median of `rounds` measurements (llama-bench reports the mean of its -r 3 runs)."""
+    return statistics.median(figure() for _ in range(rounds))
 
 
 def measure(folder: Path, sizes: tuple[str, ...] = (SMALL, LARGE)) -> dict[str, dict[str, dict[str, float]]]:
@@ -149,7 +166,8 @@ def print_table(rows: dict[str, dict[str, dict[str, float]]], bandwidth_gbs: flo
     threads = torch.get_num_threads()
     print(f"\n| model | file (llama-quantize) | MiB | anatomy decode | tg{NEW} | ratio | weights read, of {bandwidth_gbs:.0f} "
           f"GB/s | anatomy prefill {PREFILL} | pp{PREFILL} | ratio | anatomy {BATCH} seqs | batched-bench {BATCH} | ratio | "
-          f"peak RSS anatomy / llama-bench | RSS target |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          f"peak RSS anatomy / llama-bench | RSS target | start to 64 tokens, s: anatomy / llama-bench |\n"
+          f"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for size, kinds in rows.items():
         goal = TARGETS[size]
         for kind, r in kinds.items():
@@ -160,10 +178,13 @@ def print_table(rows: dict[str, dict[str, dict[str, float]]], bandwidth_gbs: flo
                   f"{_ratio(r['prefill'], r['pp'], goal['prefill'])} | {r['batch']:.0f} | {r['batched']:.0f} | "
                   f"{_ratio(r['batch'], r['batched'], goal['batch'])} | {r['rss'] / 2 ** 20:.0f} / "
                   f"{r['llama_rss'] / 2 ** 20:.0f} MiB | {'met' if r['rss'] <= limit else 'missed'} "
-                  f"(<= {limit / 2 ** 20:.0f}) |")
-    print(f"\n(one round per file, {threads} threads; ratio: anatomy / llama.cpp, with the issue's target in brackets; "
-          f"decode after a {PROMPT}-token prompt, greedy, EOS ignored; RSS target: <= {RSS_FACTOR}x llama.cpp's + "
-          f"{RSS_EXTRA // 2 ** 20} MiB)")
+                  f"(<= {limit / 2 ** 20:.0f}) | {r['start']:.2f} / {r['llama_start']:.2f} "
+                  f"({'met' if r['start'] <= r['llama_start'] else 'missed'}) |")
+    print(f"\n(anatomy: the median of {ROUNDS} runs, llama-bench: the mean of its 3; {threads} threads; ratio: "
+          f"anatomy / llama.cpp, with the issue's target in brackets; decode after a {PROMPT}-token prompt, greedy, EOS "
+          f"ignored; RSS target: <= {RSS_FACTOR}x llama.cpp's + {RSS_EXTRA // 2 ** 20} MiB; start to 64 tokens: a fresh "
+          f"process loading the file and generating, `anatomy generate` answering a question (its Python and torch "
+          f"imports included) against `llama-bench -p 0 -n 64 -r 1` (its warm-up included))")
 
 
 def _ratio(ours: float, theirs: float, goal: float) -> str:
