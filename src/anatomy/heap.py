@@ -2,7 +2,7 @@
 a model's stored tensors while building their layouts would still hold their pages. `trim()` asks
 glibc to return what is free (malloc_trim); elsewhere (another libc, another system) it does nothing.
 `discard()` gives back the pages of memory still allocated whose contents are no longer needed;
-`available()` is what the system can give now."""
+`available()` is what the system can give now; a `Trimmer` trims once enough has been freed."""
 
 from __future__ import annotations
 
@@ -28,6 +28,25 @@ def trim() -> bool:
     """Return the heap's free pages to the system; whether the C library could."""
     fn = _libc("malloc_trim")
     return bool(fn(0)) if fn is not None else False
+
+
+class Trimmer:
+    """trim() once `every` bytes have been freed since the last trim, and at flush(): a trim costs about a
+    millisecond, so trimming after each of a model's hundreds of freed weights adds up, while the heap
+    keeps at most `every` freed bytes more in between."""
+
+    def __init__(self, every: int = 32 << 20) -> None:
+        self.every, self.pending = every, 0
+
+    def freed(self, nbytes: int) -> None:
+        self.pending += nbytes
+        if self.pending >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            trim()
+        self.pending = 0
 
 
 @functools.cache

@@ -63,6 +63,7 @@ def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True,
     branch = branch_dtype(plan, model_dtype)
     readers = Counter(sid for fmt, _ in layers.values() for sid in {storage_id(t) for t in fmt.buffers()})
     consumed = []  # formats whose rows were discarded as their layouts were built
+    trimmer = heap.Trimmer()  # the next layouts must not be built beside freed pages the heap kept
     try:
         for name, (fmt, bias) in layers.items():
             dtype = model_dtype if name in HEAD_LAYERS else branch
@@ -72,10 +73,10 @@ def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True,
             consumed += [fmt] if layer.consumed else []
             if take_weights and not layer.builds_later:
                 held = {storage_id(t) for layout in layer.layouts.values() for t in layout if isinstance(t, torch.Tensor)}
-                if fmt.release(keep | held):
-                    heap.trim()  # the next layouts must not be built beside freed pages the heap kept
+                trimmer.freed(fmt.release(keep | held))
         if take_weights:
             embed_from_head(view, layers)
+        trimmer.flush()
     finally:  # whatever happened, a format that lost rows reads as given back (an InputError), never as zeros
         kept = [fmt.label for fmt in consumed if not fmt.released]
         for fmt in consumed:
