@@ -92,4 +92,3 @@ def test_int4x2_is_packed_a_piece_of_rows_at_a_time_as_in_one_go(monkeypatch):
     whole = form.build(fmt)
     monkeypatch.setattr(candidates, "INT4X2_ROWS", 64)
     assert all(torch.equal(a, b) for a, b in zip(form.build(fmt), whole))
-

@@ -75,7 +75,7 @@ def plan_view(view: nn.Module, *, compile: bool = False, cache: bool = True,
                 held = {storage_id(t) for layout in layer.layouts.values() for t in layout if isinstance(t, torch.Tensor)}
                 trimmer.freed(fmt.release(keep | held))
         if take_weights:
-            embed_from_head(view, layers)
+            trimmer.freed(embed_from_head(view, layers))
         trimmer.flush()
     finally:  # whatever happened, a format that lost rows reads as given back (an InputError), never as zeros
         kept = [fmt.label for fmt in consumed if not fmt.released]
@@ -103,23 +103,23 @@ def consumable(view: nn.Module, name: str, fmt: WeightFormat, layers: dict, keep
     return None
 
 
-def embed_from_head(view: nn.Module, layers: dict) -> None:
+def embed_from_head(view: nn.Module, layers: dict) -> int:
     """A token table tied to the LM head reads its rows from the head's layout where the layout's form
-    can give them exactly (Form.rows), and the table's format is given back: the matrix is held once."""
+    can give them exactly (Form.rows), and the table's format is given back: the matrix is held once.
+    -> bytes given back."""
     table = getattr(view, "token_embedding", None)
     head = next((name for name in layers if name in HEAD_LAYERS), None)
     if not isinstance(table, CompactEmbedding) or head is None or layers[head][0] is not table.compact:
-        return
+        return 0
     layer = view.get_submodule(head.removesuffix(".weight"))
     readable = [(FORMS[name], layout) for name, layout in layer.layouts.items() if FORMS[name].rows is not None]
     if not readable:
-        return
+        return 0
     form, layout = readable[0]
     name = next(n for n, m in view.named_modules() if m is table)
     view.set_submodule(name, LayoutEmbedding(form.rows(layout), table.compact.shape, dtype=table.dtype))
     held = {storage_id(t) for t in layout if isinstance(t, torch.Tensor)}
-    if table.compact.release(shared_storages(view, layers) | held):
-        heap.trim()
+    return table.compact.release(shared_storages(view, layers) | held)
 
 
 def shared_storages(view: nn.Module, layers: dict, *, besides: nn.Module | None = None) -> set[int]:
