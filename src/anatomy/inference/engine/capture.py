@@ -4,9 +4,10 @@
     out = body.paged(inputs)   # logits [B, V] (body.logits), else the last hidden states [B, D]
 
 Why: a small model's eager decode step is bound by the Python around its operators. `torch.jit.trace`
-then `torch.jit.freeze` record the step once; TorchScript replays the same operators bit for bit
-without that Python. A trace holds only for the shapes it saw, so a mixture of experts (routing by
-value) or a layer a trace cannot hold is not captured (None); the LM head joins only where it can.
+records the step once, as a function whose weights are constants (a module trace would make a
+ScriptModule of every submodule); TorchScript replays the same operators bit for bit without that
+Python. A trace holds only for the shapes it saw, so a mixture of experts (routing by value) or a
+layer a trace cannot hold is not captured (None); the LM head joins only where it can.
 `compile_paged` is the same body under torch.compile (CUDA graphs on a GPU).
 """
 
@@ -114,11 +115,39 @@ def compile_paged(stack: Stack, cache: nn.Module, inputs, *, head: nn.Module, mo
 
 
 def _trace(body: nn.Module, example: tuple[Tensor, ...]) -> Captured | None:
-    with warnings.catch_warnings():
+    """Trace the body as a function of its inputs: its weights and cache pools enter the graph as
+    constants (the same tensors, not copies), which then folds, deduplicates and prunes like a frozen
+    module's, without the ScriptModule a module trace makes of every submodule."""
+    with warnings.catch_warnings(), _constants(body):
         # deprecated for torch.compile; the route a planned layer picks by its row count is fixed by the shapes
         warnings.simplefilter("ignore")
         try:
-            traced = torch.jit.trace(body.eval(), example, check_trace=False)
+            traced = torch.jit.trace(lambda *args: body(*args), example, check_trace=False)
         except RuntimeError:  # a layer holds an object a trace cannot (e.g. a packed-weight handle)
             return None
-    return Captured(torch.jit.freeze(traced))
+    _simplify(traced.graph)
+    return Captured(traced)
+
+
+class _constants:
+    """Within it the body's parameters do not require grad, so a trace may hold them as constants."""
+
+    def __init__(self, body: nn.Module) -> None:
+        self.grads = [p for p in body.parameters() if p.requires_grad]
+
+    def __enter__(self) -> None:
+        for p in self.grads:
+            p.requires_grad_(False)
+
+    def __exit__(self, *exc) -> None:
+        for p in self.grads:
+            p.requires_grad_(True)
+
+
+def _simplify(graph: torch.Graph) -> None:
+    """What freezing does to a graph: fold what its constants decide, merge repeats, drop the unused."""
+    for _ in range(2):
+        torch._C._jit_pass_peephole(graph)
+        torch._C._jit_pass_constant_propagation(graph)
+        torch._C._jit_pass_cse(graph)
+        torch._C._jit_pass_dce(graph)
