@@ -117,6 +117,7 @@ def install(model: nn.Module, formats: dict[str, Compact], *, dtype: torch.dtype
     """Replace the modules of the matrices in `formats` ({parameter name: format}) by compact ones
     holding them (a mixture's stacked experts by a CompactExperts); a tied head shares its embedding's
     format. Returns the model."""
+    holders = _holders(model)
     for name, fmt in formats.items():
         if isinstance(fmt, StackedFormats):
             owner, _, attr = name.rpartition(".")
@@ -126,18 +127,21 @@ def install(model: nn.Module, formats: dict[str, Compact], *, dtype: torch.dtype
             continue
         module = model.get_submodule(name.removesuffix(".weight"))
         compact = CompactEmbedding(fmt, dtype=dtype) if isinstance(module, nn.Embedding) else CompactLinear(fmt, module.bias)
-        _replace(model, module, compact)
+        for parent, key in holders.get(id(module), ()):
+            parent._modules[key] = compact
     _tie_heads(model)
     return model
 
 
-def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
-    """Every reference to module `old` in the model becomes `new` (an encoder-decoder's token table
-    is held by the model and by both stacks' embeddings)."""
+def _holders(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
+    """{id(module): every (parent, key) that holds it} (an encoder-decoder's token table is held by the
+    model and by both stacks' embeddings), gathered in one walk rather than one per replaced module."""
+    out: dict[int, list[tuple[nn.Module, str]]] = {}
     for parent in model.modules():
-        for key, child in list(parent._modules.items()):
-            if child is old:
-                parent._modules[key] = new
+        for key, child in parent._modules.items():
+            if child is not None:
+                out.setdefault(id(child), []).append((parent, key))
+    return out
 
 
 def _tie_heads(model: nn.Module) -> None:

@@ -102,11 +102,13 @@ def _k4_codes(qs: np.ndarray) -> Tensor:
 
     Each 32 bytes b of a super-block hold group 2c in their low nibbles and group 2c + 1 in their
     high ones (value j of a group in byte j); Q4_0's order puts values j and j + 16 in byte j."""
-    b = np.ascontiguousarray(qs).reshape(qs.shape[0], -1, 4, 2, 16)  # [N, nb, chunk, bytes 0-15 / 16-31, 16]
+    N = qs.shape[0]
+    b = torch.from_numpy(np.ascontiguousarray(qs)).view(N, -1, 4, 2, 16)  # [N, nb, chunk, bytes 0-15 / 16-31, 16]
     first, second = b[:, :, :, 0], b[:, :, :, 1]
-    even = (first & 0x0F) | ((second & 0x0F) << 4)  # group 2c
-    odd = (first >> 4) | (second & 0xF0)  # group 2c + 1
-    return torch.from_numpy(np.stack([even, odd], axis=3).reshape(qs.shape[0], -1))  # [N, nb, 4, 2, 16]
+    out = torch.empty_like(b)  # torch's elementwise loops run on every thread
+    torch.bitwise_or(first & 0x0F, (second & 0x0F) << 4, out=out[:, :, :, 0])  # group 2c
+    torch.bitwise_or(first >> 4, second & 0xF0, out=out[:, :, :, 1])  # group 2c + 1
+    return out.view(N, -1)
 
 
 def _q6_k(blocks: np.ndarray, label: str) -> WeightFormat:

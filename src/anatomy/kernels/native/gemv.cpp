@@ -415,21 +415,24 @@ at::Tensor pack_q4(const at::Tensor& codes, const at::Tensor& scale, const at::T
   const float* sc = s.data_ptr<float>();
   const float* of = o.data_ptr<float>();
   uint8_t* dst = out.data_ptr<uint8_t>();
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t p = 0; p < pairs; ++p) {
-      uint8_t* block = dst + (n * pairs + p) * Q4_BLOCK;
-      const int64_t g = n * (K / G) + 2 * p;
-      uint16_t h[4] = {float_to_half(sc[g]), float_to_half(of[g]), float_to_half(sc[g + 1]), float_to_half(of[g + 1])};
-      std::memcpy(block, h, 8);
-      for (int half = 0; half < 2; ++half) {
-        const uint8_t* group = src + n * (K / 2) + (2 * p + half) * (G / 2);  // 16 bytes: q[j] | q[j+16] << 4
-        for (int64_t j = 0; j < G; ++j) {
-          const uint8_t q = j < 16 ? (group[j] & 0x0F) : (group[j - 16] >> 4);
-          block[8 + j] = static_cast<uint8_t>(half ? (block[8 + j] | (q << 4)) : q);
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {  // each row's blocks are its own
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t p = 0; p < pairs; ++p) {
+        uint8_t* block = dst + (n * pairs + p) * Q4_BLOCK;
+        const int64_t g = n * (K / G) + 2 * p;
+        const uint16_t h[4] = {float_to_half(sc[g]), float_to_half(of[g]), float_to_half(sc[g + 1]),
+                               float_to_half(of[g + 1])};
+        std::memcpy(block, h, 8);
+        for (int half = 0; half < 2; ++half) {
+          const uint8_t* group = src + n * (K / 2) + (2 * p + half) * (G / 2);  // 16 bytes: q[j] | q[j+16] << 4
+          for (int64_t j = 0; j < G; ++j) {
+            const uint8_t q = j < 16 ? (group[j] & 0x0F) : (group[j - 16] >> 4);
+            block[8 + j] = static_cast<uint8_t>(half ? (block[8 + j] | (q << 4)) : q);
+          }
         }
       }
     }
-  }
+  });
   return out;
 }
 
@@ -442,18 +445,20 @@ at::Tensor pack_q8(const at::Tensor& codes, const at::Tensor& scale) {
   const int8_t* src = c.data_ptr<int8_t>();
   const float* sc = s.data_ptr<float>();
   uint8_t* dst = out.data_ptr<uint8_t>();
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t p = 0; p < pairs; ++p) {
-      uint8_t* block = dst + (n * pairs + p) * Q8_BLOCK;
-      const int8_t* q = src + n * K + p * PAIR;
-      uint16_t h[2] = {float_to_half(sc[n * (K / G) + 2 * p]), float_to_half(sc[n * (K / G) + 2 * p + 1])};
-      int16_t sums[2] = {0, 0};
-      for (int64_t j = 0; j < PAIR; ++j) sums[j / G] += q[j];
-      std::memcpy(block, h, 4);
-      std::memcpy(block + 4, sums, 4);
-      std::memcpy(block + 8, q, PAIR);
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {  // each row's blocks are its own
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t p = 0; p < pairs; ++p) {
+        uint8_t* block = dst + (n * pairs + p) * Q8_BLOCK;
+        const int8_t* q = src + n * K + p * PAIR;
+        uint16_t h[2] = {float_to_half(sc[n * (K / G) + 2 * p]), float_to_half(sc[n * (K / G) + 2 * p + 1])};
+        int16_t sums[2] = {0, 0};
+        for (int64_t j = 0; j < PAIR; ++j) sums[j / G] += q[j];
+        std::memcpy(block, h, 4);
+        std::memcpy(block + 4, sums, 4);
+        std::memcpy(block + 8, q, PAIR);
+      }
     }
-  }
+  });
   return out;
 }
 

@@ -437,10 +437,9 @@ at::Tensor pack_tiles(const at::Tensor& rows, int64_t bytes, const char* what, F
 void fill_q4(const uint8_t* block, const uint8_t* codes, int64_t half, int64_t r, uint8_t* tile) {
   std::memcpy(tile + 2 * r, block + 4 * half, 2);           // d
   std::memcpy(tile + 32 + 2 * r, block + 4 * half + 2, 2);  // m
-  for (int64_t i = 0; i < G; ++i) {
-    const uint8_t code = half ? codes[i] >> 4 : codes[i] & 0x0F;
-    tile[code_byte(r, i)] |= code_high(i) ? code << 4 : code;
-  }
+  auto code = [&](int64_t i) { return static_cast<uint8_t>(half ? codes[i] >> 4 : codes[i] & 0x0F); };
+  for (int64_t i = 0; i < G / 2; ++i)  // input i in the low nibble of its byte, input i + 16 in the high one
+    tile[code_byte(r, i)] = static_cast<uint8_t>(code(i) | code(i + G / 2) << 4);
 }
 
 // the q4 layout [N, K/64 * 40] (gemv.cpp: [dA mA dB mB] float16, then the codes) -> tiles
@@ -478,13 +477,15 @@ at::Tensor pack_q8_tiles(const at::Tensor& codes, const at::Tensor& scale) {
   const int8_t* from = c.data_ptr<int8_t>();
   const at::Half* scales = s.data_ptr<at::Half>();
   uint8_t* to = out.data_ptr<uint8_t>();
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t r = n % TILE;
-      uint8_t* tile = to + (n / TILE * groups + g) * TILE_BYTES<Q8>;
-      std::memcpy(tile + 2 * r, scales + n * groups + g, 2);
-      for (int64_t i = 0; i < G; ++i) tile[q8_byte(r, i)] = static_cast<uint8_t>(from[n * K + g * G + i]);
-    }
+  at::parallel_for(0, N / TILE, 1, [&](int64_t begin, int64_t end) {  // a tile's rows are its own
+    for (int64_t n = begin * TILE; n < end * TILE; ++n)
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t r = n % TILE;
+        uint8_t* tile = to + (n / TILE * groups + g) * TILE_BYTES<Q8>;
+        std::memcpy(tile + 2 * r, scales + n * groups + g, 2);
+        for (int64_t i = 0; i < G; ++i) tile[q8_byte(r, i)] = static_cast<uint8_t>(from[n * K + g * G + i]);
+      }
+  });
   return out;
 }
 
