@@ -10,6 +10,7 @@ the survivors keep their relative probabilities. temperature == 0 means greedy (
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -145,7 +146,7 @@ def filter_min_p(logits: Tensor, p: float) -> Tensor:
 
 def greedy(logits: Tensor) -> Tensor:
     """The index of each row's largest logit [...] (the first of equal ones, as argmax): torch.max's
-    indices, which a CPU computes with a vectorized kernel where argmax's is not."""
+    indices (an engine may choose faster: Backend.greedy_choice)."""
     return logits.max(dim=-1).indices
 
 
@@ -183,13 +184,13 @@ class Penalties:
 
 
 def next_tokens(logits: Tensor, params: SamplingParams, *, seen: Tensor | None = None, counts: Tensor | None = None,
-                generator: torch.Generator | None = None) -> Tensor:
+                generator: torch.Generator | None = None, argmax: Callable[[Tensor], Tensor] = greedy) -> Tensor:
     """logits [B, V] (any float dtype) -> next token ids [B]. `seen` bool [B, V] (prompt and output
     tokens) feeds the repetition penalty, `counts` [B, V] (output tokens) the presence and frequency
-    penalties."""
+    penalties; `argmax` makes the greedy choice (an engine's backend's)."""
     logits = penalized(logits, params, seen, counts)
     if params.greedy:
-        return greedy(logits)
+        return argmax(logits)
     return torch.multinomial(sampling_probs(logits, params), 1, generator=generator)[:, 0]
 
 

@@ -318,7 +318,7 @@ class ServingLoop:
         return [TokenLogprob(float(c), i.tolist(), v.tolist()) for c, i, v in zip(chosen, ids, values)]
 
     def _sample(self, seqs: list[Sequence], logits: Tensor) -> None:
-        tokens = choose_tokens(processed(logits, seqs), seqs)
+        tokens = choose_tokens(processed(logits, seqs), seqs, self.engine.argmax)
         for i, (seq, token) in enumerate(zip(seqs, tokens)):
             self._emit(seq, token, self._logprobs(logits[i:i + 1], [token], seq.logprobs)[0])
 
@@ -432,13 +432,14 @@ def _deliver(seq: Sequence, event: Event) -> None:
         traceback.print_exc(file=sys.stderr)
 
 
-def choose_tokens(logits: Tensor, seqs: list[Sequence]) -> list[int]:
-    """The next token of each row of logits [R, V]: greedy rows without penalties in one argmax, the
-    others each with their own parameters, penalty state and random generator."""
+def choose_tokens(logits: Tensor, seqs: list[Sequence], argmax: Callable[[Tensor], Tensor] = greedy) -> list[int]:
+    """The next token of each row of logits [R, V]: greedy rows without penalties in one `argmax` (the
+    engine's: Backend.greedy_choice), the others each with their own parameters, penalty state and random generator."""
     plain = [i for i, s in enumerate(seqs) if s.params.greedy and s.penalties.none]
     tokens = [0] * len(seqs)
     if plain:
-        for i, token in zip(plain, greedy(logits[torch.tensor(plain)]).tolist()):
+        rows = logits if len(plain) == len(seqs) else logits[torch.tensor(plain)]
+        for i, token in zip(plain, argmax(rows.float()).tolist()):
             tokens[i] = token
     done = set(plain)
     for i, seq in enumerate(seqs):

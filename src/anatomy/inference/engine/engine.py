@@ -71,6 +71,7 @@ class DecoderEngine:
         if not getattr(getattr(model, "config", None), "is_decoder", False):
             raise InputError(f"DecoderEngine needs a decoder-only anatomy model, got {type(model).__name__}")
         self.backend = backend_for(next(model.parameters()).device, backend)
+        self.argmax = self.backend.greedy_choice()  # float32 logits [B, V] -> greedy tokens [B]
         native_ops = self.backend.native
         self.model = engine_view(model, attention=attention, native_norms=native_ops and not compile)
         if self.device.type == "cpu":

@@ -166,7 +166,8 @@ class Run:
     def choose(self, logits: Tensor) -> Tensor:
         """logits [B, V] -> the next token [B] under this run's sampling parameters; recorded as generated."""
         penalties = self.penalties
-        token = next_tokens(logits, self.params, seen=penalties.seen, counts=penalties.counts, generator=self.generator)
+        token = next_tokens(logits, self.params, seen=penalties.seen, counts=penalties.counts, generator=self.generator,
+                            argmax=self.engine.argmax)
         penalties.observe(token[:, None])
         return token
 
