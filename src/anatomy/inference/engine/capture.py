@@ -4,11 +4,10 @@
     out = body.paged(inputs)   # logits [B, V] (body.logits), else the last hidden states [B, D]
 
 Why: a small model's eager decode step is bound by the Python around its operators. `torch.jit.trace`
-records the step once, as a function whose weights are constants (a module trace would make a
-ScriptModule of every submodule); TorchScript replays the same operators bit for bit without that
-Python. A trace holds only for the shapes it saw, so a mixture of experts (routing by value) or a
-layer a trace cannot hold is not captured (None); the LM head joins only where it can.
-`compile_paged` is the same body under torch.compile (CUDA graphs on a GPU).
+records the step once, as a function of its inputs and of the weights and pools it reads; TorchScript
+replays the same operators bit for bit without that Python. A trace holds only for the shapes it saw,
+so a mixture of experts (routing by value) or a layer a trace cannot hold is not captured (None); the
+LM head joins only where it can. `compile_paged` is the same body under torch.compile (CUDA graphs).
 """
 
 from __future__ import annotations
@@ -71,13 +70,14 @@ class PagedBody(nn.Module):
 
 class Captured:
     """A traced (or compiled) body, called with a paged step's inputs instead of its tensors;
-    `logits`: it gives the LM head's logits (else the final hidden states)."""
+    `logits`: it gives the LM head's logits (else the final hidden states); `held`: the tensors a
+    traced body takes after the step's own (the weights and pools it reads)."""
 
-    def __init__(self, traced, *, logits: bool = False, scripted: bool = True) -> None:
-        self.traced, self.logits, self.scripted = traced, logits, scripted
+    def __init__(self, traced, *, logits: bool = False, scripted: bool = True, held: tuple[Tensor, ...] = ()) -> None:
+        self.traced, self.logits, self.scripted, self.held = traced, logits, scripted, held
 
     def paged(self, inputs) -> Tensor:
-        args = (inputs.ids, inputs.positions, *inputs.where.tensors(), *arguments(inputs.ctx))
+        args = (inputs.ids, inputs.positions, *inputs.where.tensors(), *arguments(inputs.ctx), *self.held)
         if not self.scripted:
             return self.traced(*args)
         # replayed as recorded: the graph executor's profiling and optimising passes cost time on
@@ -115,33 +115,55 @@ def compile_paged(stack: Stack, cache: nn.Module, inputs, *, head: nn.Module, mo
 
 
 def _trace(body: nn.Module, example: tuple[Tensor, ...]) -> Captured | None:
-    """Trace the body as a function of its inputs: its weights and cache pools enter the graph as
-    constants (the same tensors, not copies), which then folds, deduplicates and prunes like a frozen
-    module's, without the ScriptModule a module trace makes of every submodule."""
-    with warnings.catch_warnings(), _constants(body):
+    """Trace the body as a function of its inputs and of every tensor it holds (weights, layouts, cache
+    pools), those passed as inputs too: TorchScript keeps a graph's tensor constants for the process's
+    life, so a dropped engine would keep its weights. A function trace makes no ScriptModule of each
+    submodule, as a module trace does."""
+    held, n = _held(body, example), len(example)
+    with warnings.catch_warnings(), torch.no_grad():  # parameters among the inputs: no autograd while tracing
         # deprecated for torch.compile; the route a planned layer picks by its row count is fixed by the shapes
         warnings.simplefilter("ignore")
         try:
-            traced = torch.jit.trace(lambda *args: body(*args), example, check_trace=False)
+            traced = torch.jit.trace(lambda *args: body(*args[:n]), example + held, check_trace=False)
         except RuntimeError:  # a layer holds an object a trace cannot (e.g. a packed-weight handle)
             return None
     _simplify(traced.graph)
-    return Captured(traced)
+    used = [bool(v.uses()) for v in list(traced.graph.inputs())[n:]]
+    return Captured(traced, held=tuple(t if u else _UNUSED for t, u in zip(held, used)))
 
 
-class _constants:
-    """Within it the body's parameters do not require grad, so a trace may hold them as constants."""
+_UNUSED = torch.empty(0)  # passed for a held tensor the graph does not read (not kept alive by the replay)
 
-    def __init__(self, body: nn.Module) -> None:
-        self.grads = [p for p in body.parameters() if p.requires_grad]
 
-    def __enter__(self) -> None:
-        for p in self.grads:
-            p.requires_grad_(False)
+def _held(body: nn.Module, example: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """Every tensor the body's modules hold, once each, but the example's: parameters, buffers, and the
+    tensors in their attributes' lists, tuples, dicts and closures (a fused block's weights, a layer's
+    layouts and the kernels bound to them)."""
+    seen, out = {id(t) for t in example}, []
 
-    def __exit__(self, *exc) -> None:
-        for p in self.grads:
-            p.requires_grad_(True)
+    def visit(value, depth: int) -> None:
+        if isinstance(value, Tensor):
+            if id(value) not in seen:
+                seen.add(id(value))
+                out.append(value)
+        elif depth and isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item, depth - 1)
+        elif depth and isinstance(value, dict):
+            for item in value.values():
+                visit(item, depth - 1)
+        elif depth and callable(value) and getattr(value, "__closure__", None):  # a bound kernel's tensors
+            for cell in value.__closure__:
+                try:
+                    contents = cell.cell_contents
+                except ValueError:  # a cell not set yet
+                    continue
+                visit(contents, depth - 1)
+
+    for module in body.modules():
+        for value in vars(module).values():
+            visit(value, 4)
+    return tuple(out)
 
 
 def _simplify(graph: torch.Graph) -> None:
