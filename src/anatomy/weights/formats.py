@@ -98,7 +98,7 @@ class WeightFormat(nn.Module):
         """The same format holding rows `index` of W (row reordering, slicing)."""
         out = self._like(len(index))
         for name, buf in self.named_buffers():
-            setattr(out, name, buf.index_select(0, index))  # a copy, as buf[index] is, at memcpy's speed
+            setattr(out, name, buf.index_select(0, index))  # a copy, as buf[index] is, whole rows at a time
         return out
 
     def take_columns(self, start: int, stop: int, *, label: str | None = None) -> WeightFormat:
