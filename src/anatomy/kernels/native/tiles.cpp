@@ -412,6 +412,16 @@ ANATOMY_AMX void tiles_amx(const Planes& s, int64_t M, int64_t K, const uint8_t*
 
 #endif  // ANATOMY_X86
 
+// fill(n, g, r, tile) for each row n of N and group g of `groups`, tile its tile's group (row r of 16) in
+// tiles `to` [N/16, groups, TILE_BYTES<T>]; tiles in parallel, a tile's rows on one thread
+template <int T, typename Fill>
+void each_row_group(uint8_t* to, int64_t N, int64_t groups, Fill fill) {
+  at::parallel_for(0, N / TILE, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin * TILE; n < end * TILE; ++n)
+      for (int64_t g = 0; g < groups; ++g) fill(n, g, n % TILE, to + (n / TILE * groups + g) * TILE_BYTES<T>);
+  });
+}
+
 // a row layout of blocks of 64 inputs ([N, K/64 * bytes]) -> tiles [N/16, K/32, TILE_BYTES<T>]: fill(block,
 // half, r, tile) puts group `half` of a row's block into row r of its tile's group
 template <int T, typename Fill>
@@ -424,10 +434,8 @@ at::Tensor pack_tiles(const at::Tensor& rows, int64_t bytes, const char* what, F
   at::Tensor out = rows.new_zeros({N / TILE, groups, TILE_BYTES<T>});
   const uint8_t* from = src.data_ptr<uint8_t>();
   uint8_t* to = out.data_ptr<uint8_t>();
-  at::parallel_for(0, N / TILE, 1, [&](int64_t begin, int64_t end) {  // a tile's rows are its own
-    for (int64_t n = begin * TILE; n < end * TILE; ++n)
-      for (int64_t g = 0; g < groups; ++g)
-        fill(from + (n * pairs + g / 2) * bytes, g % 2, n % TILE, to + (n / TILE * groups + g) * TILE_BYTES<T>);
+  each_row_group<T>(to, N, groups, [&](int64_t n, int64_t g, int64_t r, uint8_t* tile) {
+    fill(from + (n * pairs + g / 2) * bytes, g % 2, r, tile);
   });
   return out;
 }
@@ -477,14 +485,9 @@ at::Tensor pack_q8_tiles(const at::Tensor& codes, const at::Tensor& scale) {
   const int8_t* from = c.data_ptr<int8_t>();
   const at::Half* scales = s.data_ptr<at::Half>();
   uint8_t* to = out.data_ptr<uint8_t>();
-  at::parallel_for(0, N / TILE, 1, [&](int64_t begin, int64_t end) {  // a tile's rows are its own
-    for (int64_t n = begin * TILE; n < end * TILE; ++n)
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t r = n % TILE;
-        uint8_t* tile = to + (n / TILE * groups + g) * TILE_BYTES<Q8>;
-        std::memcpy(tile + 2 * r, scales + n * groups + g, 2);
-        for (int64_t i = 0; i < G; ++i) tile[q8_byte(r, i)] = static_cast<uint8_t>(from[n * K + g * G + i]);
-      }
+  each_row_group<Q8>(to, N, groups, [&](int64_t n, int64_t g, int64_t r, uint8_t* tile) {
+    std::memcpy(tile + 2 * r, scales + n * groups + g, 2);
+    for (int64_t i = 0; i < G; ++i) tile[q8_byte(r, i)] = static_cast<uint8_t>(from[n * K + g * G + i]);
   });
   return out;
 }
@@ -510,18 +513,13 @@ at::Tensor pack_l4_tiles(const at::Tensor& codes, const at::Tensor& scale, const
   at::Tensor out = codes.new_zeros({N / TILE, groups, TILE_BYTES<L4>}, at::kByte);
   const float* scales = s.data_ptr<float>();
   uint8_t* to = out.data_ptr<uint8_t>();
-  at::parallel_for(0, N / TILE, 1, [&](int64_t begin, int64_t end) {  // a tile's rows are its own
-    for (int64_t n = begin * TILE; n < end * TILE; ++n)
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t r = n % TILE;
-        uint8_t* tile = to + (n / TILE * groups + g) * TILE_BYTES<L4>;
-        std::memcpy(tile + 4 * r, scales + n * groups + g, 4);
-        std::memcpy(tile + LEVELS, l.data_ptr<int8_t>(), 16);
-        for (int64_t i = 0; i < G; ++i) {
-          const uint8_t code = static_cast<uint8_t>(index[from[n * K + g * G + i] + 128]);
-          tile[code_byte(r, i) - 64 + CODES<L4>] |= code_high(i) ? code << 4 : code;
-        }
-      }
+  each_row_group<L4>(to, N, groups, [&](int64_t n, int64_t g, int64_t r, uint8_t* tile) {
+    std::memcpy(tile + 4 * r, scales + n * groups + g, 4);
+    std::memcpy(tile + LEVELS, l.data_ptr<int8_t>(), 16);
+    for (int64_t i = 0; i < G; ++i) {
+      const uint8_t code = static_cast<uint8_t>(index[from[n * K + g * G + i] + 128]);
+      tile[code_byte(r, i) - 64 + CODES<L4>] |= code_high(i) ? code << 4 : code;
+    }
   });
   return out;
 }
