@@ -9,8 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from anatomy.errors import InputError
 from anatomy.kernels import native
-from anatomy.kernels.candidates import candidates, reference_product, relative_error
+from anatomy.kernels.candidates import Q4T, Q5T, candidates, reference_product, relative_error
+from anatomy.weights.formats import Int4Weight, Int5Weight, compact_float
 from anatomy.kernels.decode_block import LINEARS, NativeBlock
 from anatomy.inference.engine import DecoderEngine
 
@@ -109,14 +111,74 @@ AMX = pytest.mark.skipif(not native.runs("amx"), reason="AMX's int8 tiles: this 
 
 
 def _three_tiles(N: int, K: int) -> list[tuple]:
-    """(format, tiles, the int16 VNNI product) for q4, q5 and q8 tiles of one shape."""
+    """(format, tiles, the int16 VNNI product) for q4, q5 and q8 tiles of one shape, and the symmetric q4
+    and q5 ones."""
     q4 = int4(N, K)
     q5 = int5(N, K, group=64)
     q8 = int8g(N, K)
+    q4s, q5s = symmetric(q4), symmetric(int5(N, K))
     ops = torch.ops.anatomy
-    return [(q4, packed(N, K)[2], lambda x, t: ops.q4_tiles_linear(x, t, False, 16)),
-            (q5, ops.pack_q5_tiles(pack_q5(q5)), lambda x, t: ops.q5_tiles_linear(x, t, False, 16)),
-            (q8, ops.pack_q8_tiles(q8.codes, q8.scale.float()), lambda x, t: ops.q8_tiles_linear(x, t))]
+    q4_16, q5_16 = (lambda x, t: ops.q4_tiles_linear(x, t, False, 16)), (lambda x, t: ops.q5_tiles_linear(x, t, False, 16))
+    return [(q4, packed(N, K)[2], q4_16), (q5, ops.pack_q5_tiles(pack_q5(q5)), q5_16),
+            (q8, ops.pack_q8_tiles(q8.codes, q8.scale.float()), lambda x, t: ops.q8_tiles_linear(x, t)),
+            (q4s, Q4T.build(q4s)[0], q4_16), (q5s, Q5T.build(q5s)[0], q5_16)]
+
+
+def symmetric(fmt: Int4Weight | Int5Weight) -> Int4Weight | Int5Weight:
+    """The same codes and scales with every offset -8 (int5: -16) times its scale: GGUF Q4_0's (Q5_0's) form."""
+    offset = compact_float(-fmt.centre * fmt.scale.float())
+    if isinstance(fmt, Int4Weight):
+        return Int4Weight(fmt.codes, fmt.scale, offset, symmetric=True)
+    return Int5Weight(fmt.codes, fmt.high, fmt.scale, offset, symmetric=True)
+
+
+@pytest.mark.skipif(not native.runs("avx512-vnni"), reason="q4 and q5 tiles need AVX-512 VNNI, which this CPU lacks")
+@pytest.mark.parametrize("isa", PATHS)
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 20])
+@pytest.mark.parametrize("make", [int4, int5])
+def test_symmetric_tiles_are_the_full_ones_without_their_offsets_bit_for_bit(isa, rows, make):
+    """Q4_0- and Q5_0-style formats (offset -8 d, -16 d) pack to tiles of 288 and 352 bytes a group
+    (4.5 and 5.5 bits a weight, the file's): their products with int8 and int16 activations equal those
+    of the 320- and 384-byte tiles of the same weights bit for bit, on every path, and the float64
+    product of the weights to the tiles' own bounds."""
+    fmt = symmetric(make(96, 320))
+    (tiles,) = (Q4T if make is int4 else Q5T).build(fmt)
+    rows_layout = torch.ops.anatomy.pack_q4(fmt.codes, fmt.scale.float(), fmt.offset.float()) if make is int4 \
+        else pack_q5(fmt)  # the same weights, their offsets stored
+    pack = torch.ops.anatomy.pack_q4_tiles if make is int4 else torch.ops.anatomy.pack_q5_tiles
+    full = pack(rows_layout)
+    product = torch.ops.anatomy.q4_tiles_linear if make is int4 else torch.ops.anatomy.q5_tiles_linear
+    assert tiles.shape == (6, 10, 288 if make is int4 else 352) and full.shape[2] == tiles.shape[2] + 32
+    assert (Q4T if make is int4 else Q5T).nbytes(fmt) == tiles.numel()
+    x = torch.randn(rows, 320)
+    x[:, 7] *= 40
+    with native.limited(isa):
+        for portable in (False, True):
+            for bits in (8, 16):
+                y = product(x, tiles, portable, bits)
+                assert torch.equal(y, product(x, full, portable, bits)), (portable, bits)
+        assert relative_error(product(x, tiles, False, 16), reference_product(fmt, x)) < 1e-4
+
+
+def test_symmetric_tiles_refuse_a_layout_with_other_offsets():
+    """pack_q4_tiles / pack_q5_tiles with symmetric=True name the first row and group whose minimum is not
+    -8 (-16) times its scale; a format that claims symmetry it lacks is refused when made."""
+    fmt = int4(32, 128)
+    q4 = torch.ops.anatomy.pack_q4(fmt.codes, fmt.scale.float(), fmt.offset.float())
+    with pytest.raises(RuntimeError, match="symmetric tiles need every minimum to be -8 times its scale; row 0, group 0"):
+        torch.ops.anatomy.pack_q4_tiles(q4, True)
+    q5 = int5(32, 128)
+    with pytest.raises(RuntimeError, match="to be -16 times its scale; row 0, group 0"):
+        torch.ops.anatomy.pack_q5_tiles(pack_q5(q5), True)
+    with pytest.raises(InputError, match=r"w: symmetric int4 needs every offset to be -8 times its scale; 128 are not"):
+        Int4Weight(fmt.codes, fmt.scale, fmt.offset, symmetric=True, label="w")
+
+
+def test_rows_columns_and_fusions_keep_symmetry_only_where_every_part_has_it():
+    a, b = symmetric(int4(32, 128)), symmetric(int4(16, 128, seed=1))
+    assert a.take_rows(torch.arange(8)).symmetric and a.take_columns(32, 96).symmetric
+    assert Int4Weight.cat_rows([a, b]).symmetric
+    assert not Int4Weight.cat_rows([a, int4(16, 128)]).symmetric and not int4(16, 128).symmetric
 
 
 @AMX
@@ -232,7 +294,7 @@ def test_bad_shapes_are_refused():
     _, q4, tiles = packed(32, 128)
     with pytest.raises(RuntimeError, match="not a multiple of 16"):
         torch.ops.anatomy.pack_q4_tiles(q4[:24])
-    with pytest.raises(RuntimeError, match=r"tiles must be uint8 \[N/16, K/32, 320\] for K = 192"):
+    with pytest.raises(RuntimeError, match=r"tiles must be uint8 \[N/16, K/32, 320 \| 288\] for K = 192"):
         torch.ops.anatomy.q4_tiles_linear(torch.randn(1, 192), tiles)
     with pytest.raises(RuntimeError, match="multiple of 64"):
         torch.ops.anatomy.q4_tiles_linear(torch.randn(1, 96), tiles)

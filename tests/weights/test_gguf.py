@@ -78,3 +78,15 @@ def test_parts_without_a_common_format_keep_their_own_in_spans():
     assert torch.equal(taken.dequantize(), values[[96, 0, 1, 120]])
     assert torch.equal(split.take_columns(0, 256).dequantize(), values)
     assert [[p.name for p in span] for span in common_spans([_part("Q5_0", 32), _part("Q8_0", 16)])] == [["int8g"] * 2]
+
+
+def test_q4_0_and_q5_0_are_read_as_symmetric_formats():
+    """Q4_0 and Q5_0 (W = d (q - 8), d (q - 16)) are read as formats whose offsets are -8 d and -16 d, which
+    their layouts may leave out (tiles.cpp's symmetric tiles); Q4_1, Q5_1 and Q4_K hold offsets of their own.
+    Fused parts stay symmetric when every part is."""
+    q4, q5 = _part("Q4_0", 32), _part("Q5_0", 32)
+    assert isinstance(q4, Int4Weight) and q4.symmetric and isinstance(q5, Int5Weight) and q5.symmetric
+    assert torch.equal(q4.offset.float(), -8 * q4.scale.float()) and torch.equal(q5.offset.float(), -16 * q5.scale.float())
+    assert not any(_part(t, 32).symmetric for t in ("Q4_1", "Q5_1")) and not _random_part("Q4_K", 32).symmetric
+    assert WeightFormat.cat_rows([q5, _part("Q5_0", 16, seed=1)]).symmetric
+    assert not WeightFormat.cat_rows(one_format([q5, _part("Q5_1", 16, seed=1)])).symmetric

@@ -276,16 +276,38 @@ class Int8GroupWeight(WeightFormat):
         return (q * scale.float()[..., None]).reshape(n, K)
 
 
-class Int4Weight(WeightFormat):
+class Symmetric:
+    """What an int4 or int5 format knows of its offsets: `symmetric`, every one is -8 (int5: -16) times its
+    scale (GGUF Q4_0, Q5_0: W = d * (q - 8)), so a layout may leave them out (tiles.cpp's symmetric tiles).
+    Rows, columns and a fusion of symmetric parts stay symmetric."""
+
+    symmetric: bool = False
+    centre: int = 8  # the offset over the scale of a symmetric format, negated
+
+    def _claim(self, symmetric: bool, scale: Tensor, offset: Tensor, label: str) -> None:
+        if symmetric and not torch.equal(offset.float(), -self.centre * scale.float()):
+            raise InputError(f"{label}: symmetric {self.name} needs every offset to be -{self.centre} times its "
+                             f"scale; {int((offset.float() != -self.centre * scale.float()).sum())} are not")
+        self.symmetric = symmetric
+
+    def _carry(self, out: WeightFormat, *, alike: bool = True) -> None:
+        out.symmetric = self.symmetric and alike
+
+    def _same_kind(self, other: WeightFormat) -> bool:
+        return self.symmetric == getattr(other, "symmetric", False)
+
+
+class Int4Weight(Symmetric, WeightFormat):
     """int4 asymmetric per group: W[n, k] = q[n, k] * scale[n, k // group] + offset[n, k // group], q in 0..15.
 
     `codes` [N, K/2] uint8 in ggml's order: per block of 32 values, byte j holds q[j] (low nibble) and
-    q[j + 16] (high nibble). The group is a multiple of 32.
+    q[j + 16] (high nibble). The group is a multiple of 32. `symmetric`: every offset is -8 * scale (Symmetric).
     """
 
     name = "int4"
 
-    def __init__(self, codes: Tensor, scale: Tensor, offset: Tensor, *, label: str = "weight") -> None:
+    def __init__(self, codes: Tensor, scale: Tensor, offset: Tensor, *, symmetric: bool = False,
+                 label: str = "weight") -> None:
         groups = (codes.shape[0], _groups(codes.shape[1] * 2, scale))
         _check_parts(label, codes, torch.uint8, 2, (scale, groups), (offset, groups))
         super().__init__((codes.shape[0], codes.shape[1] * 2), label=label)
@@ -293,6 +315,7 @@ class Int4Weight(WeightFormat):
         self.register_buffer("codes", codes)  # [N, K/2] uint8
         self.register_buffer("scale", scale)  # [N, K/g]
         self.register_buffer("offset", offset)  # [N, K/g]
+        self._claim(symmetric, scale, offset, label)
 
     @classmethod
     def from_codes(cls, q: Tensor, scale: Tensor, offset: Tensor, *, label: str = "weight") -> Int4Weight:
@@ -323,17 +346,19 @@ class Int4Weight(WeightFormat):
         return w.reshape(n, K)
 
 
-class Int5Weight(WeightFormat):
+class Int5Weight(Symmetric, WeightFormat):
     """int5 asymmetric per group: W[n, k] = q[n, k] * scale[n, k // group] + offset[n, k // group], q in 0..31.
 
     `codes` [N, K/2] uint8: q's low 4 bits in ggml's nibble order (Int4Weight's); `high` [N, K/8] uint8:
     q's fifth bits, per block of 32 values 4 bytes whose bit j (little-endian) is value j's (GGUF Q5_0's
-    qh). The group is a multiple of 32.
+    qh). The group is a multiple of 32. `symmetric`: every offset is -16 * scale (Symmetric).
     """
 
     name = "int5"
+    centre = 16
 
-    def __init__(self, codes: Tensor, high: Tensor, scale: Tensor, offset: Tensor, *, label: str = "weight") -> None:
+    def __init__(self, codes: Tensor, high: Tensor, scale: Tensor, offset: Tensor, *, symmetric: bool = False,
+                 label: str = "weight") -> None:
         groups = (codes.shape[0], _groups(codes.shape[1] * 2, scale))
         _check_parts(label, codes, torch.uint8, 2, (scale, groups), (offset, groups))
         if high.dtype != torch.uint8 or tuple(high.shape) != (codes.shape[0], codes.shape[1] // 4):
@@ -346,6 +371,7 @@ class Int5Weight(WeightFormat):
         self.register_buffer("high", high)  # [N, K/8] uint8
         self.register_buffer("scale", scale)  # [N, K/g]
         self.register_buffer("offset", offset)  # [N, K/g]
+        self._claim(symmetric, scale, offset, label)
 
     @classmethod
     def from_codes(cls, q: Tensor, scale: Tensor, offset: Tensor, *, label: str = "weight") -> Int5Weight:

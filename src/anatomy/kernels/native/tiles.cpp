@@ -18,6 +18,11 @@
 //   loop adds 16 under it: vpaddb with a mask), 384 bytes; the same sums as q4 tiles, codes 0..31
 //   q5_tiles_linear(x [M, K] float, tiles [N/16, K/32, 384], bits) -> [M, N]
 //
+//   symmetric q4 and q5 tiles (pack_q4_tiles / pack_q5_tiles with symmetric = true, where every minimum is
+//   -8 d, or -16 d: GGUF Q4_0, Q5_0): the same without m, 288 and 352 bytes (4.5 and 5.5 bits a weight, the
+//   file's), m = -8 d or -16 d computed in float32 (exact: the same outputs bit for bit); the products take
+//   them by their size
+//
 //   q8 tiles (pack_q8_tiles, from Q8_0-style codes and scales): per tile and group, 544 bytes: d [16]
 //   float16, then 8 vectors of 64 bytes, byte 4r + i of vector j the int8 code of row r, input 4j + i
 //       y[m, n] = sum_g sx[m, g] * d[n, g] * sum_i q[n, i] qx[m, i]
@@ -47,6 +52,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -67,18 +73,28 @@ using anatomy::Quantized;
 
 constexpr int64_t G = 32;            // inputs per group
 constexpr int64_t TILE = 16;         // output rows per tile
-enum Kind { Q4, Q5, Q8, L4 };  // the codes a tile holds (L4: 4-bit indices into a table of 16 int8 levels)
-// bytes per tile and group: q4 16 + 16 float16 and 256 bytes of codes; q5 those and 64 of fifth bits;
-// q8 16 float16 and 512 codes; l4 16 float32 scales, the 16 int8 levels and 256 bytes of indices
+// the codes a tile holds (L4: 4-bit indices into a table of 16 int8 levels; Q4S, Q5S: q4 and q5 tiles whose
+// minimums are -8 d and -16 d, not stored)
+enum Kind { Q4, Q5, Q8, L4, Q4S, Q5S };
 template <int T>
-constexpr int64_t TILE_BYTES = T == Q8 ? 544 : T == Q5 ? 384 : T == L4 ? 336 : 320;
+constexpr bool SYMMETRIC = T == Q4S || T == Q5S;
+template <int T>
+constexpr bool FIVE = T == Q5 || T == Q5S;  // codes of 5 bits: a fifth bit beside the 4-bit ones
+// bytes per tile and group: q4 16 + 16 float16 and 256 bytes of codes; q5 those and 64 of fifth bits;
+// q8 16 float16 and 512 codes; l4 16 float32 scales, the 16 int8 levels and 256 bytes of indices; the
+// symmetric ones 32 fewer (no minimums)
+template <int T>
+constexpr int64_t TILE_BYTES = T == Q8 ? 544 : T == Q5 ? 384 : T == Q5S ? 352 : T == L4 ? 336 : T == Q4S ? 288 : 320;
 // where a tile's group keeps its 4-bit codes (q4, q5, l4), and an l4 tile's group its table of levels
 template <int T>
-constexpr int64_t CODES = T == L4 ? 80 : 64;
+constexpr int64_t CODES = T == L4 ? 80 : SYMMETRIC<T> ? 32 : 64;
 constexpr int64_t LEVELS = 64;
 template <int T>
-constexpr bool MINS = T == Q4 || T == Q5;  // the codes have a minimum term
-constexpr int64_t FIFTH = 320;  // where a q5 tile's group keeps its masks
+constexpr bool MINS = T == Q4 || T == Q5 || SYMMETRIC<T>;  // the codes have a minimum term
+template <int T>
+constexpr float OFFSET = T == Q4S ? -8.f : -16.f;  // a symmetric tile's minimum over its scale
+template <int T>
+constexpr int64_t FIFTH = CODES<T> + 256;  // where a q5 tile's group keeps its masks
 constexpr int ROWS = 8;              // rows of x per pass over the tiles
 
 inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
@@ -93,6 +109,16 @@ inline float scale_at(const uint8_t* block, int64_t r) {
   }
   uint16_t h;
   std::memcpy(&h, block + 2 * r, 2);
+  return half_to_float(h);
+}
+
+// and its minimum (zero where the codes have none)
+template <int T>
+inline float minimum_at(const uint8_t* block, int64_t r) {
+  if constexpr (SYMMETRIC<T>) return OFFSET<T> * scale_at<T>(block, r);
+  if constexpr (!MINS<T>) return 0.f;
+  uint16_t h;
+  std::memcpy(&h, block + 32 + 2 * r, 2);
   return half_to_float(h);
 }
 
@@ -145,7 +171,8 @@ inline int32_t code_at(const uint8_t* block, int64_t r, int64_t i) {
   const uint8_t byte = block[code_byte(r, i) - 64 + CODES<T>];
   const int32_t low = code_high(i) ? byte >> 4 : byte & 0x0F;
   if constexpr (T == L4) return static_cast<int8_t>(block[LEVELS + low]);
-  if constexpr (T == Q5) return low | ((block[FIFTH + 8 * (i / 4) + (4 * r + i % 4) / 8] >> ((4 * r + i % 4) % 8)) & 1) << 4;
+  if constexpr (FIVE<T>)
+    return low | ((block[FIFTH<T> + 8 * (i / 4) + (4 * r + i % 4) / 8] >> ((4 * r + i % 4) % 8)) & 1) << 4;
   return low;
 }
 
@@ -159,12 +186,10 @@ void tiles_portable(const Codes& a, int64_t m0, int64_t M, int64_t K, const uint
         float total = 0.f;
         for (int64_t g = 0; g < groups; ++g) {
           const uint8_t* block = w + (t * groups + g) * TILE_BYTES<T>;
-          uint16_t minimum = 0;
-          if (MINS<T>) std::memcpy(&minimum, block + 32 + 2 * r, 2);
           int32_t dot = 0;
           for (int64_t i = 0; i < G; ++i) dot += code_at<T>(block, r, i) * a.q[m * K + g * G + i];
           const float sx = a.scale[m * groups + g];
-          total += scale_at<T>(block, r) * sx * dot + half_to_float(minimum) * sx * a.sum[m * groups + g];
+          total += scale_at<T>(block, r) * sx * dot + minimum_at<T>(block, r) * sx * a.sum[m * groups + g];
         }
         y[m * N + t * TILE + r] = total;
       }
@@ -189,11 +214,11 @@ AVX512_VNNI inline void unpack(const uint8_t* block, __m512i (&q)[8]) {
     const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + LEVELS)));
     for (int j = 0; j < 8; ++j) q[j] = _mm512_shuffle_epi8(levels, q[j]);
   }
-  if constexpr (T == Q5) {
+  if constexpr (FIVE<T>) {
     const __m512i sixteen = _mm512_set1_epi8(16);
     for (int j = 0; j < 8; ++j) {
       uint64_t fifth;
-      std::memcpy(&fifth, block + FIFTH + 8 * j, 8);
+      std::memcpy(&fifth, block + FIFTH<T> + 8 * j, 8);
       q[j] = _mm512_mask_add_epi8(q[j], _cvtu64_mask64(fifth), q[j], sixteen);
     }
   }
@@ -215,7 +240,7 @@ AVX512_VNNI inline void unpack(const uint8_t* block, __m512i (&q)[16]) {
   }
 }
 
-// a tile's group's 16 scales (float16, l4's float32) and minimums (q4, q5; else zeros)
+// a tile's group's 16 scales (float16, l4's float32) and minimums (q4, q5; symmetric: -8 d, -16 d; else zeros)
 template <int T>
 AVX512_VNNI inline __m512 scales(const uint8_t* block) {
   if constexpr (T == L4) return _mm512_loadu_ps(block);
@@ -224,6 +249,7 @@ AVX512_VNNI inline __m512 scales(const uint8_t* block) {
 template <int T>
 AVX512_VNNI inline __m512 minimums(const uint8_t* block) {
   if constexpr (!MINS<T>) return _mm512_setzero_ps();
+  if constexpr (SYMMETRIC<T>) return _mm512_mul_ps(scales<T>(block), _mm512_set1_ps(OFFSET<T>));
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
 }
 
@@ -441,36 +467,72 @@ at::Tensor pack_tiles(const at::Tensor& rows, int64_t bytes, const char* what, F
 }
 
 // group `half` of a row block ([dA mA dB mB] float16, then 32 bytes of codes at `codes`: A's low nibbles,
-// B's high) into row r of a q4 (or q5) tile's group: its d, m and the codes' low 4 bits
+// B's high) into row r of a q4 (or q5) tile's group: its d, m (not in a symmetric tile) and the codes' low 4 bits
+template <int T>
 void fill_q4(const uint8_t* block, const uint8_t* codes, int64_t half, int64_t r, uint8_t* tile) {
-  std::memcpy(tile + 2 * r, block + 4 * half, 2);           // d
-  std::memcpy(tile + 32 + 2 * r, block + 4 * half + 2, 2);  // m
+  std::memcpy(tile + 2 * r, block + 4 * half, 2);  // d
+  if constexpr (!SYMMETRIC<T>) std::memcpy(tile + 32 + 2 * r, block + 4 * half + 2, 2);  // m
   auto code = [&](int64_t i) { return static_cast<uint8_t>(half ? codes[i] >> 4 : codes[i] & 0x0F); };
   for (int64_t i = 0; i < G / 2; ++i)  // input i in the low nibble of its byte, input i + 16 in the high one
-    tile[code_byte(r, i)] = static_cast<uint8_t>(code(i) | code(i + G / 2) << 4);
+    tile[code_byte(r, i) - 64 + CODES<T>] = static_cast<uint8_t>(code(i) | code(i + G / 2) << 4);
 }
 
-// the q4 layout [N, K/64 * 40] (gemv.cpp: [dA mA dB mB] float16, then the codes) -> tiles
-at::Tensor pack_q4_tiles(const at::Tensor& q4) {
-  return pack_tiles<Q4>(q4, Q4_BLOCK, "anatomy::pack_q4_tiles",
-                        [](const uint8_t* block, int64_t half, int64_t r, uint8_t* tile) {
-    fill_q4(block, block + 8, half, r, tile);
+// symmetric tiles hold no minimums: refuse a row layout ([dA mA dB mB] float16 at the start of each block of
+// `bytes`) any of whose minimums is not `offset` times its scale
+void check_symmetric(const at::Tensor& rows, int64_t bytes, float offset, const char* what) {
+  const int64_t blocks = rows.numel() / bytes, per_row = rows.size(1) / bytes;
+  const uint8_t* from = rows.data_ptr<uint8_t>();
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t half = 0; half < 2; ++half) {
+      uint16_t h[2];
+      std::memcpy(h, from + b * bytes + 4 * half, 4);
+      const float d = half_to_float(h[0]), m = half_to_float(h[1]);
+      TORCH_CHECK(m == offset * d, what, ": symmetric tiles need every minimum to be ", offset,
+                  " times its scale; row ", b / per_row, ", group ", 2 * (b % per_row) + half, " has scale ", d,
+                  " and minimum ", m);
+    }
+}
+
+// the q4 layout [N, K/64 * 40] (gemv.cpp: [dA mA dB mB] float16, then the codes) -> tiles (symmetric: the
+// minimums -8 d, left out)
+template <int T>
+at::Tensor pack_q4_kind(const at::Tensor& q4) {
+  return pack_tiles<T>(q4, Q4_BLOCK, "anatomy::pack_q4_tiles",
+                       [](const uint8_t* block, int64_t half, int64_t r, uint8_t* tile) {
+    fill_q4<T>(block, block + 8, half, r, tile);
   });
 }
 
+at::Tensor pack_q4_tiles(const at::Tensor& q4, bool symmetric) {
+  if (!symmetric) return pack_q4_kind<Q4>(q4);
+  const at::Tensor rows = q4.contiguous();
+  if (rows.dim() == 2 && rows.scalar_type() == at::kByte && rows.size(1) % Q4_BLOCK == 0)
+    check_symmetric(rows, Q4_BLOCK, OFFSET<Q4S>, "anatomy::pack_q4_tiles");
+  return pack_q4_kind<Q4S>(rows);
+}
+
 // the q5 layout [N, K/64 * 48] (q5.cpp: [dA mA dB mB] float16, the fifth bits, then the q4 layout's
-// codes) -> tiles
-at::Tensor pack_q5_tiles(const at::Tensor& q5) {
-  return pack_tiles<Q5>(q5, anatomy::Q5_BLOCK, "anatomy::pack_q5_tiles",
-                        [](const uint8_t* block, int64_t half, int64_t r, uint8_t* tile) {
-    fill_q4(block, block + 16, half, r, tile);
+// codes) -> tiles (symmetric: the minimums -16 d, left out)
+template <int T>
+at::Tensor pack_q5_kind(const at::Tensor& q5) {
+  return pack_tiles<T>(q5, anatomy::Q5_BLOCK, "anatomy::pack_q5_tiles",
+                       [](const uint8_t* block, int64_t half, int64_t r, uint8_t* tile) {
+    fill_q4<T>(block, block + 16, half, r, tile);
     uint64_t fifth;
     std::memcpy(&fifth, block + 8, 8);
     for (int64_t i = 0; i < G; ++i) {
       const int64_t bit = 4 * r + i % 4;
-      tile[FIFTH + 8 * (i / 4) + bit / 8] |= static_cast<uint8_t>(((fifth >> (half * G + i)) & 1) << (bit % 8));
+      tile[FIFTH<T> + 8 * (i / 4) + bit / 8] |= static_cast<uint8_t>(((fifth >> (half * G + i)) & 1) << (bit % 8));
     }
   });
+}
+
+at::Tensor pack_q5_tiles(const at::Tensor& q5, bool symmetric) {
+  if (!symmetric) return pack_q5_kind<Q5>(q5);
+  const at::Tensor rows = q5.contiguous();
+  if (rows.dim() == 2 && rows.scalar_type() == at::kByte && rows.size(1) % anatomy::Q5_BLOCK == 0)
+    check_symmetric(rows, anatomy::Q5_BLOCK, OFFSET<Q5S>, "anatomy::pack_q5_tiles");
+  return pack_q5_kind<Q5S>(rows);
 }
 
 // codes [N, K] int8 and scales [N, K/32] (GGUF Q8_0: w = q * d) -> q8 tiles [N/16, K/32, 544]
@@ -544,16 +606,21 @@ void over_tiles(const Codes& a, const at::Tensor& w, Isa level, at::Tensor& y) {
   });
 }
 
-void check_tiles(const at::Tensor& x, const at::Tensor& w, int64_t bytes, const char* what) {
+// `sizes`: the bytes a group of the kinds the product takes, for the message
+void check_tiles(const at::Tensor& x, const at::Tensor& w, int64_t bytes, const char* what, const char* sizes = nullptr) {
   TORCH_CHECK(x.dim() == 2 && x.is_floating_point() && x.size(0) >= 1, what, ": x must be a float matrix [M, K]");
   TORCH_CHECK(x.size(1) % PAIR == 0, what, ": K = ", x.size(1), " must be a multiple of ", PAIR);
   TORCH_CHECK(w.dim() == 3 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(1) == x.size(1) / G &&
-              w.size(2) == bytes, what, ": tiles must be uint8 [N/16, K/32, ", bytes, "] for K = ", x.size(1));
+              w.size(2) == bytes, what, ": tiles must be uint8 [N/16, K/32, ", sizes ? sizes : std::to_string(bytes),
+              "] for K = ", x.size(1));
 }
+
+// a q4 (q5) product's kind: the symmetric one when the tiles have its size
+inline bool has_size(const at::Tensor& w, int64_t bytes) { return w.dim() == 3 && w.size(2) == bytes; }
 
 template <int T>
 at::Tensor int_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits, const char* what) {
-  check_tiles(x, w, TILE_BYTES<T>, what);
+  check_tiles(x, w, TILE_BYTES<T>, what, T == Q4 || T == Q4S ? "320 | 288" : "384 | 352");
   TORCH_CHECK(bits == 8 || bits == 16, what, ": bits = ", bits, ": the activations are int8 or int16");
   const Isa level = anatomy::isa(portable);
   at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
@@ -575,9 +642,10 @@ at::Tensor int16_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool por
 // y [M, N] on AMX: x rounded to int16 per group of 32 as for bits = 16, 16 rows at a time (tiles_amx)
 at::Tensor tiles_amx_linear(const at::Tensor& x, const at::Tensor& w) {
   const char* what = "anatomy::tiles_amx_linear";
-  TORCH_CHECK(w.dim() == 3 && (w.size(2) == TILE_BYTES<Q4> || w.size(2) == TILE_BYTES<Q5> || w.size(2) == TILE_BYTES<Q8> ||
-                               w.size(2) == TILE_BYTES<L4>),
-              what, ": tiles must be uint8 [N/16, K/32, 320 | 384 | 544 | 336] (q4, q5, q8 or l4 tiles)");
+  const bool known = has_size(w, TILE_BYTES<Q4>) || has_size(w, TILE_BYTES<Q5>) || has_size(w, TILE_BYTES<Q8>) ||
+                     has_size(w, TILE_BYTES<L4>) || has_size(w, TILE_BYTES<Q4S>) || has_size(w, TILE_BYTES<Q5S>);
+  TORCH_CHECK(known, what, ": tiles must be uint8 [N/16, K/32, 320 | 288 | 384 | 352 | 544 | 336] (q4, q5, q8 or l4 "
+              "tiles)");
   check_tiles(x, w, w.size(2), what);
   TORCH_CHECK(anatomy::isa() >= Isa::Amx, what, ": this CPU (or the kernels' limit) runs no AMX");
 #if ANATOMY_HAS_AMX
@@ -592,6 +660,8 @@ at::Tensor tiles_amx_linear(const at::Tensor& x, const at::Tensor& w) {
     if (bytes == TILE_BYTES<Q4>) tiles_amx<Q4>(s, M, K, tiles, t0, t1, out, N);
     else if (bytes == TILE_BYTES<Q5>) tiles_amx<Q5>(s, M, K, tiles, t0, t1, out, N);
     else if (bytes == TILE_BYTES<L4>) tiles_amx<L4>(s, M, K, tiles, t0, t1, out, N);
+    else if (bytes == TILE_BYTES<Q4S>) tiles_amx<Q4S>(s, M, K, tiles, t0, t1, out, N);
+    else if (bytes == TILE_BYTES<Q5S>) tiles_amx<Q5S>(s, M, K, tiles, t0, t1, out, N);
     else tiles_amx<Q8>(s, M, K, tiles, t0, t1, out, N);
   });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
@@ -613,10 +683,12 @@ Planes split_codes(const float* x, int64_t M, int64_t K) {
 }
 
 at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits) {
+  if (has_size(w, TILE_BYTES<Q4S>)) return int_tiles_linear<Q4S>(x, w, portable, bits, "anatomy::q4_tiles_linear");
   return int_tiles_linear<Q4>(x, w, portable, bits, "anatomy::q4_tiles_linear");
 }
 
 at::Tensor q5_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits) {
+  if (has_size(w, TILE_BYTES<Q5S>)) return int_tiles_linear<Q5S>(x, w, portable, bits, "anatomy::q5_tiles_linear");
   return int_tiles_linear<Q5>(x, w, portable, bits, "anatomy::q5_tiles_linear");
 }
 
@@ -632,9 +704,9 @@ at::Tensor l4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portab
 
 TORCH_LIBRARY_FRAGMENT(anatomy, m) {
   m.def("q4_tiles_linear(Tensor x, Tensor tiles, bool portable=False, int bits=8) -> Tensor");
-  m.def("pack_q4_tiles(Tensor q4) -> Tensor");
+  m.def("pack_q4_tiles(Tensor q4, bool symmetric=False) -> Tensor");
   m.def("q5_tiles_linear(Tensor x, Tensor tiles, bool portable=False, int bits=8) -> Tensor");
-  m.def("pack_q5_tiles(Tensor q5) -> Tensor");
+  m.def("pack_q5_tiles(Tensor q5, bool symmetric=False) -> Tensor");
   m.def("q8_tiles_linear(Tensor x, Tensor tiles, bool portable=False) -> Tensor");
   m.def("pack_q8_tiles(Tensor codes, Tensor scale) -> Tensor");
   m.def("tiles_amx_linear(Tensor x, Tensor tiles) -> Tensor");
