@@ -2,7 +2,8 @@
 a model's stored tensors while building their layouts would still hold their pages. `trim()` asks
 glibc to return what is free (malloc_trim); elsewhere (another libc, another system) it does nothing.
 `discard()` gives back the pages of memory still allocated whose contents are no longer needed;
-`available()` is what the system can give now; a `Trimmer` trims once enough has been freed."""
+`available()` is what the system can give now; a `Trimmer` trims once enough has been freed; `advise()`
+passes other advice on a range (huge_pages.py)."""
 
 from __future__ import annotations
 
@@ -76,6 +77,12 @@ def discard(address: int, nbytes: int) -> int:
     if fn is None or stop <= start:
         return 0
     return stop - start if fn(start, stop - start, MADV_DONTNEED) == 0 else 0
+
+
+def advise(address: int, nbytes: int, advice: int) -> bool:
+    """madvise(address, nbytes, advice) (Linux's values); whether the system took it."""
+    fn = _madvise()
+    return fn is not None and fn(address, nbytes, advice) == 0
 
 
 def available() -> int | None:

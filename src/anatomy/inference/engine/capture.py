@@ -17,6 +17,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
+from anatomy.inference.engine.held import held_tensors
 from anatomy.inference.engine.paged import BlockSlots
 from anatomy.layers.pass_inputs import PassInputs
 from anatomy.models.stack import Stack
@@ -119,7 +120,7 @@ def _trace(body: nn.Module, example: tuple[Tensor, ...]) -> Captured | None:
     pools), those passed as inputs too: TorchScript keeps a graph's tensor constants for the process's
     life, so a dropped engine would keep its weights. A function trace makes no ScriptModule of each
     submodule, as a module trace does."""
-    held, n = _held(body, example), len(example)
+    held, n = held_tensors(body, skip=example), len(example)
     with warnings.catch_warnings(), torch.no_grad():  # parameters among the inputs: no autograd while tracing
         # deprecated for torch.compile; the route a planned layer picks by its row count is fixed by the shapes
         warnings.simplefilter("ignore")
@@ -133,37 +134,6 @@ def _trace(body: nn.Module, example: tuple[Tensor, ...]) -> Captured | None:
 
 
 _UNUSED = torch.empty(0)  # passed for a held tensor the graph does not read (not kept alive by the replay)
-
-
-def _held(body: nn.Module, example: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-    """Every tensor the body's modules hold, once each, but the example's: parameters, buffers, and the
-    tensors in their attributes' lists, tuples, dicts and closures (a fused block's weights, a layer's
-    layouts and the kernels bound to them)."""
-    seen, out = {id(t) for t in example}, []
-
-    def visit(value, depth: int) -> None:
-        if isinstance(value, Tensor):
-            if id(value) not in seen:
-                seen.add(id(value))
-                out.append(value)
-        elif depth and isinstance(value, (list, tuple)):
-            for item in value:
-                visit(item, depth - 1)
-        elif depth and isinstance(value, dict):
-            for item in value.values():
-                visit(item, depth - 1)
-        elif depth and callable(value) and getattr(value, "__closure__", None):  # a bound kernel's tensors
-            for cell in value.__closure__:
-                try:
-                    contents = cell.cell_contents
-                except ValueError:  # a cell not set yet
-                    continue
-                visit(contents, depth - 1)
-
-    for module in body.modules():
-        for value in vars(module).values():
-            visit(value, 4)
-    return tuple(out)
 
 
 def _simplify(graph: torch.Graph) -> None:

@@ -22,9 +22,11 @@ from torch import Tensor, nn
 from anatomy import dtypes, kv_format
 from anatomy.deprecation import deprecated
 from anatomy.errors import InputError
+from anatomy.huge_pages import hold as hold_on_huge_pages
 from anatomy.inference.engine.backend import backend_for
 from anatomy.inference.engine.capture import Captured, capture_paged, compile_paged, signature
 from anatomy.inference.engine.flat_batch import by_length, flat_inputs
+from anatomy.inference.engine.held import held_tensors
 from anatomy.inference.engine.paged import Chunk, PagedKVCache, paged_inputs
 from anatomy.inference.engine.run import PaddedBatch, Run, ring_blocks
 from anatomy.inference.engine.view import engine_view
@@ -61,13 +63,14 @@ class DecoderEngine:
     in the kernels' order); the caller's model is then empty (its formats raise InputError): for a
     model nothing else will use, as `anatomy generate` and `anatomy serve` load theirs. `backend`
     ("cpu" or "torch", backend.py; default: the device's) is which operators the steps run: the
-    measured plan and native operators, or torch's own (what a GPU runs).
+    measured plan and native operators, or torch's own (what a GPU runs). `huge_pages` (the cpu backend)
+    moves the weights' layouts onto 2 MiB pages once they are built (`huge_page_bytes` says how much).
     """
 
     def __init__(self, model: nn.Module, *, compile: bool = False, capture: bool = True, plan_cache: bool = True,
                  attention: str | None = None, kv_dtype: str | None = None, native_blocks: bool = True,
                  layout_budget: int | str | None = None, take_weights: bool = False,
-                 backend: str | None = None) -> None:
+                 backend: str | None = None, huge_pages: bool = True) -> None:
         if not getattr(getattr(model, "config", None), "is_decoder", False):
             raise InputError(f"DecoderEngine needs a decoder-only anatomy model, got {type(model).__name__}")
         self.backend = backend_for(next(model.parameters()).device, backend)
@@ -100,6 +103,8 @@ class DecoderEngine:
         self._bodies: dict[tuple, Captured | None] = {}  # (cache, shape, PassInputs fields) -> the captured blocks
         self._seen_shapes: dict[tuple, int] = {}  # paged decode shapes -> steps run eagerly so far
         self.lora: AdapterSlots | None = None  # the LoRA adapters served (serve_adapters)
+        # the layouts each decode step streams, on 2 MiB pages where the system gives them (huge_pages.py)
+        self.huge_page_bytes = hold_on_huge_pages(held_tensors(self.model)) if huge_pages and native_ops else 0
 
     def _read_float_caches(self, reader) -> None:
         for module in self.model.modules():

@@ -59,7 +59,7 @@ class KeptEngines:
 
 
 DECODER_OPTIONS = {"compile": False, "capture": True, "attention": None, "plan_cache": True, "kv_dtype": None,
-                   "native_blocks": True, "take_weights": False, "backend": None}
+                   "native_blocks": True, "take_weights": False, "backend": None, "huge_pages": True}
 SEQ2SEQ_OPTIONS = {"attention": None}
 
 
