@@ -63,3 +63,17 @@ def test_an_engine_moves_its_layouts_and_decodes_the_same_tokens(smollm2_gguf_pa
     assert on_pages.huge_page_bytes > 50 << 20 and plain.huge_page_bytes == 0
     got, want = (anatomy.generate(e, prompt, max_new_tokens=40, ignore_eos=True)[0].token_ids for e in (on_pages, plain))
     assert got == want
+
+
+def test_an_engine_leaves_the_callers_formats_where_they_are(smollm2_gguf_path):
+    """Without take_weights the caller keeps its model: its formats' buffers are not moved (a decode step
+    reads the layouts built from them), the layouts are."""
+    from anatomy.weights.formats import WeightFormat
+
+    model = anatomy.load(smollm2_gguf_path)
+    buffers = {id(t): t.data_ptr() for m in model.modules() if isinstance(m, WeightFormat)
+               for t in m.buffers(recurse=False)}
+    engine = anatomy.engine_for(model)
+    assert engine.huge_page_bytes > 50 << 20
+    now = {id(t): t.data_ptr() for m in model.modules() if isinstance(m, WeightFormat) for t in m.buffers(recurse=False)}
+    assert now == buffers

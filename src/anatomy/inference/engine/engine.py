@@ -39,6 +39,7 @@ from anatomy.kernels.decode_block import fuse_blocks
 from anatomy.kernels.planning import branch_dtype, decode_weight_bytes, kernel_summary, linear_layers, plan_view
 from anatomy.kv_format import parse_kv_dtype
 from anatomy.lora.slots import AdapterSlots
+from anatomy.weights.formats import WeightFormat
 
 BUCKET = 256  # a compiled or captured step is specialised to the blocks it reads: round them up so few sizes occur
 PAGED_RECORD_AFTER = 32  # paged decode steps of one shape before it is captured: a short answer does not pay
@@ -104,7 +105,7 @@ class DecoderEngine:
         self._seen_shapes: dict[tuple, int] = {}  # paged decode shapes -> steps run eagerly so far
         self.lora: AdapterSlots | None = None  # the LoRA adapters served (serve_adapters)
         # the layouts each decode step streams, on 2 MiB pages where the system gives them (huge_pages.py)
-        self.huge_page_bytes = hold_on_huge_pages(held_tensors(self.model)) if huge_pages and native_ops else 0
+        self.huge_page_bytes = hold_on_huge_pages(_layouts(self.model)) if huge_pages and native_ops else 0
 
     def _read_float_caches(self, reader) -> None:
         for module in self.model.modules():
@@ -320,6 +321,13 @@ class DecoderEngine:
         layers = cache.layers(inputs.where)
         return self.head(self.model.stack.forward_pass(inputs.ids, inputs.ctx, position_ids=inputs.positions,
                                                        cache=layers)[:, -1])
+
+
+def _layouts(model: nn.Module) -> list[Tensor]:
+    """The tensors the model's modules hold but its weight formats' own (the caller's model, when the
+    weights are not taken: a decode step reads the layouts built from them)."""
+    formats = {id(t) for m in model.modules() if isinstance(m, WeightFormat) for t in m.buffers(recurse=False)}
+    return [t for t in held_tensors(model) if id(t) not in formats]
 
 
 def _warn_if_threads_sleep() -> None:
