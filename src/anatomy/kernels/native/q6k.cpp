@@ -715,7 +715,7 @@ at::Tensor pack_q6(const at::Tensor& low, const at::Tensor& high, const at::Tens
               d.sizes() == at::IntArrayRef({N, supers}),
               "anatomy::pack_q6: low uint8 [N, K/2], high uint8 [N, K/4], scale int8 [N, K/16], d float16 [N, K/256]");
   at::Tensor ql = low.contiguous(), qh = high.contiguous(), sc = scale.contiguous(), dd = d.contiguous();
-  at::Tensor out = low.new_zeros({N, supers * BLOCK});
+  at::Tensor out = low.new_empty({N, supers * BLOCK});  // every byte written below
   const uint8_t* lo = ql.data_ptr<uint8_t>();
   const uint8_t* hi = qh.data_ptr<uint8_t>();
   const int8_t* s = sc.data_ptr<int8_t>();
@@ -728,10 +728,11 @@ at::Tensor pack_q6(const at::Tensor& low, const at::Tensor& high, const at::Tens
       ggml_codes(lo + i * 128, hi + i * 64, q);
       std::memcpy(block, ds + i, 2);
       std::memcpy(block + SCALES, s + i * 16, 16);
-      for (int64_t k = 0; k < SUPER; ++k) {
-        const int64_t c = chunk_of(k), t = byte_of(k);
-        block[(c < 2 ? L0 : L1) + t] |= (q[k] & 0x0F) << (4 * (c % 2));
-        block[H + t] |= (q[k] >> 4) << (2 * c);
+      for (int64_t t = 0; t < 64; ++t) {  // byte t of each chunk c holds input k + 8 c (chunk_of, byte_of)
+        const uint8_t* at = q + 32 * (t / 8) + 4 * (t / 4 % 2) + t % 4;
+        block[L0 + t] = static_cast<uint8_t>((at[0] & 0x0F) | (at[8] & 0x0F) << 4);
+        block[L1 + t] = static_cast<uint8_t>((at[16] & 0x0F) | (at[24] & 0x0F) << 4);
+        block[H + t] = static_cast<uint8_t>(at[0] >> 4 | (at[8] >> 4) << 2 | (at[16] >> 4) << 4 | (at[24] >> 4) << 6);
       }
     }
   });
