@@ -1,14 +1,13 @@
-"""Weights on transparent huge pages (Linux): a decode step streams every weight layout once a token, and on
+"""Weights on transparent huge pages (Linux): a decode step streams every weight layout once a token; on
 4 KiB pages each page takes a TLB entry and the hardware prefetchers stop at each page's end.
 
-    moved = huge_pages.hold(tensors)   # bytes of the tensors now on 2 MiB pages (0 where Linux gives none)
+    placed = huge_pages.hold(tensors)   # bytes now in ranges advised or collapsed onto 2 MiB pages
 
-A tensor alone on its storage and smaller than `large` bytes is copied, in order, into chunks of anonymous
-memory advised MADV_HUGEPAGE, taking its copy in place (Tensor.set_: whoever holds the tensor reads the
-same values from the new bytes), its old storage freed and the heap trimmed as they go; any other (a
-large one, one with views) is collapsed where it lies (MADV_COLLAPSE on the 2 MiB pages inside its
-storage). Memory torch's allocator did not give (a map of the file a tensor was read from, a chunk moved
-into before) and parameters that train are left alone.
+A tensor alone on its storage and under `large` bytes is copied, in order, into chunks of anonymous memory
+advised MADV_HUGEPAGE and takes the copy in place (Tensor.set_: its holders read the same values from the
+new bytes), the old storage freed as they go; any other (large, or with views) is collapsed where it lies
+(MADV_COLLAPSE, Linux 6.1+). Memory torch's allocator did not give (a file's map, a chunk), opaque tensors
+(oneDNN's) and parameters that train are left alone; a system that refuses a map stops the moves.
 """
 
 from __future__ import annotations
@@ -43,22 +42,25 @@ def offered() -> bool:
 
 def hold(tensors: Iterable[Tensor], *, large: int = CHUNK) -> int:
     """Move the CPU tensors' bytes onto huge pages where they may move, and collapse the huge pages inside
-    those that may not (views of them elsewhere) or are `large` (the module's docstring); -> bytes now in
-    huge-page ranges (0 where the system offers none)."""
+    those that may not (views of them elsewhere) or are `large` (the module's docstring); -> the bytes
+    placed in ranges advised or collapsed onto huge pages (0 where the system offers none)."""
     if not offered():
         return 0
     mine = [t for t in tensors if _ours(t)]
     small = [t for t in mine if _alone(t) and _nbytes(t) < large]
     moved_ids = {id(t) for t in small}
     stay = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in mine if id(t) not in moved_ids}
-    moved = sum(_collapse(s.data_ptr(), s.nbytes()) for s in stay.values())
+    placed = sum(_collapse(s.data_ptr(), s.nbytes()) for s in stay.values())
     trimmer = heap.Trimmer()
     while small:
-        taken = _fill_chunk(small, trimmer)
-        moved += taken[0]
-        small = small[taken[1]:]
+        try:
+            advised, count = _fill_chunk(small, trimmer)
+        except OSError:  # no map (an address-space limit, strict overcommit): the rest stay where they are
+            break
+        placed += advised
+        small = small[count:]
     trimmer.flush()
-    return moved
+    return placed
 
 
 def _nbytes(t: Tensor) -> int:
@@ -66,10 +68,11 @@ def _nbytes(t: Tensor) -> int:
 
 
 def _ours(t: Tensor) -> bool:
-    """A CPU tensor worth the move, on memory torch's allocator gave (not a file's map, not a chunk here),
-    not a parameter that trains."""
-    return isinstance(t, Tensor) and t.device.type == "cpu" and not t.requires_grad and _nbytes(t) >= SMALLEST \
-        and t.untyped_storage().resizable()
+    """A strided CPU tensor worth the move, on memory torch's allocator gave (not a file's map, not a chunk
+    here), not a parameter that trains."""
+    if t.device.type != "cpu" or t.layout != torch.strided or t.is_mkldnn or t.is_quantized or t.requires_grad:
+        return False
+    return _nbytes(t) >= SMALLEST and t.untyped_storage().resizable()
 
 
 def _alone(t: Tensor) -> bool:
@@ -92,7 +95,7 @@ def _collapse(address: int, nbytes: int) -> int:
 
 
 def _fill_chunk(tensors: list[Tensor], trimmer: heap.Trimmer) -> tuple[int, int]:
-    """Copy the first tensors that fit into one new chunk; -> (bytes on huge pages, tensors moved)."""
+    """Copy the first tensors that fit into one new chunk; -> (its bytes advised, tensors moved)."""
     sizes = []
     total = 0
     for t in tensors:
@@ -103,15 +106,16 @@ def _fill_chunk(tensors: list[Tensor], trimmer: heap.Trimmer) -> tuple[int, int]
         total += size
     pages = -(-total // HUGE) * HUGE  # the last huge page is whole (at most 2 MiB unused)
     chunk = mmap.mmap(-1, pages + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    bytes_ = torch.frombuffer(chunk, dtype=torch.uint8)  # its storage keeps the map alive
-    skip = -bytes_.data_ptr() % HUGE  # the chunk's first huge page boundary
-    chunk.madvise(MADV_HUGEPAGE, skip, pages)
+    memory = torch.frombuffer(chunk, dtype=torch.uint8)  # its storage keeps the map alive (never closed)
+    skip = -memory.data_ptr() % HUGE  # the chunk's first huge page boundary
+    chunk.madvise(MADV_HUGEPAGE, skip, pages)  # its pages are huge from their first touch, where Linux has them
     at = skip
     for t, size in zip(tensors, sizes):
         n = _nbytes(t)
-        bytes_[at:at + n].copy_(t.detach().reshape(-1).view(torch.uint8))
+        memory[at:at + n].copy_(t.detach().reshape(-1).view(torch.uint8))
         with torch.inference_mode(t.is_inference()), torch.no_grad():
-            t.set_(bytes_.untyped_storage(), at // t.element_size(), t.shape, t.stride())
+            t.set_(memory.untyped_storage(), at // t.element_size(), t.shape, t.stride())
         trimmer.freed(n)
         at += size
-    return _collapse(bytes_.data_ptr() + skip, pages), len(sizes)
+    _collapse(memory.data_ptr() + skip, pages)  # those that were not (Linux 6.1+)
+    return pages, len(sizes)

@@ -39,7 +39,6 @@ from anatomy.kernels.decode_block import fuse_blocks
 from anatomy.kernels.planning import branch_dtype, decode_weight_bytes, kernel_summary, linear_layers, plan_view
 from anatomy.kv_format import parse_kv_dtype
 from anatomy.lora.slots import AdapterSlots
-from anatomy.weights.formats import WeightFormat
 
 BUCKET = 256  # a compiled or captured step is specialised to the blocks it reads: round them up so few sizes occur
 PAGED_RECORD_AFTER = 32  # paged decode steps of one shape before it is captured: a short answer does not pay
@@ -65,7 +64,7 @@ class DecoderEngine:
     model nothing else will use, as `anatomy generate` and `anatomy serve` load theirs. `backend`
     ("cpu" or "torch", backend.py; default: the device's) is which operators the steps run: the
     measured plan and native operators, or torch's own (what a GPU runs). `huge_pages` (the cpu backend)
-    moves the weights' layouts onto 2 MiB pages once they are built (`huge_page_bytes` says how much).
+    moves the weights' layouts onto 2 MiB pages once they are built (`huge_page_bytes`: the bytes placed so).
     """
 
     def __init__(self, model: nn.Module, *, compile: bool = False, capture: bool = True, plan_cache: bool = True,
@@ -324,10 +323,10 @@ class DecoderEngine:
 
 
 def _layouts(model: nn.Module) -> list[Tensor]:
-    """The tensors the model's modules hold but its weight formats' own (the caller's model, when the
-    weights are not taken: a decode step reads the layouts built from them)."""
-    formats = {id(t) for m in model.modules() if isinstance(m, WeightFormat) for t in m.buffers(recurse=False)}
-    return [t for t in held_tensors(model) if id(t) not in formats]
+    """The tensors the model's modules hold but its parameters and buffers (the caller's model's, formats
+    included, which another engine on it may be reading): the layouts the engine built."""
+    theirs = {id(t) for t in (*model.parameters(), *model.buffers())}
+    return [t for t in held_tensors(model) if id(t) not in theirs]
 
 
 def _warn_if_threads_sleep() -> None:
@@ -356,11 +355,14 @@ def held_bytes(*modules: nn.Module) -> int:
 
 
 def _storage(t: Tensor) -> tuple[int, int]:
-    """(an identity of t's storage, its bytes); an opaque tensor (oneDNN's reordered weight) is its own."""
+    """(an identity of t's storage, its bytes); an opaque tensor (oneDNN's reordered weight) is its own, and
+    one on memory torch's allocator did not give (a chunk of huge pages, a file's map) its own bytes."""
     try:
         storage = t.untyped_storage()
     except NotImplementedError:
         return id(t), t.numel() * t.element_size()
+    if not storage.resizable():
+        return t.data_ptr(), t.numel() * t.element_size()
     return storage.data_ptr(), storage.nbytes()
 
 

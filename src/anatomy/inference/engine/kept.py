@@ -9,7 +9,7 @@ fingerprint of its weights, the identity and version counter of every parameter 
 in-place change (`p.add_(...)`, `load_state_dict`), a new tensor put in place, a module swapped in
 makes the next call build a new engine on the new weights. Engines of one model are kept per set of
 engine options (`compile`, `capture`, `attention`, `plan_cache`, `kv_dtype`, `native_blocks`,
-`take_weights`, `backend`; an encoder-decoder's: `attention`).
+`take_weights`, `backend`, `huge_pages`; an encoder-decoder's: `attention`).
 Safe to share between threads.
 """
 
