@@ -86,7 +86,23 @@ def test_q4_0_and_q5_0_are_read_as_symmetric_formats():
     Fused parts stay symmetric when every part is."""
     q4, q5 = _part("Q4_0", 32), _part("Q5_0", 32)
     assert isinstance(q4, Int4Weight) and q4.symmetric and isinstance(q5, Int5Weight) and q5.symmetric
-    assert torch.equal(q4.offset.float(), -8 * q4.scale.float()) and torch.equal(q5.offset.float(), -16 * q5.scale.float())
+    assert q4.signature == "int4[32,256]g32sym"  # the plan measures it apart from Q4_1's (its layouts differ)
+    assert torch.equal(q4.offset.float(), -8 * q4.scale.float())
+    assert torch.equal(q5.offset.float(), -16 * q5.scale.float())
     assert not any(_part(t, 32).symmetric for t in ("Q4_1", "Q5_1")) and not _random_part("Q4_K", 32).symmetric
     assert WeightFormat.cat_rows([q5, _part("Q5_0", 16, seed=1)]).symmetric
     assert not WeightFormat.cat_rows(one_format([q5, _part("Q5_1", 16, seed=1)])).symmetric
+
+
+def test_a_q4_0_tensor_with_a_nan_scale_loads_as_a_full_format():
+    """A block whose d is NaN has no -8 d offset to leave out: the tensor loads, not symmetric (its layouts
+    keep their minimums), its other values those gguf-py reads."""
+    rows, K = 16, 256
+    x = np.random.default_rng(0).standard_normal((rows, K)).astype(np.float32) * 0.05
+    raw = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q4_0).reshape(rows, -1, 18)
+    raw[3, 2, 0:2] = np.array([np.nan], dtype=np.float16).view(np.uint8)
+    fmt = format_from_gguf(raw.reshape(-1), TENSOR_TYPES_BY_NAME["Q4_0"], (rows, K), label="w")
+    assert isinstance(fmt, Int4Weight) and not fmt.symmetric and fmt.signature == "int4[16,256]g32"
+    want = torch.from_numpy(gguf.quants.dequantize(raw.reshape(rows, -1), gguf.GGMLQuantizationType.Q4_0))
+    got = fmt.dequantize()
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.float().nan_to_num())

@@ -38,8 +38,8 @@ from anatomy.weights.modules import SplitLinear
 
 LINEARS = ("attn.qkv", "attn.out", "ffn.gate_up", "ffn.down")  # in the operator's order
 INT8_KERNELS = ("q4x", "q8x", "q5x", "q6x")  # int8 activations on each native layout (q4f/q8f/q5f/q6s share it)
-TILES = {"q4x": (Q4T, "pack_q4_tiles"), "q5x": (Q5T, "pack_q5_tiles")}  # a row layout's tiles, and their packer
-# (which takes the format's `symmetric`: formats.Symmetric)
+# a row layout's tiles, and their packer (which takes the format's `symmetric`: formats.Symmetric)
+TILES = {"q4x": (Q4T, "pack_q4_tiles"), "q5x": (Q5T, "pack_q5_tiles")}
 # On q4 tiles (AVX-512 VNNI) a product takes its activations rounded to int16 (tiles.cpp): its error is
 # int8's times this ratio (the rounding steps'), within the plan's bound, and int16 keeps near-ties of a
 # greedy answer that int8 activations flip, for a small cost per step (docs/inference.md, "Speed")

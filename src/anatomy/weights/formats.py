@@ -278,17 +278,25 @@ class Int8GroupWeight(WeightFormat):
 
 class Symmetric:
     """What an int4 or int5 format knows of its offsets: `symmetric`, every one is -8 (int5: -16) times its
-    scale (GGUF Q4_0, Q5_0: W = d * (q - 8)), so a layout may leave them out (tiles.cpp's symmetric tiles).
-    Rows, columns and a fusion of symmetric parts stay symmetric."""
+    scale (GGUF Q4_0, Q5_0: W = d * (q - 8)), so a layout may leave them out (tiles.cpp's symmetric tiles;
+    the signature says "sym", as the layouts' bytes differ). Rows, columns and a fusion of symmetric parts
+    stay symmetric."""
 
     symmetric: bool = False
     centre: int = 8  # the offset over the scale of a symmetric format, negated
 
-    def _claim(self, symmetric: bool, scale: Tensor, offset: Tensor, label: str) -> None:
-        if symmetric and not torch.equal(offset.float(), -self.centre * scale.float()):
+    @property
+    def signature(self) -> str:
+        return super().signature + ("sym" if self.symmetric else "")
+
+    def _claim(self, symmetric: bool | None, scale: Tensor, offset: Tensor, label: str) -> None:
+        """Set `symmetric`: True is checked (an InputError if any offset is not -centre * scale), None is
+        whether they all are (a NaN scale's is not)."""
+        holds = symmetric is not False and torch.equal(offset.float(), -self.centre * scale.float())
+        if symmetric and not holds:
             raise InputError(f"{label}: symmetric {self.name} needs every offset to be -{self.centre} times its "
                              f"scale; {int((offset.float() != -self.centre * scale.float()).sum())} are not")
-        self.symmetric = symmetric
+        self.symmetric = holds
 
     def _carry(self, out: WeightFormat, *, alike: bool = True) -> None:
         out.symmetric = self.symmetric and alike
@@ -306,7 +314,7 @@ class Int4Weight(Symmetric, WeightFormat):
 
     name = "int4"
 
-    def __init__(self, codes: Tensor, scale: Tensor, offset: Tensor, *, symmetric: bool = False,
+    def __init__(self, codes: Tensor, scale: Tensor, offset: Tensor, *, symmetric: bool | None = False,
                  label: str = "weight") -> None:
         groups = (codes.shape[0], _groups(codes.shape[1] * 2, scale))
         _check_parts(label, codes, torch.uint8, 2, (scale, groups), (offset, groups))
@@ -357,7 +365,7 @@ class Int5Weight(Symmetric, WeightFormat):
     name = "int5"
     centre = 16
 
-    def __init__(self, codes: Tensor, high: Tensor, scale: Tensor, offset: Tensor, *, symmetric: bool = False,
+    def __init__(self, codes: Tensor, high: Tensor, scale: Tensor, offset: Tensor, *, symmetric: bool | None = False,
                  label: str = "weight") -> None:
         groups = (codes.shape[0], _groups(codes.shape[1] * 2, scale))
         _check_parts(label, codes, torch.uint8, 2, (scale, groups), (offset, groups))

@@ -81,7 +81,7 @@ def _q8_0(blocks: np.ndarray, label: str) -> Int8GroupWeight:
 
 def _q4_0(blocks: np.ndarray, label: str) -> Int4Weight:
     d = _f16(blocks, 0).float()  # [N, nb]
-    return Int4Weight(_q32_codes(blocks[..., 2:]), _f16(blocks, 0), compact_float(-8 * d), symmetric=True,
+    return Int4Weight(_q32_codes(blocks[..., 2:]), _f16(blocks, 0), compact_float(-8 * d), symmetric=None,
                       label=label)  # exact
 
 
@@ -152,7 +152,7 @@ def _q5_0(blocks: np.ndarray, label: str) -> Int5Weight:
     """Q5_0 blocks: d, 4 bytes of fifth bits, 16 bytes of nibbles; x = d * (q - 16) = q * d - 16 d (exact)."""
     d = _f16(blocks, 0)
     return Int5Weight(_q32_codes(blocks[..., 6:]), _q32_codes(blocks[..., 2:6]), d, compact_float(-16 * d.float()),
-                      symmetric=True, label=label)
+                      symmetric=None, label=label)
 
 
 def _q5_1(blocks: np.ndarray, label: str) -> Int5Weight:

@@ -45,7 +45,8 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& w, bool int8) {
   const int64_t K = x.size(1);
   if (w.dim() == 3 && w.size(2) == Q8_TILE_BYTES) return anatomy::q8_tiles_linear(x, w, false);  // int16 only
   if (w.dim() == 3 && w.size(2) == L4_TILE_BYTES) return anatomy::l4_tiles_linear(x, w, false);  // int16 only
-  if (w.dim() == 3 && (w.size(2) == Q5_TILE_BYTES || w.size(2) == Q5S_TILE_BYTES)) return anatomy::q5_tiles_linear(x, w, false, int8 ? 8 : 16);
+  if (w.dim() == 3 && (w.size(2) == Q5_TILE_BYTES || w.size(2) == Q5S_TILE_BYTES))
+    return anatomy::q5_tiles_linear(x, w, false, int8 ? 8 : 16);
   if (w.dim() == 3) return anatomy::q4_tiles_linear(x, w, false, int8 ? 8 : 16);  // q4 tiles (tiles.cpp)
   TORCH_CHECK(w.dim() == 2 && K % PAIR == 0, "anatomy::decode_block: a weight is not [N, K/64 * bytes]");
   if (K % Q6_SUPER == 0 && w.size(1) == K / Q6_SUPER * Q6_BLOCK) {  // q6k.cpp; without int8, int16 where it runs

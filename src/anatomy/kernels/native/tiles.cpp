@@ -607,7 +607,8 @@ void over_tiles(const Codes& a, const at::Tensor& w, Isa level, at::Tensor& y) {
 }
 
 // `sizes`: the bytes a group of the kinds the product takes, for the message
-void check_tiles(const at::Tensor& x, const at::Tensor& w, int64_t bytes, const char* what, const char* sizes = nullptr) {
+void check_tiles(const at::Tensor& x, const at::Tensor& w, int64_t bytes, const char* what,
+                 const char* sizes = nullptr) {
   TORCH_CHECK(x.dim() == 2 && x.is_floating_point() && x.size(0) >= 1, what, ": x must be a float matrix [M, K]");
   TORCH_CHECK(x.size(1) % PAIR == 0, what, ": K = ", x.size(1), " must be a multiple of ", PAIR);
   TORCH_CHECK(w.dim() == 3 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(1) == x.size(1) / G &&
