@@ -205,7 +205,7 @@ def _build_q5t(fmt: Int5Weight) -> Prepared:
     return (torch.ops.anatomy.pack_q5_tiles(_build_q5x(fmt)[0], fmt.symmetric),)
 
 
-def tile_bytes(fmt: Int4Weight | Int5Weight) -> int:
+def _tile_bytes(fmt: Int4Weight | Int5Weight) -> int:
     """Bytes a q4 or q5 tile holds per 16 rows and 32 inputs (tiles.cpp): 32 fewer without the offsets."""
     full = 320 if isinstance(fmt, Int4Weight) else 384
     return full - 32 if fmt.symmetric else full
@@ -305,9 +305,9 @@ Q8X = Form("q8x", _build_q8x, lambda f: isinstance(f, Int8GroupWeight) and f.gro
 Q6X = Form("q6x", _build_q6x, lambda f: isinstance(f, Int6Weight) and f.shape[1] % SUPER == 0 and _native_ok(f),
            lambda f: _numel(f) // SUPER * 210, rows=_q6x_rows, piece_rows=1)
 Q4T = Form("q4t", _build_q4t, lambda f: isinstance(f, Int4Weight) and f.group % 32 == 0 and _tiles_ok(f),
-           lambda f: _numel(f) // 512 * tile_bytes(f), piece_rows=16)
+           lambda f: _numel(f) // 512 * _tile_bytes(f), piece_rows=16)
 Q5T = Form("q5t", _build_q5t, lambda f: isinstance(f, Int5Weight) and f.group % 32 == 0 and _tiles_ok(f),
-           lambda f: _numel(f) // 512 * tile_bytes(f), piece_rows=16)
+           lambda f: _numel(f) // 512 * _tile_bytes(f), piece_rows=16)
 Q8T = Form("q8t", _build_q8t, lambda f: isinstance(f, Int8GroupWeight) and f.group % 32 == 0 and _tiles_ok(f),
            lambda f: _numel(f) // 512 * 544, rows=_q8t_rows, piece_rows=16)
 L4T = Form("l4t", _build_l4t, _l4t_ok, lambda f: _numel(f) // 512 * 336, rows=_l4t_rows, piece_rows=16)

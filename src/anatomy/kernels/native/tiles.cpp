@@ -503,12 +503,18 @@ at::Tensor pack_q4_kind(const at::Tensor& q4) {
   });
 }
 
+// a row layout of blocks of `bytes` made contiguous, its minimums checked (check_symmetric) where it is one;
+// pack_tiles refuses any other
+at::Tensor symmetric_rows(const at::Tensor& layout, int64_t bytes, float offset, const char* what) {
+  const at::Tensor rows = layout.contiguous();
+  if (rows.dim() == 2 && rows.scalar_type() == at::kByte && rows.size(1) % bytes == 0)
+    check_symmetric(rows, bytes, offset, what);
+  return rows;
+}
+
 at::Tensor pack_q4_tiles(const at::Tensor& q4, bool symmetric) {
   if (!symmetric) return pack_q4_kind<Q4>(q4);
-  const at::Tensor rows = q4.contiguous();
-  if (rows.dim() == 2 && rows.scalar_type() == at::kByte && rows.size(1) % Q4_BLOCK == 0)
-    check_symmetric(rows, Q4_BLOCK, OFFSET<Q4S>, "anatomy::pack_q4_tiles");
-  return pack_q4_kind<Q4S>(rows);
+  return pack_q4_kind<Q4S>(symmetric_rows(q4, Q4_BLOCK, OFFSET<Q4S>, "anatomy::pack_q4_tiles"));
 }
 
 // the q5 layout [N, K/64 * 48] (q5.cpp: [dA mA dB mB] float16, the fifth bits, then the q4 layout's
@@ -529,10 +535,7 @@ at::Tensor pack_q5_kind(const at::Tensor& q5) {
 
 at::Tensor pack_q5_tiles(const at::Tensor& q5, bool symmetric) {
   if (!symmetric) return pack_q5_kind<Q5>(q5);
-  const at::Tensor rows = q5.contiguous();
-  if (rows.dim() == 2 && rows.scalar_type() == at::kByte && rows.size(1) % anatomy::Q5_BLOCK == 0)
-    check_symmetric(rows, anatomy::Q5_BLOCK, OFFSET<Q5S>, "anatomy::pack_q5_tiles");
-  return pack_q5_kind<Q5S>(rows);
+  return pack_q5_kind<Q5S>(symmetric_rows(q5, anatomy::Q5_BLOCK, OFFSET<Q5S>, "anatomy::pack_q5_tiles"));
 }
 
 // codes [N, K] int8 and scales [N, K/32] (GGUF Q8_0: w = q * d) -> q8 tiles [N/16, K/32, 544]
