@@ -3,7 +3,9 @@ hold (GGUF Q6_K blocks): q6_linear with x rounded to int8 per 32 as for q8x (abo
 inputs), q6f_linear with x as it is (float32's rounding), q6s_linear with x rounded to int16 per 256
 (3e-5); every vector path this CPU has (AVX-512, AVX2:
 each run under native.limited) equals the portable one; the layout holds the codes in the order q6k.cpp
-documents; the kernels are offered where a vector path runs."""
+documents; the kernels are offered where a vector path runs. The q6 tiles (q6_tiles.cpp): where their
+bytes lie, x rounded to int16 per 32 (~2e-5), every path the portable loop's bits, the rows exactly, and
+an engine's fused blocks and tied table on them."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME
 from anatomy.inference.engine import Chunk, DecoderEngine
 from anatomy.inference.sampling import SamplingParams
 from anatomy.kernels import native
-from anatomy.kernels.candidates import KERNELS_BY_NAME, Q6X, Q8X, candidates, reference_product, relative_error
+from anatomy.kernels.candidates import KERNELS_BY_NAME, Q6T, Q6X, Q8X, candidates, reference_product, relative_error
 from anatomy.kernels.planned_linear import PlannedLinear
 from anatomy.weights.choice import install, matrices
 from anatomy.weights.formats import Int8GroupWeight
@@ -260,3 +262,163 @@ def test_a_tied_q6_k_table_is_read_from_the_heads_layout_when_the_weights_are_ta
     params = SamplingParams(max_new_tokens=40, ignore_eos=True)  # past the 32 eager steps: the captured step too
     tokens = [[int(t) for t in e.tokens(ids.tolist(), params)] for e in (engine, reference)]
     assert tokens[0] == tokens[1] and engine.captured_graphs
+
+
+# -- q6 tiles (q6_tiles.cpp) ---------------------------------------------------------------------
+
+INT16_BOUND = 1e-4  # x rounded to int16 per 32: ~2e-5 relative on gaussian inputs
+vnni = pytest.mark.skipif(not native.runs("avx512-vnni"), reason="q6 tiles run on AVX-512 VNNI, which this CPU lacks")
+
+
+def q6_tiles(fmt) -> torch.Tensor:
+    return torch.ops.anatomy.pack_q6_tiles(pack(fmt))
+
+
+def test_the_tiles_hold_what_q6_tiles_cpp_says():
+    """Per tile of 16 rows and super-block: d [16] float16, sc [sub-block, row] int8, then per group of
+    32 inputs: byte 64 v + 4 r + i of the low nibbles holds row r's input 4 v + i (low) and 4 (v + 4) + i
+    (high); byte 256 + 64 u + 4 r + i bits 2 c, 2 c + 1 hold the top bits of input 4 (4 u + c) + i."""
+    fmt = int6(32, 512, seed=5)
+    t = q6_tiles(fmt)
+    assert t.shape == (2, 2, 3360) and t.dtype == torch.uint8
+    d = t[..., :32].contiguous().view(torch.float16)  # [tile, super, row]
+    assert torch.equal(d.permute(0, 2, 1).reshape(32, 2), fmt.d)
+    sc = t[..., 32:288].contiguous().view(torch.int8).view(2, 2, 16, 16)  # [tile, super, sub, row]
+    assert torch.equal(sc.permute(0, 3, 1, 2).reshape(32, 32), fmt.scale)
+    codes = torch.empty(32, 512, dtype=torch.uint8)
+    for n in range(32):
+        for b in range(2):
+            block = t[n // 16, b]
+            for g in range(8):
+                group = block[288 + 384 * g:288 + 384 * (g + 1)]
+                for i in range(32):
+                    j, r = i // 4, n % 16
+                    low = int(group[64 * (j % 4) + 4 * r + i % 4])
+                    low = low >> 4 if j >= 4 else low & 15
+                    top = int(group[256 + 64 * (j // 4) + 4 * r + i % 4]) >> (2 * (j % 4)) & 3
+                    codes[n, 256 * b + 32 * g + i] = low | top << 4
+    assert torch.equal(codes, fmt.codes())
+
+
+def test_the_tiles_give_back_the_rows_exactly():
+    """Form.rows of q6 tiles: W's rows for any ids, bit for bit the format's own ((q - 32) * sc * d)."""
+    fmt = int6(48, 768, seed=3)
+    ids = torch.tensor([0, 7, 47, 7, 21, 16, 1])
+    assert torch.equal(Q6T.rows((q6_tiles(fmt),))(ids), fmt.rows(ids))
+
+
+@pytest.mark.parametrize("K", [256, 768, 1536])
+@pytest.mark.parametrize("rows", [1, 3, 9, 40])
+def test_q6_tiles_are_the_product_to_int16_activations_rounding(rows, K):
+    fmt = int6(48, K, seed=K + rows)
+    x = torch.randn(rows, K)
+    y = torch.ops.anatomy.q6_tiles_linear(x, q6_tiles(fmt))
+    assert y.shape == (rows, 48) and y.dtype == torch.float32
+    assert relative_error(y, reference_product(fmt, x)) < INT16_BOUND
+
+
+@pytest.mark.parametrize("isa", PATHS)
+def test_every_path_equals_the_portable_loop_bit_for_bit(isa):
+    """The same codes, the same exact integer sums and the same float operations in the same order: the
+    same bits. x has a zero group (scale 0), a mean (large sums taken off for the -32) and groups whose
+    largest magnitude is negative (the code -32767: high byte -128)."""
+    fmt = int6(64, 768, seed=11)
+    packed = q6_tiles(fmt)
+    for rows in (1, 7, 8, 13, 20):  # passes of 8 rows with remainders
+        x = torch.randn(rows, 768) * 3 + 0.5
+        x[0, 32:64] = 0
+        x[:, 100] = -50.0
+        with native.limited(isa):
+            fast = torch.ops.anatomy.q6_tiles_linear(x, packed, False)
+        portable = torch.ops.anatomy.q6_tiles_linear(x, packed, True)
+        assert torch.equal(fast, portable)
+        assert relative_error(portable, reference_product(fmt, x)) < INT16_BOUND
+
+
+def test_q6_tiles_take_bfloat16_and_give_it_back():
+    fmt = int6(16, 256)
+    y = torch.ops.anatomy.q6_tiles_linear(torch.randn(2, 256, dtype=torch.bfloat16), q6_tiles(fmt))
+    assert y.dtype == torch.bfloat16 and y.shape == (2, 16)
+
+
+def test_q6_tiles_refuse_bad_shapes():
+    packed = q6_tiles(int6(16, 512))
+    with pytest.raises(RuntimeError, match=r"q6_tiles_linear: tiles must be uint8 \[N/16, K/256, 3360\] for K = 768"):
+        torch.ops.anatomy.q6_tiles_linear(torch.randn(1, 768), packed)
+    with pytest.raises(RuntimeError, match="K = 96 must be a multiple of 256"):
+        torch.ops.anatomy.q6_tiles_linear(torch.randn(1, 96), packed)
+    with pytest.raises(RuntimeError, match="tiles must be uint8"):
+        torch.ops.anatomy.q6_tiles_linear(torch.randn(1, 512), packed.view(torch.int8))
+    with pytest.raises(RuntimeError, match="pack_q6_tiles: N = 40 is not a multiple of 16"):
+        torch.ops.anatomy.pack_q6_tiles(pack(int6(40, 256)))
+    with pytest.raises(RuntimeError, match=r"pack_q6_tiles: the q6 layout is uint8 \[N, K/256 \* 210\]"):
+        torch.ops.anatomy.pack_q6_tiles(torch.zeros(16, 200, dtype=torch.uint8))
+
+
+def test_q6_tiles_are_offered_where_vnni_runs_and_n_allows():
+    fmt = int6(64, 512)
+    assert (KERNELS_BY_NAME["q6t16"] in candidates(fmt)) == native.runs("avx512-vnni")
+    assert not Q6T.accepts(int6(40, 512))  # N not a multiple of 16
+    for below in ("avx512", "avx2", "portable"):  # without VNNI the tiles are not offered
+        with native.limited(below):
+            assert "q6t16" not in {k.name for k in candidates(fmt)}
+    if native.runs("avx512-vnni"):
+        x = torch.randn(3, 512)
+        layer = PlannedLinear.with_kernel(KERNELS_BY_NAME["q6t16"], fmt)
+        assert relative_error(layer(x), reference_product(fmt, x)) < INT16_BOUND
+
+
+@pytest.fixture
+def q6t_first(native_forced, monkeypatch):
+    """The forced timings (conftest.py), with q6t16 ranked before every other kernel."""
+    from anatomy.kernels import timing
+
+    forced = timing._time
+
+    def first(entries, repeats):
+        return {name: (0.5e-6, 0.0) if name == "q6t16" else t for name, t in forced(entries, repeats).items()}
+
+    monkeypatch.setattr(timing, "_time", first)
+
+
+def _int6_model(tie: bool = False):
+    torch.manual_seed(0)
+    model = build_model(get_preset("llama-7b", vocab_size=96, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512,
+                                   n_layers=2, max_seq_len=64, tie_embeddings=tie)).eval()
+    formats = {name: int6(*m.weight.shape, seed=i, d=3e-5) for i, (name, m) in enumerate(matrices(model).items())}
+    return install(model, formats, dtype=torch.float32)
+
+
+@vnni
+def test_the_fused_blocks_and_the_head_run_on_q6_tiles(q6t_first):
+    """A tiny decoder whose every matrix is int6, the plan ranking q6t16 first (the accuracy checks
+    still run): each fused block's products are q6 tiles, the head's too, and each step's logits are the
+    model's own forward's (its exact product of the same weights) to int16 activations' rounding."""
+    from anatomy.kernels.decode_block import NativeBlock
+
+    model = _int6_model()
+    tokens = [5, 17, 33, 2, 9, 41, 8, 60]
+    with torch.no_grad():
+        reference = model(torch.tensor([tokens]))[0]  # [S, V]
+    engine = DecoderEngine(model)
+    assert "decode q6t16" in engine.model.lm_head.description
+    blocks = engine.model.stack.blocks
+    assert all(isinstance(b, NativeBlock) for b in blocks)
+    assert all(w.dim() == 3 and w.shape[2] == 3360 for b in blocks for w in b.weights) and blocks[0].int8 == 0
+    cache = engine.paged_cache(num_blocks=2, block_size=16)
+    logits = torch.stack([engine.step(cache, [Chunk([t], i, [0, 1])])[0] for i, t in enumerate(tokens)])
+    assert relative_error(logits, reference.double()) < 1e-3
+
+
+@vnni
+def test_a_tied_table_is_read_from_the_heads_q6_tiles(q6t_first):
+    """A tied Q6_K table whose head runs on q6 tiles: an engine that took the weights reads the
+    embedding's rows from the tiles (LayoutEmbedding), holds the matrix once, and gives the logits of an
+    engine over the intact model bit for bit."""
+    from anatomy.kernels.layout_embedding import LayoutEmbedding
+
+    reference, engine = DecoderEngine(_int6_model(tie=True)), DecoderEngine(_int6_model(tie=True), take_weights=True)
+    assert "q6t16" in engine.model.lm_head.description
+    assert isinstance(engine.model.token_embedding, LayoutEmbedding)
+    ids = torch.tensor([[1, 50, 34, 82, 47, 2]])
+    assert torch.equal(engine.logits(ids), reference.logits(ids))

@@ -211,6 +211,10 @@ def _tile_bytes(fmt: Int4Weight | Int5Weight) -> int:
     return full - 32 if fmt.symmetric else full
 
 
+def _build_q6t(fmt: Int6Weight) -> Prepared:
+    return (torch.ops.anatomy.pack_q6_tiles(_build_q6x(fmt)[0]),)  # [N/16, K/256, 3360]
+
+
 def _build_q8t(fmt: Int8GroupWeight) -> Prepared:
     return (torch.ops.anatomy.pack_q8_tiles(fmt.codes, _per_32(fmt.scale, fmt.group)),)
 
@@ -285,6 +289,33 @@ def _q6x_rows(p: Prepared) -> Callable[[Tensor], Tensor]:
     return rows
 
 
+def _q6t_rows(p: Prepared) -> Callable[[Tensor], Tensor]:
+    """Rows of W from q6 tiles [N/16, K/256, 3360] (q6_tiles.cpp: per tile and super-block d [16] float16,
+    sc [16 sub-blocks, 16 rows] int8, then per group of 32 inputs 256 bytes of low nibbles as q4 tiles hold
+    their codes and 128 of top bits: byte 64 u + 4 r + i, bits 2 c, 2 c + 1 those of input 4 (4 u + c) + i):
+    (q - 32) * sc * d, exact. The dtype views are made here, once."""
+    (tiles,) = p
+    T, S, _ = tiles.shape
+    d = tiles[..., :32].view(torch.float16)  # [T, S, 16]
+    sc = tiles[..., 32:288].view(torch.int8).view(T, S, 16, 16)  # [T, S, sub-block, row]
+    groups = tiles[..., 288:].view(T, S, 8, 384)
+    low = groups[..., :256].view(T, S, 8, 4, 16, 4)  # [T, S, g, v, r, i]
+    top = groups[..., 256:].view(T, S, 8, 2, 16, 4)  # [T, S, g, u, r, i]
+    j = torch.arange(8)
+    shifts = (2 * (j % 4)).to(torch.uint8).view(8, 1)  # code vector j: top bits at 2 (j % 4) of vector j / 4
+
+    def rows(ids: Tensor) -> Tensor:
+        t, r = ids // 16, ids % 16
+        nibbles = low[t, :, :, :, r, :]  # [n, S, 8, 4, 4]
+        lows = torch.cat([nibbles & 15, nibbles >> 4], dim=3)  # [n, S, g, j, i]
+        tops = top[t, :, :, :, r, :][:, :, :, j // 4] >> shifts & 3
+        q = (lows | tops << 4).reshape(ids.shape[0], S, SUPER).float() - 32
+        scale = (d[t, :, r].float()[..., None] * sc[t, :, :, r].float()).repeat_interleave(16, dim=-1)  # [n, S, 256]
+        return (q * scale).reshape(ids.shape[0], -1)
+
+    return rows
+
+
 DENSE = {dt: _dense_form(dt) for dt in (torch.float32, torch.float16, torch.bfloat16)}
 INT4PACK = Form("int4pack", _build_int4pack, lambda f: isinstance(f, Int4Weight) and _int4pack_ok(f),
                 lambda f: _numel(f) // 2 + _numel(f) // f.group * 4)
@@ -310,6 +341,8 @@ Q5T = Form("q5t", _build_q5t, lambda f: isinstance(f, Int5Weight) and f.group % 
            lambda f: _numel(f) // 512 * _tile_bytes(f), piece_rows=16)
 Q8T = Form("q8t", _build_q8t, lambda f: isinstance(f, Int8GroupWeight) and f.group % 32 == 0 and _tiles_ok(f),
            lambda f: _numel(f) // 512 * 544, rows=_q8t_rows, piece_rows=16)
+Q6T = Form("q6t", _build_q6t, lambda f: isinstance(f, Int6Weight) and f.shape[1] % SUPER == 0 and _tiles_ok(f),
+           lambda f: _numel(f) // SUPER * 210, rows=_q6t_rows, piece_rows=16)
 L4T = Form("l4t", _build_l4t, _l4t_ok, lambda f: _numel(f) // 512 * 336, rows=_l4t_rows, piece_rows=16)
 
 
@@ -457,6 +490,11 @@ def _bind_q8t16(p: Prepared) -> Callable[[Tensor], Tensor]:
     return lambda x: torch.ops.anatomy.q8_tiles_linear(x, w)
 
 
+def _bind_q6t16(p: Prepared) -> Callable[[Tensor], Tensor]:
+    (w,) = p
+    return lambda x: torch.ops.anatomy.q6_tiles_linear(x, w)
+
+
 def _bind_l4t16(p: Prepared) -> Callable[[Tensor], Tensor]:
     (w,) = p
     return lambda x: torch.ops.anatomy.l4_tiles_linear(x, w)
@@ -496,6 +534,7 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("q5t16/amx", Q5T, None, _bind_amx, accepts=_amx, compiles=False),
     Kernel("q8t16/amx", Q8T, None, _bind_amx, accepts=_amx, compiles=False),
     Kernel("q6s/amx", Q6X, None, _bind_q6_amx, accepts=_amx_tiles, compiles=False),
+    Kernel("q6t16", Q6T, None, _bind_q6t16, compiles=False),
     Kernel("l4t16", L4T, None, _bind_l4t16, compiles=False),
     Kernel("l4t16/amx", L4T, None, _bind_amx, accepts=_amx, compiles=False),
 )

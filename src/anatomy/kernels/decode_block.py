@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from anatomy.kernels import native
-from anatomy.kernels.candidates import KERNELS_BY_NAME, L4T, Q4T, Q5T, Q8T, Form
+from anatomy.kernels.candidates import KERNELS_BY_NAME, L4T, Q4T, Q5T, Q6T, Q8T, Form
 from anatomy.kernels.decisions import decided
 from anatomy.kernels.norm import NativeRMSNorm
 from anatomy.kernels.planned_linear import PlannedLinear
@@ -38,9 +39,11 @@ from anatomy.weights.modules import SplitLinear
 
 LINEARS = ("attn.qkv", "attn.out", "ffn.gate_up", "ffn.down")  # in the operator's order
 INT8_KERNELS = ("q4x", "q8x", "q5x", "q6x")  # int8 activations on each native layout (q4f/q8f/q5f/q6s share it)
-# a row layout's tiles, and their packer (which takes the format's `symmetric`: formats.Symmetric)
-TILES = {"q4x": (Q4T, "pack_q4_tiles"), "q5x": (Q5T, "pack_q5_tiles")}
-# On q4 tiles (AVX-512 VNNI) a product takes its activations rounded to int16 (tiles.cpp): its error is
+# a row layout's tiles, and how they are packed from it (q4, q5: with the format's `symmetric`, formats.Symmetric)
+TILES = {"q4x": (Q4T, lambda held, fmt: torch.ops.anatomy.pack_q4_tiles(held, fmt.symmetric)),
+         "q5x": (Q5T, lambda held, fmt: torch.ops.anatomy.pack_q5_tiles(held, fmt.symmetric)),
+         "q6x": (Q6T, lambda held, fmt: torch.ops.anatomy.pack_q6_tiles(held))}
+# On tiles (AVX-512 VNNI) a product takes its activations rounded to int16 (tiles.cpp, q6_tiles.cpp): its error is
 # int8's times this ratio (the rounding steps'), within the plan's bound, and int16 keeps near-ties of a
 # greedy answer that int8 activations flip, for a small cost per step (docs/inference.md, "Speed")
 INT16_ERROR = 127 / 32767
@@ -126,7 +129,7 @@ def layers(module: nn.Module) -> list[tuple[str, PlannedLinear]]:
 
 def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan, name: str) -> tuple[Tensor, bool] | None:
     """(the layer's native layout, whether its product takes int8 activations), or None when the
-    format has no native layout. An int4 (int5) layout becomes q4 (q5) tiles where they run (`tiled`);
+    format has no native layout. An int4 (int5, int6) layout becomes q4 (q5, q6) tiles where they run (`tiled`);
     int8g held as q8 or l4 tiles runs on them (their products round the input to int16)."""
     for int16_tiles in (Q8T, L4T):  # tiles whose products always take int16 activations
         if (tiles := layer.layouts.get(int16_tiles.name)) is not None:
@@ -148,13 +151,14 @@ def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan, nam
     return None
 
 
-def tiled(layer: PlannedLinear, fmt: WeightFormat, form: Form, rows: Form, pack: str) -> Tensor | None:
-    """The layer's tiles of `form` (tiles.cpp): the plan's, else packed (anatomy::`pack`) from the
-    plan's layout of `rows`, else built (None: the format was given back and no layout holds them)."""
+def tiled(layer: PlannedLinear, fmt: WeightFormat, form: Form, rows: Form,
+          pack: Callable[[Tensor, WeightFormat], Tensor]) -> Tensor | None:
+    """The layer's tiles of `form`: the plan's, else packed (`pack(layout, fmt)`) from the plan's
+    layout of `rows`, else built (None: the format was given back and no layout holds them)."""
     if (tiles := layer.layouts.get(form.name)) is not None:
         return tiles[0]
     if (held := layer.layouts.get(rows.name)) is not None:
-        return getattr(torch.ops.anatomy, pack)(held[0], fmt.symmetric)
+        return pack(held[0], fmt)
     return None if fmt.released else form.build(fmt)[0]
 
 

@@ -4,6 +4,7 @@
 // operator of the same name under torch.ops.anatomy.
 #pragma once
 
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 
 #include <algorithm>
@@ -55,9 +56,30 @@ constexpr int64_t PAIR = 64;      // inputs per stored block (two groups)
 constexpr int64_t Q4_BLOCK = 40;  // bytes per block: 4 float16 (scale, minimum per group), 32 bytes of 4-bit codes
 constexpr int64_t Q8_BLOCK = 72;  // bytes per block: 2 float16 scales (in 8 bytes), 64 int8 codes
 constexpr int64_t Q5_BLOCK = 48;  // q4's header, 8 bytes of fifth bits (bit i: input i), its 32 bytes of codes
+// The q6 layout of GGUF Q6_K (q6k.cpp): per row and super-block of 256 inputs, 210 bytes: d float16, 16 int8
+// sub-scales, then the code planes L0, L1 (the low 4 bits of chunks 0-1 and 2-3) and H (each chunk's top 2
+// bits); input k lies in chunk q6_chunk(k), byte q6_byte(k), its code (0..63) q6_code(block, k)
+constexpr int64_t Q6_SUPER = 256, Q6_BLOCK = 210;
+constexpr int64_t Q6_L0 = 18, Q6_L1 = 82, Q6_H = 146;
+inline int64_t q6_chunk(int64_t k) { return k % 32 / 8; }
+inline int64_t q6_byte(int64_t k) { return 4 * (2 * (k / 32) + k % 32 / 4 % 2) + k % 4; }
+inline int32_t q6_code(const uint8_t* block, int64_t k) {
+  const int64_t c = q6_chunk(k), t = q6_byte(k);
+  const uint8_t low = block[(c < 2 ? Q6_L0 : Q6_L1) + t];
+  return ((c % 2 ? low >> 4 : low) & 0x0F) | ((block[Q6_H + t] >> (2 * c)) & 3) << 4;
+}
 // The weights stream from memory once per step, a few hundred KB per matrix: the hardware prefetcher
 // alone leaves each new matrix latency-bound, so the one-row loops ask for the bytes this far ahead
 constexpr int64_t AHEAD = 8192;
+
+// pass(t0, t1, m0, rows) for output tiles [t0, t1), split across the threads, and rows [m0, m0 + rows) of x
+// in passes of at most `per` (the tile loops of tiles.cpp and q6_tiles.cpp)
+template <typename Pass>
+void tile_passes(int64_t tiles, int64_t M, int64_t per, Pass pass) {
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t m0 = 0; m0 < M; m0 += per) pass(t0, t1, m0, static_cast<int>(std::min(per, M - m0)));
+  });
+}
 
 // The vector code a CPU runs: AVX-512 (F, BW, VL, DQ) with VNNI where it has them (and AMX's int8 tiles
 // where Linux lets the process use them), AVX2 with FMA and F16C on the x86-64 machines of the last
@@ -200,6 +222,7 @@ at::Tensor l4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portab
 at::Tensor q6_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q6f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q6s_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
+at::Tensor q6_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,

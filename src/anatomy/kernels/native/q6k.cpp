@@ -51,27 +51,21 @@ using anatomy::AHEAD;
 using anatomy::Isa;
 using anatomy::Quantized;
 
-constexpr int64_t SUPER = 256;     // inputs per super-block
+constexpr int64_t SUPER = anatomy::Q6_SUPER;  // inputs per super-block
 constexpr int64_t G = 32;          // inputs per group of x
-constexpr int64_t BLOCK = 210;     // bytes per super-block of the layout
+constexpr int64_t BLOCK = anatomy::Q6_BLOCK;  // bytes per super-block of the layout
 constexpr int64_t SCALES = 2;      // offset of the 16 sub-scales (after d)
-constexpr int64_t L0 = 18, L1 = 82, H = 146;  // offsets of the code planes
+constexpr int64_t L0 = anatomy::Q6_L0, L1 = anatomy::Q6_L1, H = anatomy::Q6_H;  // offsets of the code planes
 constexpr int64_t TILE = 16;       // output rows whose weights stay in cache across the chunks of rows of x
 constexpr int ROWS = 8;            // rows of x per pass over a tile
 constexpr int UNROLL = 4;          // output rows at a time in the one-row loops
 
 inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
-// where input k (0..255) of a super-block sits: chunk c, byte t
-inline int64_t chunk_of(int64_t k) { return k % 32 / 8; }
-inline int64_t byte_of(int64_t k) { return 4 * (2 * (k / 32) + k % 32 / 4 % 2) + k % 4; }
-
-// code q (0..63) of input k of a layout block
-inline int32_t code_at(const uint8_t* block, int64_t k) {
-  const int64_t c = chunk_of(k), t = byte_of(k);
-  const uint8_t low = block[(c < 2 ? L0 : L1) + t];
-  return ((c % 2 ? low >> 4 : low) & 0x0F) | ((block[H + t] >> (2 * c)) & 3) << 4;
-}
+// where input k (0..255) of a super-block sits (chunk, byte) and its code q (0..63): native.h
+inline int64_t chunk_of(int64_t k) { return anatomy::q6_chunk(k); }
+inline int64_t byte_of(int64_t k) { return anatomy::q6_byte(k); }
+inline int32_t code_at(const uint8_t* block, int64_t k) { return anatomy::q6_code(block, k); }
 
 // -- x's side, once per call ----------------------------------------------------------------------
 

@@ -595,17 +595,11 @@ void over_tiles(const Codes& a, const at::Tensor& w, Isa level, at::Tensor& y) {
   const int64_t M = y.size(0), N = y.size(1), K = w.size(1) * G;
   const uint8_t* tiles = w.data_ptr<uint8_t>();
   float* out = y.data_ptr<float>();
-  at::parallel_for(0, w.size(0), 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
-      const int rows = static_cast<int>(std::min<int64_t>(ROWS, M - m0));
+  anatomy::tile_passes(w.size(0), M, ROWS, [&](int64_t t0, int64_t t1, int64_t m0, int rows) {
 #if ANATOMY_X86
-      if (level >= Isa::Avx512Vnni) {
-        tiles_dispatch<ROWS, T>(rows, a, m0, K, tiles, t0, t1, out, N);
-        continue;
-      }
+    if (level >= Isa::Avx512Vnni) return tiles_dispatch<ROWS, T>(rows, a, m0, K, tiles, t0, t1, out, N);
 #endif
-      tiles_portable<T>(a, m0, rows, K, tiles, t0, t1, out, N);
-    }
+    tiles_portable<T>(a, m0, rows, K, tiles, t0, t1, out, N);
   });
 }
 
