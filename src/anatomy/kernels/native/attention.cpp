@@ -417,15 +417,16 @@ AVX2 void attend_slice_avx2(const float* q, int64_t R, int64_t d, const Cache& k
 
 #endif  // ANATOMY_X86
 
-// the slices of one (b, h) merged: out [R, d]
-void merge(const std::vector<Partial>& parts, int64_t R, int64_t d, float* out) {
+// the n slices `parts` of one (b, h) merged (no copies: a decode step merges every layer's): out [R, d]
+void merge(const Partial* parts, int64_t n, int64_t R, int64_t d, float* out) {
   for (int64_t r = 0; r < R; ++r) {
     float m = -std::numeric_limits<float>::infinity();
-    for (const Partial& p : parts) m = std::max(m, p.max[r]);
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, parts[i].max[r]);
     float total = 0.f;
-    std::vector<float> acc(d, 0.f);
+    float acc[MAX_DIM] = {};
     if (m != -std::numeric_limits<float>::infinity()) {
-      for (const Partial& p : parts) {
+      for (int64_t i = 0; i < n; ++i) {
+        const Partial& p = parts[i];
         if (p.max[r] == -std::numeric_limits<float>::infinity()) continue;
         const float w = std::exp(p.max[r] - m);
         total += w * p.sum[r];
@@ -589,10 +590,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   });
   at::Tensor out = qf.new_empty({B, H, R, d});
   float* dst = out.data_ptr<float>();
-  for (int64_t bh = 0; bh < B * H; ++bh) {
-    std::vector<Partial> mine(parts.begin() + bh * job.slices, parts.begin() + (bh + 1) * job.slices);
-    merge(mine, R, d, dst + bh * R * d);
-  }
+  for (int64_t bh = 0; bh < B * H; ++bh) merge(parts.data() + bh * job.slices, job.slices, R, d, dst + bh * R * d);
   return out.to(q.scalar_type());
 }
 
