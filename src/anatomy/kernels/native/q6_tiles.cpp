@@ -9,7 +9,7 @@
 //   4r + i holds the low 4 bits of row r's input 4v + i (low nibble) and 4(v + 4) + i (high one), as q4
 //   tiles hold their codes, then 2 vectors of 64 whose byte 4r + i holds the top 2 bits of row r's input
 //   4(4u + c) + i in bits 2c, 2c + 1 (vector u)
-//       y[m, n] = sum_g sx[m, g] * sum_{h = 2g, 2g+1} d[n] sc[h, n] (sum_{i in h} q[n, i] qx[m, i] - 32 sum_{i in h} qx[m, i])
+//       y[m, n] = sum_g sx[m, g] * sum_{h = 2g, 2g+1} d[n] sc[h, n] sum_{i in h} (q[n, i] - 32) qx[m, i]
 //   q6_tiles_linear(x [M, K] float, tiles [N/16, K/256, 3360]) -> [M, N]
 //
 // x is rounded to int16 per group of 32 (tiles.cpp's bits = 16: the same codes) and each code split as
