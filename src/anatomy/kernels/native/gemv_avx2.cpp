@@ -40,6 +40,7 @@ using anatomy::PAIR;
 using anatomy::Q4_BLOCK;
 using anatomy::Q8_BLOCK;
 using anatomy::Quantized;
+using anatomy::up_to;
 
 constexpr int64_t G = 32;     // inputs per group
 constexpr int CHUNK = 4;      // rows of x per pass over a tile of weights (float activations: 2 x 4 accumulators)
@@ -203,14 +204,6 @@ AVX2 void int8_row(const int8_t* x, const float* l, int64_t K, const uint8_t* w,
     for (int u = 0; u < UNROLL; ++u) y[n + u] = hsum8(acc[u]);
   }
   if (n < n1) int8_rows<1, Block>(x, l, K, w, n, n1, y, 1);
-}
-
-template <int R, typename F>
-void up_to(int rows, F&& f) {
-  if constexpr (R > 1) {
-    if (rows < R) return up_to<R - 1>(rows, f);
-  }
-  f(std::integral_constant<int, R>{});
 }
 
 template <typename Block>

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 // x86-64's vector code (immintrin.h, function targets, the CPU's feature bits) is compiled only there;
@@ -79,6 +80,16 @@ void tile_passes(int64_t tiles, int64_t M, int64_t per, Pass pass) {
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t m0 = 0; m0 < M; m0 += per) pass(t0, t1, m0, static_cast<int>(std::min(per, M - m0)));
   });
+}
+
+// f(std::integral_constant<int, r>) for r = rows (1 <= rows <= R): a loop over `rows` rows of x compiled for
+// each count up to R, its registers sized at compile time
+template <int R, typename F>
+void up_to(int rows, F&& f) {
+  if constexpr (R > 1) {
+    if (rows < R) return up_to<R - 1>(rows, f);
+  }
+  f(std::integral_constant<int, R>{});
 }
 
 // The vector code a CPU runs: AVX-512 (F, BW, VL, DQ) with VNNI where it has them (and AMX's int8 tiles

@@ -239,15 +239,6 @@ AVX512_VNNI void tiles_avx512(const Split& a, int64_t m0, int64_t K, const uint8
   }
 }
 
-template <int M>
-void tiles_dispatch(int rows, const Split& a, int64_t m0, int64_t K, const uint8_t* w, int64_t t0, int64_t t1,
-                    float* y, int64_t N) {
-  if constexpr (M > 1) {
-    if (rows < M) return tiles_dispatch<M - 1>(rows, a, m0, K, w, t0, t1, y, N);
-  }
-  tiles_avx512<M>(a, m0, K, w, t0, t1, y, N);
-}
-
 #endif  // ANATOMY_X86
 
 // the q6 layout [N, K/256 * 210] -> q6 tiles [N/16, K/256, 3360]; tiles in parallel
@@ -300,7 +291,10 @@ at::Tensor q6_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portab
   float* out = y.data_ptr<float>();
   anatomy::tile_passes(w.size(0), M, ROWS, [&](int64_t t0, int64_t t1, int64_t m0, int rows) {
 #if ANATOMY_X86
-    if (level >= Isa::Avx512Vnni) return tiles_dispatch<ROWS>(rows, a, m0, K, tiles, t0, t1, out, N);
+    if (level >= Isa::Avx512Vnni)
+      return anatomy::up_to<ROWS>(rows, [&](auto R) {
+        tiles_avx512<decltype(R)::value>(a, m0, K, tiles, t0, t1, out, N);
+      });
 #endif
     tiles_portable(a, m0, rows, K, tiles, t0, t1, out, N);
   });

@@ -50,6 +50,7 @@ namespace {
 using anatomy::AHEAD;
 using anatomy::Isa;
 using anatomy::Quantized;
+using anatomy::up_to;
 
 constexpr int64_t SUPER = anatomy::Q6_SUPER;  // inputs per super-block
 constexpr int64_t G = 32;          // inputs per group of x
@@ -63,9 +64,9 @@ constexpr int UNROLL = 4;          // output rows at a time in the one-row loops
 inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
 // where input k (0..255) of a super-block sits (chunk, byte) and its code q (0..63): native.h
-inline int64_t chunk_of(int64_t k) { return anatomy::q6_chunk(k); }
-inline int64_t byte_of(int64_t k) { return anatomy::q6_byte(k); }
-inline int32_t code_at(const uint8_t* block, int64_t k) { return anatomy::q6_code(block, k); }
+using anatomy::q6_byte;
+using anatomy::q6_chunk;
+using anatomy::q6_code;
 
 // -- x's side, once per call ----------------------------------------------------------------------
 
@@ -86,7 +87,7 @@ Activations activations(const Quantized& a, int64_t M, int64_t K) {
     for (int64_t b = 0; b < supers; ++b) {
       const int8_t* from = a.q.data() + m * K + b * SUPER;
       int8_t* to = out.q.data() + m * K + b * SUPER;
-      for (int64_t k = 0; k < SUPER; ++k) to[64 * chunk_of(k) + byte_of(k)] = from[k];
+      for (int64_t k = 0; k < SUPER; ++k) to[64 * q6_chunk(k) + q6_byte(k)] = from[k];
       int16_t* x32 = out.x32.data() + (m * supers + b) * 64;
       for (int64_t part = 0; part < 2; ++part)
         for (int64_t j = 0; j < 32; ++j) {
@@ -115,7 +116,7 @@ void q6_rows_portable(const Quantized& a, int64_t M, int64_t K, const uint8_t* w
         float part = 0.f;
         for (int64_t g = 0; g < 8; ++g) {
           int32_t dot = 0;
-          for (int64_t k = 32 * g; k < 32 * g + 32; ++k) dot += sc[k / 16] * (code_at(block, k) - 32) * qx[k];
+          for (int64_t k = 32 * g; k < 32 * g + 32; ++k) dot += sc[k / 16] * (q6_code(block, k) - 32) * qx[k];
           part += a.scale[m * (K / G) + b * 8 + g] * static_cast<float>(dot);
         }
         total += half_to_float(d) * part;
@@ -314,14 +315,6 @@ AVX2 void row256(const Activations& x, int64_t K, const uint8_t* w, int64_t n0, 
   if (n < n1) rows256<1>(x, 0, K, w, n, n1, y, 1);
 }
 
-template <int R, typename F>
-void up_to(int rows, F&& f) {
-  if constexpr (R > 1) {
-    if (rows < R) return up_to<R - 1>(rows, f);
-  }
-  f(std::integral_constant<int, R>{});
-}
-
 #endif  // ANATOMY_X86
 
 // y [M, N] for output rows [n0, n1): tiles of TILE output rows, rows of x ROWS at a time
@@ -350,11 +343,11 @@ void q6_rows(const Activations& x, const Quantized& a, Isa level, int64_t M, int
 std::vector<float> layout_order(const float* x, int64_t M, int64_t K) {
   std::vector<float> out(M * K);
   for (int64_t s = 0; s < M * K / SUPER; ++s)
-    for (int64_t k = 0; k < SUPER; ++k) out[s * SUPER + 64 * chunk_of(k) + byte_of(k)] = x[s * SUPER + k];
+    for (int64_t k = 0; k < SUPER; ++k) out[s * SUPER + 64 * q6_chunk(k) + q6_byte(k)] = x[s * SUPER + k];
   return out;
 }
 
-// x in its own order, each weight from code_at: the arithmetic, for checking
+// x in its own order, each weight from q6_code: the arithmetic, for checking
 void q6f_portable(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t n0, int64_t n1, float* y,
                   int64_t N) {
   const int64_t supers = K / SUPER;
@@ -369,7 +362,7 @@ void q6f_portable(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_
         const float* xb = x + m * K + b * SUPER;
         float part = 0.f;
         for (int64_t k = 0; k < SUPER; ++k)
-          part += static_cast<float>(code_at(block, k) - 32) * (half_to_float(d) * sc[k / 16]) * xb[k];
+          part += static_cast<float>(q6_code(block, k) - 32) * (half_to_float(d) * sc[k / 16]) * xb[k];
         total += part;
       }
       y[m * N + n] = total;
@@ -576,7 +569,7 @@ Int16Activations int16_activations(const float* x, int64_t M, int64_t K) {
     out.scale[s] = scale;
     for (int64_t k = 0; k < SUPER; ++k) {
       const auto code = static_cast<int16_t>(anatomy::round_even(from[k] * inverse));
-      out.q[s * SUPER + 64 * chunk_of(k) + byte_of(k)] = code;
+      out.q[s * SUPER + 64 * q6_chunk(k) + q6_byte(k)] = code;
       out.sums[s * 16 + k / 16] += code;
     }
   }
@@ -599,7 +592,7 @@ void q6s_portable(const Int16Activations& a, int64_t M, int64_t K, const uint8_t
         float part = 0.f;
         for (int64_t s = 0; s < 16; ++s) {
           int64_t dot = -32 * static_cast<int64_t>(a.sums[(m * supers + b) * 16 + s]);
-          for (int64_t k = 16 * s; k < 16 * s + 16; ++k) dot += code_at(block, k) * qx[64 * chunk_of(k) + byte_of(k)];
+          for (int64_t k = 16 * s; k < 16 * s + 16; ++k) dot += q6_code(block, k) * qx[64 * q6_chunk(k) + q6_byte(k)];
           part += static_cast<float>(sc[s]) * static_cast<float>(dot);
         }
         total += half_to_float(d) * part * a.scale[m * supers + b];
@@ -722,7 +715,7 @@ at::Tensor pack_q6(const at::Tensor& low, const at::Tensor& high, const at::Tens
       ggml_codes(lo + i * 128, hi + i * 64, q);
       std::memcpy(block, ds + i, 2);
       std::memcpy(block + SCALES, s + i * 16, 16);
-      for (int64_t t = 0; t < 64; ++t) {  // byte t of each chunk c holds input k + 8 c (chunk_of, byte_of)
+      for (int64_t t = 0; t < 64; ++t) {  // byte t of each chunk c holds input k + 8 c (q6_chunk, q6_byte)
         const uint8_t* at = q + 32 * (t / 8) + 4 * (t / 4 % 2) + t % 4;
         block[L0 + t] = static_cast<uint8_t>((at[0] & 0x0F) | (at[8] & 0x0F) << 4);
         block[L1 + t] = static_cast<uint8_t>((at[16] & 0x0F) | (at[24] & 0x0F) << 4);

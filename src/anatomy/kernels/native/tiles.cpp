@@ -319,15 +319,6 @@ AVX512_VNNI void tiles_avx512(const Codes& a, int64_t m0, int64_t K, const uint8
   }
 }
 
-template <int M, int T, typename Codes>
-void tiles_dispatch(int rows, const Codes& a, int64_t m0, int64_t K, const uint8_t* w, int64_t t0, int64_t t1,
-                    float* y, int64_t N) {
-  if constexpr (M > 1) {
-    if (rows < M) return tiles_dispatch<M - 1, T>(rows, a, m0, K, w, t0, t1, y, N);
-  }
-  tiles_avx512<M, T>(a, m0, K, w, t0, t1, y, N);
-}
-
 #if ANATOMY_HAS_AMX
 
 // -- AMX: the same int16 sums, 16 rows of x at a time ------------------------------------------------------
@@ -597,7 +588,10 @@ void over_tiles(const Codes& a, const at::Tensor& w, Isa level, at::Tensor& y) {
   float* out = y.data_ptr<float>();
   anatomy::tile_passes(w.size(0), M, ROWS, [&](int64_t t0, int64_t t1, int64_t m0, int rows) {
 #if ANATOMY_X86
-    if (level >= Isa::Avx512Vnni) return tiles_dispatch<ROWS, T>(rows, a, m0, K, tiles, t0, t1, out, N);
+    if (level >= Isa::Avx512Vnni)
+      return anatomy::up_to<ROWS>(rows, [&](auto R) {
+        tiles_avx512<decltype(R)::value, T>(a, m0, K, tiles, t0, t1, out, N);
+      });
 #endif
     tiles_portable<T>(a, m0, rows, K, tiles, t0, t1, out, N);
   });
