@@ -4,8 +4,8 @@ common type, anatomy beside native llama.cpp on each file, in one run.
 Per file: anatomy through its public API (`anatomy.generate` on the engine `anatomy generate` runs,
 `anatomy.engine_for(anatomy.load(file), take_weights=True)`: decode tokens/s after a 128-token prompt,
 prefill 512, 8 sequences) against `llama-bench` tg128 / pp512 and
-`llama-batched-bench` (8 sequences), anatomy's figures the median of 3 runs after a warm-up of each
-shape; and each side's peak RSS and seconds from start to exit: `anatomy generate` answering a question
+`llama-batched-bench` (8 sequences), after a warm-up of each shape, in ROUNDS paired rounds (each side
+once, back to back; each ratio the median of the rounds'); and each side's peak RSS and seconds from start to exit: `anatomy generate` answering a question
 in a fresh process (its kernel plan already measured) against `llama-bench -n 64` on the same file,
 both under one meter (ru_maxrss). Sizes: SmolLM2-135M (the shipped model's own weights) and a
 1B-class decoder of Llama-3.2-1B's shape with random weights (llama.cpp's Llama 3 vocabulary); the
@@ -29,7 +29,7 @@ from anatomy.checkpoints.registry import resolve
 from benchmarks.llama_cpp import batched_bench, built_tools, llama_bench, llama_tool
 
 PROMPT, NEW, PREFILL, BATCH = 128, 128, 512, 8
-ROUNDS = 3  # anatomy's figures: the median of this many runs of each
+ROUNDS = 5  # paired rounds of each figure: anatomy's run and llama.cpp's, the order swapped each round
 SMALL, LARGE, GEMMA3, MOE = ("SmolLM2-135M", "1B (Llama-3.2-1B's shape)", "Gemma 3 1B's shape",
                              "1B MoE (Qwen3-MoE's shape, 32 experts)")
 TYPES = {SMALL: ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS"), LARGE: ("Q4_K_M", "Q8_0"),
@@ -129,22 +129,32 @@ def file_row(path: Path, vocab: int) -> dict[str, float]:
     # the plan and the captured steps first: each shape as measured (a decode step of a new shape runs
     # eagerly PAGED_RECORD_AFTER times, then is recorded, inside the run that meets it)
     run([short], NEW), run([long_], 1), run(batch, NEW)
-    row = {"decode": _median(lambda: run([short], NEW).tokens_per_s),
-           "prefill": _median(lambda: PREFILL / run([long_], 1).ttft_s),
-           "batch": _median(lambda: run(batch, NEW).tokens_per_s), "read": engine.decode_weight_bytes}
+    row = {"read": engine.decode_weight_bytes, "file": path.stat().st_size}
+    row |= _paired("decode", "tg", lambda: run([short], NEW).tokens_per_s,
+                   lambda: llama_bench(path, threads=threads, new=NEW, repetitions=1))
+    row |= _paired("prefill", "pp", lambda: PREFILL / run([long_], 1).ttft_s,
+                   lambda: llama_bench(path, threads=threads, prompt=PREFILL, repetitions=1))
+    row |= _paired("batch", "batched", lambda: run(batch, NEW).tokens_per_s,
+                   lambda: batched_bench(path, threads=threads, prompt=PROMPT, new=NEW, sequences=(BATCH,))[BATCH])
     del engine
     gc.collect()
-    row |= {"tg": llama_bench(path, threads=threads, new=NEW), "pp": llama_bench(path, threads=threads, prompt=PREFILL),
-            "batched": batched_bench(path, threads=threads, prompt=PROMPT, new=NEW, sequences=(BATCH,))[BATCH],
-            "file": path.stat().st_size}
     row["rss"], row["start"] = anatomy_process(path)
     row["llama_rss"], row["llama_start"] = llama_process(path, threads)
     return row
 
 
-def _median(figure, rounds: int = ROUNDS) -> float:
-    """The median of `rounds` measurements (llama-bench reports the mean of its -r 3 runs)."""
-    return statistics.median(figure() for _ in range(rounds))
+def _paired(ours: str, theirs: str, measure_ours, measure_theirs, rounds: int = ROUNDS) -> dict[str, float]:
+    """{ours: median, theirs: median, ours_ratio: the median of the rounds' ratios}: each round measures both
+    sides back to back, in the other order every second round, so that a change of the host's speed during
+    the run (other tenants, clocks) falls on both sides of a round's ratio."""
+    mine, others, ratios = [], [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            a, b = measure_ours(), measure_theirs()
+        else:
+            b, a = measure_theirs(), measure_ours()
+        mine.append(a), others.append(b), ratios.append(a / b)
+    return {ours: statistics.median(mine), theirs: statistics.median(others), f"{ours}_ratio": statistics.median(ratios)}
 
 
 def measure(folder: Path, sizes: tuple[str, ...] = (SMALL, LARGE)) -> dict[str, dict[str, dict[str, float]]]:
@@ -173,20 +183,20 @@ def print_table(rows: dict[str, dict[str, dict[str, float]]], bandwidth_gbs: flo
         for kind, r in kinds.items():
             limit = RSS_FACTOR * r["llama_rss"] + RSS_EXTRA
             print(f"| {size} | {kind} | {r['file'] / 2 ** 20:.0f} | {r['decode']:.1f} | {r['tg']:.1f} | "
-                  f"{_ratio(r['decode'], r['tg'], goal['decode'])} | {r['read'] * r['decode'] / 1e9:.1f} GB/s "
+                  f"{_ratio(r['decode_ratio'], goal['decode'])} | {r['read'] * r['decode'] / 1e9:.1f} GB/s "
                   f"({r['read'] * r['decode'] / 1e9 / bandwidth_gbs:.0%}) | {r['prefill']:.0f} | {r['pp']:.0f} | "
-                  f"{_ratio(r['prefill'], r['pp'], goal['prefill'])} | {r['batch']:.0f} | {r['batched']:.0f} | "
-                  f"{_ratio(r['batch'], r['batched'], goal['batch'])} | {r['rss'] / 2 ** 20:.0f} / "
+                  f"{_ratio(r['prefill_ratio'], goal['prefill'])} | {r['batch']:.0f} | {r['batched']:.0f} | "
+                  f"{_ratio(r['batch_ratio'], goal['batch'])} | {r['rss'] / 2 ** 20:.0f} / "
                   f"{r['llama_rss'] / 2 ** 20:.0f} MiB | {'met' if r['rss'] <= limit else 'missed'} "
                   f"(<= {limit / 2 ** 20:.0f}) | {r['start']:.2f} / {r['llama_start']:.2f} "
                   f"({'met' if r['start'] <= r['llama_start'] else 'missed'}) |")
-    print(f"\n(anatomy: the median of {ROUNDS} runs, llama-bench: the mean of its 3; {threads} threads; ratio: "
-          f"anatomy / llama.cpp, with the issue's target in brackets; decode after a {PROMPT}-token prompt, greedy, EOS "
+    print(f"\n({ROUNDS} paired rounds of each figure, anatomy's run and llama.cpp's back to back (llama-bench -r 1 "
+          f"after its warm-up), the order swapped each round; tokens/s: each side's median; ratio: the median of "
+          f"the rounds' anatomy / llama.cpp, with the issue's target in brackets; {threads} threads; decode after a {PROMPT}-token prompt, greedy, EOS "
           f"ignored; RSS target: <= {RSS_FACTOR}x llama.cpp's + {RSS_EXTRA // 2 ** 20} MiB; start to 64 tokens: a fresh "
           f"process loading the file and generating, `anatomy generate` answering a question (its Python and torch "
           f"imports included) against `llama-bench -p 0 -n 64 -r 1` (its warm-up included))")
 
 
-def _ratio(ours: float, theirs: float, goal: float) -> str:
-    value = ours / theirs
+def _ratio(value: float, goal: float) -> str:
     return f"{value:.2f}x ({'met' if value >= goal else 'missed'} {goal}x)"

@@ -69,19 +69,23 @@ def build_info(tool: str) -> str:
     return f"not built by anatomy ({tool}): {version or 'no version line'}"
 
 
-def llama_bench(model: Path, *, threads: int, prompt: int = 0, new: int = 0, depth: int = 0) -> float:
+def llama_bench(model: Path, *, threads: int, prompt: int = 0, new: int = 0, depth: int = 0,
+                repetitions: int = 3) -> float:
     """tokens/s `llama-bench` measures for a prompt of `prompt` tokens (pp) or `new` generated ones (tg),
-    after `depth` tokens already in the context (its -d), on `threads` threads: the mean of its runs."""
-    return float(llama_bench_record(model, threads=threads, prompt=prompt, new=new, depth=depth)["avg_ts"])
+    after `depth` tokens already in the context (its -d), on `threads` threads: the mean of its
+    `repetitions` runs (its -r) after its warm-up."""
+    return float(llama_bench_record(model, threads=threads, prompt=prompt, new=new, depth=depth,
+                                    repetitions=repetitions)["avg_ts"])
 
 
-def llama_bench_record(model: Path, *, threads: int, prompt: int = 0, new: int = 0, depth: int = 0) -> dict:
+def llama_bench_record(model: Path, *, threads: int, prompt: int = 0, new: int = 0, depth: int = 0,
+                       repetitions: int = 3) -> dict:
     """llama-bench's own JSON record of one test: avg_ts, and what it ran (build_commit, build_number,
     cpu_info, backends, n_threads, model_type, ...)."""
     import json
 
     args = [llama_tool("llama-bench"), "-m", str(model), "-t", str(threads), "-p", str(prompt), "-n", str(new),
-            "-o", "json", "-r", "3"]
+            "-o", "json", "-r", str(repetitions)]
     if depth:
         args += ["-d", str(depth)]
     out = subprocess.run(args, capture_output=True, text=True, timeout=1800)
