@@ -82,6 +82,11 @@ at::Tensor products(const at::Tensor& x, at::TensorList ws, int64_t int8) {
   return y;
 }
 
+// y += x over n values (a residual add: a loop, not a TensorIterator's setup per call)
+void add_to(float* y, const float* x, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] += x[j];
+}
+
 // heads [n, d] of one row rotated in place by cos/sin [d]
 void rope(float* heads, int64_t n, int64_t d, const float* c, const float* s) {
   const int64_t half = d / 2;
@@ -176,7 +181,10 @@ at::Tensor decode_block(const at::Tensor& x, const at::Tensor& attn_norm, const 
   at::Tensor qkv = products(anatomy::rms_norm(xs, attn_norm, eps), of(0), bits(0));  // [B, (H + 2 H_kv) d]
   TORCH_CHECK(qkv.size(1) == (H + 2 * H_kv) * d, "anatomy::decode_block: Wqkv gives ", qkv.size(1), " outputs, not ",
               (H + 2 * H_kv) * d);
-  at::Tensor c = cos.to(at::kFloat).contiguous(), s = sin.to(at::kFloat).contiguous();
+  auto as_float = [](const at::Tensor& t) {  // no dispatch where the tables are float32 already
+    return t.scalar_type() == at::kFloat ? t.contiguous() : t.to(at::kFloat).contiguous();
+  };
+  at::Tensor c = as_float(cos), s = as_float(sin);
   float* rows = qkv.data_ptr<float>();
   const int64_t width = qkv.size(1);
   for (int64_t b = 0; b < B; ++b) {
@@ -190,7 +198,7 @@ at::Tensor decode_block(const at::Tensor& x, const at::Tensor& attn_norm, const 
                                   tables);
   at::Tensor h = products(a.reshape({B, H * d}), of(1), bits(1));  // [B, D]
   TORCH_CHECK(h.size(1) == D, "anatomy::decode_block: Wo gives ", h.size(1), " outputs, not D = ", D);
-  h.add_(xs);  // x after attention
+  add_to(h.data_ptr<float>(), xs.data_ptr<float>(), B * D);  // x after attention
 
   at::Tensor gu = products(anatomy::rms_norm(h, ffn_norm, eps), of(2), bits(2));  // [B, 2F]
   const int64_t F = gu.size(1) / 2;
@@ -205,7 +213,8 @@ at::Tensor decode_block(const at::Tensor& x, const at::Tensor& attn_norm, const 
   for (int64_t b = 0; b < B; ++b) gated(g + b * 2 * F, g + b * 2 * F + F, y + b * F, F);
   at::Tensor out = products(act, of(3), bits(3));  // [B, D]
   TORCH_CHECK(out.size(1) == D, "anatomy::decode_block: Wdown gives ", out.size(1), " outputs, not D = ", D);
-  return out.add_(h);
+  add_to(out.data_ptr<float>(), h.data_ptr<float>(), B * D);
+  return out;
 }
 
 }  // namespace anatomy

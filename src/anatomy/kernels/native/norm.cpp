@@ -20,16 +20,32 @@ inline float load(const float* p, int64_t i) { return p[i]; }
 
 inline float load(const c10::BFloat16* p, int64_t i) { return static_cast<float>(p[i]); }
 
+// sum of x[j]^2 in LANES interleaved partial sums, added at the end: one dependent add per LANES values
+// (a single running sum waits on each add in turn), the same order on every machine
+template <typename T>
+float squares(const T* x, int64_t D) {
+  constexpr int64_t LANES = 16;
+  float part[LANES] = {};
+  int64_t j = 0;
+  for (; j + LANES <= D; j += LANES)
+    for (int64_t l = 0; l < LANES; ++l) {
+      const float v = load(x, j + l);
+      part[l] += v * v;
+    }
+  for (; j < D; ++j) {
+    const float v = load(x, j);
+    part[j % LANES] += v * v;
+  }
+  float total = 0.f;
+  for (float p : part) total += p;
+  return total;
+}
+
 template <typename T>
 void rows(const T* x, const float* w, T* y, int64_t n0, int64_t n1, int64_t D, float eps) {
   for (int64_t r = n0; r < n1; ++r) {
     const T* xr = x + r * D;
-    float total = 0.f;
-    for (int64_t j = 0; j < D; ++j) {
-      const float v = load(xr, j);
-      total += v * v;
-    }
-    const float inv = 1.f / std::sqrt(total / static_cast<float>(D) + eps);
+    const float inv = 1.f / std::sqrt(squares(xr, D) / static_cast<float>(D) + eps);
     T* yr = y + r * D;
     for (int64_t j = 0; j < D; ++j) yr[j] = static_cast<T>(load(xr, j) * inv * w[j]);
   }
