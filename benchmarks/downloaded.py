@@ -3,14 +3,14 @@ common type, anatomy beside native llama.cpp on each file, in one run.
 
 Per file: anatomy through its public API (`anatomy.generate` on the engine `anatomy generate` runs,
 `anatomy.engine_for(anatomy.load(file), take_weights=True)`: decode tokens/s after a 128-token prompt,
-prefill 512, 8 sequences) against `llama-bench` tg128 / pp512 and
-`llama-batched-bench` (8 sequences), after a warm-up of each shape, in ROUNDS paired rounds (each side
-once, back to back; each ratio the median of the rounds'); and each side's peak RSS and seconds from start to exit: `anatomy generate` answering a question
-in a fresh process (its kernel plan already measured) against `llama-bench -n 64` on the same file,
-both under one meter (ru_maxrss). Sizes: SmolLM2-135M (the shipped model's own weights) and a
-1B-class decoder of Llama-3.2-1B's shape with random weights (llama.cpp's Llama 3 vocabulary); the
-2026 families (`python -m benchmarks families`): Gemma 3 1B's shape and a 1B-class Qwen3-MoE (32
-experts, 4 per token), random weights, the same vocabulary.
+prefill 512, 8 sequences) against `llama-bench` tg128 / pp512 and `llama-batched-bench` (8 sequences),
+after a warm-up of each shape, in ROUNDS paired rounds (each side once, back to back; each ratio the
+median of the rounds'); and each side's peak RSS and seconds from start to exit: `anatomy generate`
+answering a question in a fresh process (its kernel plan already measured) against `llama-bench -n 64`
+on the same file, both under one meter (ru_maxrss). Sizes: SmolLM2-135M (the shipped model's own
+weights) and a 1B-class decoder of Llama-3.2-1B's shape with random weights (llama.cpp's Llama 3
+vocabulary); the 2026 families (`python -m benchmarks families`): Gemma 3 1B's shape and a 1B-class
+Qwen3-MoE (32 experts, 4 per token), random weights, the same vocabulary.
 """
 
 from __future__ import annotations
@@ -154,7 +154,8 @@ def _paired(ours: str, theirs: str, measure_ours, measure_theirs, rounds: int = 
         else:
             b, a = measure_theirs(), measure_ours()
         mine.append(a), others.append(b), ratios.append(a / b)
-    return {ours: statistics.median(mine), theirs: statistics.median(others), f"{ours}_ratio": statistics.median(ratios)}
+    return {ours: statistics.median(mine), theirs: statistics.median(others),
+            f"{ours}_ratio": statistics.median(ratios)}
 
 
 def measure(folder: Path, sizes: tuple[str, ...] = (SMALL, LARGE)) -> dict[str, dict[str, dict[str, float]]]:
@@ -192,9 +193,10 @@ def print_table(rows: dict[str, dict[str, dict[str, float]]], bandwidth_gbs: flo
                   f"({'met' if r['start'] <= r['llama_start'] else 'missed'}) |")
     print(f"\n({ROUNDS} paired rounds of each figure, anatomy's run and llama.cpp's back to back (llama-bench -r 1 "
           f"after its warm-up), the order swapped each round; tokens/s: each side's median; ratio: the median of "
-          f"the rounds' anatomy / llama.cpp, with the issue's target in brackets; {threads} threads; decode after a {PROMPT}-token prompt, greedy, EOS "
-          f"ignored; RSS target: <= {RSS_FACTOR}x llama.cpp's + {RSS_EXTRA // 2 ** 20} MiB; start to 64 tokens: a fresh "
-          f"process loading the file and generating, `anatomy generate` answering a question (its Python and torch "
+          f"the rounds' anatomy / llama.cpp, with the issue's target in brackets; {threads} threads; decode after a "
+          f"{PROMPT}-token prompt, greedy, EOS ignored; RSS target: <= {RSS_FACTOR}x llama.cpp's + "
+          f"{RSS_EXTRA // 2 ** 20} MiB; start to 64 tokens: a fresh process loading the file and generating, "
+          f"`anatomy generate` answering a question (its Python and torch "
           f"imports included) against `llama-bench -p 0 -n 64 -r 1` (its warm-up included))")
 
 
