@@ -147,11 +147,12 @@ def test_the_operator_decodes_over_a_static_cache(q4_model, smollm2_tokenizer, f
 
 def test_past_decodes_rows_the_tiles_take_the_plans_batch_activations(q4_model, smollm2_tokenizer, fused_steps,
                                                                        native_forced):
-    """At decode's rows the q4 tiles' products round x to int16; past them (8 sequences: the plan's batch
-    phase) each takes int8 activations where the plan chose the int8 tile kernel for that phase, as the
-    torch blocks' products do there. An 8-sequence step through the operator then lies closer to the torch
-    blocks' step than the same operator with int16 activations (measured: 1.8% against 3.7% of the logits'
-    norm; the blocks' attention and norms round on their own paths)."""
+    """At decode's rows the q4 tiles' products round x to int16; past them each takes the activations of
+    the plan's phase for that row count (8 sequences: the batch phase, int8 where the plan chose the int8
+    tile kernel; more: the prompt phase's int16), as the torch blocks' products do there. An 8-sequence
+    step through the operator then lies closer to the torch blocks' step than the same operator with int16
+    activations (measured: 1.8% against 3.7% of the logits' norm; the blocks' attention and norms round on
+    their own paths)."""
     from anatomy.kernels.candidates import Q4T
     from anatomy.kernels.decode_block import INT8_TILE_KERNELS
 
@@ -159,7 +160,7 @@ def test_past_decodes_rows_the_tiles_take_the_plans_batch_activations(q4_model, 
     block = fused.model.stack.blocks[0]
     choices = [fused.plan.for_layer(f"stack.blocks.0.{n}.weight").choices for n in LINEARS]
     assert all(c["batch"] == INT8_TILE_KERNELS[Q4T.name] for c in choices)  # forced: the int8 tiles win
-    assert block.int8 == 0 and block.int8_batch == 0b1111 and block.max_rows >= 8
+    assert block.routes == [(4, 0), (8, 0b1111), (None, 0)] and block.max_rows >= 8
     texts = ("What is the capital of France?", "Hello", "1 2 3 4", "The sky is", "Water boils at",
              "Once upon a time", "def f(x):", "Paris")
     prompts = [smollm2_tokenizer.encode(t) for t in texts]
@@ -176,7 +177,7 @@ def test_past_decodes_rows_the_tiles_take_the_plans_batch_activations(q4_model, 
     planned = eight_rows(fused)
     assert fused_steps[-1] is True  # the 8-row step ran as the operator
     for b in fused.model.stack.blocks:
-        b.int8_batch = b.int8  # int16 activations at every row count, as before the batch phase's choice
+        b.routes = [(None, b.int8)]  # int16 activations at every row count, as before the batch phase's choice
     int16 = eight_rows(fused)
     error = [float((got - want).norm() / want.norm()) for got in (planned, int16)]
     assert error[0] < 0.75 * error[1], error

@@ -27,7 +27,6 @@ from anatomy.kernels.candidates import KERNELS_BY_NAME, L4T, Q4T, Q5T, Q6T, Q8T,
 from anatomy.kernels.decisions import decided
 from anatomy.kernels.norm import NativeRMSNorm
 from anatomy.kernels.planned_linear import PlannedLinear
-from anatomy.kernels.plan import DECODE
 from anatomy.kernels.planning import model_id
 from anatomy.kernels.record import KernelPlan, by_kernel
 from anatomy.layers.attention import Attention
@@ -48,8 +47,8 @@ TILES = {"q4x": (Q4T, lambda held, fmt: torch.ops.anatomy.pack_q4_tiles(held, fm
 # int8's times this ratio (the rounding steps'), within the plan's bound, and int16 keeps near-ties of a
 # greedy answer that int8 activations flip, for a small cost per step (docs/inference.md, "Speed")
 INT16_ERROR = 127 / 32767
-# Past decode's rows (the plan's batch phase), a q4 or q5 tile's product takes int8 activations where the plan
-# chose the tiles' int8 kernel for that phase: the fastest it measured there within its bound
+# Past decode's rows (the plan's later phases, routed by row count as a PlannedLinear routes), a q4 or q5 tile's
+# product takes int8 activations where the plan chose the tiles' int8 kernel for that phase
 INT8_TILE_KERNELS = {Q4T.name: "q4t", Q5T.name: "q5t"}
 CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ROWS = (1, 2, 4, 8, 16)  # the decode batches the operator is timed on against the block
@@ -59,16 +58,17 @@ class NativeBlock(Block):
     """A Block whose decode steps run as anatomy::decode_block; every other pass runs as the Block it
     was made from (whose modules, under the same names, and settings it takes over)."""
 
-    def __init__(self, block: Block, weights: list[list[Tensor]], int8: int, int8_batch: int | None = None) -> None:
+    def __init__(self, block: Block, weights: list[list[Tensor]], int8: int,
+                 routes: list[tuple[int | None, int]] | None = None) -> None:
         nn.Module.__init__(self)
         for name, child in block.named_children():
             self.add_module(name, child)
         vars(self).update({k: v for k, v in vars(block).items() if not k.startswith("_")})
         # the four products' native layouts, each one or more (a split weight's runs, their outputs side by
-        # side); bit i of int8: the i-th layout of the flat list takes int8 activations (int8_batch: past
-        # DECODE.max_rows rows)
+        # side); bit i of int8: the i-th layout of the flat list takes int8 activations. routes: (the plan
+        # phase's most rows, None: any; its mask) in the plan's order, the first phase's mask int8
         self.weights, self.int8 = [w for product in weights for w in product], int8
-        self.int8_batch = int8 if int8_batch is None else int8_batch
+        self.routes = routes if routes is not None else [(None, int8)]
         self.counts = [len(product) for product in weights]
         self.max_rows = 1  # the most rows of a decode step the operator computes (measured: fuse_blocks)
         attn = self.attn
@@ -85,7 +85,7 @@ class NativeBlock(Block):
         k, v, where, tables = step
         B = x.shape[0]
         cos, sin = (t.expand(B, 1, 1, self.head_dim).reshape(B, self.head_dim) for t in ctx.rope)
-        int8 = self.int8 if B <= DECODE.max_rows else self.int8_batch
+        int8 = next(mask for rows, mask in self.routes if rows is None or B <= rows)
         out = torch.ops.anatomy.decode_block(x.reshape(B, -1), *self.norms, self.eps, self.weights, self.counts,
                                              int8, cos, sin, k, v, ctx.mask, where, tables, self.n_heads, self.scale)
         return out.view(B, 1, -1)
@@ -135,14 +135,15 @@ def layers(module: nn.Module) -> list[tuple[str, PlannedLinear]]:
 
 
 def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan,
-                  name: str) -> tuple[Tensor, bool, bool] | None:
-    """(the layer's native layout, whether its product takes int8 activations at decode's rows, and past
-    them), or None when the format has no native layout. An int4 (int5, int6) layout becomes q4 (q5, q6)
-    tiles where they run (`tiled`), int16 activations at decode's rows and the plan's batch choice past
-    them; int8g held as q8 or l4 tiles runs on them (their products round the input to int16)."""
+                  name: str) -> tuple[Tensor, bool, str | None] | None:
+    """(the layer's native layout, whether its product takes int8 activations at decode's rows, the kernel
+    whose choice in a later phase makes it take int8 there (None: it takes the same at any row count)), or
+    None when the format has no native layout. An int4 (int5, int6) layout becomes q4 (q5, q6) tiles where
+    they run (`tiled`), int16 activations at decode's rows; int8g held as q8 or l4 tiles runs on them
+    (their products round the input to int16)."""
     for int16_tiles in (Q8T, L4T):  # tiles whose products always take int16 activations
         if (tiles := layer.layouts.get(int16_tiles.name)) is not None:
-            return tiles[0], False, False
+            return tiles[0], False, None
     for int8_kernel in INT8_KERNELS:
         form = KERNELS_BY_NAME[int8_kernel].form
         if form.accepts(fmt):
@@ -153,13 +154,11 @@ def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan,
                     and error * INT16_ERROR <= plan.threshold:
                 tiles = tiled(layer, fmt, tile_form, form, pack)
                 kernel = INT8_TILE_KERNELS.get(tile_form.name)
-                batch = kernel is not None and plan.for_layer(name).choices.get("batch") == kernel
-                return None if tiles is None else (tiles, False, batch)  # int16 activations at decode's rows
+                return None if tiles is None else (tiles, False, kernel)  # int16 activations at decode's rows
             prepared = layer.layouts.get(form.name) or (None if fmt.released else form.build(fmt))
             if prepared is None:
                 return None  # the format was given back (take_weights): only a held layout can serve
-            int8 = error is not None and error <= plan.threshold
-            return prepared[0], int8, int8
+            return prepared[0], error is not None and error <= plan.threshold, None
     return None
 
 
@@ -175,7 +174,7 @@ def tiled(layer: PlannedLinear, fmt: WeightFormat, form: Form, rows: Form,
 
 
 def native_block(name: str, block: Block, plan: KernelPlan, formats: dict[str, WeightFormat]) -> NativeBlock | None:
-    weights, int8, int8_batch, i = [], 0, 0, 0
+    weights, masks, i = [], [0] * len(plan.phases), 0
     for linear in LINEARS:
         product = []
         for part, layer in layers(block.get_submodule(linear)):
@@ -183,12 +182,14 @@ def native_block(name: str, block: Block, plan: KernelPlan, formats: dict[str, W
             found = native_weight(layer, formats[layer_name], plan, layer_name)
             if found is None:
                 return None
-            product.append(found[0])
-            int8 |= found[1] << i
-            int8_batch |= found[2] << i
+            layout, int8, kernel = found
+            choices = plan.for_layer(layer_name).choices
+            for p, phase in enumerate(plan.phases):  # the first phase is decode's: int8 as found
+                masks[p] |= (int8 if p == 0 or kernel is None else choices.get(phase.name) == kernel) << i
+            product.append(layout)
             i += 1
         weights.append(product)
-    return NativeBlock(block, weights, int8, int8_batch)
+    return NativeBlock(block, weights, masks[0], [(phase.max_rows, m) for phase, m in zip(plan.phases, masks)])
 
 
 def fuse_blocks(view: nn.Module, plan: KernelPlan | None, formats: dict[str, WeightFormat], *,
@@ -207,7 +208,7 @@ def fuse_blocks(view: nn.Module, plan: KernelPlan | None, formats: dict[str, Wei
         return 0
     choices = {w.key: [w.choices, w.forms] for w in plan.weights.values()}  # what the blocks would run
     depends_on = {"model": model_id(view), "plan": _digest(choices), "fused": sorted(swapped),
-                  "activations": [swapped[first].int8, swapped[first].int8_batch]}
+                  "activations": swapped[first].routes}
     max_rows = decided("fused_rows", depends_on, measure=lambda: fused_rows(blocks[first], swapped[first], view),
                        cache=cache)
     if not max_rows:
