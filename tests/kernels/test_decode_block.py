@@ -97,22 +97,29 @@ def random_format(kind: str, N: int, K: int, seed: int):
     return format_from_gguf(blocks.reshape(-1), TENSOR_TYPES_BY_NAME[kind], (N, K), label=f"w{seed}")
 
 
+def random_model(kind: str, max_seq_len: int = 32):
+    """A tiny decoder whose every block matrix holds random blocks of GGUF type `kind`."""
+    from anatomy import build_model, get_preset
+    from anatomy.weights.choice import install, matrices
+
+    torch.manual_seed(0)
+    model = build_model(get_preset("llama-7b", vocab_size=96, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512,
+                                   n_layers=2, max_seq_len=max_seq_len)).eval()
+    formats = {name: random_format(kind, *m.weight.shape, seed=i)
+               for i, (name, m) in enumerate(matrices(model).items()) if name.startswith("stack.blocks.")}
+    install(model, formats, dtype=torch.float32)
+    return model
+
+
 @pytest.mark.parametrize("kind", list(BLOCKS))
 def test_the_operator_runs_int5_int6_and_int8_tiles(kind, fused_steps, native_forced):
     """A tiny decoder whose every block matrix is Q5_0 (int5), Q6_K (int6) or Q8_0 (int8g, on q8 tiles
     where the plan holds them): every block is one operator, also when the engine took the weights (it
     fuses on the layouts the plan holds), and its paged decode steps give the model's own forward (the
     exact products of the stored weights) to the activations' int8 rounding."""
-    from anatomy import build_model, get_preset
     from anatomy.kernels.candidates import relative_error
-    from anatomy.weights.choice import install, matrices
 
-    torch.manual_seed(0)
-    model = build_model(get_preset("llama-7b", vocab_size=96, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512,
-                                   n_layers=2, max_seq_len=32)).eval()
-    formats = {name: random_format(kind, *m.weight.shape, seed=i)
-               for i, (name, m) in enumerate(matrices(model).items()) if name.startswith("stack.blocks.")}
-    install(model, formats, dtype=torch.float32)
+    model = random_model(kind)
     tokens = [5, 17, 33, 2, 9, 41, 8, 60]
     with torch.no_grad():
         reference = model(torch.tensor([tokens]))[0]  # [S, V]
@@ -181,3 +188,37 @@ def test_past_decodes_rows_the_tiles_take_the_plans_batch_activations(q4_model, 
     int16 = eight_rows(fused)
     error = [float((got - want).norm() / want.norm()) for got in (planned, int16)]
     assert error[0] < 0.75 * error[1], error
+
+
+@pytest.mark.skipif(not native.runs("avx512-vnni"), reason="q8 tiles need AVX-512 VNNI, which this CPU lacks")
+def test_past_decodes_rows_the_q8_tiles_take_the_plans_int8_choice(fused_steps, native_forced, monkeypatch):
+    """Q8_0 weights on q8 tiles, the plan's int8 tile kernel (q8t) ranked first: the routes give int8 to the
+    batch phase only (the prompt phase keeps int16: PROMPT_ERROR), and an 8-sequence step through the
+    operator lies closer to the torch blocks' step (their products int8 as well) than with int16 activations."""
+    from anatomy.kernels import timing
+
+    forced = timing._time
+    monkeypatch.setattr(timing, "_time", lambda entries, repeats: {
+        k: ((0.5e-6, 0.0) if k == "q8t" else t) for k, t in forced(entries, repeats).items()})
+    model = random_model("Q8_0", max_seq_len=64)
+    plain, fused = DecoderEngine(model, native_blocks=False), DecoderEngine(model)
+    block = fused.model.stack.blocks[0]
+    assert [fused.plan.for_layer(f"stack.blocks.0.{n}.weight").choices["batch"] for n in LINEARS] == ["q8t"] * 4
+    assert block.routes == [(4, 0), (8, 0b1111), (None, 0)] and block.max_rows >= 8
+    prompts = [[(7 * i + j) % 90 + 1 for j in range(3 + i)] for i in range(8)]
+
+    def eight_rows(engine):  # each prompt's prefill alone, then one step of the 8 sequences together
+        cache = engine.paged_cache(num_blocks=len(prompts), block_size=16)
+        for i, p in enumerate(prompts):
+            engine.step(cache, [Chunk(p, 0, [i])])
+        return engine.step(cache, [Chunk([5], len(p), [i]) for i, p in enumerate(prompts)])  # [8, V]
+
+    want = eight_rows(plain)
+    fused_steps.clear()
+    planned = eight_rows(fused)
+    assert fused_steps[-1] is True  # the 8-row step ran as the operator
+    for b in fused.model.stack.blocks:
+        b.routes = [(None, b.int8)]
+    int16 = eight_rows(fused)
+    error = [float((got - want).norm() / want.norm()) for got in (planned, int16)]
+    assert error[0] < 0.5 * error[1], error

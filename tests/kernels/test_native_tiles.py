@@ -1,5 +1,5 @@
-"""q4, q5 and q8 tiles (kernels/native/tiles.cpp): the int4 and int5 products with int8 or int16
-activations, and the int8 one with int16 activations, on 16 output rows interleaved, against the float64 product of the weights and against q4_linear on the q4 layout they are
+"""q4, q5, q8 and l4 tiles (kernels/native/tiles.cpp): the int4, int5 and int8 products with int8 or int16
+activations, on 16 output rows interleaved, against the float64 product of the weights and against q4_linear on the q4 layout they are
 packed from (the same int8 activations, the integer sums exact: 1e-5), on the portable loops and every
 vector path this CPU has; on AMX, the int16 products bit for bit; bad shapes refused; the fused decode
 block holds them where VNNI runs."""
@@ -94,9 +94,33 @@ def test_q8_tiles_are_the_q8_product_with_int16_activations(isa, rows):
     torch.testing.assert_close(y, torch.ops.anatomy.q8_tiles_linear(x, tiles, True), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("isa", PATHS)
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 20])
+def test_q8_and_l4_tiles_with_int8_activations_are_the_q8_row_product(isa, rows):
+    """Signed codes against int8 activations (each code shifted by 128 for vpdpbusd, 128 times the row's
+    code sum taken off): q8_linear's sums on the q8 row layout of the same codes, codes of -128 and all
+    (1e-5); the l4 tiles of codes of a table the same product; within int8's error of the float64 one."""
+    fmt = int8g(48, 320, seed=rows)
+    fmt.codes[0, :32] = -128
+    half = fmt.scale.float()
+    rows_layout = torch.ops.anatomy.pack_q8(fmt.codes, half)
+    tiles = torch.ops.anatomy.pack_q8_tiles(fmt.codes, half)
+    levels = torch.tensor([-128, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 127], dtype=torch.int8)
+    looked_up = levels[torch.randint(0, 16, fmt.codes.shape)]
+    table = torch.ops.anatomy.pack_l4_tiles(looked_up, half, levels)
+    x = torch.randn(rows, 320)
+    with native.limited(isa):
+        y = torch.ops.anatomy.q8_tiles_linear(x, tiles, False, 8)
+        y_l4 = torch.ops.anatomy.l4_tiles_linear(x, table, False, 8)
+    torch.testing.assert_close(y, torch.ops.anatomy.q8_linear(x, rows_layout, True), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y_l4, torch.ops.anatomy.q8_linear(x, torch.ops.anatomy.pack_q8(looked_up, half), True),
+                               rtol=1e-5, atol=1e-5)
+    assert 1e-4 < relative_error(y, reference_product(fmt, x)) < ERROR
+
+
 @pytest.mark.skipif(not native.available(), reason="this CPU runs no vector path of the native kernels")
 def test_offered_where_vnni_runs_and_n_allows():
-    tiled = {"q4t", "q4t16", "q5t", "q5t16", "q8t16"}  # (l4t16: int8g with levels only)
+    tiled = {"q4t", "q4t16", "q5t", "q5t16", "q8t", "q8t16"}  # (l4t, l4t16: int8g with levels only)
 
     def offered(N: int) -> set[str]:
         return {k.name for fmt in (int4(N, 128), int5(N, 128), int8g(N, 128)) for k in candidates(fmt)}

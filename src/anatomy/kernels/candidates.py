@@ -456,7 +456,7 @@ def _bind_q8f(p: Prepared) -> Callable[[Tensor], Tensor]:
 
 
 def _bind_tiles(op: str, bits: int) -> Callable[[Prepared], Callable[[Tensor], Tensor]]:
-    """A binder for anatomy's int4 / int5 tiles product `op` with activations of `bits` (8 or 16)."""
+    """A binder for anatomy's tiles product `op` (q4, q5, q8, l4) with activations of `bits` (8 or 16)."""
     def bind(p: Prepared) -> Callable[[Tensor], Tensor]:
         (w,) = p
         product = getattr(torch.ops.anatomy, op)
@@ -485,19 +485,9 @@ def _bind_q6_amx(p: Prepared) -> Callable[[Tensor], Tensor]:
     return lambda x: torch.ops.anatomy.q6_amx_linear(x, w)
 
 
-def _bind_q8t16(p: Prepared) -> Callable[[Tensor], Tensor]:
-    (w,) = p
-    return lambda x: torch.ops.anatomy.q8_tiles_linear(x, w)
-
-
 def _bind_q6t16(p: Prepared) -> Callable[[Tensor], Tensor]:
     (w,) = p
     return lambda x: torch.ops.anatomy.q6_tiles_linear(x, w)
-
-
-def _bind_l4t16(p: Prepared) -> Callable[[Tensor], Tensor]:
-    (w,) = p
-    return lambda x: torch.ops.anatomy.l4_tiles_linear(x, w)
 
 
 def _chunkable(fmt: WeightFormat) -> bool:
@@ -529,13 +519,15 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("q4t16", Q4T, None, _bind_tiles("q4_tiles_linear", 16), compiles=False),
     Kernel("q5t", Q5T, None, _bind_tiles("q5_tiles_linear", 8), compiles=False),
     Kernel("q5t16", Q5T, None, _bind_tiles("q5_tiles_linear", 16), compiles=False),
-    Kernel("q8t16", Q8T, None, _bind_q8t16, compiles=False),
+    Kernel("q8t", Q8T, None, _bind_tiles("q8_tiles_linear", 8), compiles=False),
+    Kernel("q8t16", Q8T, None, _bind_tiles("q8_tiles_linear", 16), compiles=False),
     Kernel("q4t16/amx", Q4T, None, _bind_amx, accepts=_amx, compiles=False),
     Kernel("q5t16/amx", Q5T, None, _bind_amx, accepts=_amx, compiles=False),
     Kernel("q8t16/amx", Q8T, None, _bind_amx, accepts=_amx, compiles=False),
     Kernel("q6s/amx", Q6X, None, _bind_q6_amx, accepts=_amx_tiles, compiles=False),
     Kernel("q6t16", Q6T, None, _bind_q6t16, compiles=False),
-    Kernel("l4t16", L4T, None, _bind_l4t16, compiles=False),
+    Kernel("l4t", L4T, None, _bind_tiles("l4_tiles_linear", 8), compiles=False),
+    Kernel("l4t16", L4T, None, _bind_tiles("l4_tiles_linear", 16), compiles=False),
     Kernel("l4t16/amx", L4T, None, _bind_amx, accepts=_amx, compiles=False),
 )
 KERNELS_BY_NAME = {k.name: k for k in KERNELS}

@@ -47,9 +47,9 @@ TILES = {"q4x": (Q4T, lambda held, fmt: torch.ops.anatomy.pack_q4_tiles(held, fm
 # int8's times this ratio (the rounding steps'), within the plan's bound, and int16 keeps near-ties of a
 # greedy answer that int8 activations flip, for a small cost per step (docs/inference.md, "Speed")
 INT16_ERROR = 127 / 32767
-# Past decode's rows (the plan's later phases, routed by row count as a PlannedLinear routes), a q4 or q5 tile's
-# product takes int8 activations where the plan chose the tiles' int8 kernel for that phase
-INT8_TILE_KERNELS = {Q4T.name: "q4t", Q5T.name: "q5t"}
+# Past decode's rows (the plan's later phases, routed by row count as a PlannedLinear routes), a tile's product
+# takes int8 activations where the plan chose the tiles' int8 kernel for that phase
+INT8_TILE_KERNELS = {Q4T.name: "q4t", Q5T.name: "q5t", Q8T.name: "q8t", L4T.name: "l4t"}
 CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ROWS = (1, 2, 4, 8, 16)  # the decode batches the operator is timed on against the block
 
@@ -140,10 +140,10 @@ def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan,
     whose choice in a later phase makes it take int8 there (None: it takes the same at any row count)), or
     None when the format has no native layout. An int4 (int5, int6) layout becomes q4 (q5, q6) tiles where
     they run (`tiled`), int16 activations at decode's rows; int8g held as q8 or l4 tiles runs on them
-    (their products round the input to int16)."""
-    for int16_tiles in (Q8T, L4T):  # tiles whose products always take int16 activations
-        if (tiles := layer.layouts.get(int16_tiles.name)) is not None:
-            return tiles[0], False, None
+    (int16 activations at decode's rows too)."""
+    for held_tiles in (Q8T, L4T):  # int8g's tiles: held by the plan, never packed from a row layout here
+        if (tiles := layer.layouts.get(held_tiles.name)) is not None:
+            return tiles[0], False, INT8_TILE_KERNELS[held_tiles.name]
     for int8_kernel in INT8_KERNELS:
         form = KERNELS_BY_NAME[int8_kernel].form
         if form.accepts(fmt):

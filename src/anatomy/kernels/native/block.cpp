@@ -14,8 +14,8 @@
 // The weights are in the native layouts (q4: 40 bytes per 64 weights, q8: 72; gemv.cpp; q5: 48, q5.cpp;
 // q6: 210 per 256, q6k.cpp; or tiles of 16 rows, q4 [N/16, K/32, 320 or 288], q5 [.., 384 or 352], q8 [.., 544],
 // l4 [.., 336]: tiles.cpp; q6 [N/16, K/256, 3360]: q6_tiles.cpp); bit i of `int8_activations` makes weight i quantize its input to int8 per group of 32
-// (q4/q5/q6/q8_linear, q4/q5 tiles) instead of reading it as float (q4f/q5f/q8f_linear), or rounding it
-// to int16 (q4/q5 tiles, q6s where AVX-512 runs, else q6f); q8, l4 and q6 tiles always take int16. The cache is
+// (q4/q5/q6/q8_linear, q4/q5/q8/l4 tiles) instead of reading it as float (q4f/q5f/q8f_linear), or rounding it
+// to int16 (q4/q5/q8/l4 tiles, q6s where AVX-512 runs, else q6f); q6 tiles always take int16. The cache is
 // float32, bfloat16 or float16:
 //   static  k, v [B, H_kv, T, d]; `where` = input_pos [1]: every row writes slot input_pos[0]
 //   paged   k, v pools [N, bs, H_kv, d]; `where` = slots [B] (block * bs + offset), tables [B, nb]
@@ -46,8 +46,8 @@ constexpr int64_t Q6_TILE_BYTES = 3360;            // q6 tiles: [N/16, K/256, 33
 at::Tensor product(const at::Tensor& x, const at::Tensor& w, bool int8) {
   const int64_t K = x.size(1);
   if (w.dim() == 3 && w.size(2) == Q6_TILE_BYTES) return anatomy::q6_tiles_linear(x, w, false);  // int16 only
-  if (w.dim() == 3 && w.size(2) == Q8_TILE_BYTES) return anatomy::q8_tiles_linear(x, w, false);  // int16 only
-  if (w.dim() == 3 && w.size(2) == L4_TILE_BYTES) return anatomy::l4_tiles_linear(x, w, false);  // int16 only
+  if (w.dim() == 3 && w.size(2) == Q8_TILE_BYTES) return anatomy::q8_tiles_linear(x, w, false, int8 ? 8 : 16);
+  if (w.dim() == 3 && w.size(2) == L4_TILE_BYTES) return anatomy::l4_tiles_linear(x, w, false, int8 ? 8 : 16);
   if (w.dim() == 3 && (w.size(2) == Q5_TILE_BYTES || w.size(2) == Q5S_TILE_BYTES))
     return anatomy::q5_tiles_linear(x, w, false, int8 ? 8 : 16);
   if (w.dim() == 3) return anatomy::q4_tiles_linear(x, w, false, int8 ? 8 : 16);  // q4 tiles (tiles.cpp)

@@ -54,6 +54,8 @@ namespace anatomy {
 // The native weight layouts (gemv.cpp builds them): each row of a weight is K / PAIR blocks, a block the
 // float16 scales (and q4's minimums) of its two groups of 32 inputs, then their codes
 constexpr int64_t PAIR = 64;      // inputs per stored block (two groups)
+// 4 codes of x read as one word: a vector loop broadcasts it from memory, not through a general register
+using Word = int32_t __attribute__((may_alias, aligned(1)));
 constexpr int64_t Q4_BLOCK = 40;  // bytes per block: 4 float16 (scale, minimum per group), 32 bytes of 4-bit codes
 constexpr int64_t Q8_BLOCK = 72;  // bytes per block: 2 float16 scales (in 8 bytes), 64 int8 codes
 constexpr int64_t Q5_BLOCK = 48;  // q4's header, 8 bytes of fifth bits (bit i: input i), its 32 bytes of codes
@@ -228,8 +230,8 @@ at::Tensor q5_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q5f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q4f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q8f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
-at::Tensor q8_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
-at::Tensor l4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
+at::Tensor q8_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits);
+at::Tensor l4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits);
 at::Tensor q6_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q6f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q6s_linear(const at::Tensor& x, const at::Tensor& w, bool portable);

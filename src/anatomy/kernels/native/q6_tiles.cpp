@@ -194,9 +194,8 @@ AVX512_VNNI inline __m512 sub_scales(const uint8_t* block, __m512 d, int64_t h) 
 
 // a sub-block's exact sums for the 16 rows: codes q[j0 .. j0 + 3] against x's bytes of its 16 inputs
 AVX512_VNNI inline __m512i sub_sum(const __m512i* q, const int8_t* hi, const uint8_t* lo, int32_t offset) {
-  int32_t h4[4], l4[4];
-  std::memcpy(h4, hi, sizeof(h4));
-  std::memcpy(l4, lo, sizeof(l4));
+  const auto* h4 = reinterpret_cast<const anatomy::Word*>(hi);
+  const auto* l4 = reinterpret_cast<const anatomy::Word*>(lo);
   __m512i sh = _mm512_setzero_si512(), sl = _mm512_setzero_si512();
   for (int j = 0; j < 4; ++j) {
     sh = _mm512_dpbusd_epi32(sh, q[j], _mm512_set1_epi32(h4[j]));

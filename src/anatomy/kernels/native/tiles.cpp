@@ -26,15 +26,17 @@
 //   q8 tiles (pack_q8_tiles, from Q8_0-style codes and scales): per tile and group, 544 bytes: d [16]
 //   float16, then 8 vectors of 64 bytes, byte 4r + i of vector j the int8 code of row r, input 4j + i
 //       y[m, n] = sum_g sx[m, g] * d[n, g] * sum_i q[n, i] qx[m, i]
-//   q8_tiles_linear(x [M, K] float, tiles [N/16, K/32, 544]) -> [M, N]     (x rounded to int16)
+//   q8_tiles_linear(x [M, K] float, tiles [N/16, K/32, 544], bits) -> [M, N]
 //
 //   l4 tiles (pack_l4_tiles, from int8 codes that take at most 16 levels: IQ4_NL, IQ4_XS, MXFP4): per tile
 //   and group, 336 bytes: d [16] float32, the 16 int8 levels, then each code's 4-bit index as q4 tiles
 //   hold their codes; the vector loop looks the levels up (vpshufb) and sums them as q8 tiles do
 //       y[m, n] = sum_g sx[m, g] * d[n, g] * sum_i level[q[n, i]] qx[m, i]
-//   l4_tiles_linear(x [M, K] float, tiles [N/16, K/32, 336]) -> [M, N]     (x rounded to int16)
+//   l4_tiles_linear(x [M, K] float, tiles [N/16, K/32, 336], bits) -> [M, N]
 //
-// bits = 8: x quantized to int8 per group of 32 as q4_linear's. bits = 16: to int16 per group of 32
+// bits = 8: x quantized to int8 per group of 32 as q4_linear's (q8 and l4 tiles, whose codes are signed: each
+// code plus 128 as vpdpbusd's unsigned byte, and 128 times the row's code sum taken off the integer sum, which
+// is exact). bits = 16: to int16 per group of 32
 // (s = max|x| / 32767: the rounding error of int8's / 258), each 32-bit lane's two bytes 0 and 2, then
 // 1 and 3, widened to int16 pairs and summed by vpdpwssd (16 instructions a group): for the products
 // whose inputs int8 rounds too coarsely (a down projection's outlier channels), in place of float, and
@@ -91,6 +93,8 @@ constexpr int64_t CODES = T == L4 ? 80 : SYMMETRIC<T> ? 32 : 64;
 constexpr int64_t LEVELS = 64;
 template <int T>
 constexpr bool MINS = T == Q4 || T == Q5 || SYMMETRIC<T>;  // the codes have a minimum term
+template <int T>
+constexpr bool SIGNED = T == Q8 || T == L4;  // signed codes (vpdpbusd takes them shifted by 128)
 template <int T>
 constexpr float OFFSET = T == Q4S ? -8.f : -16.f;  // a symmetric tile's minimum over its scale
 template <int T>
@@ -262,10 +266,21 @@ AVX512_VNNI inline void unpack_q8(const uint8_t* block, __m512i (&q)[16]) {
   }
 }
 
+// a q8 or l4 tile's group for int8 activations: each signed code plus 128, an unsigned byte
+template <int T>
+AVX512_VNNI inline void unpack_shifted(const uint8_t* block, __m512i (&q)[8]) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  if constexpr (T == Q8)
+    for (int j = 0; j < 8; ++j) q[j] = _mm512_xor_si512(_mm512_loadu_si512(block + 32 + 64 * j), flip);
+  else {
+    unpack<T>(block, q);
+    for (int j = 0; j < 8; ++j) q[j] = _mm512_xor_si512(q[j], flip);
+  }
+}
+
 // the 16 outputs' integer sums of one group with one row's codes x [32], in two chains
 AVX512_VNNI inline __m512i dot(const __m512i (&q)[8], const int8_t* x) {
-  int32_t x4[8];
-  std::memcpy(x4, x, sizeof(x4));
+  const auto* x4 = reinterpret_cast<const anatomy::Word*>(x);
   __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
   for (int j = 0; j < 8; j += 2) {
     s0 = _mm512_dpbusd_epi32(s0, q[j], _mm512_set1_epi32(x4[j]));
@@ -304,12 +319,15 @@ AVX512_VNNI void tiles_avx512(const Codes& a, int64_t m0, int64_t K, const uint8
         _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD + line, _MM_HINT_T0);
       const __m512 d = scales<T>(block);
       const __m512 mins = minimums<T>(block);
-      __m512i q[std::is_same_v<Codes, Quantized16> ? 16 : 8];
-      if constexpr (T == Q8) unpack_q8(block, q);
+      constexpr bool int8 = std::is_same_v<Codes, Quantized>;
+      __m512i q[int8 ? 8 : 16];
+      if constexpr (int8 && SIGNED<T>) unpack_shifted<T>(block, q);
+      else if constexpr (T == Q8) unpack_q8(block, q);
       else unpack<T>(block, q);
       for (int m = 0; m < M; ++m) {
         const int64_t row = m0 + m;
-        const __m512i s = dot(q, codes_of(a, row, K, g));
+        __m512i s = dot(q, codes_of(a, row, K, g));
+        if constexpr (int8 && SIGNED<T>) s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * a.sum[row * groups + g]));
         const float sx = a.scale[row * groups + g];
         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(sx)), acc[m]);
         if (MINS<T>) acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(sx * static_cast<float>(a.sum[row * groups + g])), acc[m]);
@@ -612,22 +630,12 @@ inline bool has_size(const at::Tensor& w, int64_t bytes) { return w.dim() == 3 &
 
 template <int T>
 at::Tensor int_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits, const char* what) {
-  check_tiles(x, w, TILE_BYTES<T>, what, T == Q4 || T == Q4S ? "320 | 288" : "384 | 352");
+  check_tiles(x, w, TILE_BYTES<T>, what, T == Q4 || T == Q4S ? "320 | 288" : T == Q5 || T == Q5S ? "384 | 352" : nullptr);
   TORCH_CHECK(bits == 8 || bits == 16, what, ": bits = ", bits, ": the activations are int8 or int16");
   const Isa level = anatomy::isa(portable);
   at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
   if (bits == 8) over_tiles<T>(anatomy::quantize_rows(x, level), w, level, y);
   else over_tiles<T>(quantize_rows16(x, level), w, level, y);
-  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
-}
-
-// q8 and l4 tiles: x rounded to int16 per group of 32 only (int_tiles_linear with bits = 16)
-template <int T>
-at::Tensor int16_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, const char* what) {
-  check_tiles(x, w, TILE_BYTES<T>, what);
-  const Isa level = anatomy::isa(portable);
-  at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
-  over_tiles<T>(quantize_rows16(x, level), w, level, y);
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
@@ -684,12 +692,12 @@ at::Tensor q5_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portab
   return int_tiles_linear<Q5>(x, w, portable, bits, "anatomy::q5_tiles_linear");
 }
 
-at::Tensor q8_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
-  return int16_tiles_linear<Q8>(x, w, portable, "anatomy::q8_tiles_linear");
+at::Tensor q8_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits) {
+  return int_tiles_linear<Q8>(x, w, portable, bits, "anatomy::q8_tiles_linear");
 }
 
-at::Tensor l4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
-  return int16_tiles_linear<L4>(x, w, portable, "anatomy::l4_tiles_linear");
+at::Tensor l4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits) {
+  return int_tiles_linear<L4>(x, w, portable, bits, "anatomy::l4_tiles_linear");
 }
 
 }  // namespace anatomy
@@ -699,10 +707,10 @@ TORCH_LIBRARY_FRAGMENT(anatomy, m) {
   m.def("pack_q4_tiles(Tensor q4, bool symmetric=False) -> Tensor");
   m.def("q5_tiles_linear(Tensor x, Tensor tiles, bool portable=False, int bits=8) -> Tensor");
   m.def("pack_q5_tiles(Tensor q5, bool symmetric=False) -> Tensor");
-  m.def("q8_tiles_linear(Tensor x, Tensor tiles, bool portable=False) -> Tensor");
+  m.def("q8_tiles_linear(Tensor x, Tensor tiles, bool portable=False, int bits=16) -> Tensor");
   m.def("pack_q8_tiles(Tensor codes, Tensor scale) -> Tensor");
   m.def("tiles_amx_linear(Tensor x, Tensor tiles) -> Tensor");
-  m.def("l4_tiles_linear(Tensor x, Tensor tiles, bool portable=False) -> Tensor");
+  m.def("l4_tiles_linear(Tensor x, Tensor tiles, bool portable=False, int bits=16) -> Tensor");
   m.def("pack_l4_tiles(Tensor codes, Tensor scale, Tensor levels) -> Tensor");
 }
 
