@@ -2,7 +2,7 @@
 blocks and e8m0 scales 118..126 (a block's values at most 6 * 2^-1) with config.json's quantization_config.
 The reference is HF's GptOssForCausalLM (fp32) with the experts dequantized by HF's own
 `convert_moe_packed_tensors`: anatomy.load's logits within 1e-4, the experts held as the int8-coded formats
-a GGUF file's MXFP4 experts get, not floats (the engine's kernel plan runs them: 2% of the largest logit);
+a GGUF file's MXFP4 experts get, not floats (the engine's kernel plan runs them: 4% of the largest logit);
 weights="f32" gives the same floats. llama.cpp's converter repacks the same directory into MXFP4 blocks that
 its gguf-py dequantizes into exactly anatomy's experts; anatomy reads that file into the same logits (1e-4)
 and llama.cpp runs it into them within its 8-bit activation rounding (test_gguf_moe_quantized's LOGIT_TOL).
@@ -94,9 +94,12 @@ def test_mxfp4_experts_load_compact_into_hfs_logits(checkpoint):
     blocks = sum(t.numel() for n, t in tensors.items() if n.endswith("_blocks"))  # bytes: 2 values a byte
     assert 0 < held <= 2.25 * blocks  # an int8 code a value and a scale (<= 4 bytes) a block: not 4 bytes a value
     assert not any(p.is_floating_point() and p.dim() == 3 for p in ours.parameters())
-    reference = hf(IDS).logits  # the engine's kernel plan rounds activations (bf16 or 8 bits): 2% of the largest
+    # the engine's kernel plan rounds activations (bf16, int16 or int8): an expert meets a few of the prompt's
+    # rows, the plan's batch phase, where l4 tiles take int8 ones (llama.cpp's 8-bit activations: LOGIT_TOL's
+    # 0.034 and 0.057 measured); measured 0.033 of the largest logit (int16 there: within 0.02)
+    reference = hf(IDS).logits
     planned = anatomy.engine_for(ours, take_weights=True).logits(IDS)
-    assert (planned - reference).abs().max() <= 0.02 * reference.abs().max()
+    assert (planned - reference).abs().max() <= 0.04 * reference.abs().max()
 
 
 @torch.no_grad()
