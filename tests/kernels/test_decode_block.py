@@ -152,6 +152,29 @@ def test_the_operator_decodes_over_a_static_cache(q4_model, smollm2_tokenizer, f
     assert (logits[1] - logits[0]).abs().max() < 0.1 * logits[0].abs().max()
 
 
+def eight_row_errors(plain, fused, prompts, blocks, token, fused_steps) -> list[float]:
+    """Each prompt's prefill alone (`blocks` blocks of 16 slots each), then one step of `token` for the 8
+    sequences together: through the torch blocks (`plain`), through the operator as planned (asserted to
+    run it), and through the operator with int16 activations at every row count (as before the batch
+    phase's choice); the last two's distances from the first, relative to its norm."""
+    tables = [[blocks * i + j for j in range(blocks)] for i in range(len(prompts))]
+
+    def eight_rows(engine):
+        cache = engine.paged_cache(num_blocks=blocks * len(prompts), block_size=16)
+        for p, t in zip(prompts, tables):
+            engine.step(cache, [Chunk(p, 0, t)])
+        return engine.step(cache, [Chunk([token], len(p), t) for p, t in zip(prompts, tables)])  # [8, V]
+
+    want = eight_rows(plain)
+    fused_steps.clear()
+    planned = eight_rows(fused)
+    assert fused_steps[-1] is True  # the 8-row step ran as the operator
+    for b in fused.model.stack.blocks:
+        b.routes = [(None, b.int8)]
+    int16 = eight_rows(fused)
+    return [float((got - want).norm() / want.norm()) for got in (planned, int16)]
+
+
 def test_past_decodes_rows_the_tiles_take_the_plans_batch_activations(q4_model, smollm2_tokenizer, fused_steps,
                                                                        native_forced):
     """At decode's rows the q4 tiles' products round x to int16; past them each takes the activations of
@@ -170,23 +193,7 @@ def test_past_decodes_rows_the_tiles_take_the_plans_batch_activations(q4_model, 
     assert block.routes == [(4, 0), (8, 0b1111), (None, 0)] and block.max_rows >= 8
     texts = ("What is the capital of France?", "Hello", "1 2 3 4", "The sky is", "Water boils at",
              "Once upon a time", "def f(x):", "Paris")
-    prompts = [smollm2_tokenizer.encode(t) for t in texts]
-    tables = [[4 * i + j for j in range(4)] for i in range(len(prompts))]
-
-    def eight_rows(engine):  # each prompt's prefill alone, then one step of the 8 sequences together
-        cache = engine.paged_cache(num_blocks=4 * len(prompts), block_size=16)
-        for p, t in zip(prompts, tables):
-            engine.step(cache, [Chunk(p, 0, t)])
-        return engine.step(cache, [Chunk([7], len(p), t) for p, t in zip(prompts, tables)])  # [8, V]
-
-    want = eight_rows(plain)
-    fused_steps.clear()
-    planned = eight_rows(fused)
-    assert fused_steps[-1] is True  # the 8-row step ran as the operator
-    for b in fused.model.stack.blocks:
-        b.routes = [(None, b.int8)]  # int16 activations at every row count, as before the batch phase's choice
-    int16 = eight_rows(fused)
-    error = [float((got - want).norm() / want.norm()) for got in (planned, int16)]
+    error = eight_row_errors(plain, fused, [smollm2_tokenizer.encode(t) for t in texts], 4, 7, fused_steps)
     assert error[0] < 0.75 * error[1], error
 
 
@@ -206,19 +213,5 @@ def test_past_decodes_rows_the_q8_tiles_take_the_plans_int8_choice(fused_steps, 
     assert [fused.plan.for_layer(f"stack.blocks.0.{n}.weight").choices["batch"] for n in LINEARS] == ["q8t"] * 4
     assert block.routes == [(4, 0), (8, 0b1111), (None, 0)] and block.max_rows >= 8
     prompts = [[(7 * i + j) % 90 + 1 for j in range(3 + i)] for i in range(8)]
-
-    def eight_rows(engine):  # each prompt's prefill alone, then one step of the 8 sequences together
-        cache = engine.paged_cache(num_blocks=len(prompts), block_size=16)
-        for i, p in enumerate(prompts):
-            engine.step(cache, [Chunk(p, 0, [i])])
-        return engine.step(cache, [Chunk([5], len(p), [i]) for i, p in enumerate(prompts)])  # [8, V]
-
-    want = eight_rows(plain)
-    fused_steps.clear()
-    planned = eight_rows(fused)
-    assert fused_steps[-1] is True  # the 8-row step ran as the operator
-    for b in fused.model.stack.blocks:
-        b.routes = [(None, b.int8)]
-    int16 = eight_rows(fused)
-    error = [float((got - want).norm() / want.norm()) for got in (planned, int16)]
+    error = eight_row_errors(plain, fused, prompts, 1, 5, fused_steps)
     assert error[0] < 0.5 * error[1], error

@@ -1,6 +1,6 @@
 """q4, q5, q8 and l4 tiles (kernels/native/tiles.cpp): the int4, int5 and int8 products with int8 or int16
-activations, on 16 output rows interleaved, against the float64 product of the weights and against q4_linear on the q4 layout they are
-packed from (the same int8 activations, the integer sums exact: 1e-5), on the portable loops and every
+activations, on 16 output rows interleaved, against the float64 product of the weights and against
+q4_linear on the q4 layout they are packed from (the same int8 activations, the integer sums exact: 1e-5), on the portable loops and every
 vector path this CPU has; on AMX, the int16 products bit for bit; bad shapes refused; the fused decode
 block holds them where VNNI runs."""
 

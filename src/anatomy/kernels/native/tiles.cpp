@@ -630,7 +630,8 @@ inline bool has_size(const at::Tensor& w, int64_t bytes) { return w.dim() == 3 &
 
 template <int T>
 at::Tensor int_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits, const char* what) {
-  check_tiles(x, w, TILE_BYTES<T>, what, T == Q4 || T == Q4S ? "320 | 288" : T == Q5 || T == Q5S ? "384 | 352" : nullptr);
+  const char* sizes = T == Q4 || T == Q4S ? "320 | 288" : T == Q5 || T == Q5S ? "384 | 352" : nullptr;
+  check_tiles(x, w, TILE_BYTES<T>, what, sizes);
   TORCH_CHECK(bits == 8 || bits == 16, what, ": bits = ", bits, ": the activations are int8 or int16");
   const Isa level = anatomy::isa(portable);
   at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
