@@ -26,6 +26,7 @@ from anatomy.kernels.candidates import KERNELS, Form, Kernel, relative_error
 from anatomy.kernels.plan import DEFAULT_PHASES, KernelPlan, make_plan
 from anatomy.kernels.timing import Phase
 from anatomy.kernels.planned_linear import PlannedLinear
+from anatomy.kernels.sampled_rows import near_sampled
 
 PHASES = (Phase("decode", 1, 4), Phase("batch", 8, 32), Phase("prefill", 64, None))
 FAST, SLOW = 1e-5, 3e-3  # virtual seconds a fake kernel takes
@@ -292,6 +293,38 @@ def test_a_pending_prefill_takes_the_most_accurate_kernel_on_the_held_layout():
     assert calls == [("exact", 40)] and set(layer.layouts) == {"a"}
 
 
+def test_rows_far_from_a_sampled_one_take_the_fastest_kernel_on_the_prompt_layout():
+    """Past the batch phase's rows, in a pass that names its sampled rows (sampled_rows.near_sampled), the rows
+    within TAIL up to a sampled one take the prompt rule's kernel (here the exact one) and the others the
+    layout's fastest (here one that rounds x to bf16); outside such a pass, or for a product of other rows,
+    every row takes the prompt rule's."""
+    calls = []
+    rough = _fake("rough", A, calls=calls)
+    rough_bind = rough.bind
+    rough = dataclasses.replace(rough, bind=lambda p: (lambda x, fn=rough_bind(p): fn(x.bfloat16().float())))
+    kernels = (rough, _fake("exact", A, cost=2 * FAST, calls=calls))
+    lin = _linears(1)
+    plan = _plan(linears=lin, kernels=kernels, cache=False)
+    assert plan.for_layer("blocks.0.ffn.down").choices == {"decode": "rough", "batch": "rough", "prefill": "exact"}
+    layer = PlannedLinear.from_plan(plan, "blocks.0.ffn.down", lin["blocks.0.ffn.down"], kernels=kernels)
+    w = lin["blocks.0.ffn.down"].dequantize()
+    x = torch.randn(2, 40, 64)
+    exact, rounded = x @ w.T, x.bfloat16().float() @ w.T
+    calls.clear()
+    torch.testing.assert_close(layer(x), exact)
+    assert calls == [("exact", 80)]
+    calls.clear()
+    with near_sampled([5, 39, 79], rows=80):  # two prompts of 40 rows: row 5's logits wanted too
+        got = layer(x).view(80, 32)
+        layer(x[:, :30])  # a product of other rows (an expert's share) keeps the prompt rule's kernel
+    near = torch.zeros(80, dtype=torch.bool)
+    near[0:6] = near[24:40] = near[64:80] = True
+    torch.testing.assert_close(got[near], exact.view(80, 32)[near], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[~near], rounded.view(80, 32)[~near], rtol=1e-5, atol=1e-5)
+    assert (got[~near] - exact.view(80, 32)[~near]).abs().max() > 1e-3  # the far rows did round
+    assert calls == [("rough", 80), ("exact", 6), ("exact", 16), ("exact", 16), ("exact", 60)]
+
+
 def test_planned_linear_with_real_kernels_and_dtype_contract(monkeypatch):
     monkeypatch.setattr(plan_timing, "clock", time.perf_counter)  # real kernels, real time
     lin = {"q": Int4Weight.from_float(torch.randn(64, 128)), "o": FloatWeight.from_float(torch.randn(64, 128))}
@@ -314,6 +347,7 @@ FBGEMM_RSS = """
 import sys, torch
 from anatomy.kernels.candidates import KERNELS_BY_NAME
 from anatomy.kernels.planned_linear import PlannedLinear
+from anatomy.kernels.sampled_rows import near_sampled
 from anatomy.weights.formats import FloatWeight
 def rss():
     with open("/proc/self/statm") as f:

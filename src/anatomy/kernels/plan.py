@@ -247,9 +247,9 @@ def _fastest_layouts(key: str, g: _Group, ms: dict[str, list[Measurement]], kern
                    choices={}, forms=[forms[first.kernel]], measurements=ms,
                    form_bytes=form_bytes)
     for phase in names:
-        pick = for_prompts if phase == names[-1] and len(names) > 1 else _fastest
+        pick = for_prompts if phase == names[-1] and len(names) > 1 else fastest
         on_held = pick(ms[phase], forms, set(w.forms))
-        best = _fastest(ms[phase], forms, None)
+        best = fastest(ms[phase], forms, None)
         if best is None:
             raise InputError(f"{g.signature}: no kernel computed it accurately at phase {phase!r}")
         w.choices[phase] = (on_held or best).kernel
@@ -267,12 +267,12 @@ def _first_layout(ms: dict[str, list[Measurement]], names: list[str], forms: dic
     any compact layout (ties: the faster first phase). Where none serves every phase, the first phase's
     fastest kernel on any layout."""
     compact = {f for f, b in form_bytes.items() if b <= COMPACT * nbytes}
-    best = {p: _fastest(ms[p], forms, compact) for p in names}
+    best = {p: fastest(ms[p], forms, compact) for p in names}
     if any(b is None for b in best.values()):
-        return _fastest(ms[names[0]], forms, None)
+        return fastest(ms[names[0]], forms, None)
     costs = {}
     for layout in compact:
-        on = [(for_prompts if p == names[-1] and len(names) > 1 else _fastest)(ms[p], forms, {layout}) for p in names]
+        on = [(for_prompts if p == names[-1] and len(names) > 1 else fastest)(ms[p], forms, {layout}) for p in names]
         if all(o is not None for o in on):
             slowdown = sum(o.seconds / max(best[p].seconds, 1e-12) for o, p in zip(on, names))
             costs[layout] = (slowdown, on[0].seconds, on[0])
@@ -290,7 +290,7 @@ def for_prompts(ms: list[Measurement], forms: dict[str, str], allowed: set[str] 
     return min(ok, key=lambda m: (math.inf if m.error is None else m.error, m.seconds), default=None)
 
 
-def _fastest(ms: list[Measurement], forms: dict[str, str], allowed: set[str] | None) -> Measurement | None:
+def fastest(ms: list[Measurement], forms: dict[str, str], allowed: set[str] | None) -> Measurement | None:
     """The fastest eligible measurement whose kernel's layout (forms: kernel -> layout) is allowed; of
     those within TIE of it, the most accurate (a tie is noise; the error is not)."""
     ok = [m for m in ms if m.eligible and m.kernel in forms and (allowed is None or forms[m.kernel] in allowed)]
@@ -334,7 +334,7 @@ def _gain(w: WeightPlan, form: str, forms: dict[str, str]) -> tuple[float, dict[
     gain, moves = 0.0, {}
     for phase in w.phases:
         current = w.seconds(phase)
-        best = _fastest(w.measurements[phase], forms, {form})
+        best = fastest(w.measurements[phase], forms, {form})
         if best is not None and current > 0 and best.seconds < (1 - MIN_GAIN) * current:
             gain += 1 - best.seconds / current
             moves[phase] = best.kernel

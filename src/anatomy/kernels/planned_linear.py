@@ -5,7 +5,8 @@
 
 x is cast to the chosen kernel's activation dtype and y to the layer's `dtype` only when they differ,
 so a model already in the kernel's dtype makes no casts. forward does no host synchronisation: the
-number of rows picks one of a few routes, each bound to its prepared layout. The layouts are
+number of rows picks one of a few routes, each bound to its prepared layout (past the batch rows, an
+engine step's rows far from a sampled one take the layout's fastest kernel: sampled_rows.py). The layouts are
 machine-specific (built when the layer is made, a prefill-only one at the first long prompt) and not
 in the state dict: save the format, not this module. CPU only.
 """
@@ -22,7 +23,8 @@ from anatomy.errors import InputError
 from anatomy.weights.formats import WeightFormat
 from anatomy.kernels.candidates import KERNELS, Form, Kernel, Prepared
 from anatomy.kernels.piecewise import build_consuming
-from anatomy.kernels.plan import for_prompts
+from anatomy.kernels import sampled_rows
+from anatomy.kernels.plan import fastest, for_prompts
 from anatomy.kernels.record import KernelPlan, WeightPlan
 from anatomy.kernels.timing import Phase
 
@@ -43,6 +45,7 @@ class PlannedLinear(nn.Module):
         self.opaque_bytes = opaque_bytes  # bytes of layouts that are not tensors (FBGEMM's packed weight)
         self.description = description
         self.builds_later = False  # a layout is still to be built from the format (its first long prompt)
+        self.bulk: Route | None = None  # the last route's rows far from a sampled one (sampled_rows.py), if faster
         self.consumed = False  # its layout was built discarding the format's rows (from_plan's consume)
         self.bias = None if bias is None else bias.detach().to(dtype)  # a plain attribute: read per call, cheaply
 
@@ -79,6 +82,10 @@ class PlannedLinear(nn.Module):
         layer.consumed = consumed
         if lazy is None:
             layer._routes.append((sys.maxsize, last.act_dtype, last.bind(layouts[last.form.name])))
+            bulk = _bulk_kernel(w, last, by_name)
+            if bulk is not None:
+                layer.bulk = (sys.maxsize, bulk.act_dtype, bulk.bind(layouts[bulk.form.name]))
+                layer.description += f" ({bulk.name} far from sampled rows)"
         else:
             meanwhile = _for_prompts(w, chosen, by_name)
             route = (sys.maxsize, meanwhile.act_dtype, meanwhile.bind(layouts[meanwhile.form.name]))
@@ -119,10 +126,18 @@ class PlannedLinear(nn.Module):
         rows = x.numel() // K
         if rows == 0:  # a step whose chunks want no logits (a long prompt's first chunks): no kernel call
             return x.new_zeros(*x.shape[:-1], self.out_features, dtype=self.dtype)
-        for max_rows, act, fn in self._routes:
-            if rows <= max_rows:
+        for route in self._routes:
+            if rows <= route[0]:
                 break
-        y = _through((max_rows, act, fn), x.reshape(rows, K))  # [M, K] -> [M, N]
+        spans = sampled_rows.runs(rows) if self.bulk is not None and route is self._routes[-1] else None
+        if spans is None or len(spans) == 1 and spans[0][2]:
+            y = _through(route, x.reshape(rows, K))  # [M, K] -> [M, N]
+        else:  # all rows on the bulk kernel, then those near a sampled row again: no copy of the whole output
+            flat = x.reshape(rows, K)
+            y = _through(self.bulk, flat)
+            for a, b, near in spans:
+                if near:
+                    y[a:b] = _through(route, flat[a:b])
         if y.dtype != self.dtype:
             y = y.to(self.dtype)
         if self.bias is not None:
@@ -140,6 +155,13 @@ def _for_prompts(w: WeightPlan, chosen: list[tuple[Phase, Kernel]], by_name: dic
     forms = {name: k.form.name for name, k in by_name.items()}
     m = for_prompts(w.measurements.get(last.name, []), forms, {held.form.name})
     return by_name[m.kernel] if m is not None else held
+
+
+def _bulk_kernel(w: WeightPlan, last: Kernel, by_name: dict[str, Kernel]) -> Kernel | None:
+    """The last phase's fastest kernel on the prompt kernel's layout (plan.fastest), where it is another."""
+    forms = {name: k.form.name for name, k in by_name.items()}
+    m = fastest(w.measurements.get(w.phases[-1], []), forms, {last.form.name})
+    return by_name[m.kernel] if m is not None and m.kernel != last.name else None
 
 
 def _only_last(chosen: list[tuple[Phase, Kernel]]) -> bool:

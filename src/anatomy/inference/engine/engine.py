@@ -36,6 +36,7 @@ from anatomy.kernels import plan as kernel_plan
 from anatomy.kernels.attention import decode_reader, paged_reader
 from anatomy.layers.attention import Attention
 from anatomy.kernels.decode_block import fuse_blocks
+from anatomy.kernels.sampled_rows import near_sampled
 from anatomy.kernels.planning import branch_dtype, decode_weight_bytes, kernel_summary, linear_layers, plan_view
 from anatomy.kv_format import parse_kv_dtype
 from anatomy.lora.slots import AdapterSlots
@@ -259,7 +260,10 @@ class DecoderEngine:
             return self._paged_decode(cache, inputs)[:len(chunks)]  # [B, V]
         else:
             scales = [c.adapter_scale for c in chunks]
-            with self.lora.rows(adapters, scales) if adapters else contextlib.nullcontext():
+            rows, new = inputs.ids.shape
+            wanted = (inputs.wanted[0] * new + inputs.wanted[1]).tolist()
+            with self.lora.rows(adapters, scales) if adapters else contextlib.nullcontext(), \
+                    near_sampled(wanted, rows * new):
                 hidden = self.model.stack.forward_pass(inputs.ids, inputs.ctx, position_ids=inputs.positions,
                                                        cache=cache.layers(inputs.where))  # [B, S, D]
         return self.head(hidden[inputs.wanted])  # [R, V]
@@ -267,7 +271,8 @@ class DecoderEngine:
     def _flat_step(self, cache: PagedKVCache, chunks: list[Chunk], *, lora: bool) -> Tensor:
         """One eager forward over chunks of several lengths laid end to end (flat_batch.py)."""
         inputs = flat_inputs(self.model.stack, cache, chunks, by_length(chunks))
-        with self.lora.rows(inputs.adapters, inputs.scales) if lora else contextlib.nullcontext():
+        with self.lora.rows(inputs.adapters, inputs.scales) if lora else contextlib.nullcontext(), \
+                near_sampled(inputs.wanted.tolist(), inputs.ids.shape[1]):
             hidden = self.model.stack.forward_pass(inputs.ids, inputs.ctx, position_ids=inputs.positions,
                                                    cache=inputs.layers)  # [1, T, D]
         return self.head(hidden[0, inputs.wanted])  # [R, V]
