@@ -4,8 +4,8 @@ inputs), q6f_linear with x as it is (float32's rounding), q6s_linear with x roun
 (3e-5); every vector path this CPU has (AVX-512, AVX2:
 each run under native.limited) equals the portable one; the layout holds the codes in the order q6k.cpp
 documents; the kernels are offered where a vector path runs. The q6 tiles (q6_tiles.cpp): where their
-bytes lie, x rounded to int16 per 32 (~2e-5), every path the portable loop's bits, the rows exactly, and
-an engine's fused blocks and tied table on them."""
+bytes lie, x rounded to int16 per 32 (~2e-5) or int8 (q6_linear's product), every path the portable loop's
+bits, the rows exactly, and an engine's fused blocks and tied table on them."""
 
 from __future__ import annotations
 
@@ -335,6 +335,25 @@ def test_every_path_equals_the_portable_loop_bit_for_bit(isa):
         assert relative_error(portable, reference_product(fmt, x)) < INT16_BOUND
 
 
+@pytest.mark.parametrize("isa", PATHS)
+@pytest.mark.parametrize("rows", [1, 7, 8, 13, 20])
+def test_q6_tiles_with_int8_activations_are_the_q6_row_product(isa, rows):
+    """bits = 8: x rounded to int8 per 32 as q6_linear rounds it (the same codes, exact integer sums per
+    sub-block): q6_linear's product on the q6 row layout within 1e-6 (relative); every path the portable loop's bits;
+    within int8's error of the float64 product, and coarser than int16's."""
+    fmt = int6(48, 768, seed=20 + rows)
+    packed = q6_tiles(fmt)
+    x = torch.randn(rows, 768) * 3 + 0.5
+    x[0, 32:64] = 0
+    with native.limited(isa):
+        y = torch.ops.anatomy.q6_tiles_linear(x, packed, False, 8)
+    portable = torch.ops.anatomy.q6_tiles_linear(x, packed, True, 8)
+    assert torch.equal(y, portable)
+    assert relative_error(y, torch.ops.anatomy.q6_linear(x, pack(fmt), True)) < 1e-6  # float sums' order only
+    error = relative_error(y, reference_product(fmt, x))
+    assert INT16_BOUND < error < ERROR
+
+
 def test_q6_tiles_take_bfloat16_and_give_it_back():
     fmt = int6(16, 256)
     y = torch.ops.anatomy.q6_tiles_linear(torch.randn(2, 256, dtype=torch.bfloat16), q6_tiles(fmt))
@@ -347,6 +366,8 @@ def test_q6_tiles_refuse_bad_shapes():
         torch.ops.anatomy.q6_tiles_linear(torch.randn(1, 768), packed)
     with pytest.raises(RuntimeError, match="K = 96 must be a multiple of 256"):
         torch.ops.anatomy.q6_tiles_linear(torch.randn(1, 96), packed)
+    with pytest.raises(RuntimeError, match="bits = 4: x is rounded to 8 or 16 bits"):
+        torch.ops.anatomy.q6_tiles_linear(torch.randn(1, 512), packed, False, 4)
     with pytest.raises(RuntimeError, match="tiles must be uint8"):
         torch.ops.anatomy.q6_tiles_linear(torch.randn(1, 512), packed.view(torch.int8))
     with pytest.raises(RuntimeError, match="pack_q6_tiles: N = 40 is not a multiple of 16"):
@@ -357,7 +378,8 @@ def test_q6_tiles_refuse_bad_shapes():
 
 def test_q6_tiles_are_offered_where_vnni_runs_and_n_allows():
     fmt = int6(64, 512)
-    assert (KERNELS_BY_NAME["q6t16"] in candidates(fmt)) == native.runs("avx512-vnni")
+    for name in ("q6t", "q6t16"):
+        assert (KERNELS_BY_NAME[name] in candidates(fmt)) == native.runs("avx512-vnni")
     assert not Q6T.accepts(int6(40, 512))  # N not a multiple of 16
     for below in ("avx512", "avx2", "portable"):  # without VNNI the tiles are not offered
         with native.limited(below):

@@ -456,7 +456,7 @@ def _bind_q8f(p: Prepared) -> Callable[[Tensor], Tensor]:
 
 
 def _bind_tiles(op: str, bits: int) -> Callable[[Prepared], Callable[[Tensor], Tensor]]:
-    """A binder for anatomy's tiles product `op` (q4, q5, q8, l4) with activations of `bits` (8 or 16)."""
+    """A binder for anatomy's tiles product `op` (q4, q5, q6, q8, l4) with activations of `bits` (8 or 16)."""
     def bind(p: Prepared) -> Callable[[Tensor], Tensor]:
         (w,) = p
         product = getattr(torch.ops.anatomy, op)
@@ -483,11 +483,6 @@ def _bind_q6_amx(p: Prepared) -> Callable[[Tensor], Tensor]:
     """Q6_K's product on AMX's int8 tiles, x rounded to int16 per 32 (q6s: per 256), 16 output rows at a time."""
     (w,) = p
     return lambda x: torch.ops.anatomy.q6_amx_linear(x, w)
-
-
-def _bind_q6t16(p: Prepared) -> Callable[[Tensor], Tensor]:
-    (w,) = p
-    return lambda x: torch.ops.anatomy.q6_tiles_linear(x, w)
 
 
 def _chunkable(fmt: WeightFormat) -> bool:
@@ -525,7 +520,8 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("q5t16/amx", Q5T, None, _bind_amx, accepts=_amx, compiles=False),
     Kernel("q8t16/amx", Q8T, None, _bind_amx, accepts=_amx, compiles=False),
     Kernel("q6s/amx", Q6X, None, _bind_q6_amx, accepts=_amx_tiles, compiles=False),
-    Kernel("q6t16", Q6T, None, _bind_q6t16, compiles=False),
+    Kernel("q6t", Q6T, None, _bind_tiles("q6_tiles_linear", 8), compiles=False),
+    Kernel("q6t16", Q6T, None, _bind_tiles("q6_tiles_linear", 16), compiles=False),
     Kernel("l4t", L4T, None, _bind_tiles("l4_tiles_linear", 8), compiles=False),
     Kernel("l4t16", L4T, None, _bind_tiles("l4_tiles_linear", 16), compiles=False),
     Kernel("l4t16/amx", L4T, None, _bind_amx, accepts=_amx, compiles=False),

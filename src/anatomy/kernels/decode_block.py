@@ -49,7 +49,7 @@ TILES = {"q4x": (Q4T, lambda held, fmt: torch.ops.anatomy.pack_q4_tiles(held, fm
 INT16_ERROR = 127 / 32767
 # Past decode's rows (the plan's later phases, routed by row count as a PlannedLinear routes), a tile's product
 # takes int8 activations where the plan chose the tiles' int8 kernel for that phase
-INT8_TILE_KERNELS = {Q4T.name: "q4t", Q5T.name: "q5t", Q8T.name: "q8t", L4T.name: "l4t"}
+INT8_TILE_KERNELS = {Q4T.name: "q4t", Q5T.name: "q5t", Q6T.name: "q6t", Q8T.name: "q8t", L4T.name: "l4t"}
 CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ROWS = (1, 2, 4, 8, 16)  # the decode batches the operator is timed on against the block
 

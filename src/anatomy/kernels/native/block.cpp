@@ -45,7 +45,7 @@ constexpr int64_t Q6_TILE_BYTES = 3360;            // q6 tiles: [N/16, K/256, 33
 
 at::Tensor product(const at::Tensor& x, const at::Tensor& w, bool int8) {
   const int64_t K = x.size(1);
-  if (w.dim() == 3 && w.size(2) == Q6_TILE_BYTES) return anatomy::q6_tiles_linear(x, w, false);  // int16 only
+  if (w.dim() == 3 && w.size(2) == Q6_TILE_BYTES) return anatomy::q6_tiles_linear(x, w, false, int8 ? 8 : 16);
   if (w.dim() == 3 && w.size(2) == Q8_TILE_BYTES) return anatomy::q8_tiles_linear(x, w, false, int8 ? 8 : 16);
   if (w.dim() == 3 && w.size(2) == L4_TILE_BYTES) return anatomy::l4_tiles_linear(x, w, false, int8 ? 8 : 16);
   if (w.dim() == 3 && (w.size(2) == Q5_TILE_BYTES || w.size(2) == Q5S_TILE_BYTES))

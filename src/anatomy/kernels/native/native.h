@@ -235,7 +235,7 @@ at::Tensor l4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portab
 at::Tensor q6_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q6f_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
 at::Tensor q6s_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
-at::Tensor q6_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable);
+at::Tensor q6_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits = 16);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,

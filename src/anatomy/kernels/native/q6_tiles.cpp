@@ -10,13 +10,15 @@
 //   tiles hold their codes, then 2 vectors of 64 whose byte 4r + i holds the top 2 bits of row r's input
 //   4(4u + c) + i in bits 2c, 2c + 1 (vector u)
 //       y[m, n] = sum_g sx[m, g] * sum_{h = 2g, 2g+1} d[n] sc[h, n] sum_{i in h} (q[n, i] - 32) qx[m, i]
-//   q6_tiles_linear(x [M, K] float, tiles [N/16, K/256, 3360]) -> [M, N]
+//   q6_tiles_linear(x [M, K] float, tiles [N/16, K/256, 3360], portable, bits) -> [M, N]
 //
-// x is rounded to int16 per group of 32 (tiles.cpp's bits = 16: the same codes) and each code split as
-// q = 256 hi + lo (hi signed, lo unsigned): vpdpbusd takes codes (0..63) x hi and lo x codes, and
-// 256 hi_sum + lo_sum is the exact sum (at most 16 * 63 * 32767 a sub-block). The AVX-512 VNNI loop runs
+// bits = 16: x is rounded to int16 per group of 32 (tiles.cpp's bits = 16: the same codes) and each code
+// split as q = 256 hi + lo (hi signed, lo unsigned): vpdpbusd takes codes (0..63) x hi and lo x codes, and
+// 256 hi_sum + lo_sum is the exact sum (at most 16 * 63 * 32767 a sub-block). bits = 8: x is rounded to
+// int8 per group of 32 (tiles.cpp's bits = 8), kept as hi with lo zero: one vpdpbusd where int16 takes
+// two. Either way 32 times the sub-block's code sum comes off (the weights' -32). The AVX-512 VNNI loop runs
 // where the CPU has it, the portable one elsewhere (the same arithmetic in the same order: the tests hold
-// the two to the same bits); the kernel plan offers the tiles only where VNNI runs (candidates.py q6t16).
+// the two to the same bits); the kernel plan offers the tiles only where VNNI runs (candidates.py q6t, q6t16).
 
 #include <torch/library.h>
 #include <ATen/Parallel.h>
@@ -63,24 +65,26 @@ inline int32_t code_at(const uint8_t* group, int64_t r, int64_t i) {
   return (i >= 16 ? low >> 4 : low & 0x0F) | (group[top_byte(r, i)] >> top_shift(i) & 3) << 4;
 }
 
-// x [M, K] rounded to int16 per group of 32, each code as its high (signed) and low (unsigned) byte, the
-// groups' scales and per sub-block 32 times its codes' sum (the weights' -32)
+// x [M, K] rounded to int16 per group of 32, each code as its high (signed) and low (unsigned) byte (int8:
+// the code itself, lo zero), the groups' scales and per sub-block 32 times its codes' sum (the weights' -32)
 struct Split {
   std::vector<int8_t> hi;
   std::vector<uint8_t> lo;       // [M, K] each
   std::vector<float> scale;      // [M, K/32]
   std::vector<int32_t> offset;   // [M, K/16]
+  int bits;                      // 16 or 8
 };
 
 // row m of x's codes, the portable loop
 void split_row(const float* x, int64_t m, int64_t K, Split& s) {
   const int64_t groups = K / G;
+  const bool eight = s.bits == 8;
   std::vector<int16_t> q(K);
   std::vector<int32_t> sums(groups);
-  anatomy::quantize_groups(x + m * K, K, 32767.f, q.data(), s.scale.data() + m * groups, sums.data());
+  anatomy::quantize_groups(x + m * K, K, eight ? 127.f : 32767.f, q.data(), s.scale.data() + m * groups, sums.data());
   for (int64_t k = 0; k < K; ++k) {
-    s.hi[m * K + k] = static_cast<int8_t>(q[k] >> 8);  // the floor of q / 256
-    s.lo[m * K + k] = static_cast<uint8_t>(q[k] & 0xFF);
+    s.hi[m * K + k] = static_cast<int8_t>(eight ? q[k] : q[k] >> 8);  // int16: the floor of q / 256
+    s.lo[m * K + k] = static_cast<uint8_t>(eight ? 0 : q[k] & 0xFF);
     s.offset[(m * K + k) / SUB] += 32 * q[k];
   }
 }
@@ -90,29 +94,31 @@ void split_row(const float* x, int64_t m, int64_t K, Split& s) {
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void split_row512(const float* x, int64_t m, int64_t K,
                                                                                  Split& s) {
   const __m512i byte = _mm512_set1_epi32(0xFF);
+  const bool eight = s.bits == 8;
+  const float limit = eight ? 127.f : 32767.f;
   for (int64_t g = 0; g < K / G; ++g) {
     const int64_t at = m * K + g * G;
     const __m512 a = _mm512_loadu_ps(x + at), b = _mm512_loadu_ps(x + at + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-    const float scale = amax / 32767.f, inv = scale > 0.f ? 1.f / scale : 0.f;
+    const float scale = amax / limit, inv = scale > 0.f ? 1.f / scale : 0.f;
     const __m512i q[2] = {_mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv))),
                           _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)))};
     s.scale[m * (K / G) + g] = scale;
     for (int h = 0; h < 2; ++h) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(s.hi.data() + at + SUB * h),
-                       _mm512_cvtepi32_epi8(_mm512_srai_epi32(q[h], 8)));
+                       _mm512_cvtepi32_epi8(eight ? q[h] : _mm512_srai_epi32(q[h], 8)));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(s.lo.data() + at + SUB * h),
-                       _mm512_cvtepi32_epi8(_mm512_and_si512(q[h], byte)));
+                       _mm512_cvtepi32_epi8(eight ? _mm512_setzero_si512() : _mm512_and_si512(q[h], byte)));
       s.offset[at / SUB + h] = 32 * _mm512_reduce_add_epi32(q[h]);
     }
   }
 }
 #endif
 
-Split split_rows(const at::Tensor& x, Isa level) {
+Split split_rows(const at::Tensor& x, Isa level, int bits) {
   const int64_t M = x.size(0), K = x.size(1);
   Split s{std::vector<int8_t>(M * K), std::vector<uint8_t>(M * K), std::vector<float>(M * K / G),
-          std::vector<int32_t>(M * K / SUB, 0)};
+          std::vector<int32_t>(M * K / SUB, 0), bits};
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   for (int64_t m = 0; m < M; ++m) {
 #if ANATOMY_X86
@@ -153,7 +159,7 @@ void tiles_portable(const Split& a, int64_t m0, int64_t M, int64_t K, const uint
                 hi += code_at(group, r, i) * a.hi[at + i];
                 lo += code_at(group, r, i) * a.lo[at + i];
               }
-              sum[h] = hi * 256 + lo - a.offset[at / SUB + h];
+              sum[h] = (a.bits == 8 ? hi : hi * 256 + lo) - a.offset[at / SUB + h];
             }
             const float f = std::fma(static_cast<float>(sum[0]), sub_scale(block, 2 * g, r),
                                      static_cast<float>(sum[1]) * sub_scale(block, 2 * g + 1, r));
@@ -193,19 +199,22 @@ AVX512_VNNI inline __m512 sub_scales(const uint8_t* block, __m512 d, int64_t h) 
 }
 
 // a sub-block's exact sums for the 16 rows: codes q[j0 .. j0 + 3] against x's bytes of its 16 inputs
+// (EIGHT: the int8 codes in hi alone)
+template <bool EIGHT>
 AVX512_VNNI inline __m512i sub_sum(const __m512i* q, const int8_t* hi, const uint8_t* lo, int32_t offset) {
   const auto* h4 = reinterpret_cast<const anatomy::Word*>(hi);
   const auto* l4 = reinterpret_cast<const anatomy::Word*>(lo);
   __m512i sh = _mm512_setzero_si512(), sl = _mm512_setzero_si512();
   for (int j = 0; j < 4; ++j) {
     sh = _mm512_dpbusd_epi32(sh, q[j], _mm512_set1_epi32(h4[j]));
-    sl = _mm512_dpbusd_epi32(sl, _mm512_set1_epi32(l4[j]), q[j]);
+    if (!EIGHT) sl = _mm512_dpbusd_epi32(sl, _mm512_set1_epi32(l4[j]), q[j]);
   }
-  return _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(sh, 8), sl), _mm512_set1_epi32(offset));
+  const __m512i sum = EIGHT ? sh : _mm512_add_epi32(_mm512_slli_epi32(sh, 8), sl);
+  return _mm512_sub_epi32(sum, _mm512_set1_epi32(offset));
 }
 
 // rows [m0, m0 + M) of x against tiles [t0, t1)
-template <int M>
+template <int M, bool EIGHT>
 AVX512_VNNI void tiles_avx512(const Split& a, int64_t m0, int64_t K, const uint8_t* w, int64_t t0, int64_t t1,
                               float* y, int64_t N) {
   const int64_t supers = K / Q6_SUPER, groups = K / G;
@@ -226,8 +235,9 @@ AVX512_VNNI void tiles_avx512(const Split& a, int64_t m0, int64_t K, const uint8
         const __m512 ds0 = sub_scales(block, d, 2 * g), ds1 = sub_scales(block, d, 2 * g + 1);
         for (int m = 0; m < M; ++m) {
           const int64_t at = (m0 + m) * K + b * Q6_SUPER + g * G;
-          const __m512i s0 = sub_sum(q, a.hi.data() + at, a.lo.data() + at, a.offset[at / SUB]);
-          const __m512i s1 = sub_sum(q + 4, a.hi.data() + at + SUB, a.lo.data() + at + SUB, a.offset[at / SUB + 1]);
+          const __m512i s0 = sub_sum<EIGHT>(q, a.hi.data() + at, a.lo.data() + at, a.offset[at / SUB]);
+          const __m512i s1 = sub_sum<EIGHT>(q + 4, a.hi.data() + at + SUB, a.lo.data() + at + SUB,
+                                            a.offset[at / SUB + 1]);
           const __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), ds0, _mm512_mul_ps(_mm512_cvtepi32_ps(s1), ds1));
           const float sx = a.scale[(m0 + m) * groups + b * Q6_SUPER / G + g];
           acc[m] = _mm512_fmadd_ps(f, _mm512_set1_ps(sx), acc[m]);
@@ -275,16 +285,17 @@ at::Tensor pack_q6_tiles(const at::Tensor& q6) {
 
 namespace anatomy {
 
-at::Tensor q6_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable) {
+at::Tensor q6_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits) {
   const char* what = "anatomy::q6_tiles_linear";
   TORCH_CHECK(x.dim() == 2 && x.is_floating_point() && x.size(0) >= 1, what, ": x must be a float matrix [M, K]");
+  TORCH_CHECK(bits == 8 || bits == 16, what, ": bits = ", bits, ": x is rounded to 8 or 16 bits");
   TORCH_CHECK(x.size(1) % Q6_SUPER == 0, what, ": K = ", x.size(1), " must be a multiple of ", Q6_SUPER);
   TORCH_CHECK(w.dim() == 3 && w.scalar_type() == at::kByte && w.is_contiguous() &&
               w.size(1) == x.size(1) / Q6_SUPER && w.size(2) == BYTES, what, ": tiles must be uint8 [N/16, K/256, ",
               BYTES, "] for K = ", x.size(1));
   const Isa level = anatomy::isa(portable);
   const int64_t M = x.size(0), N = w.size(0) * TILE, K = x.size(1);
-  const Split a = split_rows(x, level);
+  const Split a = split_rows(x, level, static_cast<int>(bits));
   at::Tensor y = x.new_empty({M, N}, at::kFloat);
   const uint8_t* tiles = w.data_ptr<uint8_t>();
   float* out = y.data_ptr<float>();
@@ -292,7 +303,8 @@ at::Tensor q6_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portab
 #if ANATOMY_X86
     if (level >= Isa::Avx512Vnni)
       return anatomy::up_to<ROWS>(rows, [&](auto R) {
-        tiles_avx512<decltype(R)::value>(a, m0, K, tiles, t0, t1, out, N);
+        if (bits == 8) return tiles_avx512<decltype(R)::value, true>(a, m0, K, tiles, t0, t1, out, N);
+        tiles_avx512<decltype(R)::value, false>(a, m0, K, tiles, t0, t1, out, N);
       });
 #endif
     tiles_portable(a, m0, rows, K, tiles, t0, t1, out, N);
@@ -303,7 +315,7 @@ at::Tensor q6_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portab
 }  // namespace anatomy
 
 TORCH_LIBRARY_FRAGMENT(anatomy, m) {
-  m.def("q6_tiles_linear(Tensor x, Tensor tiles, bool portable=False) -> Tensor");
+  m.def("q6_tiles_linear(Tensor x, Tensor tiles, bool portable=False, int bits=16) -> Tensor");
   m.def("pack_q6_tiles(Tensor q6) -> Tensor");
 }
 
