@@ -30,6 +30,7 @@ from anatomy.kernels.sampled_rows import near_sampled
 
 PHASES = (Phase("decode", 1, 4), Phase("batch", 8, 32), Phase("prefill", 64, None))
 FAST, SLOW = 1e-5, 3e-3  # virtual seconds a fake kernel takes
+SPIKE_AT = 3  # the call of the spiky kernel that meets a spike: its first timed one (after a check and a warm-up)
 
 
 class VirtualClock:
@@ -130,6 +131,32 @@ def test_layout_budget_from_the_environment(monkeypatch):
     monkeypatch.setenv("ANATOMY_LAYOUT_BUDGET", "lots")
     with pytest.raises(InputError, match="ANATOMY_LAYOUT_BUDGET 'lots' is not a size"):
         _plan(cache=False, memory_budget=None)
+
+
+def test_a_spike_in_a_first_pass_prunes_no_kernel():
+    """A kernel whose first timed call meets a spike of the host (here 300 times its cost) is timed a second
+    time before it is pruned (over PRUNE_FACTOR times the fastest): its figure is its own, and a slower
+    steady kernel is not chosen over it. One that is slow in both passes stays pruned."""
+    count = [0]
+
+    def bind(p):
+        (w,) = p
+
+        def run(x):
+            count[0] += 1
+            CLOCK.now += SLOW if count[0] == SPIKE_AT else FAST
+            return F.linear(x, w)
+
+        return run
+
+    spiky = Kernel("spiky", A, torch.float32, bind)
+    kernels = (spiky, _fake("steady", A, cost=3 * FAST), _fake("slow", A, cost=20 * FAST))
+    phases = (Phase("decode", 1, None),)
+    plan = _plan(linears=_linears(1), kernels=kernels, phases=phases, cache=False)
+    ms = {m.kernel: m for m in plan.for_layer("blocks.0.ffn.down").measurements["decode"]}
+    assert ms["spiky"].spread is not None and ms["spiky"].seconds == pytest.approx(FAST)
+    assert plan.for_layer("blocks.0.ffn.down").choices == {"decode": "spiky"}
+    assert ms["slow"].spread is None and "pruned" in ms["slow"].note
 
 
 def test_a_tie_goes_to_the_more_accurate_kernel():

@@ -165,6 +165,9 @@ def _time(entries: list[tuple[Kernel, list[Callable[[Tensor], Tensor]], Tensor]]
     firsts = {k.name: _first_pass(fns, x) for k, fns, x in entries}
     first = {name: seconds for name, (seconds, _) in firsts.items()}
     best = min(first.values())
+    for k, fns, x in entries:  # a pass that met a spike of the host prunes nothing: pruning takes a second pass
+        if first[k.name] > PRUNE_FACTOR * best:
+            first[k.name] = min(first[k.name], _first_pass(fns, x)[0])
     calls = {k.name: max(1, min(MAX_CALLS, round(PASS_SECONDS / max(first[k.name], 1e-9)))) for k, _, _ in entries}
     live = [e for e in entries if first[e[0].name] <= PRUNE_FACTOR * best]
     samples: dict[str, list[float]] = {k.name: [] for k, _, _ in live}
