@@ -13,6 +13,8 @@ from anatomy.inference.sampling import SamplingParams
 from anatomy.kernels import sampled_rows
 from anatomy.kernels.sampled_rows import TAIL, near_sampled, runs, split_rows
 
+original_runs = runs
+
 
 def test_runs_cover_the_rows_within_tail_up_to_each_sampled_one():
     assert split_rows([39], 40) == [(0, 40 - TAIL, False), (40 - TAIL, 40, True)]
@@ -62,3 +64,15 @@ def test_a_prompt_step_splits_its_products_and_keeps_the_models_logits(int4_tiny
     with torch.no_grad():
         ref = int4_tiny(ids)[:, 29:]
     assert (got - ref).norm() / ref.norm() < 1e-2
+
+
+def test_an_engine_with_an_8_bit_cache_keeps_every_prompt_row_on_the_prompt_kernel(int4_tiny, native_forced,
+                                                                                   monkeypatch):
+    """A cache of 8-bit codes rounds every key and value already: its engine's prompt step names no sampled
+    rows (the products find no runs), so every product keeps the prompt rule's kernel."""
+    asked = []
+    monkeypatch.setattr(sampled_rows, "runs", lambda rows: asked.append((rows, original_runs(rows))) or asked[-1][1])
+    engine = DecoderEngine(int4_tiny, kv_dtype="int8")
+    run = engine.start([list(range(3, 33))], SamplingParams(max_new_tokens=1))
+    run.prefill()
+    assert asked and asked == [(30, None)] * len(asked)

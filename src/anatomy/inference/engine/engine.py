@@ -263,7 +263,7 @@ class DecoderEngine:
             rows, new = inputs.ids.shape
             wanted = (inputs.wanted[0] * new + inputs.wanted[1]).tolist()
             with self.lora.rows(adapters, scales) if adapters else contextlib.nullcontext(), \
-                    near_sampled(wanted, rows * new):
+                    self._near_sampled(wanted, rows * new):
                 hidden = self.model.stack.forward_pass(inputs.ids, inputs.ctx, position_ids=inputs.positions,
                                                        cache=cache.layers(inputs.where))  # [B, S, D]
         return self.head(hidden[inputs.wanted])  # [R, V]
@@ -272,10 +272,16 @@ class DecoderEngine:
         """One eager forward over chunks of several lengths laid end to end (flat_batch.py)."""
         inputs = flat_inputs(self.model.stack, cache, chunks, by_length(chunks))
         with self.lora.rows(inputs.adapters, inputs.scales) if lora else contextlib.nullcontext(), \
-                near_sampled(inputs.wanted.tolist(), inputs.ids.shape[1]):
+                self._near_sampled(inputs.wanted.tolist(), inputs.ids.shape[1]):
             hidden = self.model.stack.forward_pass(inputs.ids, inputs.ctx, position_ids=inputs.positions,
                                                    cache=inputs.layers)  # [1, T, D]
         return self.head(hidden[0, inputs.wanted])  # [R, V]
+
+    def _near_sampled(self, wanted: list[int], rows: int) -> contextlib.AbstractContextManager:
+        """The pass's rows far from a sampled one may take the plan's fastest kernel (kernels/sampled_rows.py),
+        unless the cache holds 8-bit codes: it rounds every key and value already, and int8 activations on top
+        flipped a near-tie of the first answer token that either alone keeps."""
+        return near_sampled(wanted, rows) if self._codes is None else contextlib.nullcontext()
 
     def serve_adapters(self, *, max_loras: int, max_rank: int) -> AdapterSlots:
         """Serve up to `max_loras` LoRA adapters of rank <= max_rank at once (lora/slots.py): a chunk's
