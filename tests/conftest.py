@@ -49,8 +49,8 @@ FORCED_KERNELS = ("q4t", "q4t16", "q4x", "q4f", "q8t16", "l4t16", "q8x", "q8f", 
 def forced_timings(monkeypatch, tmp_path_factory):
     """Every timing decision the engine makes answered as if anatomy's native kernel won, whatever this
     machine's timings say: the kernel plan's per layer (ranked by FORCED_KERNELS; the accuracy checks
-    still run), the fused decode block against the torch block, the native decode attention against
-    SDPA; the plan kept in a fresh directory (no decision measured elsewhere is reused, none made here kept)."""
+    still run), the fused decode block against the torch block, the native decode and prompt attention
+    against SDPA; the plan kept in a fresh directory (no decision measured elsewhere is reused, none made here kept)."""
     from anatomy.kernels import attention, decode_block, timing
     from anatomy.kernels.cache import CACHE_ENV
 
@@ -58,6 +58,7 @@ def forced_timings(monkeypatch, tmp_path_factory):
     monkeypatch.setattr(timing, "_time", _forced_times)
     monkeypatch.setattr(decode_block, "faster", lambda *args, **kwargs: True)
     monkeypatch.setattr(attention, "_native_faster", lambda *args: True)
+    monkeypatch.setattr(attention, "_causal_faster", lambda *args: True)
 
 
 @pytest.fixture

@@ -1,14 +1,17 @@
-"""The engine view's decode attention over a float KV cache: SDPA or anatomy's kernel, measured.
+"""The engine view's attention: SDPA or anatomy's kernel, measured, for a decode step over a float KV
+cache and for a prompt over its own keys.
 
     reader = decode_reader(config, dtype)     native.read_cache, or None (SDPA stays)
     reader = paged_reader(config, dtype)      the same over a paged pool (Pages), or None (gather + SDPA)
+    causal = prompt_attention(config, dtype)  native.causal, or None (SDPA's is_causal stays)
 
 A decode step's attention is a few query rows over the whole cache, where torch's SDPA on a CPU spends
 most of its time outside the arithmetic. anatomy::decode_attention (kernels/native/attention.cpp) reads
 the cache as stored (float32, bfloat16 or float16). Which is faster depends on the machine, so both are
 timed once on the model's decode shape (kept by kernels/decisions.py) and the native kernel is used
 only where it wins. Over a paged pool the race is between reading the blocks where they lie and
-gathering each row's blocks into a copy for SDPA. Figures: docs/inference.md, "The measured kernel plan".
+gathering each row's blocks into a copy for SDPA. A prompt's causal attention (anatomy::causal_attention)
+reads keys only up to each tile of rows' last. Figures: docs/inference.md, "The measured kernel plan".
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from anatomy.kernels.decisions import decided
 from anatomy.kv_format import Pages
 from anatomy.layers.attention import READABLE
 
+PROMPT = 512  # the prompt length timed for a prompt's attention
 SLOTS = 256  # the cache length timed (the engine's BUCKET: the shortest cache a captured step sees)
 BLOCK = 16  # the block size of the paged pool timed (the server's default)
 CALLS = 30
@@ -39,6 +43,33 @@ def paged_reader(config: ModelConfig, dtype: torch.dtype, *, cache: bool | str |
     """native.read_cache where reading a paged pool in place measured faster than gathering each row's
     blocks for SDPA on this model's decode shape, else None."""
     return _reader_if_faster(config, dtype, paged=True, cache=cache)
+
+
+def prompt_attention(config: ModelConfig, dtype: torch.dtype, *, cache: bool | str | Path = True):
+    """native.causal where it measured faster than SDPA's causal kernel on this model's prompt shape (float32
+    branches only), else None."""
+    if not native.loaded() or dtype != torch.float32:
+        return None
+    shape = (config.n_heads, config.n_kv_heads, config.head_dim)
+    if decided("native_prompt_attention", {"shape": shape, "rows": PROMPT}, cache=cache,
+               measure=lambda: _causal_faster(*shape)):
+        return native.causal
+    return None
+
+
+def _causal_faster(heads: int, kv_heads: int, head_dim: int) -> bool:
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(1, PROMPT, heads + 2 * kv_heads, head_dim, generator=g).transpose(1, 2)  # as a layer's views
+    q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
+    scale = head_dim ** -0.5
+
+    def sdpa():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=heads != kv_heads)
+
+    def own():
+        native.causal(q, k, v, scale=scale)
+
+    return _seconds(own, calls=3) < _seconds(sdpa, calls=3)
 
 
 def _reader_if_faster(config: ModelConfig, dtype: torch.dtype, *, paged: bool, cache: bool | str | Path):
@@ -76,14 +107,14 @@ def _native_faster(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
     return _seconds(own) < _seconds(sdpa)
 
 
-def _seconds(fn) -> float:
-    """The fastest of three rounds of CALLS calls, per call."""
+def _seconds(fn, calls: int = CALLS) -> float:
+    """The fastest of three rounds of `calls` calls, per call."""
     with torch.inference_mode():
         fn()
         best = float("inf")
         for _ in range(3):
             start = time.perf_counter()
-            for _ in range(CALLS):
+            for _ in range(calls):
                 fn()
-            best = min(best, (time.perf_counter() - start) / CALLS)
+            best = min(best, (time.perf_counter() - start) / calls)
     return best

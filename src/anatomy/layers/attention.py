@@ -57,6 +57,7 @@ class Attention(nn.Module):
         self.causal, self.cross = causal, cross
         self.backend = backend
         self.reader = None  # attention of a few query rows over a float cache as stored (set by an engine's view)
+        self.causal_kernel = None  # a prompt's causal attention over its own keys (set by an engine's view)
         self.dropout = config.dropout
         self.scale, self.softcap = config.attn_scale, config.attn_softcap
         q_dim, kv_dim = config.q_dim, config.kv_dim
@@ -106,7 +107,7 @@ class Attention(nn.Module):
             q, k, v, mask=mask, bias=bias, is_causal=is_causal, backend=self.backend,
             dropout=self.dropout if self.training else 0.0, return_weights=return_weights,
             scale=self.scale, softcap=self.softcap, reader=self.reader if cache is not None else None,
-            sinks=self.sinks,
+            sinks=self.sinks, causal_kernel=self.causal_kernel,
         )
         out = self.out(out.transpose(1, 2).reshape(B, S, -1))  # [B, H, S, d_h] -> [B, S, H*d_h] -> [B, S, D]
         return (out, weights) if return_weights else out
@@ -148,6 +149,7 @@ def attend(
     softcap: float | None = None,
     reader=None,
     sinks: Tensor | None = None,
+    causal_kernel=None,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(q k^T * scale + bias, masked) v for q [B, H, S, d_h] and k/v [B, H_kv, S_k, d_h];
     scale defaults to 1/sqrt(d_h). A softcap (cap * tanh(scores / cap), before bias and mask) has no
@@ -157,14 +159,16 @@ def attend(
     (an 8-bit cache's) or Pages (a paged cache's blocks, S_k = nb * bs), each with its own reader, or k
     Segments (a flat batch's groups, q [1, H, T, d_h], each group with its own keys, mask and bias).
     `reader` reads float k and v as stored, for a few query rows (kernels/native). `sinks` [H]: a
-    logit per head that joins each row's softmax with no value (computed as a tensor, as a softcap)."""
+    logit per head that joins each row's softmax with no value (computed as a tensor, as a softcap).
+    `causal_kernel(q, k, v, scale=)` computes a causal pass of float32 rows over their own keys in its stead
+    (kernels/native: anatomy::causal_attention)."""
     check_backend(backend)
     if isinstance(k, Segments):  # a flat batch (layers/segments.py): each group of rows attends apart
         if return_weights or is_causal:
             raise InputError("a flat batch of segments gives no attention weights and has its own masks")
         return k.attend(q, lambda q, k, v, mask, bias, causal: attend(
             q, k, v, mask=mask, bias=bias, is_causal=causal, backend=backend, dropout=dropout, scale=scale,
-            softcap=softcap, reader=reader, sinks=sinks)), None
+            softcap=softcap, reader=reader, sinks=sinks, causal_kernel=causal_kernel)), None
     if mask is not None and not isinstance(k, Pages):  # a pass over the cache's first slots only
         k, v = first_slots(k, mask.shape[-1]), first_slots(v, mask.shape[-1])
     readable = (bias is None and softcap is None and sinks is None and not return_weights and not dropout
@@ -183,6 +187,9 @@ def attend(
     H_kv, S_k = k.shape[1], k.shape[2]
     rep = H // H_kv
     explicit = softcap is not None or sinks is not None  # no fused kernel: the scores as a tensor
+    if is_causal and causal_kernel is not None and backend == "sdpa" and S == S_k and q.dtype == torch.float32 and mask is None \
+            and bias is None and not return_weights and not explicit and not dropout:
+        return causal_kernel(q, k, v, scale=scale if scale is not None else d_h ** -0.5), None
     if is_causal and backend == "sdpa" and rep > 1 and S == S_k and mask is None and bias is None \
             and not return_weights and not explicit:
         # the query heads of each kv group read its keys in the kernel (enable_gqa): no mask, no folding

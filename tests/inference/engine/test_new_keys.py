@@ -1,6 +1,7 @@
 """A fresh prompt's pass (from position 0, nothing padded, nothing cached before) attends over its own new
-keys with SDPA's is_causal and no mask, GQA in the kernel (enable_gqa), so a flash kernel can run: in
-generate's static cache, in a serving step and in a flat batch's group, under both backends. Its logits
+keys with SDPA's is_causal and no mask, GQA in the kernel (enable_gqa), so a flash kernel can run, or with
+the native causal kernel (the cpu backend, where the library runs): in generate's static cache, in a serving
+step and in a flat batch's group, under both backends. Its logits
 equal the model's full forward (fp32, 1e-4); a pass that reads earlier keys still gets a mask."""
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ import torch.nn.functional as F
 
 from anatomy.inference.engine import Chunk, DecoderEngine
 from anatomy.inference.sampling import SamplingParams
+from anatomy.kernels import attention as kernel_attention
+from anatomy.kernels import native
+from anatomy.kernels.cache import CACHE_ENV
 from anatomy.layers import attention
 
 from ..conftest import deepseek_tiny, gemma3_tiny, llama_tiny
@@ -19,15 +23,24 @@ PROMPT = [5, 9, 2, 7, 11, 3, 8, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 
 
 
 @pytest.fixture
-def sdpa_calls(monkeypatch):
-    """Each SDPA call of attention.py: (query rows, a mask given, is_causal, enable_gqa)."""
-    calls, sdpa = [], F.scaled_dot_product_attention
+def sdpa_calls(monkeypatch, tmp_path):
+    """Each SDPA call of attention.py: (query rows, a mask given, is_causal, enable_gqa); and each call of the
+    native causal kernel, which the cpu backend's engines are made to choose for a fresh prompt where the
+    library runs, as an SDPA call without a mask, causal, GQA in the kernel (what it computes)."""
+    calls, sdpa, own_causal = [], F.scaled_dot_product_attention, native.causal
 
     def recording(q, k, v, attn_mask=None, is_causal=False, enable_gqa=False, **kwargs):
         calls.append((q.shape[2], attn_mask is not None, is_causal, enable_gqa))
         return sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa, **kwargs)
 
+    def causal(q, k, v, *, scale):
+        calls.append((q.shape[2], False, True, True))
+        return own_causal(q, k, v, scale=scale)
+
     monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording)
+    monkeypatch.setattr(native, "causal", causal)
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))  # no decision kept by an earlier test
+    monkeypatch.setattr(kernel_attention, "_causal_faster", lambda *shape: True)
     return calls
 
 

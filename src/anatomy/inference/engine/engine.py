@@ -33,7 +33,7 @@ from anatomy.inference.engine.view import engine_view
 from anatomy.inference.sampling import SamplingParams
 from anatomy.kernels import native
 from anatomy.kernels import plan as kernel_plan
-from anatomy.kernels.attention import decode_reader, paged_reader
+from anatomy.kernels.attention import decode_reader, paged_reader, prompt_attention
 from anatomy.layers.attention import Attention
 from anatomy.kernels.decode_block import fuse_blocks
 from anatomy.kernels.sampled_rows import near_sampled
@@ -97,6 +97,8 @@ class DecoderEngine:
         self._reader = native.read_cache if self._codes and native_ops and native.loaded() else None
         if self._codes is None and native_ops and not compile:  # SDPA or the native reader, measured
             self._read_float_caches(decode_reader(self.config, self._cache_dtype, cache=plan_cache))
+        if native_ops and not compile:  # a prompt's attention over its own keys: SDPA or the native kernel, measured
+            self._attend_prompts(prompt_attention(self.config, self.branch_dtype, cache=plan_cache))
         self.compiled = compile
         # a mixture of experts routes by value: no trace holds its step (capture.py), so none is padded for one
         self.captured = self.backend.captures(capture, compile) and not any(b.moe for b in self.model.stack.blocks)
@@ -111,6 +113,11 @@ class DecoderEngine:
         for module in self.model.modules():
             if isinstance(module, Attention) and not module.cross:
                 module.reader = reader
+
+    def _attend_prompts(self, kernel) -> None:
+        for module in self.model.modules():
+            if isinstance(module, Attention) and module.causal:
+                module.causal_kernel = kernel
 
     # -- what it is --------------------------------------------------------------------------------
 

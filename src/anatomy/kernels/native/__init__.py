@@ -2,6 +2,7 @@
 AVX-512 (VNNI) or AVX2, decode attention, RMSNorm and a whole decode block as one operator.
 
     loaded() / why_not()   the library of this source and torch version loaded (else why not, or "")
+    causal(q, k, v, scale) a prompt's causal attention over its own keys (anatomy::causal_attention)
     isa()                  the vector code they run: "amx", "avx512-vnni", "avx512", "avx2" or "portable"
     runs(name)             they run that code or more ("avx512-vnni" on an AMX machine too)
     vector_paths()         the portable loops and each vector path up to this CPU's (AMX aside)
@@ -100,6 +101,12 @@ def read_cache(q: torch.Tensor, k, v, *, mask: torch.Tensor | None, scale: float
     else:
         out = torch.ops.anatomy.decode_attention(folded, k, v, None, None, mask, None, scale)
     return out.reshape(B, H, S, d)
+
+
+def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale, causal) v for float32 q [B, H, S, d_h] over k, v [B, H_kv, T, d_h], T >= S (row s
+    sees keys t <= s + T - S), the query heads of a KV group reading its keys (anatomy::causal_attention)."""
+    return torch.ops.anatomy.causal_attention(q, k, v, scale)
 
 
 def isa() -> str:

@@ -1,5 +1,5 @@
 """Build anatomy's native kernels (gemv.cpp, gemv_avx2.cpp, exact.cpp, attention.cpp, norm.cpp, block.cpp, tiles.cpp,
-q5.cpp, q6k.cpp, q6_tiles.cpp, argmax.cpp; native.h, gemv_avx2.h, avx2.h) into a shared library that `torch.ops.load_library` loads.
+q5.cpp, q6k.cpp, q6_tiles.cpp, argmax.cpp, causal.cpp; native.h, gemv_avx2.h, avx2.h, avx512.h) into a shared library that `torch.ops.load_library` loads.
 
     python -m anatomy.kernels.native.build       (`make kernels`; `pip install` runs it too where torch is
                                                   importable (setup.py), else the first use does: library.py)
@@ -28,8 +28,8 @@ from typing import IO
 HERE = Path(__file__).parent
 SOURCES = (HERE / "gemv.cpp", HERE / "gemv_avx2.cpp", HERE / "exact.cpp", HERE / "attention.cpp", HERE / "norm.cpp",
            HERE / "block.cpp", HERE / "tiles.cpp", HERE / "q5.cpp", HERE / "q6k.cpp", HERE / "q6_tiles.cpp",
-           HERE / "argmax.cpp")
-HEADERS = (HERE / "native.h", HERE / "gemv_avx2.h", HERE / "avx2.h")
+           HERE / "argmax.cpp", HERE / "causal.cpp")
+HEADERS = (HERE / "native.h", HERE / "gemv_avx2.h", HERE / "avx2.h", HERE / "avx512.h")
 FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fopenmp", "-D_GLIBCXX_USE_CXX11_ABI=1", "-DTORCH_API_INCLUDE_EXTENSION_H"]
 BUILD = HERE / "_build"
 COMPILER_ENV = "CXX"
