@@ -6,6 +6,8 @@ are SDPA's."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -98,3 +100,11 @@ def test_the_engine_attends_prompts_natively_only_where_it_measured_faster(monke
 def test_without_the_library_no_prompt_kernel_is_chosen(monkeypatch):
     monkeypatch.setattr(native, "loaded", lambda: False)
     assert attention.prompt_attention(llama_tiny().config, torch.float32) is None
+
+
+@needs_library
+def test_a_head_dim_past_the_kernels_keeps_sdpa(monkeypatch):
+    """No race is run (the kernel would refuse the shape): SDPA stays."""
+    monkeypatch.setattr(attention, "_causal_faster", lambda *shape: pytest.fail("measured a shape it refuses"))
+    config = dataclasses.replace(llama_tiny().config, head_dim=native.CAUSAL_MAX_DIM + 64)
+    assert attention.prompt_attention(config, torch.float32, cache=False) is None

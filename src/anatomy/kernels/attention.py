@@ -47,8 +47,8 @@ def paged_reader(config: ModelConfig, dtype: torch.dtype, *, cache: bool | str |
 
 def prompt_attention(config: ModelConfig, dtype: torch.dtype, *, cache: bool | str | Path = True):
     """native.causal where it measured faster than SDPA's causal kernel on this model's prompt shape (float32
-    branches only), else None."""
-    if not native.loaded() or dtype != torch.float32:
+    branches only; head dims up to native.CAUSAL_MAX_DIM), else None."""
+    if not native.loaded() or dtype != torch.float32 or config.head_dim > native.CAUSAL_MAX_DIM:
         return None
     shape = (config.n_heads, config.n_kv_heads, config.head_dim)
     if decided("native_prompt_attention", {"shape": shape, "rows": PROMPT}, cache=cache,

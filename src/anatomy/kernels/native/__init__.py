@@ -31,6 +31,7 @@ from anatomy.kv_format import Codes, Pages
 ISAS = ("portable", "avx2", "avx512", "avx512-vnni", "amx")  # native.h's Isa, by its value: each includes those before it
 ISA_ENV = "ANATOMY_NATIVE_ISA"
 SPEED = "decoding runs on torch's kernels, ~0.6x the speed"  # what the notice says is at stake
+CAUSAL_MAX_DIM = 256  # the largest head dim anatomy::causal_attention takes (causal.cpp's MAX_DIM)
 
 _state = {"why": "", "said": False, "limits": 0}  # for the process: why not; notice given; limited() depth
 _lock = threading.Lock()

@@ -141,7 +141,8 @@ AVX512 inline void tile_values(const float (&w)[MR][KB], int64_t n, const float*
                                const float* correction, float (&o)[MR][MAX_DIM]) {
   __m512 a[MR][U];
   for (int r = 0; r < MR; ++r)
-    for (int u = 0; u < U; ++u) a[r][u] = _mm512_mul_ps(_mm512_loadu_ps(o[r] + c + 16 * u), _mm512_set1_ps(correction[r]));
+    for (int u = 0; u < U; ++u)
+      a[r][u] = _mm512_mul_ps(_mm512_loadu_ps(o[r] + c + 16 * u), _mm512_set1_ps(correction[r]));
   for (int64_t i = 0; i < n; ++i) {
     __m512 row[U];
     for (int u = 0; u < U; ++u) row[u] = _mm512_loadu_ps(v + i * vs + c + 16 * u);
