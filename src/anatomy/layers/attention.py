@@ -187,11 +187,12 @@ def attend(
     H_kv, S_k = k.shape[1], k.shape[2]
     rep = H // H_kv
     explicit = softcap is not None or sinks is not None  # no fused kernel: the scores as a tensor
-    if is_causal and causal_kernel is not None and backend == "sdpa" and S == S_k and q.dtype == torch.float32 \
-            and mask is None and bias is None and not return_weights and not explicit and not dropout:
+    # a causal pass over its own keys with nothing added to the scores: one fused kernel takes it whole
+    fused_causal = is_causal and backend == "sdpa" and S == S_k and mask is None and bias is None \
+        and not return_weights and not explicit
+    if fused_causal and causal_kernel is not None and q.dtype == torch.float32 and not dropout:
         return causal_kernel(q, k, v, scale=scale if scale is not None else d_h ** -0.5), None
-    if is_causal and backend == "sdpa" and rep > 1 and S == S_k and mask is None and bias is None \
-            and not return_weights and not explicit:
+    if fused_causal and rep > 1:
         # the query heads of each kv group read its keys in the kernel (enable_gqa): no mask, no folding
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scale, enable_gqa=True)
         return out, None

@@ -109,15 +109,17 @@ class DecoderEngine:
         # the layouts each decode step streams, on 2 MiB pages where the system gives them (huge_pages.py)
         self.huge_page_bytes = hold_on_huge_pages(_layouts(self.model)) if huge_pages and native_ops else 0
 
+    def _self_attention(self) -> Iterator[Attention]:
+        """The view's self-attention layers (a decoder-only stack's: causal)."""
+        return (m for m in self.model.modules() if isinstance(m, Attention) and not m.cross)
+
     def _read_float_caches(self, reader) -> None:
-        for module in self.model.modules():
-            if isinstance(module, Attention) and not module.cross:
-                module.reader = reader
+        for module in self._self_attention():
+            module.reader = reader
 
     def _attend_prompts(self, kernel) -> None:
-        for module in self.model.modules():
-            if isinstance(module, Attention) and module.causal:
-                module.causal_kernel = kernel
+        for module in self._self_attention():
+            module.causal_kernel = kernel
 
     # -- what it is --------------------------------------------------------------------------------
 
