@@ -132,6 +132,25 @@ def test_decode_ops_are_the_trace_rows_summed_over_layers(reports):
     assert timed == flops.decode_flops(config, batch=1, context=o["context"], source_len=o["prompt_len"]).total
 
 
+def test_a_causal_kernels_row_is_the_traced_attention_at_the_pairs_it_computes(native_forced):
+    """A fresh prompt's attention, run by anatomy's causal kernel, is the trace's attention row (its shapes,
+    its bytes) with the FLOPs of the query-key pairs at or before each query: 4 H d flops a pair (q k^T and
+    the weights @ v), counted by analysis/flops.py, about half of the trace's full S x S."""
+    model = llama()
+    config, S = model.config, OPTIONS.prompt_len
+    report = profile(model, options=OPTIONS, machine=MACHINE)
+    rows = {(r["module"], r["op"]): r for r in report["phases"]["prefill"]["ops"]}
+    row = rows[("stack.blocks.*.attn", "scaled_dot_product_attention")]
+    assert row["via"] == "causal_attention" and row["calls"] == config.n_layers
+    traced = trace.trace(config, phase="prefill", batch=1, seq=S, context=S, attention="sdpa")
+    sdpa = next(t for t in traced if t.module == "stack.blocks.0.attn" and t.op == "scaled_dot_product_attention")
+    assert row["shapes"] == {"inputs": sdpa.inputs, "output": sdpa.output}
+    assert row["bytes"] == sdpa.bytes * config.n_layers
+    pairs = flops.attended_pairs(S, S, causal=True)
+    assert row["flops"] == pytest.approx(4 * config.n_heads * config.head_dim * pairs * config.n_layers, rel=1e-12)
+    assert row["flops"] < sdpa.flops * config.n_layers
+
+
 def test_positions_follow_the_module_kinds(reports):
     ops = reports["llama"]["phases"]["decode"]["ops"]
     where = {(o["module"], o["op"]): o["position"] for o in ops}

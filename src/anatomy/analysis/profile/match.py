@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 from anatomy.analysis.trace import TraceRow
@@ -20,7 +21,8 @@ _BLOCK = re.compile(r"\.blocks\.(\d+)(?=\.|$)")
 # torch call names (the trace) and aten names (the profiler) that are one op under two names
 _SAME = {"split_with_sizes": "split", "select": "getitem", "slice": "getitem", "index": "getitem",
          "radd": "add", "iadd": "add_", "rmul": "mul", "truediv": "div", "rsub": "sub", "float": "to",
-         "decode_attention": "scaled_dot_product_attention"}  # anatomy's own operator for the torch call
+         # anatomy's own operators for the torch call
+         "decode_attention": "scaled_dot_product_attention", "causal_attention": "scaled_dot_product_attention"}
 
 
 def canonical(path: str) -> tuple[str, int | None]:
@@ -95,6 +97,17 @@ def _align(trace: list[str], ops: list[str]) -> list[int | None]:
     for block in matcher.get_matching_blocks():
         for k in range(block.size):
             out[block.b + k] = block.a + k
+    return _pair_unique(trace, ops, out)
+
+
+def _pair_unique(trace: list[str], ops: list[str], out: list[int | None]) -> list[int | None]:
+    """An op left unmatched whose name only one unmatched trace row and no other unmatched op has is
+    that row: the attention op among glue the trace lays out otherwise (its cache's gathers and repeats)."""
+    free_rows = Counter(name for i, name in enumerate(trace) if i not in set(out))
+    free_ops = Counter(name for name, index in zip(ops, out) if index is None)
+    for j, (name, index) in enumerate(zip(ops, out)):
+        if index is None and free_rows[name] == 1 and free_ops[name] == 1:
+            out[j] = next(i for i, row in enumerate(trace) if row == name and i not in set(out))
     return out
 
 

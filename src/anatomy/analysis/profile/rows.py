@@ -14,6 +14,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from anatomy.analysis.flops import attended_pairs
 from anatomy.analysis.profile.calls import Step
 from anatomy.analysis.profile.match import RowKey, TraceIndex, canonical
 from anatomy.analysis.profile.positions import position_of
@@ -21,6 +22,7 @@ from anatomy.analysis.profile.weights import LinearWeight, WeightTable
 from anatomy.analysis.trace import TraceRow
 
 PYTHON = "(python)"
+CAUSAL_KERNELS = ("causal_attention",)  # anatomy's kernel reads each query's keys up to its own only
 
 
 @dataclass
@@ -34,10 +36,11 @@ class Row:
     via: Counter = field(default_factory=Counter)
     weight: LinearWeight | None = None  # a linear row's weight: its real bytes, as loaded and as read
     weight_delta: int = 0  # real bytes the call reads for the weight minus the bytes the trace counted
+    computed: float = 1.0  # the share of the trace's FLOPs the kernel that ran computes (a causal one: ~half)
 
     @property
     def flops(self) -> float | None:
-        return None if self.trace is None else self.trace.flops * self.calls
+        return None if self.trace is None else self.trace.flops * self.calls * self.computed
 
     def weight_per_step(self, field: str) -> float | None:
         """A linear row's weight bytes (`field`: loaded_bytes, read_bytes) or plan seconds (plan_s) per step."""
@@ -89,6 +92,8 @@ def build_rows(steps: list[Step], index: TraceIndex, positions: dict[str, str], 
             names = [op.name for op in call.ops]
             for op, (key, trace_row) in zip(call.ops, index.match(call.owner, names)):
                 row = rows.get(key) or rows.setdefault(key, new(key, call.owner, trace_row))
+                if op.name in CAUSAL_KERNELS and trace_row is not None:
+                    row.computed = causal_share(trace_row)
                 row.time_s += op.seconds / n
                 row.events += op.events / n
                 row.via[op.via] += op.seconds
@@ -103,6 +108,13 @@ def build_rows(steps: list[Step], index: TraceIndex, positions: dict[str, str], 
                 row.events += 1 / n  # the range's own event
                 row.calls += 1 / n
     return list(rows.values())
+
+
+def causal_share(trace_row: TraceRow) -> float:
+    """The share of an attention row's query-key pairs a causal kernel computes: those at or before each
+    query, of a fresh prompt (its keys [.., T, d] are its queries' positions: the case the kernel runs)."""
+    T = trace_row.inputs[1][-2]
+    return attended_pairs(T, T, causal=True) / (T * T) if T else 1.0
 
 
 def _new_row(key: RowKey, owner: str, trace_row: TraceRow | None, positions: dict[str, str],
