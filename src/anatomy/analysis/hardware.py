@@ -184,6 +184,29 @@ def measure_matmul_peak(device: torch.device, *, size: int = 1024, repeats: int 
     return 2.0 * size ** 3 / _best_seconds(lambda: a @ b, repeats, device)
 
 
+INTEGER_PRODUCTS = {"int8": "int8", "int16": "int8", "amx": "amx"}  # a kernel's products -> the roof they run under
+
+
+def measure_integer_peaks(*, repeats: int = 3) -> dict[str, float]:
+    """This CPU's roofs for anatomy's integer products (kernels/candidates.py `products`), FLOP/s at 2 a
+    multiply-add: "int8", AVX-512 VNNI's int8 instruction alone on every thread (anatomy::integer_peak; an
+    int16 product runs half as many per instruction, under the same roof); "amx", anatomy's q8 tiles on AMX
+    at 256 rows of [2048, 2048] (its best measured product). Only those this CPU runs."""
+    from anatomy.kernels import native
+
+    peaks = {}
+    if native.loaded() and native.runs("avx512-vnni"):
+        peaks["int8"] = 2 * max(torch.ops.anatomy.integer_peak(8, 100_000) for _ in range(repeats))
+    if native.loaded() and native.runs("amx"):
+        gen = torch.Generator().manual_seed(0)
+        codes = torch.randint(-127, 128, (2048, 2048), dtype=torch.int8, generator=gen)
+        tiles = torch.ops.anatomy.pack_q8_tiles(codes, torch.full((2048, 64), 1e-2))
+        x = torch.randn(256, 2048, generator=gen)
+        seconds = _best_seconds(lambda: torch.ops.anatomy.tiles_amx_linear(x, tiles), repeats, torch.device("cpu"))
+        peaks["amx"] = 2.0 * 256 * 2048 * 2048 / seconds
+    return peaks
+
+
 def _best_seconds(fn, repeats: int, device: torch.device) -> float:
     fn()  # warm up
     best = float("inf")

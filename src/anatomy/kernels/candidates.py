@@ -54,6 +54,9 @@ class Kernel:
     max_rows: int | None = None  # None: any number of rows
     accepts: Callable[[WeightFormat], bool] = lambda fmt: True  # beyond what the form accepts
     compiles: bool = True  # works inside torch.compile(fullgraph=True) (torch 2.13, checked by a slow test)
+    # the integer products x is rounded for: "int8" or "int16" (AVX-512 VNNI), "amx" (AMX's int8 tiles on
+    # int16 halves); None: x is taken as floats
+    products: str | None = None
 
     def supports(self, fmt: WeightFormat) -> bool:
         return self.form.accepts(fmt) and self.accepts(fmt)
@@ -501,30 +504,30 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("int4pack", INT4PACK, torch.bfloat16, _bind_int4pack),
     Kernel("int8g/int4x2", INT4X2, torch.bfloat16, _bind_int4x2),
     Kernel("int8pack", INT8PACK, torch.bfloat16, _bind_int8pack),
-    Kernel("q4x", Q4X, None, _bind_q4x, compiles=False),  # an operator without a compiled form
-    Kernel("q8x", Q8X, None, _bind_q8x, compiles=False),
-    Kernel("q5x", Q5X, None, _bind_q5x, compiles=False),
-    Kernel("q6x", Q6X, None, _bind_q6x, compiles=False),
+    Kernel("q4x", Q4X, None, _bind_q4x, compiles=False, products="int8"),  # an operator without a compiled form
+    Kernel("q8x", Q8X, None, _bind_q8x, compiles=False, products="int8"),
+    Kernel("q5x", Q5X, None, _bind_q5x, compiles=False, products="int8"),
+    Kernel("q6x", Q6X, None, _bind_q6x, compiles=False, products="int8"),
     Kernel("q4f", Q4X, None, _bind_q4f, compiles=False),
     Kernel("q8f", Q8X, None, _bind_q8f, compiles=False),
     Kernel("q5f", Q5X, None, _bind_q5f, compiles=False),
     Kernel("q6f", Q6X, None, _bind_q6f, compiles=False),
-    Kernel("q6s", Q6X, None, _bind_q6s, accepts=_avx512, compiles=False),
-    Kernel("q4t", Q4T, None, _bind_tiles("q4_tiles_linear", 8), compiles=False),
-    Kernel("q4t16", Q4T, None, _bind_tiles("q4_tiles_linear", 16), compiles=False),
-    Kernel("q5t", Q5T, None, _bind_tiles("q5_tiles_linear", 8), compiles=False),
-    Kernel("q5t16", Q5T, None, _bind_tiles("q5_tiles_linear", 16), compiles=False),
-    Kernel("q8t", Q8T, None, _bind_tiles("q8_tiles_linear", 8), compiles=False),
-    Kernel("q8t16", Q8T, None, _bind_tiles("q8_tiles_linear", 16), compiles=False),
-    Kernel("q4t16/amx", Q4T, None, _bind_amx, accepts=_amx, compiles=False),
-    Kernel("q5t16/amx", Q5T, None, _bind_amx, accepts=_amx, compiles=False),
-    Kernel("q8t16/amx", Q8T, None, _bind_amx, accepts=_amx, compiles=False),
-    Kernel("q6s/amx", Q6X, None, _bind_q6_amx, accepts=_amx_tiles, compiles=False),
-    Kernel("q6t", Q6T, None, _bind_tiles("q6_tiles_linear", 8), compiles=False),
-    Kernel("q6t16", Q6T, None, _bind_tiles("q6_tiles_linear", 16), compiles=False),
-    Kernel("l4t", L4T, None, _bind_tiles("l4_tiles_linear", 8), compiles=False),
-    Kernel("l4t16", L4T, None, _bind_tiles("l4_tiles_linear", 16), compiles=False),
-    Kernel("l4t16/amx", L4T, None, _bind_amx, accepts=_amx, compiles=False),
+    Kernel("q6s", Q6X, None, _bind_q6s, accepts=_avx512, compiles=False, products="int16"),
+    Kernel("q4t", Q4T, None, _bind_tiles("q4_tiles_linear", 8), compiles=False, products="int8"),
+    Kernel("q4t16", Q4T, None, _bind_tiles("q4_tiles_linear", 16), compiles=False, products="int16"),
+    Kernel("q5t", Q5T, None, _bind_tiles("q5_tiles_linear", 8), compiles=False, products="int8"),
+    Kernel("q5t16", Q5T, None, _bind_tiles("q5_tiles_linear", 16), compiles=False, products="int16"),
+    Kernel("q8t", Q8T, None, _bind_tiles("q8_tiles_linear", 8), compiles=False, products="int8"),
+    Kernel("q8t16", Q8T, None, _bind_tiles("q8_tiles_linear", 16), compiles=False, products="int16"),
+    Kernel("q4t16/amx", Q4T, None, _bind_amx, accepts=_amx, compiles=False, products="amx"),
+    Kernel("q5t16/amx", Q5T, None, _bind_amx, accepts=_amx, compiles=False, products="amx"),
+    Kernel("q8t16/amx", Q8T, None, _bind_amx, accepts=_amx, compiles=False, products="amx"),
+    Kernel("q6s/amx", Q6X, None, _bind_q6_amx, accepts=_amx_tiles, compiles=False, products="amx"),
+    Kernel("q6t", Q6T, None, _bind_tiles("q6_tiles_linear", 8), compiles=False, products="int8"),
+    Kernel("q6t16", Q6T, None, _bind_tiles("q6_tiles_linear", 16), compiles=False, products="int16"),
+    Kernel("l4t", L4T, None, _bind_tiles("l4_tiles_linear", 8), compiles=False, products="int8"),
+    Kernel("l4t16", L4T, None, _bind_tiles("l4_tiles_linear", 16), compiles=False, products="int16"),
+    Kernel("l4t16/amx", L4T, None, _bind_amx, accepts=_amx, compiles=False, products="amx"),
 )
 KERNELS_BY_NAME = {k.name: k for k in KERNELS}
 COMPILABLE_KERNELS = tuple(k for k in KERNELS if k.compiles)  # for a plan whose layers will be compiled

@@ -227,6 +227,38 @@ def test_verdicts(flops_, bytes_, seconds, bound):
     assert d["roofline_s"] == max(flops_ / 1e11, bytes_ / 2e10)
 
 
+@pytest.mark.parametrize("kernel, peak", [("q4t16", 8e11), ("q4t", 8e11), ("q8x", 8e11), ("q4t16/amx", 3e12),
+                                          ("q4f", 1e11), ("int4pack", 1e11), (None, 1e11)])
+def test_a_linear_row_is_roofed_by_the_products_its_kernel_runs(kernel, peak):
+    """Integer products (int8 and int16 activations on VNNI, AMX) run under their own measured peak; float
+    ones (and a row without a planned kernel) under the compute dtype's matmul peak."""
+    from anatomy.analysis.profile.match import RowKey
+    from anatomy.analysis.profile.weights import LinearWeight
+    from anatomy.analysis.trace import TraceRow
+
+    weight = LinearWeight((64, 64), 4096, kernel, 4096) if kernel else None
+    row = Row(RowKey("m", "", 0, "linear"), "qkv_ffn_gemm", TraceRow("prefill", "m", "linear", [], [], 1e10, 1e3),
+              time_s=1.0, calls=1, weight=weight)
+    d = row_dict(row, Roofs(1e11, 2e10, 1e-5, integer={"int8": 8e11, "amx": 3e12}))
+    assert d["roofline_s"] == pytest.approx(1e10 / peak) and d["bound"] == "compute"
+    assert row_dict(row, Roofs(1e11, 2e10, 1e-5))["roofline_s"] == pytest.approx(1e10 / 1e11)  # none measured
+
+
+def test_the_integer_peaks_are_measured_only_where_the_cpu_runs_them():
+    from anatomy.analysis.hardware import measure_integer_peaks
+    from anatomy.kernels import native
+
+    if not native.loaded() or not native.runs("avx512-vnni"):
+        pytest.skip(f"this CPU runs {native.isa()}: no AVX-512 VNNI products to measure")
+    peaks = measure_integer_peaks(repeats=1)
+    assert peaks["int8"] > 0 and ("amx" in peaks) == native.runs("amx")
+    with native.limited("avx512"):
+        assert measure_integer_peaks(repeats=1) == {}
+        assert torch.ops.anatomy.integer_peak(8, 10) == 0.0
+    with pytest.raises(RuntimeError, match="bits = 4: 8 or 16"):
+        torch.ops.anatomy.integer_peak(4, 10)
+
+
 def test_predicted_keeps_overhead_rows_at_their_time(reports):
     d = reports["llama"]["phases"]["decode"]
     bound = [o for o in d["ops"] if o["bound"] != "overhead"]

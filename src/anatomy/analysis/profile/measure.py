@@ -22,7 +22,7 @@ from torch import nn
 from anatomy import dtypes
 from anatomy.kv_format import kv_bytes_per_token
 from anatomy.analysis import trace as shape_trace
-from anatomy.analysis.hardware import Hardware
+from anatomy.analysis.hardware import INTEGER_PRODUCTS, Hardware
 from anatomy.analysis.params import parameter_ledger
 from anatomy.analysis.profile.calls import take_apart
 from anatomy.analysis.profile.checks import check_shape
@@ -81,9 +81,12 @@ def measure(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), nam
     compute = dtypes.name_of(work.dtype)
     measured = machine if isinstance(machine, Machine) else Machine(machine)
     machine = measured.roofs(compute)
+    if _integer_products(work.plan):
+        machine = measured.integer_roofs()
     positions = module_positions(work.model)
     weights = WeightTable(model, work.plan)
-    roofs = Roofs(machine.peak(compute), machine.bandwidth, measured.op_latency_s)
+    integer = {k: v for k, v in machine.peak_flops.items() if k in INTEGER_PRODUCTS.values()}
+    roofs = Roofs(machine.peak(compute), machine.bandwidth, measured.op_latency_s, integer=integer)
     ranges = NamedRanges(work.model)
     load = cpu_sample()
     phases = {}
@@ -115,6 +118,14 @@ def measure(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), nam
         report["hardware"] = named_prediction(config, hardware, shape, compute, phases,
                                               weight_dtype=_weight_dtype(model, compute))
     return report
+
+
+def _integer_products(plan) -> bool:
+    """Does the kernel plan run any product on integer activations (their own roof: hardware.py)?"""
+    from anatomy.kernels.candidates import KERNELS_BY_NAME
+
+    return plan is not None and any(KERNELS_BY_NAME[k].products for w in plan.weights.values()
+                                    for k in w.choices.values() if k in KERNELS_BY_NAME)
 
 
 def _backend(model: nn.Module) -> str:

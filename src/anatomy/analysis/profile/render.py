@@ -39,12 +39,15 @@ def tables(report: dict[str, Any]) -> list[TableSpec]:
     return out
 
 
+ROOF_LABELS = {"int8": "integer products peak, int8 (VNNI)", "amx": "integer products, AMX (q8 tiles)"}
+
+
 def _machine(report: dict[str, Any]) -> TableSpec:
     m = report["machine"]
     t = TableSpec("This machine, measured in this run", ["roof", "value"])
     t.rows = [["memory read bandwidth", _rate(m["bandwidth_bytes_per_s"], "B/s")]]
-    t.rows += [[f"matmul peak, {d}", _rate(v, "FLOP/s")] for d, v in m["peak_flops_per_s_by_dtype"].items()
-               if d != "any"]
+    t.rows += [[ROOF_LABELS.get(d, f"matmul peak, {d}"), _rate(v, "FLOP/s")]
+               for d, v in m["peak_flops_per_s_by_dtype"].items() if d != "any"]
     t.rows += [["ridge (peak / bandwidth)", f"{m['ridge_flops_per_byte']:.3g} FLOP/byte"],
                ["one small op (dispatch latency)", f"{m['op_latency_s'] * 1e6:.2f} us"]]
     o = report["options"]

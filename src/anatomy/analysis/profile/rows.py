@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anatomy.analysis.flops import attended_pairs
+from anatomy.analysis.hardware import INTEGER_PRODUCTS
 from anatomy.analysis.profile.calls import Step
 from anatomy.analysis.profile.match import RowKey, TraceIndex, canonical
 from anatomy.analysis.profile.positions import position_of
 from anatomy.analysis.profile.weights import LinearWeight, WeightTable
 from anatomy.analysis.trace import TraceRow
+from anatomy.kernels.candidates import KERNELS_BY_NAME
 
 PYTHON = "(python)"
 CAUSAL_KERNELS = ("causal_attention",)  # anatomy's kernel reads each query's keys up to its own only
@@ -59,12 +61,21 @@ class Roofs:
     peak_flops_per_s: float
     bandwidth_bytes_per_s: float
     op_latency_s: float  # one small op's time: below this per call, no roof explains an op
+    integer: dict[str, float] = field(default_factory=dict)  # the integer products' peaks (hardware.py)
 
-    def time(self, flops: float, nbytes: float) -> float:
-        return max(flops / self.peak_flops_per_s, nbytes / self.bandwidth_bytes_per_s)
+    def peak(self, row: Row) -> float:
+        """The compute roof of a row: its planned kernel's integer products' peak where measured, else the
+        compute dtype's matmul peak."""
+        kernel = row.weight.kernel if row.weight is not None else None
+        products = KERNELS_BY_NAME[kernel].products if kernel in KERNELS_BY_NAME else None
+        return self.integer.get(INTEGER_PRODUCTS.get(products, ""), self.peak_flops_per_s)
 
-    def bound(self, flops: float, nbytes: float) -> str:
-        return "compute" if flops / self.peak_flops_per_s >= nbytes / self.bandwidth_bytes_per_s else "bandwidth"
+    def time(self, flops: float, nbytes: float, peak: float | None = None) -> float:
+        return max(flops / (peak or self.peak_flops_per_s), nbytes / self.bandwidth_bytes_per_s)
+
+    def bound(self, flops: float, nbytes: float, peak: float | None = None) -> str:
+        compute = flops / (peak or self.peak_flops_per_s)
+        return "compute" if compute >= nbytes / self.bandwidth_bytes_per_s else "bandwidth"
 
 
 def middle_steps(steps: list[Step]) -> list[Step]:
@@ -134,14 +145,15 @@ def _new_row(key: RowKey, owner: str, trace_row: TraceRow | None, positions: dic
 def row_dict(row: Row, roofs: Roofs) -> dict[str, Any]:
     """A row as the --json `ops` entry."""
     flops, nbytes, t = row.flops, row.bytes, row.time_s
-    roof = roofs.time(flops, nbytes) if flops is not None else None
+    peak = roofs.peak(row)
+    roof = roofs.time(flops, nbytes, peak) if flops is not None else None
     per_call = roof / row.calls if roof is not None and row.calls else 0.0
     if row.position == "communication":
         bound = "communication"  # the transfer and the wait for the other ranks: no roof of this machine's
     elif roof is None or (per_call < roofs.op_latency_s and t > roof):
         bound = "overhead"
     else:
-        bound = roofs.bound(flops, nbytes)
+        bound = roofs.bound(flops, nbytes, peak)
     module = row.key.module + (f" ({row.key.kind})" if row.key.kind else "")
     trace = row.trace
     return {

@@ -28,7 +28,7 @@ from typing import IO
 HERE = Path(__file__).parent
 SOURCES = (HERE / "gemv.cpp", HERE / "gemv_avx2.cpp", HERE / "exact.cpp", HERE / "attention.cpp", HERE / "norm.cpp",
            HERE / "block.cpp", HERE / "tiles.cpp", HERE / "q5.cpp", HERE / "q6k.cpp", HERE / "q6_tiles.cpp",
-           HERE / "argmax.cpp", HERE / "causal.cpp")
+           HERE / "argmax.cpp", HERE / "causal.cpp", HERE / "peak.cpp")
 HEADERS = (HERE / "native.h", HERE / "gemv_avx2.h", HERE / "avx2.h", HERE / "avx512.h")
 FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fopenmp", "-D_GLIBCXX_USE_CXX11_ABI=1", "-DTORCH_API_INCLUDE_EXTENSION_H"]
 BUILD = HERE / "_build"
