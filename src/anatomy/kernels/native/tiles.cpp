@@ -206,8 +206,9 @@ void tiles_portable(const Codes& a, int64_t m0, int64_t M, int64_t K, const uint
 // A group's 16 codes vectors unpacked once for the M rows of x: int8 activations take the 8 vectors of
 // 4-byte pieces, int16 ones each piece as two int16 pairs (its inputs 0 and 2, then 1 and 3)
 // (q5 tiles: 16 added to each code whose fifth bit its piece's mask sets)
+// (l4 tiles: each code's level; `shifted`: plus 128, an unsigned byte, the table shifted once for the 8 lookups)
 template <int T>
-AVX512_VNNI inline void unpack(const uint8_t* block, __m512i (&q)[8]) {
+AVX512_VNNI inline void unpack(const uint8_t* block, __m512i (&q)[8], bool shifted = false) {
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int v = 0; v < 4; ++v) {
     const __m512i packed = _mm512_loadu_si512(block + CODES<T> + 64 * v);
@@ -215,7 +216,8 @@ AVX512_VNNI inline void unpack(const uint8_t* block, __m512i (&q)[8]) {
     q[v + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
   }
   if constexpr (T == L4) {  // each code's level: vpshufb on the table, the same 16 bytes in every 128-bit lane
-    const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + LEVELS)));
+    __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + LEVELS)));
+    if (shifted) levels = _mm512_xor_si512(levels, _mm512_set1_epi8(static_cast<char>(0x80)));
     for (int j = 0; j < 8; ++j) q[j] = _mm512_shuffle_epi8(levels, q[j]);
   }
   if constexpr (FIVE<T>) {
@@ -269,12 +271,11 @@ AVX512_VNNI inline void unpack_q8(const uint8_t* block, __m512i (&q)[16]) {
 // a q8 or l4 tile's group for int8 activations: each signed code plus 128, an unsigned byte
 template <int T>
 AVX512_VNNI inline void unpack_shifted(const uint8_t* block, __m512i (&q)[8]) {
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  if constexpr (T == Q8)
+  if constexpr (T == Q8) {
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     for (int j = 0; j < 8; ++j) q[j] = _mm512_xor_si512(_mm512_loadu_si512(block + 32 + 64 * j), flip);
-  else {
-    unpack<T>(block, q);
-    for (int j = 0; j < 8; ++j) q[j] = _mm512_xor_si512(q[j], flip);
+  } else {
+    unpack<T>(block, q, true);
   }
 }
 
