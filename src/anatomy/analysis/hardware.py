@@ -24,7 +24,8 @@ from anatomy.text_file import read_text
 @dataclass(frozen=True)
 class Hardware:
     name: str
-    peak_flops: dict[str, float]  # dense FLOP/s by compute dtype: f32, bf16, f16 (or "any")
+    # dense FLOP/s by compute dtype: f32, bf16, f16 (or "any"); int8, amx: the integer products' (a profile's)
+    peak_flops: dict[str, float]
     bandwidth: float  # memory bytes/s
     memory_bytes: float | None = None
     source: str = ""
@@ -184,19 +185,22 @@ def measure_matmul_peak(device: torch.device, *, size: int = 1024, repeats: int 
     return 2.0 * size ** 3 / _best_seconds(lambda: a @ b, repeats, device)
 
 
-INTEGER_PRODUCTS = {"int8": "int8", "int16": "int8", "amx": "amx"}  # a kernel's products -> the roof they run under
+# a kernel's integer products (kernels/candidates.py `products`) -> the roof they run under. int16 products
+# take the int8 one: a pass's rows far from a sampled one run the plan's int8 kernel (sampled_rows.py), so a
+# product planned on int16 may run at up to the int8 rate, which no int16 roof would bound
+INTEGER_PRODUCTS = {"int8": "int8", "int16": "int8", "amx": "amx"}
 
 
 def measure_integer_peaks(*, repeats: int = 3) -> dict[str, float]:
-    """This CPU's roofs for anatomy's integer products (kernels/candidates.py `products`), FLOP/s at 2 a
-    multiply-add: "int8", AVX-512 VNNI's int8 instruction alone on every thread (anatomy::integer_peak; an
-    int16 product runs half as many per instruction, under the same roof); "amx", anatomy's q8 tiles on AMX
-    at 256 rows of [2048, 2048] (its best measured product). Only those this CPU runs."""
+    """This CPU's roofs for anatomy's integer products, FLOP/s at 2 a multiply-add: "int8", AVX-512 VNNI's
+    int8 multiply-add alone on every thread (anatomy::integer_peak); "amx", anatomy's q8 tiles on AMX at 256
+    rows of [2048, 2048]: that kernel's best measured rate, not an instruction's (no AMX peak is measured
+    apart from it). Only those this CPU runs."""
     from anatomy.kernels import native
 
     peaks = {}
     if native.loaded() and native.runs("avx512-vnni"):
-        peaks["int8"] = 2 * max(torch.ops.anatomy.integer_peak(8, 100_000) for _ in range(repeats))
+        peaks["int8"] = 2 * max(torch.ops.anatomy.integer_peak(100_000) for _ in range(repeats))
     if native.loaded() and native.runs("amx"):
         gen = torch.Generator().manual_seed(0)
         codes = torch.randint(-127, 128, (2048, 2048), dtype=torch.int8, generator=gen)

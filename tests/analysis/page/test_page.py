@@ -107,6 +107,22 @@ class _References(HTMLParser):
                 self.references.append(value)
 
 
+def test_a_further_compute_roof_is_drawn_flat_from_its_own_ridge():
+    """A profile's integer products peak: a dashed roof from its ridge (peak / bandwidth) to the right edge,
+    named in the legend, the axis reaching above it."""
+    import re
+
+    from anatomy.analysis.page.charts import RoofPoint, roofline_svg
+
+    hardware = {"name": "here", "peak_flops": 1e11, "bandwidth": 1e10, "more_peaks": {"int8 products": 8e11}}
+    point = RoofPoint("gemm", "prefill", {"intensity": 200.0, "bound": "compute"}, achieved=4e11, tip="gemm")
+    svg = roofline_svg(hardware, [point], dtype="f32")
+    more = re.findall(r'<path class="roof roof-more" d="M([\d.]+),([\d.]+) L([\d.]+),([\d.]+)"', svg)
+    assert len(more) == 1 and more[0][1] == more[0][3]  # flat
+    plain = roofline_svg({k: v for k, v in hardware.items() if k != "more_peaks"}, [point], dtype="f32")
+    assert "roof-more" not in plain and "int8 products" in svg and "800 GFLOP/s" in svg
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED_PARTS))
 def test_the_page_refers_to_nothing_outside_itself(reports, name):
     page = inspect_page(reports[name])

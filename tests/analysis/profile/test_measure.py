@@ -236,7 +236,9 @@ def test_a_linear_row_is_roofed_by_the_products_its_kernel_runs(kernel, peak):
     from anatomy.analysis.profile.weights import LinearWeight
     from anatomy.analysis.trace import TraceRow
 
-    weight = LinearWeight((64, 64), 4096, kernel, 4096) if kernel else None
+    from anatomy.kernels.candidates import KERNELS_BY_NAME
+
+    weight = LinearWeight((64, 64), 4096, kernel, 4096, products=KERNELS_BY_NAME[kernel].products) if kernel else None
     row = Row(RowKey("m", "", 0, "linear"), "qkv_ffn_gemm", TraceRow("prefill", "m", "linear", [], [], 1e10, 1e3),
               time_s=1.0, calls=1, weight=weight)
     d = row_dict(row, Roofs(1e11, 2e10, 1e-5, integer={"int8": 8e11, "amx": 3e12}))
@@ -245,18 +247,52 @@ def test_a_linear_row_is_roofed_by_the_products_its_kernel_runs(kernel, peak):
 
 
 def test_the_integer_peaks_are_measured_only_where_the_cpu_runs_them():
+    """The int8 roof is VNNI's instruction rate on every thread: above what one product of the int8 tiles
+    reaches (their loop does more than the multiply-adds), and absent under a limit below VNNI."""
     from anatomy.analysis.hardware import measure_integer_peaks
     from anatomy.kernels import native
 
     if not native.loaded() or not native.runs("avx512-vnni"):
         pytest.skip(f"this CPU runs {native.isa()}: no AVX-512 VNNI products to measure")
-    peaks = measure_integer_peaks(repeats=1)
-    assert peaks["int8"] > 0 and ("amx" in peaks) == native.runs("amx")
+    with pytest.raises(RuntimeError, match="iterations = 0: must be positive"):
+        torch.ops.anatomy.integer_peak(0)
+    peaks = measure_integer_peaks(repeats=3)
+    assert ("amx" in peaks) == native.runs("amx")
+    codes = torch.randint(-127, 128, (512, 512), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+    tiles, x = torch.ops.anatomy.pack_q8_tiles(codes, torch.full((512, 16), 1e-2)), torch.randn(64, 512)
+    best = min(_seconds(lambda: torch.ops.anatomy.q8_tiles_linear(x, tiles, False, 8)) for _ in range(3))
+    assert peaks["int8"] > 2 * 64 * 512 * 512 / best
     with native.limited("avx512"):
-        assert measure_integer_peaks(repeats=1) == {}
-        assert torch.ops.anatomy.integer_peak(8, 10) == 0.0
-    with pytest.raises(RuntimeError, match="bits = 4: 8 or 16"):
-        torch.ops.anatomy.integer_peak(4, 10)
+        assert measure_integer_peaks(repeats=1) == {} and torch.ops.anatomy.integer_peak(10) == 0.0
+
+
+def _seconds(fn) -> float:
+    import time
+
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def test_a_given_machines_roofs_are_its_own():
+    """integer_roofs measures nothing on a Hardware the caller gave (a test's or a named accelerator's roofs)."""
+    from anatomy.analysis.profile.machine import Machine
+
+    machine = Machine(MACHINE)
+    assert machine.integer_roofs() is MACHINE and machine.roofs("f32") is MACHINE
+
+
+def test_the_attention_pairs_by_name_with_the_one_unmatched_row():
+    """Around the attention the trace gathers the cache (index_select, repeat) where the engine reads it in
+    place: the attention op still takes the attention row, and no other op pairs by name alone."""
+    from anatomy.analysis.profile.match import _align
+
+    trace_ops = ["view", "reshape", "index_select", "view", "transpose", "reshape", "repeat",
+                 "scaled_dot_product_attention", "reshape", "transpose", "reshape"]
+    ops = ["view", "to", "scaled_dot_product_attention", "transpose", "reshape", "mul"]
+    out = _align(trace_ops, ops)
+    assert out[2] == 7 and out[1] is None and out[5] is None
+    assert _align(trace_ops + ["scaled_dot_product_attention"], ops)[2] is None  # two rows: no guess
 
 
 def test_predicted_keeps_overhead_rows_at_their_time(reports):

@@ -27,12 +27,15 @@ class RoofPoint:
 
 
 def roofline_svg(hardware: dict[str, Any], points: list[RoofPoint], *, dtype: str) -> str:
+    """`hardware`: name, peak_flops, bandwidth, and optionally more_peaks {label: FLOP/s}: further compute
+    roofs (a profile's integer products), each drawn from its own ridge."""
     peak, bandwidth = hardware["peak_flops"], hardware["bandwidth"]
+    more = hardware.get("more_peaks", {})
     ridge = peak / bandwidth
-    xs = [p.values["intensity"] for p in points] + [ridge]
+    xs = [p.values["intensity"] for p in points] + [ridge] + [v / bandwidth for v in more.values()]
     x_lo = 10 ** math.floor(math.log10(min(xs) / 3))
     x_hi = 10 ** math.ceil(math.log10(max(xs) * 3))
-    y_hi = 10 ** math.ceil(math.log10(peak * 2))
+    y_hi = 10 ** math.ceil(math.log10(max([peak, *more.values()]) * 2))
     y_lo = 10 ** math.floor(math.log10(min(bandwidth * x_lo, *(_attained(p, peak, bandwidth) for p in points)) / 2))
     sx = _log_scale(x_lo, x_hi, LEFT, W - RIGHT)
     sy = _log_scale(y_lo, y_hi, H - BOTTOM, TOP)
@@ -51,8 +54,12 @@ def roofline_svg(hardware: dict[str, Any], points: list[RoofPoint], *, dtype: st
     out.append(f'<line class="ridge" x1="{sx(ridge):.1f}" x2="{sx(ridge):.1f}" y1="{sy(peak):.1f}" '
                f'y2="{H - BOTTOM}"/>')
     out.append(f'<text class="roof-label" x="{sx(ridge) + 6:.1f}" y="{H - BOTTOM - 8}">ridge {ridge:.3g}</text>')
+    for label, value in more.items():
+        flat = f"M{sx(value / bandwidth):.1f},{sy(value):.1f} L{sx(x_hi):.1f},{sy(value):.1f}"
+        out.append(f'<path class="roof roof-more" d="{flat}" data-tip="{esc(label)}: {si(value, "FLOP/s")}"/>')
     legend = [f"memory roof {si(bandwidth, 'B/s')} × intensity",
               f"compute roof {si(peak, 'FLOP/s')} ({dtype}, dense)"]
+    legend += [f"compute roof {si(value, 'FLOP/s')} ({label}, dashed)" for label, value in more.items()]
     out += [f'<text class="roof-label" x="{LEFT + 12}" y="{TOP + 20 + 17 * k}">{esc(line)}</text>'
             for k, line in enumerate(legend)]
     out += [_point(p, sx, sy, peak, bandwidth, k) for k, p in enumerate(points)]

@@ -68,7 +68,9 @@ def _position_bars(report: dict[str, Any], d: dict[str, Any]) -> str:
 
 def _roofline(report: dict[str, Any], phase: str, d: dict[str, Any]) -> str:
     m = report["machine"]
-    hardware = {"name": "this machine", "peak_flops": m["peak_flops_per_s"], "bandwidth": m["bandwidth_bytes_per_s"]}
+    labels = profile_render.ROOF_LABELS  # the integer products' roofs beside the float one
+    hardware = {"name": "this machine", "peak_flops": m["peak_flops_per_s"], "bandwidth": m["bandwidth_bytes_per_s"],
+                "more_peaks": {labels[k]: v for k, v in m["peak_flops_per_s_by_dtype"].items() if k in labels}}
     points = []
     for o in d["ops"]:
         if not o["flops"] or not o["bytes"] or not o["time_s"]:

@@ -42,7 +42,6 @@ class Machine:
                                                 source=hw.source.replace(" matmul", f"/{dtype} matmul", 1), notes="")
         return self.hardware
 
-
     def integer_roofs(self) -> Hardware:
         """The roofs with the peaks of the integer products this CPU runs added (hardware.py), measured
         once; a given Hardware's roofs are its own."""

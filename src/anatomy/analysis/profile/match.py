@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections import Counter
 from dataclasses import dataclass
 
 from anatomy.analysis.trace import TraceRow
@@ -23,6 +22,7 @@ _SAME = {"split_with_sizes": "split", "select": "getitem", "slice": "getitem", "
          "radd": "add", "iadd": "add_", "rmul": "mul", "truediv": "div", "rsub": "sub", "float": "to",
          # anatomy's own operators for the torch call
          "decode_attention": "scaled_dot_product_attention", "causal_attention": "scaled_dot_product_attention"}
+ATTENTION = "scaled_dot_product_attention"  # the one op a trace row and a timed op may pair by name alone
 
 
 def canonical(path: str) -> tuple[str, int | None]:
@@ -101,13 +101,13 @@ def _align(trace: list[str], ops: list[str]) -> list[int | None]:
 
 
 def _pair_unique(trace: list[str], ops: list[str], out: list[int | None]) -> list[int | None]:
-    """An op left unmatched whose name only one unmatched trace row and no other unmatched op has is
-    that row: the attention op among glue the trace lays out otherwise (its cache's gathers and repeats)."""
-    free_rows = Counter(name for i, name in enumerate(trace) if i not in set(out))
-    free_ops = Counter(name for name, index in zip(ops, out) if index is None)
-    for j, (name, index) in enumerate(zip(ops, out)):
-        if index is None and free_rows[name] == 1 and free_ops[name] == 1:
-            out[j] = next(i for i, row in enumerate(trace) if row == name and i not in set(out))
+    """An attention op left unmatched is the module's one unmatched attention row, where each side has one:
+    the trace lays out the glue around it otherwise (the cache's gathers and repeats)."""
+    taken = set(out)
+    rows = [i for i, name in enumerate(trace) if name == ATTENTION and i not in taken]
+    unmatched = [j for j, (name, index) in enumerate(zip(ops, out)) if name == ATTENTION and index is None]
+    if len(rows) == 1 and len(unmatched) == 1:
+        out[unmatched[0]] = rows[0]
     return out
 
 

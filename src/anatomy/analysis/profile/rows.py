@@ -21,7 +21,6 @@ from anatomy.analysis.profile.match import RowKey, TraceIndex, canonical
 from anatomy.analysis.profile.positions import position_of
 from anatomy.analysis.profile.weights import LinearWeight, WeightTable
 from anatomy.analysis.trace import TraceRow
-from anatomy.kernels.candidates import KERNELS_BY_NAME
 
 PYTHON = "(python)"
 CAUSAL_KERNELS = ("causal_attention",)  # anatomy's kernel reads each query's keys up to its own only
@@ -66,8 +65,7 @@ class Roofs:
     def peak(self, row: Row) -> float:
         """The compute roof of a row: its planned kernel's integer products' peak where measured, else the
         compute dtype's matmul peak."""
-        kernel = row.weight.kernel if row.weight is not None else None
-        products = KERNELS_BY_NAME[kernel].products if kernel in KERNELS_BY_NAME else None
+        products = row.weight.products if row.weight is not None else None
         return self.integer.get(INTEGER_PRODUCTS.get(products, ""), self.peak_flops_per_s)
 
     def time(self, flops: float, nbytes: float, peak: float | None = None) -> float:

@@ -25,6 +25,7 @@ class LinearWeight:
     kernel: str | None = None  # the planned kernel for this call's rows
     read_bytes: int | None = None  # bytes of the layout that kernel reads
     plan_s: float | None = None  # the plan's measured seconds per call of that kernel
+    products: str | None = None  # that kernel's integer products (kernels/candidates.py), None: float
 
     @property
     def bytes(self) -> int:
@@ -56,9 +57,9 @@ class WeightTable:
         planned = self._planned(path, _rows(row))
         return LinearWeight(shape, nbytes, *planned) if planned else LinearWeight(shape, nbytes)
 
-    def _planned(self, path: str, rows: int) -> tuple[str, int, float] | None:
-        """(kernel, layout bytes, plan seconds) that PlannedLinear routes `rows` rows to: the first
-        phase whose max_rows holds them, the last phase for any more."""
+    def _planned(self, path: str, rows: int) -> tuple[str, int, float, str | None] | None:
+        """(kernel, layout bytes, plan seconds, its integer products) that PlannedLinear routes `rows` rows
+        to: the first phase whose max_rows holds them, the last phase for any more."""
         if self.plan is None:
             return None
         from anatomy.errors import InputError
@@ -73,8 +74,8 @@ class WeightTable:
                      None)
         if phase is None:
             return None
-        kernel = w.choices[phase.name]
-        return kernel, w.form_bytes[KERNELS_BY_NAME[kernel].form.name], w.seconds(phase.name)
+        kernel = KERNELS_BY_NAME[w.choices[phase.name]]
+        return kernel.name, w.form_bytes[kernel.form.name], w.seconds(phase.name), kernel.products
 
 
 def loaded_weights(model: nn.Module) -> dict[str, tuple[tuple[int, ...], int]]:

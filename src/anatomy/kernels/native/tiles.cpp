@@ -206,9 +206,10 @@ void tiles_portable(const Codes& a, int64_t m0, int64_t M, int64_t K, const uint
 // A group's 16 codes vectors unpacked once for the M rows of x: int8 activations take the 8 vectors of
 // 4-byte pieces, int16 ones each piece as two int16 pairs (its inputs 0 and 2, then 1 and 3)
 // (q5 tiles: 16 added to each code whose fifth bit its piece's mask sets)
-// (l4 tiles: each code's level; `shifted`: plus 128, an unsigned byte, the table shifted once for the 8 lookups)
-template <int T>
-AVX512_VNNI inline void unpack(const uint8_t* block, __m512i (&q)[8], bool shifted = false) {
+// (l4 tiles: each code's level; SHIFTED: plus 128, an unsigned byte, the table shifted once for the 8 lookups)
+template <int T, bool SHIFTED = false>
+AVX512_VNNI inline void unpack(const uint8_t* block, __m512i (&q)[8]) {
+  static_assert(!SHIFTED || T == L4, "only an l4 tile's levels are shifted in the lookup");
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int v = 0; v < 4; ++v) {
     const __m512i packed = _mm512_loadu_si512(block + CODES<T> + 64 * v);
@@ -217,7 +218,7 @@ AVX512_VNNI inline void unpack(const uint8_t* block, __m512i (&q)[8], bool shift
   }
   if constexpr (T == L4) {  // each code's level: vpshufb on the table, the same 16 bytes in every 128-bit lane
     __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + LEVELS)));
-    if (shifted) levels = _mm512_xor_si512(levels, _mm512_set1_epi8(static_cast<char>(0x80)));
+    if constexpr (SHIFTED) levels = _mm512_xor_si512(levels, _mm512_set1_epi8(static_cast<char>(0x80)));
     for (int j = 0; j < 8; ++j) q[j] = _mm512_shuffle_epi8(levels, q[j]);
   }
   if constexpr (FIVE<T>) {
@@ -275,7 +276,7 @@ AVX512_VNNI inline void unpack_shifted(const uint8_t* block, __m512i (&q)[8]) {
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     for (int j = 0; j < 8; ++j) q[j] = _mm512_xor_si512(_mm512_loadu_si512(block + 32 + 64 * j), flip);
   } else {
-    unpack<T>(block, q, true);
+    unpack<T, true>(block, q);
   }
 }
 
