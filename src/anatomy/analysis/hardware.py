@@ -189,6 +189,7 @@ def measure_matmul_peak(device: torch.device, *, size: int = 1024, repeats: int 
 # take the int8 one: a pass's rows far from a sampled one run the plan's int8 kernel (sampled_rows.py), so a
 # product planned on int16 may run at up to the int8 rate, which no int16 roof would bound
 INTEGER_PRODUCTS = {"int8": "int8", "int16": "int8", "amx": "amx"}
+INTEGER_ROOFS = frozenset(INTEGER_PRODUCTS.values())  # their names among a Hardware's peak_flops
 
 
 def measure_integer_peaks(*, repeats: int = 3) -> dict[str, float]:

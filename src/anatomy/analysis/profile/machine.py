@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from anatomy import dtypes
-from anatomy.analysis.hardware import (INTEGER_PRODUCTS, Hardware, measure_integer_peaks, measure_local,
+from anatomy.analysis.hardware import (INTEGER_ROOFS, Hardware, measure_integer_peaks, measure_local,
                                        measure_matmul_peak)
 
 BUSY_SHARE = 0.1  # other processes' share of the machine's CPU time above which the report warns
@@ -46,7 +46,7 @@ class Machine:
         """The roofs with the peaks of the integer products this CPU runs added (hardware.py), measured
         once; a given Hardware's roofs are its own."""
         hw = self.hardware
-        if hw is not None and hw.name == "local" and not set(INTEGER_PRODUCTS.values()) & set(hw.peak_flops):
+        if hw is not None and hw.name == "local" and not INTEGER_ROOFS & set(hw.peak_flops):
             if peaks := measure_integer_peaks():
                 self.hardware = dataclasses.replace(hw, peak_flops={**hw.peak_flops, **peaks},
                                                     source=hw.source + "; integer products: " + ", ".join(peaks))

@@ -22,7 +22,7 @@ from torch import nn
 from anatomy import dtypes
 from anatomy.kv_format import kv_bytes_per_token
 from anatomy.analysis import trace as shape_trace
-from anatomy.analysis.hardware import INTEGER_PRODUCTS, Hardware
+from anatomy.analysis.hardware import INTEGER_ROOFS, Hardware
 from anatomy.analysis.params import parameter_ledger
 from anatomy.analysis.profile.calls import take_apart
 from anatomy.analysis.profile.checks import check_shape
@@ -85,7 +85,7 @@ def measure(model: nn.Module, *, options: ProfileOptions = ProfileOptions(), nam
         machine = measured.integer_roofs()
     positions = module_positions(work.model)
     weights = WeightTable(model, work.plan)
-    integer = {k: v for k, v in machine.peak_flops.items() if k in INTEGER_PRODUCTS.values()}
+    integer = {k: v for k, v in machine.peak_flops.items() if k in INTEGER_ROOFS}
     roofs = Roofs(machine.peak(compute), machine.bandwidth, measured.op_latency_s, integer=integer)
     ranges = NamedRanges(work.model)
     load = cpu_sample()

@@ -68,12 +68,11 @@ class Roofs:
         products = row.weight.products if row.weight is not None else None
         return self.integer.get(INTEGER_PRODUCTS.get(products, ""), self.peak_flops_per_s)
 
-    def time(self, flops: float, nbytes: float, peak: float | None = None) -> float:
-        return max(flops / (peak or self.peak_flops_per_s), nbytes / self.bandwidth_bytes_per_s)
+    def time(self, flops: float, nbytes: float, peak: float) -> float:
+        return max(flops / peak, nbytes / self.bandwidth_bytes_per_s)
 
-    def bound(self, flops: float, nbytes: float, peak: float | None = None) -> str:
-        compute = flops / (peak or self.peak_flops_per_s)
-        return "compute" if compute >= nbytes / self.bandwidth_bytes_per_s else "bandwidth"
+    def bound(self, flops: float, nbytes: float, peak: float) -> str:
+        return "compute" if flops / peak >= nbytes / self.bandwidth_bytes_per_s else "bandwidth"
 
 
 def middle_steps(steps: list[Step]) -> list[Step]:
