@@ -8,7 +8,8 @@
 // floats a block of KEYS slots at a time, in a buffer that stays in the L1 cache, so a step reads the
 // cache's own bytes (a quarter of float32's for 8-bit codes) and never a full-precision copy of it.
 // Softmax is the online (flash) form over the blocks; one task per (batch row, KV head, slice of the
-// slots), the slices merged at the end, so that 3 KV heads at batch 1 still keep 2 threads busy.
+// slots), the slices merged at the end, so that 3 KV heads at batch 1 still keep 2 threads busy. A thread
+// asks for its next task's keys and values (into L2) while it computes one (Fetch): the cache comes cold.
 //
 // The loops are vectorized for AVX-512 (16 lanes) and AVX2 (8 lanes): the scores of a vector's width of
 // keys summed across lanes together, the weighted sum over keys with the head's output in registers;
@@ -67,6 +68,18 @@ inline int64_t offset(const Cache& c, int64_t b, int64_t h, int64_t t, int64_t s
   return c.table[b * c.nb + t / c.bs] * sb + h * sh + (t % c.bs) * st;
 }
 
+// each(i, at, scale_at) for rows t0 + i, i < n, of one (b, h): where the row starts in the data and in the
+// scales (offset's), found once per run of slots in one block (a paged cache's) instead of once per row
+template <typename Each>
+ANATOMY_INLINE void each_row(const Cache& c, int64_t b, int64_t h, int64_t t0, int64_t n, Each each) {
+  for (int64_t i = 0; i < n;) {
+    const int64_t t = t0 + i, run = c.table ? std::min(n - i, c.bs - t % c.bs) : n - i;
+    int64_t at = offset(c, b, h, t, c.sb, c.sh, c.st);
+    int64_t scale_at = c.scale ? offset(c, b, h, t, c.ssb, c.ssh, c.sst) : 0;
+    for (const int64_t stop = i + run; i < stop; ++i, at += c.st, scale_at += c.sst) each(i, at, scale_at);
+  }
+}
+
 #if ANATOMY_X86
 // n float16 values widened to float32 by F16C, 8 at a time
 AVX2 void widen_f16(const uint16_t* src, float* dst, int64_t n) {
@@ -91,8 +104,7 @@ inline float bf16_to_float(uint16_t x) {
 // rows [t0, t0 + n) of one (b, h) of the cache as floats: out[i * d + j]
 ANATOMY_INLINE void decode_rows(const Cache& c, const float* lut, int64_t b, int64_t h,
                                                        int64_t t0, int64_t n, int64_t d, float* out) {
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t at = offset(c, b, h, t0 + i, c.sb, c.sh, c.st);
+  each_row(c, b, h, t0, n, [&](int64_t i, int64_t at, int64_t scale_at) {
     float* row = out + i * d;
     if (c.kind == F32) {
       std::memcpy(row, static_cast<const float*>(c.data) + at, d * sizeof(float));
@@ -109,15 +121,15 @@ ANATOMY_INLINE void decode_rows(const Cache& c, const float* lut, int64_t b, int
       }
     } else if (c.signed_codes) {
       const int8_t* src = static_cast<const int8_t*>(c.data) + at;
-      const float s = c.scale[offset(c, b, h, t0 + i, c.ssb, c.ssh, c.sst)];
+      const float s = c.scale[scale_at];
 #pragma omp simd
       for (int64_t j = 0; j < d; ++j) row[j] = static_cast<float>(src[j]) * s;
     } else {
       const uint8_t* src = static_cast<const uint8_t*>(c.data) + at;
-      const float s = c.scale[offset(c, b, h, t0 + i, c.ssb, c.ssh, c.sst)];
+      const float s = c.scale[scale_at];
       for (int64_t j = 0; j < d; ++j) row[j] = lut[src[j]] * s;
     }
-  }
+  });
 }
 
 // pointers to rows [t0, t0 + n) of one (b, h) as floats: the cache's own rows (float32), else decoded
@@ -125,12 +137,35 @@ ANATOMY_INLINE void decode_rows(const Cache& c, const float* lut, int64_t b, int
 ANATOMY_INLINE void rows_of(const Cache& c, const float* lut, int64_t b, int64_t h, int64_t t0,
                                                    int64_t n, int64_t d, float* buf, const float** rows) {
   if (c.kind == F32) {
-    for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<const float*>(c.data) + offset(c, b, h, t0 + i, c.sb, c.sh, c.st);
+    each_row(c, b, h, t0, n, [&](int64_t i, int64_t at, int64_t) { rows[i] = static_cast<const float*>(c.data) + at; });
     return;
   }
   decode_rows(c, lut, b, h, t0, n, d, buf);
   for (int64_t i = 0; i < n; ++i) rows[i] = buf + i * d;
 }
+
+// The key and value rows of one (b, h) and slots [t, t1) that a thread reads next (its next task's), asked
+// for into L2 `per` slots a call while it computes the task before. A decode step's cache comes cold from
+// memory (the weights streamed through the caches since the step before), and read as the loops use it,
+// row by row, it waits on memory's latency rather than its bandwidth. A prefetch is a hint: no value changes.
+struct Fetch {
+  const Cache* k = nullptr;
+  const Cache* v = nullptr;
+  int64_t b = 0, h = 0, t = 0, t1 = 0, d = 0, per = 0;
+
+  void some() {
+    const int64_t n = std::min(t1, t + per) - t;
+    if (n <= 0) return;
+    for (const Cache* c : {k, v}) {
+      const int64_t size = c->kind == F32 ? 4 : c->kind == CODES ? 1 : 2;  // bytes of an element
+      const char* data = static_cast<const char*>(c->data);
+      each_row(*c, b, h, t, n, [&](int64_t, int64_t at, int64_t) {
+        for (int64_t line = 0; line < d * size; line += 64) __builtin_prefetch(data + at * size + line, 0, 2);  // T1
+      });
+    }
+    t += n;
+  }
+};
 
 struct Partial {  // one slice's online-softmax state per query row: max, sum of exp, weighted values
   std::vector<float> max, sum, acc;
@@ -286,7 +321,7 @@ AVX512 inline float softmax_block(float* s, int64_t n, float& max, float& sum) {
 
 AVX512 void attend_slice_avx512(const float* q, int64_t R, int64_t d, const Cache& k, const Cache& v, const float* lut,
                                 const float* mask, int64_t mr, int64_t b, int64_t h, int64_t t0, int64_t t1, float scale,
-                                Partial& p) {
+                                Partial& p, Fetch& next) {
   p.max.assign(R, -std::numeric_limits<float>::infinity());
   p.sum.assign(R, 0.f);
   p.acc.assign(R * d, 0.f);
@@ -299,6 +334,7 @@ AVX512 void attend_slice_avx512(const float* q, int64_t R, int64_t d, const Cach
     rows_of(k, lut, b, h, start, n, d, kb, keys);
     rows_of(v, lut, b, h, start, n, d, vb, values);
     for (int64_t r = 0; r < R; ++r) {
+      next.some();
       scores16(q + r * d, keys, n, d, scale, mask ? mask + r * mr + start : nullptr, s.data() + r * KEYS);
       correction[r] = softmax_block(s.data() + r * KEYS, n, p.max[r], p.sum[r]);
     }
@@ -364,7 +400,7 @@ AVX2 inline void weigh_values(const float* w, const float* const* values, int64_
 
 AVX2 void attend_slice_avx2(const float* q, int64_t R, int64_t d, const Cache& k, const Cache& v, const float* lut,
                             const float* mask, int64_t mr, int64_t b, int64_t h, int64_t t0, int64_t t1, float scale,
-                            Partial& p) {
+                            Partial& p, Fetch& next) {
   p.max.assign(R, -std::numeric_limits<float>::infinity());
   p.sum.assign(R, 0.f);
   p.acc.assign(R * d, 0.f);
@@ -376,6 +412,7 @@ AVX2 void attend_slice_avx2(const float* q, int64_t R, int64_t d, const Cache& k
     rows_of(k, lut, b, h, start, n, d, kb, keys);
     rows_of(v, lut, b, h, start, n, d, vb, values);
     for (int64_t r = 0; r < R; ++r) {
+      next.some();
       scores8(q + r * d, keys, n, d, scale, mask ? mask + r * mr + start : nullptr, s);
       float block_max = -std::numeric_limits<float>::infinity();
       int64_t i = 0;
@@ -473,30 +510,56 @@ void run_portable(const Job& j, int64_t task, Partial& p) {
 }
 
 #if ANATOMY_X86
-AVX512 void run_avx512(const Job& j, int64_t task, Partial& p) {
+AVX512 void run_avx512(const Job& j, int64_t task, Partial& p, Fetch& next) {
   const Task t = task_of(j, task);
   if (j.d % 16 == 0)
-    attend_slice_avx512(t.q, j.R, j.d, j.k, j.v, j.lut, t.mask, j.mr, t.b, t.h, t.t0, t.t1, j.scale, p);
+    attend_slice_avx512(t.q, j.R, j.d, j.k, j.v, j.lut, t.mask, j.mr, t.b, t.h, t.t0, t.t1, j.scale, p, next);
   else
     attend_slice(t.q, j.R, j.d, j.k, j.v, j.lut, t.mask, j.mr, j.mt, t.b, t.h, t.t0, t.t1, j.scale, p);
 }
 
-AVX2 void run_avx2(const Job& j, int64_t task, Partial& p) {
+AVX2 void run_avx2(const Job& j, int64_t task, Partial& p, Fetch& next) {
   const Task t = task_of(j, task);
   if (j.d % 8 == 0)
-    attend_slice_avx2(t.q, j.R, j.d, j.k, j.v, j.lut, t.mask, j.mr, t.b, t.h, t.t0, t.t1, j.scale, p);
+    attend_slice_avx2(t.q, j.R, j.d, j.k, j.v, j.lut, t.mask, j.mr, t.b, t.h, t.t0, t.t1, j.scale, p, next);
   else
     attend_slice(t.q, j.R, j.d, j.k, j.v, j.lut, t.mask, j.mr, j.mt, t.b, t.h, t.t0, t.t1, j.scale, p);
 }
 #endif
 
-// one task by the vector code `level` (the portable loops where no vector path is compiled)
-void run(const Job& j, int64_t task, anatomy::Isa level, Partial& p) {
+// one task by the vector code `level` (the portable loops where no vector path is compiled); a vector
+// path asks for `next`'s rows as it goes (the portable loops check the arithmetic and ask for nothing)
+void run(const Job& j, int64_t task, anatomy::Isa level, Partial& p, Fetch& next) {
 #if ANATOMY_X86
-  if (level >= anatomy::Isa::Avx512) return run_avx512(j, task, p);
-  if (level == anatomy::Isa::Avx2) return run_avx2(j, task, p);
+  if (level >= anatomy::Isa::Avx512) return run_avx512(j, task, p, next);
+  if (level == anatomy::Isa::Avx2) return run_avx2(j, task, p, next);
 #endif
   run_portable(j, task, p);
+}
+
+// task's rows, asked for over `calls` calls of Fetch::some (all at the first with 1)
+Fetch fetch_of(const Job& j, int64_t task, int64_t calls) {
+  const Task t = task_of(j, task);
+  return {&j.k, &j.v, t.b, t.h, t.t0, t.t1, j.d, (t.t1 - t.t0 + calls - 1) / std::max<int64_t>(1, calls)};
+}
+
+// the calls of Fetch::some a task makes: one per query row and block of keys
+int64_t calls_of(const Job& j, int64_t task, anatomy::Isa level) {
+  const Task t = task_of(j, task);
+  const int64_t keys = level >= anatomy::Isa::Avx512 ? KEYS : KEYS_AVX2;
+  return (t.t1 - t.t0 + keys - 1) / keys * j.R;
+}
+
+// tasks [t0, t1) on one thread; on a vector path each one's rows asked for while the one before runs (the
+// first one's at once)
+void run_tasks(const Job& j, int64_t t0, int64_t t1, anatomy::Isa level, std::vector<Partial>& parts) {
+  const bool ask = level > anatomy::Isa::Portable;
+  Fetch next = ask ? fetch_of(j, t0, 1) : Fetch{};
+  next.some();
+  for (int64_t t = t0; t < t1; ++t) {
+    next = ask && t + 1 < t1 ? fetch_of(j, t + 1, calls_of(j, t, level)) : Fetch{};
+    run(j, t, level, parts[t], next);
+  }
 }
 
 // k or v as the attention reads it: [B, H, T, d], or a paged pool [N, bs, H, d] read through tables
@@ -573,9 +636,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   std::vector<Partial> parts(tasks);
   const anatomy::Isa level = anatomy::isa(portable);
   job.k.f16c = job.v.f16c = level >= anatomy::Isa::Avx2;
-  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) run(job, t, level, parts[t]);
-  });
+  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) { run_tasks(job, t0, t1, level, parts); });
   at::Tensor out = qf.new_empty({B, H, R, d});
   float* dst = out.data_ptr<float>();
   for (int64_t bh = 0; bh < B * H; ++bh) merge(parts.data() + bh * job.slices, job.slices, R, d, dst + bh * R * d);
