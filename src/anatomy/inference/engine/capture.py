@@ -4,8 +4,8 @@
     out = body.paged(inputs)   # logits [B, V] (body.logits), else the last hidden states [B, D]
 
 Why: a small model's eager decode step is bound by the Python around its operators. `torch.jit.trace`
-records the step once, as a function of its inputs and of the weights and pools it reads; TorchScript
-replays the same operators bit for bit without that Python. A trace holds only for the shapes it saw,
+records the step once, as a function of its inputs and of the weights and pools it reads, which are then
+bound into the graph; TorchScript replays the same operators bit for bit without that Python. A trace holds only for the shapes it saw,
 so a mixture of experts (routing by value) or a layer a trace cannot hold is not captured (None); the
 LM head joins only where it can. `compile_paged` is the same body under torch.compile (CUDA graphs).
 """
@@ -72,13 +72,15 @@ class PagedBody(nn.Module):
 class Captured:
     """A traced (or compiled) body, called with a paged step's inputs instead of its tensors;
     `logits`: it gives the LM head's logits (else the final hidden states); `held`: the tensors a
-    traced body takes after the step's own (the weights and pools it reads)."""
+    traced body reads besides the step's own (the weights and pools), bound into its graph; `unit`: the
+    compilation unit that holds the graph, and so those tensors, while this lives."""
 
-    def __init__(self, traced, *, logits: bool = False, scripted: bool = True, held: tuple[Tensor, ...] = ()) -> None:
-        self.traced, self.logits, self.scripted, self.held = traced, logits, scripted, held
+    def __init__(self, traced, *, logits: bool = False, scripted: bool = True, held: tuple[Tensor, ...] = (),
+                 unit=None) -> None:
+        self.traced, self.logits, self.scripted, self.held, self.unit = traced, logits, scripted, held, unit
 
     def paged(self, inputs) -> Tensor:
-        args = (inputs.ids, inputs.positions, *inputs.where.tensors(), *arguments(inputs.ctx), *self.held)
+        args = (inputs.ids, inputs.positions, *inputs.where.tensors(), *arguments(inputs.ctx))
         if not self.scripted:
             return self.traced(*args)
         # replayed as recorded: the graph executor's profiling and optimising passes cost time on
@@ -117,9 +119,9 @@ def compile_paged(stack: Stack, cache: nn.Module, inputs, *, head: nn.Module, mo
 
 def _trace(body: nn.Module, example: tuple[Tensor, ...]) -> Captured | None:
     """Trace the body as a function of its inputs and of every tensor it holds (weights, layouts, cache
-    pools), those passed as inputs too: TorchScript keeps a graph's tensor constants for the process's
-    life, so a dropped engine would keep its weights. A function trace makes no ScriptModule of each
-    submodule, as a module trace does."""
+    pools), those traced as inputs too: the traced function lives in TorchScript's own unit for the
+    process's life, so it must hold none of them (a dropped engine would keep its weights). A function
+    trace makes no ScriptModule of each submodule, as a module trace does."""
     held, n = held_tensors(body, skip=example), len(example)
     with warnings.catch_warnings(), torch.no_grad():  # parameters among the inputs: no autograd while tracing
         # deprecated for torch.compile; the route a planned layer picks by its row count is fixed by the shapes
@@ -129,11 +131,25 @@ def _trace(body: nn.Module, example: tuple[Tensor, ...]) -> Captured | None:
         except RuntimeError:  # a layer holds an object a trace cannot (e.g. a packed-weight handle)
             return None
     _simplify(traced.graph)
-    used = [bool(v.uses()) for v in list(traced.graph.inputs())[n:]]
-    return Captured(traced, held=tuple(t if u else _UNUSED for t, u in zip(held, used)))
+    return _bound(traced.graph, n, held)
 
 
-_UNUSED = torch.empty(0)  # passed for a held tensor the graph does not read (not kept alive by the replay)
+def _bound(traced: torch.Graph, n: int, held: tuple[Tensor, ...]) -> Captured:
+    """The traced graph with the held tensors (its inputs after the first n) made its constants, in a
+    compilation unit of its own: a replay converts only the step's few inputs, not the ~8 tensors a layer
+    reads (weights, norms, pools) at every call, and the unit, dropped with the engine, frees them."""
+    graph = traced.copy()
+    inputs, first = list(graph.inputs()), next(iter(graph.nodes()))
+    used = []
+    for i in reversed(range(n, len(inputs))):
+        if inputs[i].uses():
+            constant = graph.insertConstant(held[i - n].detach())  # the same storage, read and written in place
+            constant.node().moveBefore(first)
+            inputs[i].replaceAllUsesWith(constant)
+            used.append(held[i - n])
+        graph.eraseInput(i)
+    unit = torch._C.CompilationUnit()
+    return Captured(unit.create_function("step", graph), held=tuple(reversed(used)), unit=unit)
 
 
 def _simplify(graph: torch.Graph) -> None:
