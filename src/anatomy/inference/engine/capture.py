@@ -4,10 +4,10 @@
     out = body.paged(inputs)   # logits [B, V] (body.logits), else the last hidden states [B, D]
 
 Why: a small model's eager decode step is bound by the Python around its operators. `torch.jit.trace`
-records the step once, as a function of its inputs and of the weights and pools it reads, which are then
-bound into the graph; TorchScript replays the same operators bit for bit without that Python. A trace holds only for the shapes it saw,
-so a mixture of experts (routing by value) or a layer a trace cannot hold is not captured (None); the
-LM head joins only where it can. `compile_paged` is the same body under torch.compile (CUDA graphs).
+records the step once, its weights and pools then bound into the graph; TorchScript replays the same
+operators bit for bit without that Python. A trace holds only for the shapes it saw, so a mixture of
+experts (routing by value) or a layer a trace cannot hold is not captured (None); the LM head joins
+only where it can. `compile_paged` is the same body under torch.compile (CUDA graphs).
 """
 
 from __future__ import annotations
