@@ -229,7 +229,7 @@ def test_amx_is_offered_where_it_runs_and_refused_below():
         assert not amx & {k.name for fmt in fmts for k in candidates(fmt)}
         with pytest.raises(RuntimeError, match="runs no AMX"):
             torch.ops.anatomy.tiles_amx_linear(torch.randn(2, 128), packed(32, 128)[2])
-    sizes = r"320 \| 288 \| 384 \| 352 \| 544 \| 336"
+    sizes = r"320 \| 288 \| 296 \| 384 \| 352 \| 544 \| 336"
     with pytest.raises(RuntimeError, match=rf"tiles must be uint8 \[N/16, K/32, {sizes}\]"):
         torch.ops.anatomy.tiles_amx_linear(torch.randn(2, 128), torch.zeros(2, 4, 100, dtype=torch.uint8))
 
@@ -320,7 +320,7 @@ def test_bad_shapes_are_refused():
     _, q4, tiles = packed(32, 128)
     with pytest.raises(RuntimeError, match="not a multiple of 16"):
         torch.ops.anatomy.pack_q4_tiles(q4[:24])
-    with pytest.raises(RuntimeError, match=r"tiles must be uint8 \[N/16, K/32, 320 \| 288\] for K = 192"):
+    with pytest.raises(RuntimeError, match=r"tiles must be uint8 \[N/16, K/32, 320 \| 288 \| 296\] for K = 192"):
         torch.ops.anatomy.q4_tiles_linear(torch.randn(1, 192), tiles)
     with pytest.raises(RuntimeError, match="multiple of 64"):
         torch.ops.anatomy.q4_tiles_linear(torch.randn(1, 96), tiles)

@@ -34,15 +34,22 @@ def iq4(N: int, K: int) -> torch.nn.Module:
     return format_from_gguf(blocks.reshape(-1), TENSOR_TYPES_BY_NAME["IQ4_NL"], (N, K), label="w")
 
 
+def q4k(N: int, K: int) -> torch.nn.Module:
+    rng = np.random.default_rng(2)
+    blocks = rng.integers(0, 256, size=(N * K // 256, 144), dtype=np.uint8)
+    blocks[:, 0:4] = (rng.random((N * K // 256, 2)) * 1e-3).astype(np.float16).view(np.uint8)  # d, dmin
+    return format_from_gguf(blocks.reshape(-1), TENSOR_TYPES_BY_NAME["Q4_K"], (N, K), label="w")
+
+
 def formats(N: int = 208, K: int = 512) -> list:
     torch.manual_seed(0)
     w = torch.randn(N, K) * 0.05 + 0.01
     return [Int4Weight.from_float(w, group=32), Int4Weight.from_float(w, group=256), Int5Weight.from_float(w, group=32),
-            Int8GroupWeight.from_float(w), q6k(N, K), iq4(N, K)]
+            Int8GroupWeight.from_float(w), q6k(N, K), iq4(N, K), q4k(N, K)]
 
 
 def test_the_piecewise_forms_include_the_tiles_and_row_layouts():
-    want = {"q4x", "q5x", "q8x", "q6x"} | ({"q4t", "q5t", "q8t", "l4t"} if native.runs("avx512-vnni") else set())
+    want = {"q4x", "q5x", "q8x", "q6x"} | ({"q4t", "q5t", "q8t", "l4t", "k4t"} if native.runs("avx512-vnni") else set())
     assert want <= set(FORMS)
 
 

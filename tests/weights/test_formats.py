@@ -91,7 +91,7 @@ def test_q5_k_blocks_carry_over_exactly():
 
 def test_q4_k_blocks_carry_over_exactly():
     fmt = _assert_same_as_ggml(_random_q4_k(16, 2), "Q4_K", (16, 512))
-    assert isinstance(fmt, Int4Weight) and fmt.group == 32 and fmt.signature == "int4[16,512]g32"
+    assert isinstance(fmt, Int4Weight) and fmt.group == 32 and fmt.signature == "int4[16,512]g32k"  # k: its factors per 256
 
 
 def test_real_q4_1_and_q8_0_tensors_of_the_shipped_file(smollm2_gguf_path):

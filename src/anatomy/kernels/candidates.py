@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from anatomy.errors import InputError
 from anatomy.kernels import native
 from anatomy.weights.formats import FloatWeight, Int4Weight, Int5Weight, Int8GroupWeight, Int8Weight, WeightFormat
 from anatomy.weights.int6 import SUPER, Int6Weight
@@ -208,6 +209,18 @@ def _build_q5t(fmt: Int5Weight) -> Prepared:
     return (torch.ops.anatomy.pack_q5_tiles(_build_q5x(fmt)[0], fmt.symmetric),)
 
 
+def _k4t_ok(fmt: WeightFormat) -> bool:
+    return isinstance(fmt, Int4Weight) and _tiles_ok(fmt) and fmt.factored
+
+
+def _build_k4t(fmt: Int4Weight) -> Prepared:
+    factors = fmt.factors()
+    if factors is None:
+        raise InputError(f"{fmt.label} {fmt.signature}: its scales and offsets do not factor per 256 inputs "
+                         "(Int4Weight.factors); k4 tiles cannot hold it")
+    return (torch.ops.anatomy.pack_k4_tiles(fmt.codes, *factors),)  # [N/16, K/32, 296]
+
+
 def _tile_bytes(fmt: Int4Weight | Int5Weight) -> int:
     """Bytes a q4 or q5 tile holds per 16 rows and 32 inputs (tiles.cpp): 32 fewer without the offsets."""
     full = 320 if isinstance(fmt, Int4Weight) else 384
@@ -347,6 +360,7 @@ Q8T = Form("q8t", _build_q8t, lambda f: isinstance(f, Int8GroupWeight) and f.gro
 Q6T = Form("q6t", _build_q6t, lambda f: isinstance(f, Int6Weight) and f.shape[1] % SUPER == 0 and _tiles_ok(f),
            lambda f: _numel(f) // SUPER * 210, rows=_q6t_rows, piece_rows=16)
 L4T = Form("l4t", _build_l4t, _l4t_ok, lambda f: _numel(f) // 512 * 336, rows=_l4t_rows, piece_rows=16)
+K4T = Form("k4t", _build_k4t, _k4t_ok, lambda f: _numel(f) // 512 * 296, piece_rows=16)
 
 
 # -- kernels -------------------------------------------------------------------------------------
@@ -519,7 +533,10 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("q5t16", Q5T, None, _bind_tiles("q5_tiles_linear", 16), compiles=False, products="int16"),
     Kernel("q8t", Q8T, None, _bind_tiles("q8_tiles_linear", 8), compiles=False, products="int8"),
     Kernel("q8t16", Q8T, None, _bind_tiles("q8_tiles_linear", 16), compiles=False, products="int16"),
+    Kernel("k4t", K4T, None, _bind_tiles("q4_tiles_linear", 8), compiles=False, products="int8"),
+    Kernel("k4t16", K4T, None, _bind_tiles("q4_tiles_linear", 16), compiles=False, products="int16"),
     Kernel("q4t16/amx", Q4T, None, _bind_amx, accepts=_amx, compiles=False, products="amx"),
+    Kernel("k4t16/amx", K4T, None, _bind_amx, accepts=_amx, compiles=False, products="amx"),
     Kernel("q5t16/amx", Q5T, None, _bind_amx, accepts=_amx, compiles=False, products="amx"),
     Kernel("q8t16/amx", Q8T, None, _bind_amx, accepts=_amx, compiles=False, products="amx"),
     Kernel("q6s/amx", Q6X, None, _bind_q6_amx, accepts=_amx_tiles, compiles=False, products="amx"),

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from anatomy.kernels import native
-from anatomy.kernels.candidates import KERNELS_BY_NAME, L4T, Q4T, Q5T, Q6T, Q8T, Form
+from anatomy.kernels.candidates import K4T, KERNELS_BY_NAME, L4T, Q4T, Q5T, Q6T, Q8T, Form
 from anatomy.kernels.decisions import decided
 from anatomy.kernels.norm import NativeRMSNorm
 from anatomy.kernels.planned_linear import PlannedLinear
@@ -49,7 +49,8 @@ TILES = {"q4x": (Q4T, lambda held, fmt: torch.ops.anatomy.pack_q4_tiles(held, fm
 INT16_ERROR = 127 / 32767
 # Past decode's rows (the plan's later phases, routed by row count as a PlannedLinear routes), a tile's product
 # takes int8 activations where the plan chose the tiles' int8 kernel for that phase
-INT8_TILE_KERNELS = {Q4T.name: "q4t", Q5T.name: "q5t", Q6T.name: "q6t", Q8T.name: "q8t", L4T.name: "l4t"}
+INT8_TILE_KERNELS = {Q4T.name: "q4t", Q5T.name: "q5t", Q6T.name: "q6t", Q8T.name: "q8t", L4T.name: "l4t",
+                     K4T.name: "k4t"}
 CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ROWS = (1, 2, 4, 8, 16)  # the decode batches the operator is timed on against the block
 
@@ -139,9 +140,9 @@ def native_weight(layer: PlannedLinear, fmt: WeightFormat, plan: KernelPlan,
     """(the layer's native layout, whether its product takes int8 activations at decode's rows, the kernel
     whose choice in a later phase makes it take int8 there (None: it takes the same at any row count)), or
     None when the format has no native layout. An int4 (int5, int6) layout becomes q4 (q5, q6) tiles where
-    they run (`tiled`), int16 activations at decode's rows; int8g held as q8 or l4 tiles runs on them
-    (int16 activations at decode's rows too)."""
-    for held_tiles in (Q8T, L4T):  # int8g's tiles: held by the plan, never packed from a row layout here
+    they run (`tiled`), int16 activations at decode's rows; int8g held as q8 or l4 tiles, and int4 as k4
+    tiles, runs on them (int16 activations at decode's rows too)."""
+    for held_tiles in (Q8T, L4T, K4T):  # tiles held by the plan, never packed from a row layout here
         if (tiles := layer.layouts.get(held_tiles.name)) is not None:
             return tiles[0], False, INT8_TILE_KERNELS[held_tiles.name]
     for int8_kernel in INT8_KERNELS:

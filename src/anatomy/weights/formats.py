@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.errors import InputError
+from anatomy.weights.factors import factor_groups
 
 GROUP = 32  # inputs per scale in the grouped formats (GGUF's block and K-quant sub-block size)
 CODE_BLOCK = 32  # int4 codes are laid out in blocks of 32 values (ggml's order)
@@ -310,6 +311,9 @@ class Int4Weight(Symmetric, WeightFormat):
 
     `codes` [N, K/2] uint8 in ggml's order: per block of 32 values, byte j holds q[j] (low nibble) and
     q[j + 16] (high nibble). The group is a multiple of 32. `symmetric`: every offset is -8 * scale (Symmetric).
+    `factored`: groups of 32 whose scales and offsets are, per 256 inputs, whole multiples of one float16 each
+    (GGUF Q4_K's; weights/factors.py), found from the values: the signature says "k", as a layout may hold the
+    factors (tiles.cpp's k4 tiles).
     """
 
     name = "int4"
@@ -324,6 +328,27 @@ class Int4Weight(Symmetric, WeightFormat):
         self.register_buffer("scale", scale)  # [N, K/g]
         self.register_buffer("offset", offset)  # [N, K/g]
         self._claim(symmetric, scale, offset, label)
+
+    @property
+    def signature(self) -> str:
+        return super().signature + ("k" if self.factored else "")
+
+    @property
+    def factored(self) -> bool:
+        """Do the scales and offsets factor per 256 inputs (factors())? Found once, while the weight is held."""
+        if getattr(self, "_factored", None) is None:
+            self._factored = self.factors() is not None
+        return self._factored
+
+    def factors(self) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """(d, sc, u, mn): scale = d * sc and offset = u * mn exactly, d and u float16 [N, K/256], sc and mn
+        uint8 [N, K/32] (a Q4_K file's d, sc, -dmin, m); None where they do not factor so, or the weight is
+        symmetric (a symmetric layout is smaller still)."""
+        if self.symmetric or self.group != GROUP or self.released:
+            return None
+        scale = factor_groups(self.scale)
+        offset = factor_groups(self.offset) if scale is not None else None
+        return None if offset is None else (*scale, *offset)
 
     @classmethod
     def from_codes(cls, q: Tensor, scale: Tensor, offset: Tensor, *, label: str = "weight") -> Int4Weight:

@@ -38,7 +38,7 @@ using anatomy::Q5_BLOCK;
 using anatomy::Q8_BLOCK;
 using anatomy::Q6_BLOCK;  // the q6 layout: 210 bytes per 256 inputs (q6k.cpp)
 using anatomy::Q6_SUPER;
-constexpr int64_t Q8_TILE_BYTES = 544;             // q8 tiles: [N/16, K/32, 544] (tiles.cpp; q4 tiles: 320 or 288)
+constexpr int64_t Q8_TILE_BYTES = 544;             // q8 tiles: [N/16, K/32, 544] (tiles.cpp; q4 tiles: 320, 288 or 296)
 constexpr int64_t Q5_TILE_BYTES = 384, Q5S_TILE_BYTES = 352;  // q5 tiles: [N/16, K/32, 384]; symmetric: 352
 constexpr int64_t L4_TILE_BYTES = 336;             // l4 tiles (levels looked up): [N/16, K/32, 336]
 constexpr int64_t Q6_TILE_BYTES = 3360;            // q6 tiles: [N/16, K/256, 3360] (q6_tiles.cpp)

@@ -18,6 +18,13 @@
 //   loop adds 16 under it: vpaddb with a mask), 384 bytes; the same sums as q4 tiles, codes 0..31
 //   q5_tiles_linear(x [M, K] float, tiles [N/16, K/32, 384], bits) -> [M, N]
 //
+//   k4 tiles (pack_k4_tiles, from an int4 weight whose scales and minimums in each 256 inputs are whole
+//   multiples (0..255) of one float16 each: GGUF Q4_K's d * sc and -dmin * m): per tile and super-block of
+//   8 groups, 2368 bytes (4.625 bits a weight where q4 tiles take 5): d [16] and u [16] float16 (the
+//   minimums' unit, -dmin), then per group sc [16] and mn [16] uint8 and the codes as a symmetric q4 tile
+//   holds them (288 bytes); the same sums as q4 tiles with d * sc and u * mn (float32, exact) for d and m;
+//   the product takes them by their size, [N/16, K/32, 296] (K a multiple of 256)
+//
 //   symmetric q4 and q5 tiles (pack_q4_tiles / pack_q5_tiles with symmetric = true, where every minimum is
 //   -8 d, or -16 d: GGUF Q4_0, Q5_0): the same without m, 288 and 352 bytes (4.5 and 5.5 bits a weight, the
 //   file's), m = -8 d or -16 d computed in float32 (exact: the same outputs bit for bit); the products take
@@ -76,23 +83,24 @@ using anatomy::Quantized;
 constexpr int64_t G = 32;            // inputs per group
 constexpr int64_t TILE = 16;         // output rows per tile
 // the codes a tile holds (L4: 4-bit indices into a table of 16 int8 levels; Q4S, Q5S: q4 and q5 tiles whose
-// minimums are -8 d and -16 d, not stored)
-enum Kind { Q4, Q5, Q8, L4, Q4S, Q5S };
+// minimums are -8 d and -16 d, not stored; K4: q4 tiles whose scales and minimums are factored per 256 inputs)
+enum Kind { Q4, Q5, Q8, L4, Q4S, Q5S, K4 };
 template <int T>
 constexpr bool SYMMETRIC = T == Q4S || T == Q5S;
 template <int T>
 constexpr bool FIVE = T == Q5 || T == Q5S;  // codes of 5 bits: a fifth bit beside the 4-bit ones
 // bytes per tile and group: q4 16 + 16 float16 and 256 bytes of codes; q5 those and 64 of fifth bits;
 // q8 16 float16 and 512 codes; l4 16 float32 scales, the 16 int8 levels and 256 bytes of indices; the
-// symmetric ones 32 fewer (no minimums)
+// symmetric ones 32 fewer (no minimums); k4 a super-block's 2368 over its 8 groups
 template <int T>
-constexpr int64_t TILE_BYTES = T == Q8 ? 544 : T == Q5 ? 384 : T == Q5S ? 352 : T == L4 ? 336 : T == Q4S ? 288 : 320;
+constexpr int64_t TILE_BYTES = T == Q8 ? 544 : T == Q5 ? 384 : T == Q5S ? 352 : T == L4 ? 336 : T == Q4S ? 288 :
+                               T == K4 ? 296 : 320;
 // where a tile's group keeps its 4-bit codes (q4, q5, l4), and an l4 tile's group its table of levels
 template <int T>
-constexpr int64_t CODES = T == L4 ? 80 : SYMMETRIC<T> ? 32 : 64;
+constexpr int64_t CODES = T == L4 ? 80 : SYMMETRIC<T> || T == K4 ? 32 : 64;
 constexpr int64_t LEVELS = 64;
 template <int T>
-constexpr bool MINS = T == Q4 || T == Q5 || SYMMETRIC<T>;  // the codes have a minimum term
+constexpr bool MINS = T == Q4 || T == Q5 || T == K4 || SYMMETRIC<T>;  // the codes have a minimum term
 template <int T>
 constexpr bool SIGNED = T == Q8 || T == L4;  // signed codes (vpdpbusd takes them shifted by 128)
 template <int T>
@@ -100,12 +108,25 @@ constexpr float OFFSET = T == Q4S ? -8.f : -16.f;  // a symmetric tile's minimum
 template <int T>
 constexpr int64_t FIFTH = CODES<T> + 256;  // where a q5 tile's group keeps its masks
 constexpr int ROWS = 8;              // rows of x per pass over the tiles
+// a k4 tile's super-block: its head (d, u), then 8 groups of 288 bytes (sc, mn, codes)
+constexpr int64_t K4_HEAD = 64, K4_GROUP = 288, K4_GROUPS = 8;
+
+// where group g of tile t starts in tiles of `groups` groups a row (k4: past its super-block's head)
+template <int T>
+inline int64_t group_offset(int64_t t, int64_t groups, int64_t g) {
+  if constexpr (T == K4)
+    return (t * groups + g / K4_GROUPS * K4_GROUPS) * TILE_BYTES<K4> + K4_HEAD + g % K4_GROUPS * K4_GROUP;
+  return (t * groups + g) * TILE_BYTES<T>;
+}
+// a k4 tile's group's super-block head
+inline const uint8_t* k4_head(const uint8_t* block, int64_t g) { return block - K4_HEAD - g % K4_GROUPS * K4_GROUP; }
 
 inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
-// output row r's scale in a tile's group
+// output row r's scale in tile group g (starting at `block`)
 template <int T>
-inline float scale_at(const uint8_t* block, int64_t r) {
+inline float scale_at(const uint8_t* block, int64_t r, int64_t g) {
+  if constexpr (T == K4) return half_to_float(k4_head(block, g)[2 * r] | k4_head(block, g)[2 * r + 1] << 8) * block[r];
   if constexpr (T == L4) {
     float d;
     std::memcpy(&d, block + 4 * r, 4);
@@ -118,9 +139,13 @@ inline float scale_at(const uint8_t* block, int64_t r) {
 
 // and its minimum (zero where the codes have none)
 template <int T>
-inline float minimum_at(const uint8_t* block, int64_t r) {
-  if constexpr (SYMMETRIC<T>) return OFFSET<T> * scale_at<T>(block, r);
+inline float minimum_at(const uint8_t* block, int64_t r, int64_t g) {
+  if constexpr (SYMMETRIC<T>) return OFFSET<T> * scale_at<T>(block, r, g);
   if constexpr (!MINS<T>) return 0.f;
+  if constexpr (T == K4) {
+    const uint8_t* head = k4_head(block, g) + 32;
+    return half_to_float(head[2 * r] | head[2 * r + 1] << 8) * block[16 + r];
+  }
   uint16_t h;
   std::memcpy(&h, block + 32 + 2 * r, 2);
   return half_to_float(h);
@@ -189,11 +214,11 @@ void tiles_portable(const Codes& a, int64_t m0, int64_t M, int64_t K, const uint
       for (int64_t m = m0; m < m0 + M; ++m) {
         float total = 0.f;
         for (int64_t g = 0; g < groups; ++g) {
-          const uint8_t* block = w + (t * groups + g) * TILE_BYTES<T>;
+          const uint8_t* block = w + group_offset<T>(t, groups, g);
           int32_t dot = 0;
           for (int64_t i = 0; i < G; ++i) dot += code_at<T>(block, r, i) * a.q[m * K + g * G + i];
           const float sx = a.scale[m * groups + g];
-          total += scale_at<T>(block, r) * sx * dot + minimum_at<T>(block, r) * sx * a.sum[m * groups + g];
+          total += scale_at<T>(block, r, g) * sx * dot + minimum_at<T>(block, r, g) * sx * a.sum[m * groups + g];
         }
         y[m * N + t * TILE + r] = total;
       }
@@ -247,17 +272,29 @@ AVX512_VNNI inline void unpack(const uint8_t* block, __m512i (&q)[16]) {
   }
 }
 
-// a tile's group's 16 scales (float16, l4's float32) and minimums (q4, q5; symmetric: -8 d, -16 d; else zeros)
+// 16 float16 at `at`
+AVX512_VNNI inline __m512 halves(const uint8_t* at) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
+}
+// 16 float32 `unit` times 16 uint8 at `by` (a k4 group's d * sc, u * mn: exact in float32)
+AVX512_VNNI inline __m512 times_bytes(__m512 unit, const uint8_t* by) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(by));
+  return _mm512_mul_ps(unit, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)));
+}
+
+// tile group g's 16 scales (float16, l4's float32) and minimums (q4, q5; symmetric: -8 d, -16 d; else zeros)
 template <int T>
-AVX512_VNNI inline __m512 scales(const uint8_t* block) {
+AVX512_VNNI inline __m512 scales(const uint8_t* block, int64_t g) {
+  if constexpr (T == K4) return times_bytes(halves(k4_head(block, g)), block);
   if constexpr (T == L4) return _mm512_loadu_ps(block);
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+  return halves(block);
 }
 template <int T>
-AVX512_VNNI inline __m512 minimums(const uint8_t* block) {
+AVX512_VNNI inline __m512 minimums(const uint8_t* block, int64_t g) {
   if constexpr (!MINS<T>) return _mm512_setzero_ps();
-  if constexpr (SYMMETRIC<T>) return _mm512_mul_ps(scales<T>(block), _mm512_set1_ps(OFFSET<T>));
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
+  if constexpr (SYMMETRIC<T>) return _mm512_mul_ps(scales<T>(block, g), _mm512_set1_ps(OFFSET<T>));
+  if constexpr (T == K4) return times_bytes(halves(k4_head(block, g) + 32), block + 16);
+  return halves(block + 32);
 }
 
 // a q8 tile's group, for int16 activations: each piece's signed bytes 0 and 2, then 1 and 3, as int16
@@ -315,12 +352,15 @@ AVX512_VNNI void tiles_avx512(const Codes& a, int64_t m0, int64_t K, const uint8
   for (int64_t t = t0; t < t1; ++t) {
     __m512 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    __m512 units[2];  // a k4 tile's super-block head (d, u), converted once for its 8 groups
     for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* block = w + (t * groups + g) * TILE_BYTES<T>;
+      const uint8_t* block = w + group_offset<T>(t, groups, g);
       for (int64_t line = 0; line < TILE_BYTES<T>; line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(block) + AHEAD + line, _MM_HINT_T0);
-      const __m512 d = scales<T>(block);
-      const __m512 mins = minimums<T>(block);
+      if (T == K4 && g % K4_GROUPS == 0)
+        units[0] = halves(k4_head(block, g)), units[1] = halves(k4_head(block, g) + 32);
+      const __m512 d = T == K4 ? times_bytes(units[0], block) : scales<T>(block, g);
+      const __m512 mins = T == K4 ? times_bytes(units[1], block + 16) : minimums<T>(block, g);
       constexpr bool int8 = std::is_same_v<Codes, Quantized>;
       __m512i q[int8 ? 8 : 16];
       if constexpr (int8 && SIGNED<T>) unpack_shifted<T>(block, q);
@@ -401,9 +441,9 @@ ANATOMY_AMX inline void tile_rows(const Planes& s, int64_t m0, int64_t M, int64_
   for (int r = 0; r < TILE; ++r) acc[r] = _mm512_setzero_ps();
   const int64_t block = m0 / TILE;
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* header = tile + g * TILE_BYTES<T>;
-    const __m512 d = scales<T>(header);
-    const __m512 mins = minimums<T>(header);
+    const uint8_t* header = tile + group_offset<T>(0, groups, g);
+    const __m512 d = scales<T>(header, g);
+    const __m512 mins = minimums<T>(header, g);
     const int64_t at = (block * groups + g) * TILE;
     anatomy::amx_products(codes(g), s.high.data() + at * G, s.low.data() + at * G, G, sums);
     for (int r = 0; r < TILE; ++r) {
@@ -428,7 +468,7 @@ ANATOMY_AMX void tiles_amx(const Planes& s, int64_t M, int64_t K, const uint8_t*
       for (int64_t t = p0; t < p1; ++t)
         for (int64_t g = 0; g < groups; ++g) {
           __m512i q[8];
-          unpack<T>(w + (t * groups + g) * TILE_BYTES<T>, q);
+          unpack<T>(w + group_offset<T>(t, groups, g), q);
           uint8_t* to = unpacked.data() + ((t - p0) * groups + g) * B_BYTES;
           for (int j = 0; j < 8; ++j) _mm512_storeu_si512(to + 64 * j, q[j]);
         }
@@ -549,6 +589,47 @@ at::Tensor pack_q5_tiles(const at::Tensor& q5, bool symmetric) {
   return pack_q5_kind<Q5S>(symmetric_rows(q5, anatomy::Q5_BLOCK, OFFSET<Q5S>, "anatomy::pack_q5_tiles"));
 }
 
+// codes [N, K/2] in ggml's order (Int4Weight's), d and u [N, K/256] float16, sc and mn [N, K/32] uint8
+// (w = q * d * sc + u * mn: GGUF Q4_K's with u = -dmin) -> k4 tiles [N/16, K/32, 296]
+at::Tensor pack_k4_tiles(const at::Tensor& codes, const at::Tensor& d, const at::Tensor& sc, const at::Tensor& u,
+                         const at::Tensor& mn) {
+  const char* what = "anatomy::pack_k4_tiles";
+  TORCH_CHECK(codes.dim() == 2, what, ": codes must be uint8 [N, K/2]");
+  const int64_t N = codes.size(0), K = 2 * codes.size(1), groups = K / G;
+  const auto is = [&](const at::Tensor& t, at::ScalarType type, int64_t columns) {
+    return t.dim() == 2 && t.scalar_type() == type && t.size(0) == N && t.size(1) == columns;
+  };
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte && K % (K4_GROUPS * G) == 0 &&
+              is(d, at::kHalf, groups / K4_GROUPS) && is(u, at::kHalf, groups / K4_GROUPS) &&
+              is(sc, at::kByte, groups) && is(mn, at::kByte, groups), what,
+              ": codes uint8 [N, K/2] (K a multiple of 256), d and u float16 [N, K/256], sc and mn uint8 [N, K/32]");
+  TORCH_CHECK(N % TILE == 0, what, ": N = ", N, " is not a multiple of ", TILE);
+  const at::Tensor c = codes.contiguous(), dc = d.contiguous(), uc = u.contiguous(), s = sc.contiguous(),
+                   m = mn.contiguous();
+  at::Tensor out = codes.new_empty({N / TILE, groups, TILE_BYTES<K4>});
+  const uint8_t *from = c.data_ptr<uint8_t>(), *ds = reinterpret_cast<const uint8_t*>(dc.data_ptr<at::Half>()),
+                *us = reinterpret_cast<const uint8_t*>(uc.data_ptr<at::Half>()), *scs = s.data_ptr<uint8_t>(),
+                *mns = m.data_ptr<uint8_t>();
+  uint8_t* to = out.data_ptr<uint8_t>();
+  at::parallel_for(0, N / TILE, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin * TILE; n < end * TILE; ++n) {
+      const int64_t t = n / TILE, r = n % TILE;
+      for (int64_t g = 0; g < groups; ++g) {
+        uint8_t* block = to + group_offset<K4>(t, groups, g);
+        uint8_t* head = block - K4_HEAD - g % K4_GROUPS * K4_GROUP;
+        const int64_t super = n * (groups / K4_GROUPS) + g / K4_GROUPS;
+        std::memcpy(head + 2 * r, ds + 2 * super, 2);
+        std::memcpy(head + 32 + 2 * r, us + 2 * super, 2);
+        block[r] = scs[n * groups + g];
+        block[16 + r] = mns[n * groups + g];
+        for (int64_t i = 0; i < G / 2; ++i)  // ggml's byte i: input i low, input i + 16 high, as a q4 tile's
+          block[code_byte(r, i) - 64 + CODES<K4>] = from[(n * groups + g) * (G / 2) + i];
+      }
+    }
+  });
+  return out;
+}
+
 // codes [N, K] int8 and scales [N, K/32] (GGUF Q8_0: w = q * d) -> q8 tiles [N/16, K/32, 544]
 at::Tensor pack_q8_tiles(const at::Tensor& codes, const at::Tensor& scale) {
   TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar && codes.size(1) % G == 0 &&
@@ -632,8 +713,10 @@ inline bool has_size(const at::Tensor& w, int64_t bytes) { return w.dim() == 3 &
 
 template <int T>
 at::Tensor int_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits, const char* what) {
-  const char* sizes = T == Q4 || T == Q4S ? "320 | 288" : T == Q5 || T == Q5S ? "384 | 352" : nullptr;
+  const char* sizes = T == Q4 || T == Q4S || T == K4 ? "320 | 288 | 296" : FIVE<T> ? "384 | 352" : nullptr;
   check_tiles(x, w, TILE_BYTES<T>, what, sizes);
+  TORCH_CHECK(T != K4 || w.size(1) % K4_GROUPS == 0, what, ": k4 tiles need K a multiple of 256, got K = ",
+              x.size(1));
   TORCH_CHECK(bits == 8 || bits == 16, what, ": bits = ", bits, ": the activations are int8 or int16");
   const Isa level = anatomy::isa(portable);
   at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
@@ -646,9 +729,11 @@ at::Tensor int_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool porta
 at::Tensor tiles_amx_linear(const at::Tensor& x, const at::Tensor& w) {
   const char* what = "anatomy::tiles_amx_linear";
   const bool known = has_size(w, TILE_BYTES<Q4>) || has_size(w, TILE_BYTES<Q5>) || has_size(w, TILE_BYTES<Q8>) ||
-                     has_size(w, TILE_BYTES<L4>) || has_size(w, TILE_BYTES<Q4S>) || has_size(w, TILE_BYTES<Q5S>);
-  TORCH_CHECK(known, what, ": tiles must be uint8 [N/16, K/32, 320 | 288 | 384 | 352 | 544 | 336] (q4, q5, q8 or l4 "
-              "tiles)");
+                     has_size(w, TILE_BYTES<L4>) || has_size(w, TILE_BYTES<Q4S>) || has_size(w, TILE_BYTES<Q5S>) ||
+                     has_size(w, TILE_BYTES<K4>);
+  TORCH_CHECK(known, what, ": tiles must be uint8 [N/16, K/32, 320 | 288 | 296 | 384 | 352 | 544 | 336] (q4, k4, q5, q8 "
+              "or l4 tiles)");
+  TORCH_CHECK(!has_size(w, TILE_BYTES<K4>) || w.size(1) % K4_GROUPS == 0, what, ": k4 tiles need K a multiple of 256");
   check_tiles(x, w, w.size(2), what);
   TORCH_CHECK(anatomy::isa() >= Isa::Amx, what, ": this CPU (or the kernels' limit) runs no AMX");
 #if ANATOMY_HAS_AMX
@@ -665,6 +750,7 @@ at::Tensor tiles_amx_linear(const at::Tensor& x, const at::Tensor& w) {
     else if (bytes == TILE_BYTES<L4>) tiles_amx<L4>(s, M, K, tiles, t0, t1, out, N);
     else if (bytes == TILE_BYTES<Q4S>) tiles_amx<Q4S>(s, M, K, tiles, t0, t1, out, N);
     else if (bytes == TILE_BYTES<Q5S>) tiles_amx<Q5S>(s, M, K, tiles, t0, t1, out, N);
+    else if (bytes == TILE_BYTES<K4>) tiles_amx<K4>(s, M, K, tiles, t0, t1, out, N);
     else tiles_amx<Q8>(s, M, K, tiles, t0, t1, out, N);
   });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
@@ -686,6 +772,7 @@ Planes split_codes(const float* x, int64_t M, int64_t K) {
 }
 
 at::Tensor q4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits) {
+  if (has_size(w, TILE_BYTES<K4>)) return int_tiles_linear<K4>(x, w, portable, bits, "anatomy::q4_tiles_linear");
   if (has_size(w, TILE_BYTES<Q4S>)) return int_tiles_linear<Q4S>(x, w, portable, bits, "anatomy::q4_tiles_linear");
   return int_tiles_linear<Q4>(x, w, portable, bits, "anatomy::q4_tiles_linear");
 }
@@ -708,6 +795,7 @@ at::Tensor l4_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portab
 TORCH_LIBRARY_FRAGMENT(anatomy, m) {
   m.def("q4_tiles_linear(Tensor x, Tensor tiles, bool portable=False, int bits=8) -> Tensor");
   m.def("pack_q4_tiles(Tensor q4, bool symmetric=False) -> Tensor");
+  m.def("pack_k4_tiles(Tensor codes, Tensor d, Tensor sc, Tensor u, Tensor mn) -> Tensor");
   m.def("q5_tiles_linear(Tensor x, Tensor tiles, bool portable=False, int bits=8) -> Tensor");
   m.def("pack_q5_tiles(Tensor q5, bool symmetric=False) -> Tensor");
   m.def("q8_tiles_linear(Tensor x, Tensor tiles, bool portable=False, int bits=16) -> Tensor");
@@ -720,6 +808,7 @@ TORCH_LIBRARY_FRAGMENT(anatomy, m) {
 TORCH_LIBRARY_IMPL(anatomy, CPU, m) {
   m.impl("q4_tiles_linear", anatomy::q4_tiles_linear);
   m.impl("pack_q4_tiles", pack_q4_tiles);
+  m.impl("pack_k4_tiles", pack_k4_tiles);
   m.impl("q5_tiles_linear", anatomy::q5_tiles_linear);
   m.impl("pack_q5_tiles", pack_q5_tiles);
   m.impl("q8_tiles_linear", anatomy::q8_tiles_linear);
