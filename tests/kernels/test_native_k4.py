@@ -58,6 +58,7 @@ def test_the_factors_are_the_blocks_own(largest63):
     offset is still unit * multiple exactly."""
     fmt, blocks = q4_k(32, 512, largest63=largest63)
     assert fmt.factored and fmt.signature == "int4[32,512]g32k"
+    assert Int4Weight(fmt.codes, fmt.scale.t().contiguous().t(), fmt.offset).factored  # strided scales too
     d, sc, u, mn = fmt.factors()
     assert d.shape == u.shape == (32, 2) and sc.shape == mn.shape == (32, 16) and sc.dtype == torch.uint8
     torch.testing.assert_close(d.float().repeat_interleave(8, 1) * sc.float(), fmt.scale.float(), rtol=0, atol=0)

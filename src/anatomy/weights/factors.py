@@ -25,10 +25,10 @@ def factor_groups(values: Tensor) -> tuple[Tensor, Tensor] | None:
     N, groups = values.shape
     if groups % GROUPS or not groups or not N:
         return None
-    sample = torch.linspace(0, N - 1, min(N, SAMPLE)).long().unique()
-    if _factor(values[sample].float().view(-1, GROUPS)) is None:
+    sample = torch.linspace(0, N - 1, min(N, SAMPLE), dtype=torch.float64).long().unique()
+    if _factor(values[sample].float().reshape(-1, GROUPS)) is None:
         return None
-    found = _factor(values.float().view(-1, GROUPS))
+    found = _factor(values.float().reshape(-1, GROUPS))  # (a copy where values are not contiguous)
     if found is None:
         return None
     unit, multiples = found

@@ -337,6 +337,8 @@ class Int4Weight(Symmetric, WeightFormat):
     def factored(self) -> bool:
         """Do the scales and offsets factor per 256 inputs (factors())? Found once, while the weight is held."""
         if getattr(self, "_factored", None) is None:
+            if self.released:
+                return False  # not found, nor kept: the stored tensors are gone
             self._factored = self.factors() is not None
         return self._factored
 
