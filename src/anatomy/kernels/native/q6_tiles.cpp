@@ -41,6 +41,9 @@ namespace {
 using anatomy::AHEAD;
 using anatomy::Isa;
 using anatomy::Q6_BLOCK;
+using anatomy::Q6_H;
+using anatomy::Q6_L0;
+using anatomy::Q6_L1;
 using anatomy::Q6_SUPER;
 
 constexpr int64_t G = 32;                        // inputs per group of x
@@ -250,7 +253,38 @@ AVX512_VNNI void tiles_avx512(const Split& a, int64_t m0, int64_t K, const uint8
 
 #endif  // ANATOMY_X86
 
-// the q6 layout [N, K/256 * 210] -> q6 tiles [N/16, K/256, 3360]; tiles in parallel
+// one row's super-block (the q6 layout's 210 bytes) into row r of its tile's 3360 bytes: every byte of the
+// row's share written once (its 32 codes of a group first unpacked)
+void pack_row(const uint8_t* row, int64_t r, uint8_t* block) {
+  std::memcpy(block + 2 * r, row, 2);  // d
+  for (int64_t h = 0; h < Q6_SUPER / SUB; ++h) block[SC + TILE * h + r] = row[2 + h];
+  for (int64_t g = 0; g < Q6_SUPER / G; ++g) {
+    uint8_t code[G];  // anatomy::q6_code(row, 32 g + i), 8 inputs of each of the 4 chunks a byte at a time
+    for (int64_t j = 0; j < 8; ++j) {
+      const int low = row[Q6_L0 + 8 * g + j], high = row[Q6_L1 + 8 * g + j], top = row[Q6_H + 8 * g + j];
+      code[j] = static_cast<uint8_t>((low & 0x0F) | (top & 3) << 4);
+      code[8 + j] = static_cast<uint8_t>((low >> 4) | (top >> 2 & 3) << 4);
+      code[16 + j] = static_cast<uint8_t>((high & 0x0F) | (top >> 4 & 3) << 4);
+      code[24 + j] = static_cast<uint8_t>((high >> 4) | (top >> 6) << 4);
+    }
+    uint8_t* group = block + CODES + GROUP * g;
+    for (int64_t v = 0; v < 4; ++v)
+      for (int64_t i = 0; i < 4; ++i) {  // inputs 4v + i (low nibble) and 4(v + 4) + i (high)
+        const int low = code[4 * v + i] & 0x0F, high = code[16 + 4 * v + i] & 0x0F;
+        group[low_byte(r, 4 * v + i)] = static_cast<uint8_t>(low | high << 4);
+      }
+    for (int64_t u = 0; u < 2; ++u)
+      for (int64_t i = 0; i < 4; ++i) {  // the top 2 bits of inputs 4(4u + c) + i in bits 2c, 2c + 1
+        uint8_t top = 0;
+        for (int64_t c = 0; c < 4; ++c)
+          top |= static_cast<uint8_t>((code[4 * (4 * u + c) + i] >> 4) << top_shift(4 * c));
+        group[top_byte(r, 16 * u + i)] = top;
+      }
+  }
+}
+
+// the q6 layout [N, K/256 * 210] -> q6 tiles [N/16, K/256, 3360]; tiles in parallel, each tile's
+// super-blocks in order
 at::Tensor pack_q6_tiles(const at::Tensor& q6) {
   const char* what = "anatomy::pack_q6_tiles";
   TORCH_CHECK(q6.dim() == 2 && q6.scalar_type() == at::kByte && q6.size(1) % Q6_BLOCK == 0, what,
@@ -258,25 +292,14 @@ at::Tensor pack_q6_tiles(const at::Tensor& q6) {
   TORCH_CHECK(q6.size(0) % TILE == 0, what, ": N = ", q6.size(0), " is not a multiple of ", TILE);
   const int64_t N = q6.size(0), supers = q6.size(1) / Q6_BLOCK;
   const at::Tensor src = q6.contiguous();
-  at::Tensor out = q6.new_zeros({N / TILE, supers, BYTES});
+  at::Tensor out = q6.new_empty({N / TILE, supers, BYTES});  // every byte is written
   const uint8_t* from = src.data_ptr<uint8_t>();
   uint8_t* to = out.data_ptr<uint8_t>();
   at::parallel_for(0, N / TILE, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin * TILE; n < end * TILE; ++n)
-      for (int64_t b = 0; b < supers; ++b) {
-        const uint8_t* row = from + (n * supers + b) * Q6_BLOCK;
-        uint8_t* block = to + (n / TILE * supers + b) * BYTES;
-        const int64_t r = n % TILE;
-        std::memcpy(block + 2 * r, row, 2);  // d
-        for (int64_t h = 0; h < Q6_SUPER / SUB; ++h) block[SC + TILE * h + r] = row[2 + h];
-        for (int64_t k = 0; k < Q6_SUPER; ++k) {
-          const int32_t code = anatomy::q6_code(row, k);
-          uint8_t* group = block + CODES + GROUP * (k / G);
-          const int64_t i = k % G;
-          group[low_byte(r, i)] |= static_cast<uint8_t>(i >= 16 ? (code & 0x0F) << 4 : code & 0x0F);
-          group[top_byte(r, i)] |= static_cast<uint8_t>((code >> 4) << top_shift(i));
-        }
-      }
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t b = 0; b < supers; ++b)
+        for (int64_t r = 0; r < TILE; ++r)
+          pack_row(from + ((t * TILE + r) * supers + b) * Q6_BLOCK, r, to + (t * supers + b) * BYTES);
   });
   return out;
 }

@@ -119,22 +119,23 @@ inline int64_t group_offset(int64_t t, int64_t groups, int64_t g) {
   return (t * groups + g) * TILE_BYTES<T>;
 }
 // a k4 tile's group's super-block head
-inline const uint8_t* k4_head(const uint8_t* block, int64_t g) { return block - K4_HEAD - g % K4_GROUPS * K4_GROUP; }
+template <typename Byte>
+inline Byte* k4_head(Byte* block, int64_t g) { return block - K4_HEAD - g % K4_GROUPS * K4_GROUP; }
 
 inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
+// the float16 stored (little-endian, unaligned) at p
+inline float half_at(const uint8_t* p) { return half_to_float(static_cast<uint16_t>(p[0] | p[1] << 8)); }
 
 // output row r's scale in tile group g (starting at `block`)
 template <int T>
 inline float scale_at(const uint8_t* block, int64_t r, int64_t g) {
-  if constexpr (T == K4) return half_to_float(k4_head(block, g)[2 * r] | k4_head(block, g)[2 * r + 1] << 8) * block[r];
+  if constexpr (T == K4) return half_at(k4_head(block, g) + 2 * r) * block[r];
   if constexpr (T == L4) {
     float d;
     std::memcpy(&d, block + 4 * r, 4);
     return d;
   }
-  uint16_t h;
-  std::memcpy(&h, block + 2 * r, 2);
-  return half_to_float(h);
+  return half_at(block + 2 * r);
 }
 
 // and its minimum (zero where the codes have none)
@@ -142,13 +143,8 @@ template <int T>
 inline float minimum_at(const uint8_t* block, int64_t r, int64_t g) {
   if constexpr (SYMMETRIC<T>) return OFFSET<T> * scale_at<T>(block, r, g);
   if constexpr (!MINS<T>) return 0.f;
-  if constexpr (T == K4) {
-    const uint8_t* head = k4_head(block, g) + 32;
-    return half_to_float(head[2 * r] | head[2 * r + 1] << 8) * block[16 + r];
-  }
-  uint16_t h;
-  std::memcpy(&h, block + 32 + 2 * r, 2);
-  return half_to_float(h);
+  if constexpr (T == K4) return half_at(k4_head(block, g) + 32 + 2 * r) * block[16 + r];
+  return half_at(block + 32 + 2 * r);
 }
 
 // x [M, K] rounded to int16 per group of 32: codes, scale s = max|x| / 32767, sum of the codes, and the
@@ -594,14 +590,14 @@ at::Tensor pack_q5_tiles(const at::Tensor& q5, bool symmetric) {
 at::Tensor pack_k4_tiles(const at::Tensor& codes, const at::Tensor& d, const at::Tensor& sc, const at::Tensor& u,
                          const at::Tensor& mn) {
   const char* what = "anatomy::pack_k4_tiles";
-  TORCH_CHECK(codes.dim() == 2, what, ": codes must be uint8 [N, K/2]");
-  const int64_t N = codes.size(0), K = 2 * codes.size(1), groups = K / G;
+  const int64_t N = codes.dim() == 2 ? codes.size(0) : 0, K = codes.dim() == 2 ? 2 * codes.size(1) : 0,
+                groups = K / G, supers = groups / K4_GROUPS;
   const auto is = [&](const at::Tensor& t, at::ScalarType type, int64_t columns) {
     return t.dim() == 2 && t.scalar_type() == type && t.size(0) == N && t.size(1) == columns;
   };
   TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte && K % (K4_GROUPS * G) == 0 &&
-              is(d, at::kHalf, groups / K4_GROUPS) && is(u, at::kHalf, groups / K4_GROUPS) &&
-              is(sc, at::kByte, groups) && is(mn, at::kByte, groups), what,
+              is(d, at::kHalf, supers) && is(u, at::kHalf, supers) && is(sc, at::kByte, groups) &&
+              is(mn, at::kByte, groups), what,
               ": codes uint8 [N, K/2] (K a multiple of 256), d and u float16 [N, K/256], sc and mn uint8 [N, K/32]");
   TORCH_CHECK(N % TILE == 0, what, ": N = ", N, " is not a multiple of ", TILE);
   const at::Tensor c = codes.contiguous(), dc = d.contiguous(), uc = u.contiguous(), s = sc.contiguous(),
@@ -612,20 +608,20 @@ at::Tensor pack_k4_tiles(const at::Tensor& codes, const at::Tensor& d, const at:
                 *mns = m.data_ptr<uint8_t>();
   uint8_t* to = out.data_ptr<uint8_t>();
   at::parallel_for(0, N / TILE, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin * TILE; n < end * TILE; ++n) {
-      const int64_t t = n / TILE, r = n % TILE;
-      for (int64_t g = 0; g < groups; ++g) {
-        uint8_t* block = to + group_offset<K4>(t, groups, g);
-        uint8_t* head = block - K4_HEAD - g % K4_GROUPS * K4_GROUP;
-        const int64_t super = n * (groups / K4_GROUPS) + g / K4_GROUPS;
-        std::memcpy(head + 2 * r, ds + 2 * super, 2);
-        std::memcpy(head + 32 + 2 * r, us + 2 * super, 2);
-        block[r] = scs[n * groups + g];
-        block[16 + r] = mns[n * groups + g];
-        for (int64_t i = 0; i < G / 2; ++i)  // ggml's byte i: input i low, input i + 16 high, as a q4 tile's
-          block[code_byte(r, i) - 64 + CODES<K4>] = from[(n * groups + g) * (G / 2) + i];
-      }
-    }
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t b = 0; b < supers; ++b)
+        for (int64_t r = 0, n = t * TILE; r < TILE; ++r, ++n) {
+          uint8_t* head = k4_head(to + group_offset<K4>(t, groups, b * K4_GROUPS), 0);
+          std::memcpy(head + 2 * r, ds + 2 * (n * supers + b), 2);
+          std::memcpy(head + 32 + 2 * r, us + 2 * (n * supers + b), 2);
+          for (int64_t g = b * K4_GROUPS; g < (b + 1) * K4_GROUPS; ++g) {
+            uint8_t* block = to + group_offset<K4>(t, groups, g);
+            block[r] = scs[n * groups + g];
+            block[16 + r] = mns[n * groups + g];
+            for (int64_t i = 0; i < G / 2; ++i)  // ggml's byte i: input i low, input i + 16 high, as a q4 tile's
+              block[code_byte(r, i) - 64 + CODES<K4>] = from[(n * groups + g) * (G / 2) + i];
+          }
+        }
   });
   return out;
 }
@@ -706,6 +702,8 @@ void check_tiles(const at::Tensor& x, const at::Tensor& w, int64_t bytes, const 
   TORCH_CHECK(w.dim() == 3 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(1) == x.size(1) / G &&
               w.size(2) == bytes, what, ": tiles must be uint8 [N/16, K/32, ", sizes ? sizes : std::to_string(bytes),
               "] for K = ", x.size(1));
+  TORCH_CHECK(bytes != TILE_BYTES<K4> || w.size(1) % K4_GROUPS == 0, what,
+              ": k4 tiles need K a multiple of 256, got K = ", x.size(1));
 }
 
 // a q4 (q5) product's kind: the symmetric one when the tiles have its size
@@ -715,8 +713,6 @@ template <int T>
 at::Tensor int_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool portable, int64_t bits, const char* what) {
   const char* sizes = T == Q4 || T == Q4S || T == K4 ? "320 | 288 | 296" : FIVE<T> ? "384 | 352" : nullptr;
   check_tiles(x, w, TILE_BYTES<T>, what, sizes);
-  TORCH_CHECK(T != K4 || w.size(1) % K4_GROUPS == 0, what, ": k4 tiles need K a multiple of 256, got K = ",
-              x.size(1));
   TORCH_CHECK(bits == 8 || bits == 16, what, ": bits = ", bits, ": the activations are int8 or int16");
   const Isa level = anatomy::isa(portable);
   at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
@@ -733,7 +729,6 @@ at::Tensor tiles_amx_linear(const at::Tensor& x, const at::Tensor& w) {
                      has_size(w, TILE_BYTES<K4>);
   TORCH_CHECK(known, what, ": tiles must be uint8 [N/16, K/32, 320 | 288 | 296 | 384 | 352 | 544 | 336] (q4, k4, q5, q8 "
               "or l4 tiles)");
-  TORCH_CHECK(!has_size(w, TILE_BYTES<K4>) || w.size(1) % K4_GROUPS == 0, what, ": k4 tiles need K a multiple of 256");
   check_tiles(x, w, w.size(2), what);
   TORCH_CHECK(anatomy::isa() >= Isa::Amx, what, ": this CPU (or the kernels' limit) runs no AMX");
 #if ANATOMY_HAS_AMX
