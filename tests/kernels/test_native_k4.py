@@ -84,6 +84,30 @@ def test_what_does_not_factor_is_refused():
     assert not Int4Weight.cat_rows([fmt, int4(16, 512)]).factored
 
 
+def test_the_loaders_claim_and_what_keeps_it_agree_with_finding(monkeypatch):
+    """A Q4_K weight claims its factoring (nothing is searched for its signature); its rows, its fusions and its
+    columns cut on 256 keep the claim, and say what a search of their own values finds; a block whose d is
+    not finite claims nothing."""
+    fmt, blocks = q4_k(32, 512)
+
+    def found(w):
+        return Int4Weight(w.codes, w.scale, w.offset).factored
+
+    parts = [fmt.take_rows(torch.arange(3, 19)), fmt.take_columns(256, 512), fmt.take_columns(128, 384),
+             Int4Weight.cat_rows([fmt, fmt]), Int4Weight.cat_rows([fmt, int4(16, 512)]),
+             Int4Weight.cat_rows([int4(16, 512), fmt])]
+    assert [found(w) for w in parts] == [True, True, False, True, False, False]
+    with monkeypatch.context() as patch:
+        patch.setattr("anatomy.weights.formats.factor_groups", lambda values: pytest.fail("searched"))
+        assert fmt.signature == "int4[32,512]g32k"
+        assert [w.factored for w in parts[:2] + parts[3:4]] == [True] * 3
+    assert [w.factored for w in parts] == [found(w) for w in parts]
+    assert all(w.factors() is not None for w in parts if w.factored)
+    blocks[1, 0:2] = np.array([np.inf], dtype=np.float16).view(np.uint8)  # row 0's second super-block's d
+    bad = format_from_gguf(blocks.reshape(-1), Q4_K, (32, 512), label="w")
+    assert not bad.factored and bad.factors() is None
+
+
 @VNNI
 def test_k4_tiles_are_offered_for_weights_that_factor_only():
     fmt, _ = q4_k(32, 512)

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 GROUPS = 8  # groups of 32 per super-block of 256 inputs
+SUPER_BLOCK = 256  # inputs per super-block
 LARGEST = 63  # the largest multiple tried (K-quants' 6-bit scales)
 SAMPLE = 64  # rows tried first: a weight that does not factor (a Q4_1 file's) is refused on them
 
@@ -37,7 +38,10 @@ def factor_groups(values: Tensor) -> tuple[Tensor, Tensor] | None:
 
 def _factor(v: Tensor) -> tuple[Tensor, Tensor] | None:
     """Super-blocks v [B, 8] as unit [B] (float16 values, held in float32) times multiples [B, 8], or None."""
-    extreme = v.gather(1, v.abs().argmax(dim=1, keepdim=True))  # [B, 1], signed
+    high, low = v.amax(dim=1, keepdim=True), v.amin(dim=1, keepdim=True)
+    if ((high > 0) & (low < 0)).any():  # both signs in one super-block: no unit gives multiples >= 0
+        return None
+    extreme = torch.where(high >= -low, high, low)  # [B, 1], signed
     unit, multiples, ok = _try(v, extreme, LARGEST)
     todo = (~ok).nonzero()[:, 0]
     for largest in range(LARGEST - 1, 0, -1):  # the super-blocks whose extreme is not 63 times their unit
@@ -50,7 +54,8 @@ def _factor(v: Tensor) -> tuple[Tensor, Tensor] | None:
 
 
 def _try(v: Tensor, extreme: Tensor, largest: int) -> tuple[Tensor, Tensor, Tensor]:
-    """unit = extreme / largest as a float16, multiples = v / unit rounded, and which rows they reproduce."""
+    """unit = extreme / largest as a float16, multiples = v / unit rounded, and which rows they reproduce
+    (every value of a row has the extreme's sign, so the multiples are >= 0 and <= largest)."""
     u = (extreme / largest).half().float()  # [B, 1]
-    q = (v / torch.where(u == 0, 1.0, u)).round_()  # |q| <= largest where |v| <= |extreme|: only its sign to check
-    return u, q, ((q * u == v) & (q >= 0)).all(dim=1)
+    q = (v / torch.where(u == 0, 1.0, u)).round_()
+    return u, q, torch.eq(q * u, v).all(dim=1)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from anatomy.errors import InputError
-from anatomy.weights.factors import factor_groups
+from anatomy.weights.factors import SUPER_BLOCK, factor_groups
 
 GROUP = 32  # inputs per scale in the grouped formats (GGUF's block and K-quant sub-block size)
 CODE_BLOCK = 32  # int4 codes are laid out in blocks of 32 values (ggml's order)
@@ -312,14 +312,15 @@ class Int4Weight(Symmetric, WeightFormat):
     `codes` [N, K/2] uint8 in ggml's order: per block of 32 values, byte j holds q[j] (low nibble) and
     q[j + 16] (high nibble). The group is a multiple of 32. `symmetric`: every offset is -8 * scale (Symmetric).
     `factored`: groups of 32 whose scales and offsets are, per 256 inputs, whole multiples of one float16 each
-    (GGUF Q4_K's; weights/factors.py), found from the values: the signature says "k", as a layout may hold the
-    factors (tiles.cpp's k4 tiles).
+    (GGUF Q4_K's; weights/factors.py): the signature says "k", as a layout may hold the factors (tiles.cpp's k4
+    tiles). Claimed by a loader that made the scales so (`factored=True`), else found from the values; rows,
+    fusions of factored parts and columns cut on 256 keep a True one.
     """
 
     name = "int4"
 
     def __init__(self, codes: Tensor, scale: Tensor, offset: Tensor, *, symmetric: bool | None = False,
-                 label: str = "weight") -> None:
+                 factored: bool | None = None, label: str = "weight") -> None:
         groups = (codes.shape[0], _groups(codes.shape[1] * 2, scale))
         _check_parts(label, codes, torch.uint8, 2, (scale, groups), (offset, groups))
         super().__init__((codes.shape[0], codes.shape[1] * 2), label=label)
@@ -328,6 +329,7 @@ class Int4Weight(Symmetric, WeightFormat):
         self.register_buffer("scale", scale)  # [N, K/g]
         self.register_buffer("offset", offset)  # [N, K/g]
         self._claim(symmetric, scale, offset, label)
+        self._factored = factored  # None: found when first asked
 
     @property
     def signature(self) -> str:
@@ -335,12 +337,26 @@ class Int4Weight(Symmetric, WeightFormat):
 
     @property
     def factored(self) -> bool:
-        """Do the scales and offsets factor per 256 inputs (factors())? Found once, while the weight is held."""
-        if getattr(self, "_factored", None) is None:
+        """Do the scales and offsets factor per 256 inputs (factors())? Claimed, carried, or found once while the
+        weight is held."""
+        if self._factored is None:
             if self.released:
                 return False  # not found, nor kept: the stored tensors are gone
             self._factored = self.factors() is not None
         return self._factored
+
+    def take_columns(self, start: int, stop: int, *, label: str | None = None) -> Int4Weight:
+        out = super().take_columns(start, stop, label=label)
+        if start % SUPER_BLOCK or stop % SUPER_BLOCK:
+            out._factored = None  # its super-blocks are not the whole weight's: found again
+        return out
+
+    def _carry(self, out: WeightFormat, *, alike: bool = True) -> None:
+        super()._carry(out, alike=alike)
+        out._factored = True if alike and self._factored else None  # a part of a row set that fails may not
+
+    def _same_kind(self, other: WeightFormat) -> bool:
+        return super()._same_kind(other) and self._factored == getattr(other, "_factored", None)
 
     def factors(self) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
         """(d, sc, u, mn): scale = d * sc and offset = u * mn exactly, d and u float16 [N, K/256], sc and mn

@@ -90,12 +90,15 @@ def _q4_1(blocks: np.ndarray, label: str) -> Int4Weight:
 
 
 def _q4_k(blocks: np.ndarray, label: str) -> Int4Weight:
-    """Q4_K super-blocks of 256 = 8 groups of 32: scale_g = d * sc_g, offset_g = -dmin * min_g."""
+    """Q4_K super-blocks of 256 = 8 groups of 32: scale_g = d * sc_g, offset_g = -dmin * min_g (exact in
+    float32: factored per 256 inputs, as the weight claims where d and dmin are finite)."""
     N, nb, _ = blocks.shape
     sc, mn = (torch.from_numpy(a) for a in k4_scales(blocks[..., 4:16].reshape(N * nb, 12)))  # [N*nb, 8]
     d, dmin = _f16(blocks, 0).float().reshape(-1, 1), _f16(blocks, 2).float().reshape(-1, 1)
     scale, offset = (d * sc).reshape(N, nb * 8), (-(dmin * mn)).reshape(N, nb * 8)
-    return Int4Weight(_k4_codes(blocks[..., 16:]), compact_float(scale), compact_float(offset), label=label)
+    finite = bool(torch.isfinite(d).all() and torch.isfinite(dmin).all())
+    return Int4Weight(_k4_codes(blocks[..., 16:]), compact_float(scale), compact_float(offset),
+                      factored=True if finite else None, label=label)
 
 
 def _k4_codes(qs: np.ndarray) -> Tensor:
