@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from anatomy import heap
 from anatomy.checkpoints.assign import assign_tensors, expected_shapes
 from anatomy.checkpoints.gguf_config import (
     ROPE_TENSORS,
@@ -41,6 +42,7 @@ from anatomy.weights.modules import float_state_dict
 
 SAVE_DTYPES = {"f32": ("F32", 0), "f16": ("F16", 1)}  # tensor type, general.file_type (ALL_F32, MOSTLY_F16)
 TOKENIZER_PREFIX = "tokenizer."
+TRIM_EVERY = 64 << 20  # file bytes converted between two trims of the heap (heap.Trimmer)
 
 T = TypeVar("T")
 
@@ -63,10 +65,16 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, weights: 
     shapes = expected_shapes(model)
     parts_of = tensor_parts(shapes, config, gguf_architecture(f))
     _check_parts(f, parts_of, shapes)
+    trimmer = heap.Trimmer(TRIM_EVERY)  # the conversions' freed temporaries go back as the model grows
+
+    def released(name: str, value: T) -> T:
+        return _released(f, parts_of[name], value, trimmer)
+
     compact = compact_formats(
         model, parse_weights(weights), dtype=dtype,
-        lossless=lambda name: _released(f, parts_of[name], _lossless(f, parts_of[name], shapes[name], name)),
-        dense=lambda name: _released(f, parts_of[name], _assemble(f, parts_of[name], shapes[name], torch.float32)))
+        lossless=lambda name: released(name, _lossless(f, parts_of[name], shapes[name], name)),
+        dense=lambda name: released(name, _assemble(f, parts_of[name], shapes[name], torch.float32)))
+    trimmer.flush()
     tensors = {name: _assemble(f, parts, shapes[name], dtype) for name, parts in parts_of.items() if name not in compact}
     return assign_tensors(model, _own_small_views(f, tensors), source=f.path, dtype=dtype, compact=compact)
 
@@ -78,11 +86,13 @@ def _lossless(f: GGUFFile, parts: list[Part], shape: torch.Size, name: str):
     return lossless_format(f, parts, shape[1], label=name) if plain_matrix(parts) else None
 
 
-def _released(f: GGUFFile, parts: list[Part], value: T) -> T:
+def _released(f: GGUFFile, parts: list[Part], value: T, trimmer: heap.Trimmer) -> T:
     """`value`, made from the bytes of `parts`, after their file pages are dropped from memory: a
-    matrix copied into its format would otherwise be held twice until the mapping is closed."""
+    matrix copied into its format would otherwise be held twice until the mapping is closed. The
+    trimmer counts the parts' bytes: a conversion frees temporaries of about their size."""
     for p in parts:
         f.release(p.name)
+    trimmer.freed(sum(f.tensors[p.name].nbytes for p in parts))
     return value
 
 
