@@ -89,6 +89,9 @@ def test_the_loaders_claim_and_what_keeps_it_agree_with_finding(monkeypatch):
     columns cut on 256 keep the claim, and say what a search of their own values finds; a block whose d is
     not finite claims nothing."""
     fmt, blocks = q4_k(32, 512)
+    with monkeypatch.context() as patch:
+        patch.setattr("anatomy.weights.formats.factor_groups", lambda values: pytest.fail("searched"))
+        assert fmt.signature == "int4[32,512]g32k"
 
     def found(w):
         return Int4Weight(w.codes, w.scale, w.offset).factored
@@ -99,13 +102,16 @@ def test_the_loaders_claim_and_what_keeps_it_agree_with_finding(monkeypatch):
     assert [found(w) for w in parts] == [True, True, False, True, False, False]
     with monkeypatch.context() as patch:
         patch.setattr("anatomy.weights.formats.factor_groups", lambda values: pytest.fail("searched"))
-        assert fmt.signature == "int4[32,512]g32k"
         assert [w.factored for w in parts[:2] + parts[3:4]] == [True] * 3
     assert [w.factored for w in parts] == [found(w) for w in parts]
     assert all(w.factors() is not None for w in parts if w.factored)
-    blocks[1, 0:2] = np.array([np.inf], dtype=np.float16).view(np.uint8)  # row 0's second super-block's d
-    bad = format_from_gguf(blocks.reshape(-1), Q4_K, (32, 512), label="w")
-    assert not bad.factored and bad.factors() is None
+    for at in (0, 2):  # row 0's second super-block's d, then its dmin
+        bad_blocks = blocks.copy()
+        bad_blocks[1, at:at + 2] = np.array([np.inf], dtype=np.float16).view(np.uint8)
+        bad = format_from_gguf(bad_blocks.reshape(-1), Q4_K, (32, 512), label="w")
+        assert not bad.factored and bad.factors() is None
+    claimed = Int4Weight(fmt.codes, fmt.scale, -8 * fmt.scale, symmetric=None, factored=True)
+    assert claimed.symmetric and not claimed.factored  # a claim where factors() does not look is not kept
 
 
 @VNNI

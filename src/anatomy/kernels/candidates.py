@@ -214,6 +214,7 @@ def _k4t_ok(fmt: WeightFormat) -> bool:
 
 
 def _build_k4t(fmt: Int4Weight) -> Prepared:
+    fmt.check_held()  # a released weight has no factors to find: say so, not that they do not exist
     factors = fmt.factors()
     if factors is None:
         raise InputError(f"{fmt.label} {fmt.signature}: its scales and offsets do not factor per 256 inputs "

@@ -55,7 +55,7 @@ def _factor(v: Tensor) -> tuple[Tensor, Tensor] | None:
 
 def _try(v: Tensor, extreme: Tensor, largest: int) -> tuple[Tensor, Tensor, Tensor]:
     """unit = extreme / largest as a float16, multiples = v / unit rounded, and which rows they reproduce
-    (every value of a row has the extreme's sign, so the multiples are >= 0 and <= largest)."""
+    (every value of a row has the extreme's sign, so the multiples are >= 0 and about largest at most)."""
     u = (extreme / largest).half().float()  # [B, 1]
     q = (v / torch.where(u == 0, 1.0, u)).round_()
     return u, q, torch.eq(q * u, v).all(dim=1)

@@ -329,7 +329,8 @@ class Int4Weight(Symmetric, WeightFormat):
         self.register_buffer("scale", scale)  # [N, K/g]
         self.register_buffer("offset", offset)  # [N, K/g]
         self._claim(symmetric, scale, offset, label)
-        self._factored = factored  # None: found when first asked
+        # None: found when first asked; a claim holds only where factors() looks (asymmetric, groups of 32)
+        self._factored = factored if not factored or (not self.symmetric and self.group == GROUP) else None
 
     @property
     def signature(self) -> str:
@@ -356,7 +357,7 @@ class Int4Weight(Symmetric, WeightFormat):
         out._factored = True if alike and self._factored else None  # a part of a row set that fails may not
 
     def _same_kind(self, other: WeightFormat) -> bool:
-        return super()._same_kind(other) and self._factored == getattr(other, "_factored", None)
+        return super()._same_kind(other) and (self._factored is True) == (getattr(other, "_factored", None) is True)
 
     def factors(self) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
         """(d, sc, u, mn): scale = d * sc and offset = u * mn exactly, d and u float16 [N, K/256], sc and mn
