@@ -31,6 +31,7 @@ from anatomy.checkpoints.gguf_config import (
 from anatomy.checkpoints.gguf_dequant import dequantize, supported_types
 from anatomy.checkpoints.gguf_names import Part, part_bytes, tensor_parts, to_gguf_rows
 from anatomy.checkpoints.gguf_reader import GGUFFile, GGUFTensor, read_gguf
+from anatomy.checkpoints.gguf_strings import StringTable
 from anatomy.checkpoints.gguf_types import TENSOR_TYPES_BY_NAME, ValueType
 from anatomy.checkpoints.gguf_writer import MetadataEntry, TensorEntry, infer_types, write_gguf
 from anatomy.config import ModelConfig
@@ -109,8 +110,13 @@ def _own_small_views(f: GGUFFile, tensors: dict[str, Tensor]) -> dict[str, Tenso
 
 
 def tokenizer_metadata(f: GGUFFile) -> dict[str, tuple[tuple[ValueType, ...], Any]]:
-    """The file's `tokenizer.*` metadata, {key: (value type path, value)}, as save_gguf writes it back."""
-    return {k: (f.value_types[k], v) for k, v in f.metadata.items() if k.startswith(TOKENIZER_PREFIX)}
+    """The file's `tokenizer.*` metadata, {key: (value type path, value)}, as save_gguf writes it back; its
+    arrays of strings (the tokens, the merges) as StringTables."""
+    def kept(types: tuple[ValueType, ...], value: Any) -> Any:
+        return StringTable(value) if types == (ValueType.ARRAY, ValueType.STRING) else value
+
+    return {k: (f.value_types[k], kept(f.value_types[k], v)) for k, v in f.metadata.items()
+            if k.startswith(TOKENIZER_PREFIX)}
 
 
 def _check_parts(f: GGUFFile, parts_of: dict[str, list[Part]], shapes: dict[str, torch.Size]) -> None:

@@ -45,8 +45,8 @@ class Tokenizer:
     strings present in the vocabulary. Padding and truncation stored in a tokenizer.json are
     switched off: callers pad and truncate explicitly (see `encode_batch(max_length=)`).
     `gguf_metadata` holds the `tokenizer.*` metadata of the GGUF file it was read from ({key:
-    (value type path, value)}; None for other sources): `anatomy.save(model, "x.gguf",
-    tokenizer=tok)` writes it back, so that llama.cpp finds its vocabulary.
+    (value type path, value)}, arrays of strings as read-only sequences; None for other sources):
+    `anatomy.save(model, "x.gguf", tokenizer=tok)` writes it back, so that llama.cpp finds its vocabulary.
     """
 
     def __init__(self, backend: tokenizers.Tokenizer, *, source: str | Path,
