@@ -55,7 +55,8 @@ def _load_named(name: str, dtype: torch.dtype, weights: str) -> LoadedModel:
     from anatomy.text.tokenizer import load_tokenizer
 
     path = checkpoint_of(name, "generation")
-    return LoadedModel(load(path, dtype=dtype, weights=weights), load_tokenizer(path))
+    tokenizer = load_tokenizer(path)  # first: its load's temporaries do not then add to the model's peak
+    return LoadedModel(load(path, dtype=dtype, weights=weights), tokenizer)
 
 
 def checkpoint_of(name: str, needs: str) -> Path:
