@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 GROUPS = 8  # groups of 32 per super-block of 256 inputs
-SUPER_BLOCK = 256  # inputs per super-block
+SUPER_BLOCK = 256  # inputs per K-quant super-block (Q4_K, Q5_K, Q6_K)
 LARGEST = 63  # the largest multiple tried (K-quants' 6-bit scales)
 SAMPLE = 64  # rows tried first: a weight that does not factor (a Q4_1 file's) is refused on them
 

@@ -17,9 +17,9 @@ import torch
 from torch import Tensor
 
 from anatomy.errors import InputError
+from anatomy.weights.factors import SUPER_BLOCK as SUPER  # inputs per super-block (one d)
 from anatomy.weights.formats import WeightFormat
 
-SUPER = 256  # inputs per super-block (one d)
 SUB = 16  # inputs per sub-scale
 
 
