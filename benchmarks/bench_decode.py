@@ -45,7 +45,7 @@ from anatomy.inference.sampling import SamplingParams
 from benchmarks import downloaded
 from benchmarks.llama_cpp import batched_bench, llama_bench, llama_bench_record, llama_tool
 from benchmarks.provenance import anatomy_lines, llama_lines, print_provenance
-from benchmarks.timing import median_seconds
+from benchmarks.timing import bandwidth_gbs
 
 MODEL = "smollm2-135m-instruct"
 PROMPT, NEW, PREFILL, BATCH, DEPTH = 128, 128, 512, 8, 2048
@@ -60,10 +60,6 @@ def prompt_ids(n: int, seed: int = 0) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(200, 40000, (n,), generator=g).tolist()
 
-
-def bandwidth_gbs() -> float:
-    x = torch.ones(64 * 1024 * 1024)  # 256 MiB of fp32
-    return x.nbytes / median_seconds(x.sum, 7, warmup=True) / 1e9
 
 
 def step_times(tokens) -> tuple[float, float]:
@@ -252,7 +248,8 @@ def main() -> None:
 def _print(table: dict[str, dict[str, float]], bandwidth: float, engine: DecoderEngine) -> None:
     native = table[NATIVE]
     read = engine.decode_weight_bytes
-    print(f"\nmeasured: memory bandwidth {bandwidth:.1f} GB/s (torch sum over 256 MiB); {torch.get_num_threads()} "
+    print(f"\nmeasured: memory bandwidth {bandwidth:.1f} GB/s (torch sum over 256 MiB on 2 MiB pages); "
+          f"{torch.get_num_threads()} "
           f"threads; the default decode step reads {read / 1e6:.0f} MB of weights\n")
     print(f"| engine | decode tok/s | vs llama-bench tg{NEW} | GB/s of weights | prefill {PREFILL} tok/s | vs pp{PREFILL} | "
           f"{BATCH} sequences tok/s | vs batch 1 | decode at depth {DEPTH} | vs llama-bench -d {DEPTH} |")

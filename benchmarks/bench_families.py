@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks import downloaded
-from benchmarks.bench_decode import bandwidth_gbs
+from benchmarks.timing import bandwidth_gbs
 from benchmarks.llama_cpp import llama_tool
 from benchmarks.provenance import anatomy_lines, llama_lines, print_provenance
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from benchmarks import downloaded
 from benchmarks.llama_cpp import llama_bench_record, llama_tool
 from benchmarks.provenance import anatomy_lines, llama_lines, print_provenance
-from benchmarks.bench_decode import bandwidth_gbs
+from benchmarks.timing import bandwidth_gbs
 
 
 def main() -> None:

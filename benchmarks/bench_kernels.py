@@ -7,7 +7,7 @@ offers for it (dense copies included), plus int8 per-channel (requantized) for _
 and, for the LM head, int4 requantized from the Q8_0 values (lossy: its quality is
 bench_kernel_quality's question). Timings come from the plan's own measurement (plan_timing:
 interleaved rounds, median, cache-exceeding pools of copies at 1 and 8 rows), so the numbers are
-those a plan decides on. Memory bandwidth (torch sum over 256 MiB) is measured in the same run.
+those a plan decides on. Memory bandwidth (torch sum over 256 MiB on 2 MiB pages) is measured in the same run.
 
     rows 1, 8:     G weights/s, GB/s of the layout read, % of the measured bandwidth
     rows 128, 512: GFLOP/s (2 * rows * N * K per call)
@@ -35,7 +35,7 @@ from anatomy.kernels.candidates import KERNELS, KERNELS_BY_NAME
 from anatomy.kernels.plan import make_plan
 from anatomy.kernels.timing import Measurement, Phase, measure_weight
 from anatomy.kernels.planned_linear import PlannedLinear
-from benchmarks.timing import median_seconds
+from benchmarks.timing import bandwidth_gbs, median_seconds
 
 MODEL = "smollm2-135m-instruct"
 REPEATS = int(os.environ.get("ANATOMY_BENCH_REPEATS", "5"))
@@ -45,10 +45,6 @@ BLOCK = {"qkv": "blocks.0.attn.qkv.weight", "o": "blocks.0.attn.out.weight",
          "gate_up": "blocks.0.ffn.gate_up.weight", "down": "blocks.0.ffn.down.weight"}  # name suffixes
 HEAD = "embed.tokens.weight"
 
-
-def bandwidth_gbs() -> float:
-    x = torch.ones(64 * 1024 * 1024)  # 256 MiB of fp32
-    return x.nbytes / median_seconds(x.sum, 7, warmup=True) / 1e9
 
 
 def weights() -> dict[str, list[WeightFormat]]:
@@ -199,7 +195,8 @@ def main() -> None:
     torch.manual_seed(0)
     bw = bandwidth_gbs()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, capability "
-          f"{torch.backends.cpu.get_cpu_capability()}; memory bandwidth (sum over 256 MiB) {bw:.1f} GB/s; "
+          f"{torch.backends.cpu.get_cpu_capability()}; memory bandwidth (sum over 256 MiB on 2 MiB "
+          f"pages) {bw:.1f} GB/s; "
           f"repeats {REPEATS}; * = pruned after the first pass (over 6x the fastest)")
     results: dict[str, dict[str, dict[int, Measurement]]] = {}
     all_weights = weights()

@@ -22,11 +22,13 @@ import sys
 from pathlib import Path
 
 import torch
+from gguf import GGUFReader
 
 import anatomy
 from anatomy import progress
 from anatomy.checkpoints.registry import resolve
 from benchmarks.llama_cpp import batched_bench, built_tools, llama_bench, llama_tool
+from benchmarks.timing import bandwidth_gbs
 
 PROMPT, NEW, PREFILL, BATCH = 128, 128, 512, 8
 ROUNDS = 5  # paired rounds of each figure: anatomy's run and llama.cpp's, the order swapped each round
@@ -129,9 +131,12 @@ def file_row(path: Path, vocab: int) -> dict[str, float]:
     # the plan and the captured steps first: each shape as measured (a decode step of a new shape runs
     # eagerly PAGED_RECORD_AFTER times, then is recorded, inside the run that meets it)
     run([short], NEW), run([long_], 1), run(batch, NEW)
-    row = {"read": engine.decode_weight_bytes, "file": path.stat().st_size}
+    row = {"read": engine.decode_weight_bytes, "llama_read": llama_read_bytes(path), "file": path.stat().st_size}
+    host = []  # the host's read bandwidth before each decode round: what either side could read then
     row |= _paired("decode", "tg", lambda: run([short], NEW).tokens_per_s,
-                   lambda: llama_bench(path, threads=threads, new=NEW, repetitions=1))
+                   lambda: llama_bench(path, threads=threads, new=NEW, repetitions=1),
+                   before=lambda: host.append(bandwidth_gbs()))
+    row["host_min"], row["host_max"] = min(host), max(host)
     row |= _paired("prefill", "pp", lambda: PREFILL / run([long_], 1).ttft_s,
                    lambda: llama_bench(path, threads=threads, prompt=PREFILL, repetitions=1))
     row |= _paired("batch", "batched", lambda: run(batch, NEW).tokens_per_s,
@@ -143,12 +148,23 @@ def file_row(path: Path, vocab: int) -> dict[str, float]:
     return row
 
 
-def _paired(ours: str, theirs: str, measure_ours, measure_theirs, rounds: int = ROUNDS) -> dict[str, float]:
+def llama_read_bytes(path: Path) -> int:
+    """The weight bytes llama.cpp reads for one decode token (gguf-py's reading of the file): every tensor,
+    less the token table where the file has an output matrix of its own (the table's rows are gathered)."""
+    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors}
+    if "output.weight" in tensors:
+        tensors.pop("token_embd.weight", None)
+    return sum(tensors.values())
+
+
+def _paired(ours: str, theirs: str, measure_ours, measure_theirs, rounds: int = ROUNDS,
+            before=lambda: None) -> dict[str, float]:
     """{ours: median, theirs: median, ours_ratio: the median of the rounds' ratios}: each round measures both
     sides back to back, in the other order every second round, so that a change of the host's speed during
-    the run (other tenants, clocks) falls on both sides of a round's ratio."""
+    the run (other tenants, clocks) falls on both sides of a round's ratio. `before` runs before each round."""
     mine, others, ratios = [], [], []
     for r in range(rounds):
+        before()
         if r % 2 == 0:
             a, b = measure_ours(), measure_theirs()
         else:
@@ -175,8 +191,9 @@ def measure(folder: Path, sizes: tuple[str, ...] = (SMALL, LARGE)) -> dict[str, 
 
 def print_table(rows: dict[str, dict[str, dict[str, float]]], bandwidth_gbs: float) -> None:
     threads = torch.get_num_threads()
-    print(f"\n| model | file (llama-quantize) | MiB | anatomy decode | tg{NEW} | ratio | weights read, of {bandwidth_gbs:.0f} "
-          f"GB/s | anatomy prefill {PREFILL} | pp{PREFILL} | ratio | anatomy {BATCH} seqs | batched-bench {BATCH} | ratio | "
+    print(f"\n| model | file (llama-quantize) | MiB | anatomy decode | tg{NEW} | ratio | weights read, GB/s: anatomy / "
+          f"llama.cpp (host) | anatomy prefill {PREFILL} | pp{PREFILL} | ratio | anatomy {BATCH} seqs | "
+          f"batched-bench {BATCH} | ratio | "
           f"peak RSS anatomy / llama-bench | RSS target | start to 64 tokens, s: anatomy / llama-bench |\n"
           f"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for size, kinds in rows.items():
@@ -184,8 +201,9 @@ def print_table(rows: dict[str, dict[str, dict[str, float]]], bandwidth_gbs: flo
         for kind, r in kinds.items():
             limit = RSS_FACTOR * r["llama_rss"] + RSS_EXTRA
             print(f"| {size} | {kind} | {r['file'] / 2 ** 20:.0f} | {r['decode']:.1f} | {r['tg']:.1f} | "
-                  f"{_ratio(r['decode_ratio'], goal['decode'])} | {r['read'] * r['decode'] / 1e9:.1f} GB/s "
-                  f"({r['read'] * r['decode'] / 1e9 / bandwidth_gbs:.0%}) | {r['prefill']:.0f} | {r['pp']:.0f} | "
+                  f"{_ratio(r['decode_ratio'], goal['decode'])} | {r['read'] * r['decode'] / 1e9:.1f} / "
+                  f"{r['llama_read'] * r['tg'] / 1e9:.1f} ({r['host_min']:.0f}-{r['host_max']:.0f}) | "
+                  f"{r['prefill']:.0f} | {r['pp']:.0f} | "
                   f"{_ratio(r['prefill_ratio'], goal['prefill'])} | {r['batch']:.0f} | {r['batched']:.0f} | "
                   f"{_ratio(r['batch_ratio'], goal['batch'])} | {r['rss'] / 2 ** 20:.0f} / "
                   f"{r['llama_rss'] / 2 ** 20:.0f} MiB | {'met' if r['rss'] <= limit else 'missed'} "
@@ -194,7 +212,10 @@ def print_table(rows: dict[str, dict[str, dict[str, float]]], bandwidth_gbs: flo
     print(f"\n({ROUNDS} paired rounds of each figure, anatomy's run and llama.cpp's back to back (llama-bench -r 1 "
           f"after its warm-up), the order swapped each round; tokens/s: each side's median; ratio: the median of "
           f"the rounds' anatomy / llama.cpp, with the issue's target in brackets; {threads} threads; decode after a "
-          f"{PROMPT}-token prompt, greedy, EOS ignored; RSS target: <= {RSS_FACTOR}x llama.cpp's + "
+          f"{PROMPT}-token prompt, greedy, EOS ignored; weights read: each side's weight bytes a token times its "
+          f"median tokens/s, the host's the read bandwidth measured before each decode round (torch's sum over "
+          f"256 MiB, lowest-highest; a product's streaming read can pass it), against {bandwidth_gbs:.1f} GB/s "
+          f"at the start; RSS target: <= {RSS_FACTOR}x llama.cpp's + "
           f"{RSS_EXTRA // 2 ** 20} MiB; start to 64 tokens: a fresh process loading the file and generating, "
           f"`anatomy generate` answering a question (its Python and torch "
           f"imports included) against `llama-bench -p 0 -n 64 -r 1` (its warm-up included))")

@@ -34,7 +34,7 @@ def anatomy_lines(bandwidth_gbs: float | None = None) -> list[str]:
              f"native kernels: {library}",
              f"machine: {machine['cpu']} ({machine['logical_cpus']} logical CPUs)"]
     if bandwidth_gbs is not None:
-        lines[-1] += f"; measured read bandwidth {bandwidth_gbs:.1f} GB/s (torch sum over 256 MiB)"
+        lines[-1] += f"; measured read bandwidth {bandwidth_gbs:.1f} GB/s (torch sum over 256 MiB on 2 MiB pages)"
     return lines
 
 
