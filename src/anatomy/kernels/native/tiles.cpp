@@ -44,8 +44,9 @@
 // bits = 8: x quantized to int8 per group of 32 as q4_linear's (q8 and l4 tiles, whose codes are signed: each
 // code plus 128 as vpdpbusd's unsigned byte, and 128 times the row's code sum taken off the integer sum, which
 // is exact). bits = 16: to int16 per group of 32
-// (s = max|x| / 32767: the rounding error of int8's / 258), each 32-bit lane's two bytes 0 and 2, then
-// 1 and 3, widened to int16 pairs and summed by vpdpwssd (16 instructions a group): for the products
+// (s = max|x| / 32767: the rounding error of int8's / 258); unsigned codes (q4, k4, q5) sum each x code as
+// 256 hi + lo against the codes' bytes (16 vpdpbusd a group), signed ones (q8, l4) each 32-bit lane's two
+// bytes 0 and 2, then 1 and 3, widened to int16 pairs (16 vpdpwssd): the same exact sums. For the products
 // whose inputs int8 rounds too coarsely (a down projection's outlier channels), in place of float, and
 // for the int8 LM head, whose products are the logits (~3e-5 of the float product; int8: ~6e-3).
 //
@@ -154,7 +155,18 @@ struct Quantized16 {
   std::vector<float> scale;
   std::vector<int32_t> sum;
   std::vector<int32_t> pairs;  // [M, K/2]
+  std::vector<int8_t> hi;      // [M, K]: each code as 256 hi + lo, hi signed, lo unsigned
+  std::vector<uint8_t> lo;
 };
+
+// the codes' high and low bytes (q = 256 hi + lo), what the loop of unsigned codes takes
+void split_bytes(Quantized16& a) {
+  a.hi.resize(a.q.size()), a.lo.resize(a.q.size());
+  for (size_t i = 0; i < a.q.size(); ++i) {
+    a.hi[i] = static_cast<int8_t>(a.q[i] >> 8);  // the floor of q / 256
+    a.lo[i] = static_cast<uint8_t>(a.q[i] & 0xFF);
+  }
+}
 
 Quantized16 quantize_rows16(const at::Tensor& x, Isa level) {
   const int64_t M = x.size(0), K = x.size(1), groups = K / G;
@@ -168,6 +180,7 @@ Quantized16 quantize_rows16(const at::Tensor& x, Isa level) {
       anatomy::avx2::quantize_row16(v + m * K, K, out.q.data() + m * K,
                                     reinterpret_cast<int16_t*>(out.pairs.data()) + m * K,
                                     out.scale.data() + m * groups, out.sum.data() + m * groups);
+    split_bytes(out);
     return out;
   }
 #endif
@@ -181,6 +194,7 @@ Quantized16 quantize_rows16(const at::Tensor& x, Isa level) {
     out.pairs[i / 2] = pair(out.q[i], out.q[i + 2]);
     out.pairs[i / 2 + 1] = pair(out.q[i + 1], out.q[i + 3]);
   }
+  split_bytes(out);
   return out;
 }
 
@@ -334,6 +348,20 @@ AVX512_VNNI inline __m512i dot(const __m512i (&q)[16], const int32_t* x) {
   return _mm512_add_epi32(s0, s1);
 }
 
+// the same with unsigned codes (q4, k4, q5) and x's int16 codes as bytes: 256 sum(q hi) + sum(q lo), codes
+// times hi's signed bytes and lo's unsigned bytes times the codes (as signed, below 128), the same exact sum
+// in 16 vpdpbusd on the 8 vectors of bytes (no widening to int16 pairs)
+AVX512_VNNI inline __m512i dot(const __m512i (&q)[8], const int8_t* hi, const uint8_t* lo) {
+  const auto* h4 = reinterpret_cast<const anatomy::Word*>(hi);
+  const auto* l4 = reinterpret_cast<const anatomy::Word*>(lo);
+  __m512i sh = _mm512_setzero_si512(), sl = _mm512_setzero_si512();
+  for (int j = 0; j < 8; ++j) {
+    sh = _mm512_dpbusd_epi32(sh, q[j], _mm512_set1_epi32(h4[j]));
+    sl = _mm512_dpbusd_epi32(sl, _mm512_set1_epi32(l4[j]), q[j]);
+  }
+  return _mm512_add_epi32(_mm512_slli_epi32(sh, 8), sl);
+}
+
 // a row's codes of group g as `dot` takes them
 inline const int8_t* codes_of(const Quantized& a, int64_t row, int64_t K, int64_t g) { return a.q.data() + row * K + g * G; }
 inline const int32_t* codes_of(const Quantized16& a, int64_t row, int64_t K, int64_t g) {
@@ -358,13 +386,16 @@ AVX512_VNNI void tiles_avx512(const Codes& a, int64_t m0, int64_t K, const uint8
       const __m512 d = T == K4 ? times_bytes(units[0], block) : scales<T>(block, g);
       const __m512 mins = T == K4 ? times_bytes(units[1], block + 16) : minimums<T>(block, g);
       constexpr bool int8 = std::is_same_v<Codes, Quantized>;
-      __m512i q[int8 ? 8 : 16];
+      constexpr bool bytes = int8 || !SIGNED<T>;  // int16 activations on unsigned codes: as hi and lo bytes
+      __m512i q[bytes ? 8 : 16];
       if constexpr (int8 && SIGNED<T>) unpack_shifted<T>(block, q);
       else if constexpr (T == Q8) unpack_q8(block, q);
       else unpack<T>(block, q);
       for (int m = 0; m < M; ++m) {
         const int64_t row = m0 + m;
-        __m512i s = dot(q, codes_of(a, row, K, g));
+        __m512i s;
+        if constexpr (int8 || SIGNED<T>) s = dot(q, codes_of(a, row, K, g));
+        else s = dot(q, a.hi.data() + row * K + g * G, a.lo.data() + row * K + g * G);
         if constexpr (int8 && SIGNED<T>) s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * a.sum[row * groups + g]));
         const float sx = a.scale[row * groups + g];
         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(sx)), acc[m]);
