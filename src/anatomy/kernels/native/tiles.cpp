@@ -168,7 +168,8 @@ void split_bytes(Quantized16& a) {
   }
 }
 
-Quantized16 quantize_rows16(const at::Tensor& x, Isa level) {
+// `bytes`: the hi and lo planes too (the loop of unsigned codes reads those, signed codes the pairs)
+Quantized16 quantize_rows16(const at::Tensor& x, Isa level, bool bytes) {
   const int64_t M = x.size(0), K = x.size(1), groups = K / G;
   Quantized16 out{std::vector<int16_t>(M * K), std::vector<float>(M * groups), std::vector<int32_t>(M * groups),
                   std::vector<int32_t>(M * K / 2)};
@@ -180,7 +181,7 @@ Quantized16 quantize_rows16(const at::Tensor& x, Isa level) {
       anatomy::avx2::quantize_row16(v + m * K, K, out.q.data() + m * K,
                                     reinterpret_cast<int16_t*>(out.pairs.data()) + m * K,
                                     out.scale.data() + m * groups, out.sum.data() + m * groups);
-    split_bytes(out);
+    if (bytes) split_bytes(out);
     return out;
   }
 #endif
@@ -194,7 +195,7 @@ Quantized16 quantize_rows16(const at::Tensor& x, Isa level) {
     out.pairs[i / 2] = pair(out.q[i], out.q[i + 2]);
     out.pairs[i / 2 + 1] = pair(out.q[i + 1], out.q[i + 3]);
   }
-  split_bytes(out);
+  if (bytes) split_bytes(out);
   return out;
 }
 
@@ -748,7 +749,7 @@ at::Tensor int_tiles_linear(const at::Tensor& x, const at::Tensor& w, bool porta
   const Isa level = anatomy::isa(portable);
   at::Tensor y = x.new_empty({x.size(0), w.size(0) * TILE}, at::kFloat);
   if (bits == 8) over_tiles<T>(anatomy::quantize_rows(x, level), w, level, y);
-  else over_tiles<T>(quantize_rows16(x, level), w, level, y);
+  else over_tiles<T>(quantize_rows16(x, level, !SIGNED<T>), w, level, y);
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
