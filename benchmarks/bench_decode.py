@@ -61,7 +61,6 @@ def prompt_ids(n: int, seed: int = 0) -> list[int]:
     return torch.randint(200, 40000, (n,), generator=g).tolist()
 
 
-
 def step_times(tokens) -> tuple[float, float]:
     """(time to first token, decode tokens/s over the rest) of an iterator of per-step tokens."""
     start = time.perf_counter()

@@ -46,7 +46,6 @@ BLOCK = {"qkv": "blocks.0.attn.qkv.weight", "o": "blocks.0.attn.out.weight",
 HEAD = "embed.tokens.weight"
 
 
-
 def weights() -> dict[str, list[WeightFormat]]:
     """{shape name: [the file's format, int8 per-channel, (LM head) int4 requantized]}."""
     formats = matrix_formats(read_gguf(resolve(MODEL)))

@@ -8,8 +8,8 @@ after a warm-up of each shape, in ROUNDS paired rounds (each side once, back to 
 median of the rounds'); and each side's peak RSS and seconds from start to exit: `anatomy generate`
 answering a question in a fresh process (its kernel plan already measured) against `llama-bench -n 64`
 on the same file, both under one meter (ru_maxrss); before each decode round, the host's read bandwidth
-(a decode of equal bytes runs at the host's cap on both sides when it is low). Sizes: SmolLM2-135M (the shipped model's own
-weights) and a 1B-class decoder of Llama-3.2-1B's shape with random weights (llama.cpp's Llama 3
+(a decode of equal bytes runs at the host's cap on both sides when it is low). Sizes: SmolLM2-135M (the
+shipped model's own weights) and a 1B-class decoder of Llama-3.2-1B's shape with random weights (llama.cpp's Llama 3
 vocabulary); the 2026 families (`python -m benchmarks families`): Gemma 3 1B's shape and a 1B-class
 Qwen3-MoE (32 experts, 4 per token), random weights, the same vocabulary.
 """

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import mmap
 import statistics
 import time
 from typing import Callable
 
 import torch
 
-from anatomy import progress
+from anatomy import huge_pages, progress
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 3, *, warmup: bool = False) -> float:
@@ -28,13 +27,6 @@ def bandwidth_gbs() -> float:
     """The host's read bandwidth now, GB/s: torch's sum over 256 MiB of fp32 on memory advised onto 2 MiB
     pages (as the engine's layouts lie; on 4 KiB pages the sum is bound by the TLB well below it), the
     median of 7 calls."""
-    nbytes = 256 << 20
-    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        region.madvise(mmap.MADV_HUGEPAGE)
-    x = torch.frombuffer(region, dtype=torch.float32)
-    x.fill_(1.0)
-    seconds = median_seconds(x.sum, 7, warmup=True)
-    del x
-    region.close()
-    return nbytes / seconds / 1e9
+    x = torch.ones(64 * 1024 * 1024)
+    huge_pages.hold([x], large=x.nbytes + 1)  # where the system gives them, as analysis/hardware.measure_local
+    return x.nbytes / median_seconds(x.sum, 7, warmup=True) / 1e9
